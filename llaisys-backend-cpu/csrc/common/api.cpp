@@ -1,0 +1,13 @@
+#include "api.h"
+
+namespace llaisys {
+
+static thread_local std::string g_last_error;
+
+void set_last_error(const std::string& message) { g_last_error = message; }
+const char* last_error() { return g_last_error.c_str(); }
+
+}  // namespace llaisys
+
+LLAISYS_EXPORT int llaisys_cpu_api_version(void) { return llaisys::kApiVersion; }
+LLAISYS_EXPORT const char* llaisys_cpu_last_error(void) { return llaisys::last_error(); }

@@ -1,0 +1,8 @@
+"""Operators: output first, validated here, executed by the tensor's backend."""
+
+from .elementwise import add, rearrange, swiglu
+from .nn import embedding, linear, rms_norm, rope, self_attention
+from .sampling import argmax, sample
+
+__all__ = ["add", "argmax", "embedding", "linear", "rearrange", "rms_norm", "rope", "sample",
+           "self_attention", "swiglu"]

@@ -1,0 +1,58 @@
+"""Test helpers: random inputs, torch references and the per-dtype tolerances of DESIGN §6."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import llaisys
+
+TORCH_DTYPES = {llaisys.float32: torch.float32, llaisys.float16: torch.float16,
+                llaisys.bfloat16: torch.bfloat16, llaisys.float64: torch.float64,
+                llaisys.int64: torch.int64, llaisys.int32: torch.int32, llaisys.uint8: torch.uint8,
+                llaisys.int8: torch.int8, llaisys.bool_: torch.bool}
+FLOAT_DTYPES = [llaisys.float32, llaisys.float16, llaisys.bfloat16]
+TOLERANCE = {llaisys.float32: 1e-5, llaisys.float16: 1e-3, llaisys.bfloat16: 1e-2}
+
+
+def to_torch(t: llaisys.Tensor) -> torch.Tensor:
+    """A host copy of a llaisys tensor as a torch tensor (any device, any dtype)."""
+    array = t.numpy()
+    if t.dtype == llaisys.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def from_torch(x: torch.Tensor, device) -> llaisys.Tensor:
+    """A copy of a (CPU) torch tensor on ``device``."""
+    x = x.contiguous()
+    if x.dtype == torch.bfloat16:
+        host = llaisys.from_numpy(x.view(torch.int16).numpy().view(llaisys.bfloat16.numpy))
+        return host.to(device)
+    return llaisys.from_numpy(x.numpy(), device)
+
+
+def random(shape, dtype, device, generator: torch.Generator, scale: float = 1.0):
+    """(llaisys tensor, the same values as a float64 torch tensor)."""
+    ref = (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(TORCH_DTYPES[dtype])
+    return from_torch(ref, device), ref.to(torch.float64)
+
+
+def nan_filled(shape, dtype, device) -> llaisys.Tensor:
+    """An output tensor full of NaN, so that elements a kernel forgets to write show."""
+    return from_torch(torch.full(shape, float("nan"), dtype=TORCH_DTYPES[dtype]), device)
+
+
+def assert_close(actual: llaisys.Tensor, expected: torch.Tensor, tol: float | None = None):
+    """|actual - expected| <= tol + tol * |expected|, with expected rounded to actual's dtype."""
+    tol = TOLERANCE[actual.dtype] if tol is None else tol
+    got = to_torch(actual).to(torch.float64)
+    want = expected.to(TORCH_DTYPES[actual.dtype]).to(torch.float64)
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"
+    assert not torch.isnan(got).any() or torch.isnan(want).any(), "output has NaN (unwritten elements?)"
+    bad = (got - want).abs() > tol + tol * want.abs()
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements differ beyond tol={tol}; "
+                             f"first at {idx}: got {got[idx].item()}, expected {want[idx].item()}; "
+                             f"max abs err {(got - want).abs().max().item():.3g}")
