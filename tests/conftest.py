@@ -1,8 +1,7 @@
 """Shared fixtures. ``device`` runs a test once per available device (or the --backend one)."""
 
-import pytest
-
 import llaisys
+import pytest
 
 
 def pytest_addoption(parser):

@@ -4,12 +4,10 @@ from . import ops
 from .backend import Backend, NativeBackend
 from .device import Device
 from .dlpack import from_dlpack
-from .dtype import (DType, bfloat16, bool_, float16, float32, float64, int8, int32, int64,
-                    uint8)
+from .dtype import DType, bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8
 from .errors import BackendUnavailableError, LlaisysError, LlaisysValueError
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats
-from .plugins import (API_VERSION, BackendSpec, KernelOverride, available_devices, backend_report,
-                      hookimpl, hookspec)
+from .plugins import API_VERSION, BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
 from .stream import Stream, stream, synchronize
 from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 

@@ -10,7 +10,7 @@ import dataclasses
 import importlib.metadata
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import pluggy
 

@@ -1,0 +1,62 @@
+"""End to end: a real, installed, broken backend package beside the real CPU backend."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAKE = Path(__file__).parent.parent / "fake_backends" / "llaisys-backend-broken"
+
+
+@pytest.fixture(scope="module")
+def site_with_broken_backend(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(FAKE)], check=True)
+    return target
+
+
+def run(code, site, **env):
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+
+
+def test_broken_backend_is_reported_and_cpu_still_works(site_with_broken_backend):
+    code = """
+import numpy as np, llaisys
+rows = {r.name: r for r in llaisys.backend_report()}
+print(rows["broken"].status, "|", rows["broken"].package, "|", rows["broken"].reason)
+print(rows["cpu"].status, llaisys.available_devices())
+t = llaisys.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3)).permute(1, 0).contiguous()
+print(t.numpy().tolist())
+try:
+    llaisys.empty((1,), device="broken")
+except llaisys.BackendUnavailableError as e:
+    print("error:", e)
+"""
+    result = run(code, site_with_broken_backend)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("failed | llaisys-backend-broken | ")
+    assert "libllaisys_broken.so" in lines[0]
+    assert lines[1] == "loaded [cpu:0]"
+    assert lines[2] == "[[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]"
+    assert lines[3].startswith("error: the 'broken' backend (llaisys-backend-broken 0.0.1) failed to load")
+
+
+def test_cli_devices_shows_the_report(site_with_broken_backend):
+    result = run("from llaisys.cli import main; raise SystemExit(main(['devices']))", site_with_broken_backend)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "failed" in rows["broken"] and "libllaisys_broken.so" in rows["broken"]
+    assert "loaded" in rows["cpu"]
+    assert "available devices: cpu:0" in result.stdout
+
+
+def test_env_filter_in_a_real_process(site_with_broken_backend):
+    result = run("import llaisys; print([(r.name, r.status) for r in llaisys.backend_report()])",
+                 site_with_broken_backend, LLAISYS_BACKENDS="cpu")
+    assert result.returncode == 0, result.stderr
+    assert "('broken', 'disabled')" in result.stdout and "('cpu', 'loaded')" in result.stdout
