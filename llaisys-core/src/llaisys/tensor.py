@@ -108,7 +108,7 @@ class Tensor:
     # -- views (no copy) -----------------------------------------------------------
 
     def _dim(self, dim: int) -> int:
-        if not isinstance(dim, int) or not -self.ndim <= dim < max(self.ndim, 1):
+        if not isinstance(dim, int) or not -self.ndim <= dim < self.ndim:
             raise LlaisysValueError(f"dim {dim!r} is out of range for a {self.ndim}-d tensor")
         return dim % self.ndim
 
