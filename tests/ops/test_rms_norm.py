@@ -1,0 +1,172 @@
+"""rms_norm: per row x * weight / sqrt(mean(x^2) + eps), against torch in float64 and HF Qwen2RMSNorm."""
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import llaisys
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+
+SHAPES = [(1, 1), (3, 3), (1, 17), (2, 4097), (1, 1536), (4, 1536), (2, 5, 64)]
+SMALL_SHAPES = [(1, 1), (3, 3), (2, 17), (1, 4097), (3, 1536)]
+LEVELS = ["portable", "avx2", "avx512"]
+
+
+def cpu_simd_level() -> str:
+    """The SIMD path the CPU library takes in this process."""
+    import llaisys_backend_cpu
+    fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def run_under_simd(level: str, call: str):
+    """Runs `call` (an expression using this module as `t`) in a child process pinned to one SIMD level."""
+    here = Path(__file__).parent
+    env = {**os.environ, "LLAISYS_CPU_SIMD": level,
+           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    code = f"import {Path(__file__).stem} as t; assert t.cpu_simd_level() == {level!r}, t.cpu_simd_level(); {call}"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{level} path failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+
+
+def skip_unless_level_available(device, level):
+    if device.type != "cpu":
+        pytest.skip("SIMD paths belong to the CPU backend")
+    best = cpu_simd_level()
+    if LEVELS.index(level) > LEVELS.index(best):
+        pytest.skip(f"this CPU (or LLAISYS_CPU_SIMD) allows at most {best}")
+
+
+
+def reference(x, w, eps):
+    return x * w / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def check_rms_norm(shape, dtype, device="cpu", seed=0, eps=1e-6, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x, rx = random(shape, dtype, device, g, scale=scale)
+    w, rw = random(shape[-1:], dtype, device, g)
+    out = nan_filled(shape, dtype, device)
+    llaisys.ops.rms_norm(out, x, w, eps)
+    assert_close(out, reference(rx, rw, eps))
+
+
+def check_small_shapes():
+    for dtype in FLOAT_DTYPES:
+        for i, shape in enumerate(SMALL_SHAPES):
+            check_rms_norm(shape, dtype, seed=i)
+        check_hf_parity((64, 1536), dtype)
+
+
+def hf_qwen2_rms_norm(x, weight, eps):
+    """transformers' Qwen2RMSNorm.forward (test_hf_formula_is_transformers checks this copy)."""
+    input_dtype = x.dtype
+    hidden_states = x.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype)
+
+
+def check_hf_parity(shape, dtype, device="cpu"):
+    """Same rounding steps as transformers' Qwen2RMSNorm: only the f32 summation order may differ."""
+    tdt = TORCH_DTYPES[dtype]
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(shape, generator=g) * 2).to(tdt)
+    w = torch.randn(shape[-1], generator=g).to(tdt)
+    want = hf_qwen2_rms_norm(x, w, 1e-6).to(torch.float64)
+    out = nan_filled(shape, dtype, device)
+    llaisys.ops.rms_norm(out, from_torch(x, device), from_torch(w, device), 1e-6)
+    got = to_torch(out).to(torch.float64)
+    # a flipped rounding of x * r moves the output by <= 2 ulp (relative bound; + f16 subnormal spacing);
+    # f32 allows 4: r itself may be 1 ulp off
+    ulps = {llaisys.float32: 4 * 2.0 ** -23, llaisys.float16: 2 * 2.0 ** -10, llaisys.bfloat16: 2 * 2.0 ** -7}[dtype]
+    diff = (got - want).abs()
+    assert (diff <= ulps * want.abs() + 2.0 ** -23).all(), f"{dtype.name}: max diff {diff.max().item():.3g} vs HF"
+    if dtype != llaisys.float32:  # f32: the variance's summation order moves ~1 ulp in many elements
+        frac = (diff > 0).double().mean().item()
+        assert frac < 2e-3, f"{dtype.name}: {frac:.2%} of elements differ from HF (expected ~0)"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_rms_norm_matches_torch(device, shape, dtype):
+    check_rms_norm(shape, dtype, device, seed=shape[-1])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_rms_norm_qwen2_prefill_shape(device, dtype):
+    check_rms_norm((512, 1536), dtype, device, seed=11, scale=5.0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_rms_norm_matches_hf_qwen2(device, dtype):
+    check_hf_parity((128, 1536), dtype, device)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_hf_formula_is_transformers(dtype):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+    tdt = TORCH_DTYPES[dtype]
+    g = torch.Generator().manual_seed(8)
+    x, w = torch.randn(9, 96, generator=g).to(tdt), torch.randn(96, generator=g).to(tdt)
+    norm = Qwen2RMSNorm(96, eps=1e-5)
+    norm.weight.data = w.clone()
+    with torch.no_grad():
+        assert torch.equal(norm(x), hf_qwen2_rms_norm(x, w, 1e-5))
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5, 0.5, 3.0])
+def test_rms_norm_eps(device, eps):
+    check_rms_norm((4, 100), llaisys.float32, device, seed=3, eps=eps, scale=0.5)
+
+
+def test_rms_norm_zero_row(device):
+    x = from_torch(torch.zeros(2, 33), device)
+    w = from_torch(torch.ones(33), device)
+    out = nan_filled((2, 33), llaisys.float32, device)
+    llaisys.ops.rms_norm(out, x, w, 1e-6)
+    assert torch.equal(to_torch(out), torch.zeros(2, 33))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_rms_norm_on_every_simd_path(device, level):
+    skip_unless_level_available(device, level)
+    run_under_simd(level, "t.check_small_shapes()")
+
+
+def test_rms_norm_rejects_bad_arguments(device):
+    f32 = lambda *s: llaisys.empty(s, llaisys.float32, device)  # noqa: E731
+    with pytest.raises(ValueError, match=r"\bweight\b.*shape"):
+        llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), f32(7), 1e-6)
+    with pytest.raises(ValueError, match=r"\bweight\b.*dtype"):
+        llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), llaisys.empty((8,), llaisys.bfloat16, device), 1e-6)
+    with pytest.raises(ValueError, match=r"\bout\b.*shape"):
+        llaisys.ops.rms_norm(f32(2, 9), f32(2, 8), f32(8), 1e-6)
+    with pytest.raises(ValueError, match=r"\beps\b"):
+        llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), f32(8), -1.0)
+    with pytest.raises(ValueError, match=r"\beps\b"):
+        llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), f32(8), float("nan"))
+    with pytest.raises(ValueError, match=r"\bx\b.*contiguous"):
+        llaisys.ops.rms_norm(f32(8, 2), f32(2, 8).permute(1, 0), f32(2), 1e-6)
+
+
+def test_kernel_rejects_bad_eps_and_dtype(device):
+    if device.type != "cpu":
+        pytest.skip("calls the CPU library directly")
+    import llaisys_backend_cpu
+    lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
+    lib.llaisys_cpu_last_error.restype = ctypes.c_char_p
+    fn = lib.llaisys_cpu_rms_norm
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    buf = (ctypes.c_float * 8)()
+    assert fn(0, None, 6, 1, 8, 1e-6, buf, buf, buf) == 4  # NOT_SUPPORTED
+    assert b"dtype code 6" in lib.llaisys_cpu_last_error()
+    assert fn(0, None, 0, 1, 8, -1.0, buf, buf, buf) == 1  # INVALID_ARGUMENT
+    assert b"eps" in lib.llaisys_cpu_last_error()
