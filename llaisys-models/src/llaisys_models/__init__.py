@@ -1,0 +1,42 @@
+"""llaisys_models: Qwen2 (and Llama-architecture) inference on any llaisys backend.
+
+    import llaisys_models
+    model = llaisys_models.load("path/to/hf-model-dir")          # best device, stored dtype
+    tokens = model.generate([151646, 3838, 374], max_new_tokens=32)  # greedy == HF transformers
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .generation import GenerationStats
+from .kv_cache import KVCache
+from .qwen2 import Llama, Qwen2
+from .safetensors import Checkpoint, SafetensorsFile
+
+__version__ = "0.1.0"
+
+MODEL_CLASSES = {arch: cls for cls in (Qwen2, Llama) for arch in cls.architectures}
+DEMO_MODEL_DIR = Path(__file__).parent / "demo"
+
+
+def load(path, device=None, dtype=None, *, progress: bool | None = None) -> Qwen2:
+    """The model in the HuggingFace directory ``path``, its class picked by config.json's architectures.
+
+    ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
+    config = ModelConfig.from_file(path)
+    cls = MODEL_CLASSES.get(config.architecture)
+    if cls is None:
+        raise ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
+                             f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
+    return cls(path, device=device, dtype=dtype, progress=progress)
+
+
+__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVCache", "Llama", "MODEL_CLASSES", "ModelConfig",
+           "ModelLoadError", "Qwen2", "SafetensorsFile", "load"]

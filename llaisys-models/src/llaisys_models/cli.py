@@ -1,0 +1,171 @@
+"""``llaisys generate`` and ``llaisys infer``: subcommands of the core ``llaisys`` command.
+
+Registered through the entry-point group ``llaisys.commands``; each ``register_*`` adds a
+parser whose ``func(args) -> int`` runs the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_PROMPT = "12+34="
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None,
+                        help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
+                        help="compute dtype (default: the dtype the weights are stored in)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--raw", action="store_true",
+                        help="feed the prompt text as is, without the tokenizer's chat template")
+
+
+def register_generate(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text with a model, streaming tokens as they come",
+                              description="Generate text, printing it as it is produced, then the prefill "
+                                          "and decode speed.")
+    _common_arguments(p)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default=None, help=f"the prompt (default {DEFAULT_PROMPT!r})")
+    source.add_argument("--chat", action="store_true", help="an interactive chat on stdin (/exit or EOF ends it)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most likely tokens; 1 is greedy (default: 1, or 0 = all tokens when "
+                        "--temperature or --top-p asks for sampling)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.set_defaults(func=run_generate)
+
+
+def register_infer(subparsers) -> None:
+    p = subparsers.add_parser("infer", help="greedy inference; --test checks it against HF transformers",
+                              description="Greedy generation on a chat-templated prompt. With --test, HF "
+                                          "transformers runs the same prompt and the token lists must be equal.")
+    _common_arguments(p)
+    p.add_argument("--prompt", default="Who are you?")
+    p.add_argument("--test", action="store_true", help="also run HF transformers and require identical tokens")
+    p.set_defaults(func=run_infer, max_new_tokens=64)
+
+
+def model_dir(args) -> Path:
+    from . import DEMO_MODEL_DIR
+    from .errors import ModelLoadError
+
+    if args.model is not None:
+        return args.model
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        raise ModelLoadError(f"no --model given and the demo model is missing from this installation "
+                             f"({DEMO_MODEL_DIR} has no config.json); pass --model DIR")
+    return DEMO_MODEL_DIR
+
+
+def _load(args):
+    from . import load
+    from .tokenizer import load_tokenizer
+
+    path = model_dir(args)
+    t0 = time.perf_counter()
+    model = load(path, device=args.device, dtype=args.dtype)
+    elapsed = time.perf_counter() - t0
+    print(f"loaded {path} on {model.device} as {model.dtype.name} in {elapsed:.2f}s", file=sys.stderr)
+    return model, load_tokenizer(path), elapsed
+
+
+def _sampling(args) -> dict:
+    sampling = args.temperature not in (None, 0.0) or args.top_p not in (None, 1.0)
+    top_k = args.top_k if args.top_k is not None else (0 if sampling else 1)
+    return dict(top_k=top_k, top_p=1.0 if args.top_p is None else args.top_p,
+                temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed)
+
+
+def _stream(model, tokenizer, ids, args, sampling, reuse_cache=False) -> list[int]:
+    from .tokenizer import IncrementalDecoder
+
+    decoder = IncrementalDecoder(tokenizer)
+    for token in model.stream_generate(ids, args.max_new_tokens, reuse_cache=reuse_cache, **sampling):
+        sys.stdout.write(decoder.push(token))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.finish() + "\n")
+    s = model.last_stats
+    print(f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_second:.1f} tok/s | "
+          f"decode: {s.new_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s", file=sys.stderr)
+    return decoder.tokens
+
+
+def run_generate(args) -> int:
+    from .tokenizer import encode
+
+    model, tokenizer, _ = _load(args)
+    sampling = _sampling(args)
+    if not args.chat:
+        ids = encode(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT, chat=not args.raw)
+        _stream(model, tokenizer, ids, args, sampling)
+        return 0
+    messages = []
+    print("chat: type a message, /exit or end of input to stop", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        ids = encode(tokenizer, messages)
+        budget = min(args.max_new_tokens, model.config.max_position_embeddings - len(ids))
+        if budget <= 0:
+            print("the conversation is longer than the model's context; starting over", file=sys.stderr)
+            messages = [messages[-1]]
+            ids = encode(tokenizer, messages)
+            budget = min(args.max_new_tokens, model.config.max_position_embeddings - len(ids))
+        reply = _stream(model, tokenizer, ids, argparse.Namespace(max_new_tokens=budget), sampling,
+                        reuse_cache=True)
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+
+
+def run_infer(args) -> int:
+    from .tokenizer import encode
+
+    model, tokenizer, _ = _load(args)
+    ids = encode(tokenizer, args.prompt, chat=not args.raw)
+    t0 = time.perf_counter()
+    ours = model.generate(ids, args.max_new_tokens)
+    ours_s = time.perf_counter() - t0
+    print(f"llaisys ({model.device}, {ours_s:.2f}s, {len(ours) - len(ids)} new tokens):")
+    print(tokenizer.decode(ours[len(ids):], skip_special_tokens=True))
+    if not args.test:
+        return 0
+
+    theirs, theirs_s = hf_greedy(model_dir(args), ids, args.max_new_tokens, model.dtype.name, model.eos_token_ids)
+    print(f"\nHF transformers (torch cpu, {theirs_s:.2f}s, {len(theirs) - len(ids)} new tokens):")
+    print(tokenizer.decode(theirs[len(ids):], skip_special_tokens=True))
+    if ours != theirs:
+        n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        print(f"\nFAIL: the token lists differ from position {n} (new token {n - len(ids)}): "
+              f"llaisys {ours[n:n + 8]} vs HF {theirs[n:n + 8]}")
+        return 1
+    print(f"\nPASS: identical {len(ours) - len(ids)} new tokens; llaisys {ours_s:.2f}s vs HF {theirs_s:.2f}s")
+    return 0
+
+
+def hf_greedy(path, ids: list[int], max_new_tokens: int, dtype: str, eos_token_ids) -> tuple[list[int], float]:
+    """HF transformers greedy generation (torch, CPU) of ``ids``; returns (tokens, seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+    x = torch.tensor([ids])
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                             top_k=None, top_p=None, temperature=None, eos_token_id=list(eos_token_ids) or None,
+                             pad_token_id=(list(eos_token_ids) or [0])[0])
+    return out[0].tolist(), time.perf_counter() - t0

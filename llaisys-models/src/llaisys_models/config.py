@@ -1,0 +1,191 @@
+"""The model's shape and hyper-parameters, read from a HuggingFace ``config.json``.
+
+Writers differ: transformers >= 5 nests ``rope_theta`` under ``rope_parameters``
+(sometimes once more per layer type), older files keep ``rope_theta`` (and
+``rope_scaling``) at top level; ``head_dim`` and ``num_key_value_heads`` may be
+absent; ``eos_token_id`` may be an int, a list or missing. Every form is read here,
+and anything the forward pass cannot honour is refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+DEFAULT_ROPE_THETA = 10000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None = None
+    qkv_bias: bool = True
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # only set when some layer really uses a window
+    dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
+
+    @classmethod
+    def from_file(cls, path) -> "ModelConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{path} does not exist: a model directory needs a HuggingFace config.json")
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+        try:
+            return cls.from_dict(raw)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        architectures = raw.get("architectures") or []
+        if isinstance(architectures, str):
+            architectures = [architectures]
+        model_type = str(raw.get("model_type", ""))
+        architecture = architectures[0] if architectures else _DEFAULT_ARCH.get(model_type, "")
+
+        hidden = _int(raw, "hidden_size")
+        heads = _int(raw, "num_attention_heads")
+        kv_heads = _int(raw, "num_key_value_heads", heads)
+        head_dim = raw.get("head_dim")
+        if head_dim is None:
+            if hidden % heads:
+                raise ModelLoadError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                                     f"and head_dim is not given")
+            head_dim = hidden // heads
+        head_dim = _positive("head_dim", head_dim)
+        if heads % kv_heads:
+            raise ModelLoadError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        if head_dim % 2:
+            raise ModelLoadError(f"head_dim {head_dim} must be even for rotary embeddings")
+        act = raw.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelLoadError(f"hidden_act {act!r} is not supported (only silu / SwiGLU MLPs)")
+
+        rope_theta = _rope_theta(raw)
+        is_qwen2 = model_type == "qwen2" or architecture.startswith("Qwen2")
+        layers = _int(raw, "num_hidden_layers")
+        return cls(
+            architecture=architecture,
+            model_type=model_type,
+            vocab_size=_int(raw, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_int(raw, "intermediate_size"),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
+            bos_token_id=(token_ids(raw.get("bos_token_id"), "bos_token_id") or (None,))[0],
+            # Qwen2 always has q/k/v biases and no o_proj bias; Llama has all four or none.
+            qkv_bias=is_qwen2 or bool(raw.get("attention_bias", False)),
+            o_bias=not is_qwen2 and bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            sliding_window=_sliding_window(raw, layers),
+            dtype_name=raw.get("dtype") or raw.get("torch_dtype"),
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+_DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+def token_ids(value, name: str) -> tuple[int, ...]:
+    """An id, a list of ids or None -> a tuple of ids."""
+    if value is None:
+        return ()
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ModelLoadError(f"{name} must be a token id or a list of them, got {value!r}")
+    return tuple(values)
+
+
+def _int(raw: dict, key: str, default=None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ModelLoadError(f"config field {key!r} is missing")
+    return _positive(key, value)
+
+
+def _positive(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"config field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _float(raw: dict, key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ModelLoadError(f"config field {key!r} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _rope_theta(raw: dict) -> float:
+    """rope_theta from ``rope_parameters`` (transformers >= 5) or the top level (older writers)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" not in params and "rope_type" not in params:
+        # one set per layer type: {"full_attention": {...}, "sliding_attention": {...}}
+        params = params.get("full_attention") or next(iter(params.values()), None)
+    if not isinstance(params, dict):
+        params = {}
+    scaling = raw.get("rope_scaling")
+    for source in (params, scaling if isinstance(scaling, dict) else {}):
+        kind = source.get("rope_type", source.get("type", "default"))
+        if kind not in (None, "default"):
+            raise ModelLoadError(f"rope scaling of type {kind!r} is not supported (only the default rotary "
+                                 f"embedding)")
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ModelLoadError(f"partial_rotary_factor {partial!r} is not supported")
+    theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ModelLoadError(f"rope_theta must be a positive number, got {theta!r}")
+    return float(theta)
+
+
+def _sliding_window(raw: dict, layers: int) -> int | None:
+    """The window of sliding-window layers, if any layer has one (generation refuses longer sequences)."""
+    window = raw.get("sliding_window")
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list):
+        sliding = any(t == "sliding_attention" for t in layer_types)
+    else:
+        sliding = bool(raw.get("use_sliding_window", False)) and raw.get("max_window_layers", layers) < layers
+    if sliding and isinstance(window, int) and window > 0:
+        return window
+    return None

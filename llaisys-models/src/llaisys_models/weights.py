@@ -1,0 +1,137 @@
+"""The decoder's weights: which checkpoint tensors it needs, checked, then placed on the device.
+
+Everything is checked (presence, shape, dtype) before a byte is converted or copied, so a
+bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dtype is
+used straight from the memory-mapped file on CPU (zero copy); any other is converted
+once on the host (numpy / ml_dtypes) and copied to the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import llaisys
+import numpy as np
+
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .progress import Progress
+from .safetensors import Checkpoint, TensorInfo
+
+FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
+
+
+@dataclasses.dataclass
+class LayerWeights:
+    input_norm: llaisys.Tensor
+    q_proj: llaisys.Tensor
+    k_proj: llaisys.Tensor
+    v_proj: llaisys.Tensor
+    o_proj: llaisys.Tensor
+    post_norm: llaisys.Tensor
+    gate_proj: llaisys.Tensor
+    up_proj: llaisys.Tensor
+    down_proj: llaisys.Tensor
+    q_bias: llaisys.Tensor | None = None
+    k_bias: llaisys.Tensor | None = None
+    v_bias: llaisys.Tensor | None = None
+    o_bias: llaisys.Tensor | None = None
+    gate_bias: llaisys.Tensor | None = None
+    up_bias: llaisys.Tensor | None = None
+    down_bias: llaisys.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Weights:
+    embed_tokens: llaisys.Tensor
+    layers: list[LayerWeights]
+    norm: llaisys.Tensor
+    lm_head: llaisys.Tensor  # the embedding itself when tie_word_embeddings
+
+
+def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
+    """{field: (checkpoint name, shape)} for the top-level weights and for each layer."""
+    c = config
+    top = {"embed_tokens": ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),
+           "norm": ("model.norm.weight", (c.hidden_size,))}
+    if not c.tie_word_embeddings:
+        top["lm_head"] = ("lm_head.weight", (c.vocab_size, c.hidden_size))
+    layers = []
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        layer = {
+            "input_norm": (p + "input_layernorm.weight", (c.hidden_size,)),
+            "q_proj": (p + "self_attn.q_proj.weight", (c.q_size, c.hidden_size)),
+            "k_proj": (p + "self_attn.k_proj.weight", (c.kv_size, c.hidden_size)),
+            "v_proj": (p + "self_attn.v_proj.weight", (c.kv_size, c.hidden_size)),
+            "o_proj": (p + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),
+            "post_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
+            "gate_proj": (p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
+            "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
+            "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
+        }
+        if c.qkv_bias:
+            layer["q_bias"] = (p + "self_attn.q_proj.bias", (c.q_size,))
+            layer["k_bias"] = (p + "self_attn.k_proj.bias", (c.kv_size,))
+            layer["v_bias"] = (p + "self_attn.v_proj.bias", (c.kv_size,))
+        if c.o_bias:
+            layer["o_bias"] = (p + "self_attn.o_proj.bias", (c.hidden_size,))
+        if c.mlp_bias:
+            layer["gate_bias"] = (p + "mlp.gate_proj.bias", (c.intermediate_size,))
+            layer["up_bias"] = (p + "mlp.up_proj.bias", (c.intermediate_size,))
+            layer["down_bias"] = (p + "mlp.down_proj.bias", (c.hidden_size,))
+        layers.append(layer)
+    return top, layers
+
+
+def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, TensorInfo]:
+    """Every needed tensor exists with its shape and a floating dtype; returns name -> info."""
+    infos = {}
+    for name, shape in [spec for group in [top, *layers] for spec in group.values()]:
+        info = checkpoint.info(name)
+        if info.shape != shape:
+            raise ModelLoadError(f"tensor {name!r} in {info.file.path.name} has shape {info.shape}, but "
+                                 f"config.json implies {shape}")
+        if info.dtype not in FLOAT_WEIGHTS:
+            raise ModelLoadError(f"tensor {name!r} in {info.file.path.name} has dtype {info.dtype_name}; "
+                                 f"weights must be F32, F16 or BF16")
+        infos[name] = info
+    return infos
+
+
+def default_dtype(checkpoint: Checkpoint, config: ModelConfig) -> llaisys.DType:
+    """The dtype the weights are stored in (that of the embedding), so CPU loads need no copy."""
+    info = checkpoint.info("model.embed_tokens.weight")
+    if info.dtype in FLOAT_WEIGHTS:
+        return info.dtype
+    return llaisys.bfloat16
+
+
+def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
+    """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both."""
+    if info.dtype == dtype:
+        return info.file.tensor(info.name).to(device)
+    host = np.frombuffer(info.file.mapping, dtype=info.dtype.numpy, count=int(np.prod(info.shape)),
+                         offset=info.offset).reshape(info.shape)
+    return llaisys.from_numpy(host.astype(dtype.numpy), device)
+
+
+def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
+                 progress: bool | None = None) -> Weights:
+    top, layers = plan(config)
+    infos = check(checkpoint, top, layers)
+    cache: dict[str, llaisys.Tensor] = {}
+    with Progress(sum(i.nbytes for i in infos.values()), f"loading {checkpoint.directory.name}",
+                  enabled=progress) as bar:
+        def get(spec):
+            name = spec[0]
+            if name not in cache:
+                cache[name] = materialize(infos[name], dtype, device)
+                bar.update(infos[name].nbytes)
+            return cache[name]
+
+        embed = get(top["embed_tokens"])
+        layer_weights = [LayerWeights(**{field: get(spec) for field, spec in layer.items()}) for layer in layers]
+        norm = get(top["norm"])
+        lm_head = get(top["lm_head"]) if "lm_head" in top else embed
+    return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)

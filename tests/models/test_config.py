@@ -1,0 +1,75 @@
+"""config.json in every dialect the writers use (no device needed)."""
+
+from __future__ import annotations
+
+import pytest
+from llaisys_models import ModelConfig, ModelLoadError
+
+BASE = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=1000, hidden_size=256,
+            intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+            max_position_embeddings=4096)
+
+
+def config(**changes):
+    raw = dict(BASE)
+    for k, v in changes.items():
+        if v is None:
+            raw.pop(k, None)
+        else:
+            raw[k] = v
+    return ModelConfig.from_dict(raw)
+
+
+def test_derived_and_default_fields():
+    c = config()
+    assert c.head_dim == 32 and c.q_size == 256 and c.kv_size == 64
+    assert c.rope_theta == 10000.0 and c.rms_norm_eps == 1e-6
+    assert c.tie_word_embeddings is False and c.eos_token_ids == ()
+    assert c.qkv_bias and not c.o_bias and not c.mlp_bias
+    assert config(num_key_value_heads=None).num_key_value_heads == 8
+    assert config(head_dim=128).head_dim == 128 and config(head_dim=128).q_size == 1024
+
+
+@pytest.mark.parametrize("raw, theta", [
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6}), 1e6),  # transformers >= 5
+    (dict(rope_theta=500000.0), 500000.0),  # transformers 4
+    (dict(rope_theta=1234.0, rope_scaling=None), 1234.0),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 7.0e4},
+                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), 7.0e4),
+])
+def test_rope_theta_in_every_form(raw, theta):
+    assert config(**raw).rope_theta == theta
+
+
+@pytest.mark.parametrize("eos, ids", [(151643, (151643,)), ([151645, 151643], (151645, 151643)), (None, ())])
+def test_eos_forms(eos, ids):
+    assert config(eos_token_id=eos).eos_token_ids == ids
+
+
+def test_llama_biases_follow_attention_bias():
+    llama = dict(architectures=["LlamaForCausalLM"], model_type="llama")
+    assert not config(**llama).qkv_bias and not config(**llama).o_bias
+    c = config(**llama, attention_bias=True, mlp_bias=True)
+    assert c.qkv_bias and c.o_bias and c.mlp_bias
+
+
+def test_tie_word_embeddings_and_sliding_window():
+    assert config(tie_word_embeddings=True).tie_word_embeddings
+    assert config(use_sliding_window=False, sliding_window=4096).sliding_window is None
+    assert config(use_sliding_window=True, sliding_window=64, max_window_layers=1).sliding_window == 64
+    assert config(layer_types=["full_attention", "sliding_attention"], sliding_window=32).sliding_window == 32
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(vocab_size=None), "vocab_size"),
+    (dict(num_attention_heads=6), "multiple"),
+    (dict(hidden_size=250, num_attention_heads=8, num_key_value_heads=8), "head_dim"),
+    (dict(head_dim=33), "even"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}), "partial"),
+    (dict(eos_token_id="x"), "eos_token_id"),
+    (dict(hidden_size=-4), "hidden_size"),
+])
+def test_bad_configs(changes, match):
+    with pytest.raises(ModelLoadError, match=match):
+        config(**changes)

@@ -1,0 +1,230 @@
+"""Loading checkpoints: zero-copy mapping, conversions, shards, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import shutil
+import struct
+
+import llaisys
+import llaisys_models
+import numpy as np
+import pytest
+from llaisys_models import ModelLoadError
+from safetensors.numpy import load_file, save_file
+from tiny_models import SPECS, prompt
+
+BF16 = "bf16_mha_hd64_tied"
+F32 = "f32_gqa2_hd32"
+SHARDED = "bf16_gqa4_hd128_sharded"
+
+
+def all_weights(model):
+    w = model.weights
+    yield "embed_tokens", w.embed_tokens
+    yield "norm", w.norm
+    yield "lm_head", w.lm_head
+    for i, layer in enumerate(w.layers):
+        for field, t in vars(layer).items():
+            if t is not None:
+                yield f"layers.{i}.{field}", t
+
+
+def mapping_range(mm: mmap.mmap) -> tuple[int, int]:
+    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    return base, base + len(mm)
+
+
+@pytest.fixture
+def cpu():
+    if llaisys.Device("cpu") not in llaisys.available_devices():
+        pytest.skip("no cpu device (zero-copy loading is a CPU feature)")
+    return llaisys.Device("cpu")
+
+
+@pytest.mark.parametrize("name", [BF16, SHARDED])
+def test_same_dtype_on_cpu_is_zero_copy(name, tiny_models, cpu):
+    """Weights stored in the compute dtype point straight into the memory-mapped files."""
+    model = llaisys_models.load(tiny_models.path(name), device=cpu, dtype="bfloat16")
+    ranges = [mapping_range(f.mapping) for f in model.checkpoint.files]
+    if name == SHARDED:
+        assert len(ranges) > 1, "the sharded checkpoint has a single file"
+    before = llaisys.memory_stats("cpu")["allocated_bytes"]
+    for field, t in all_weights(model):
+        assert any(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for lo, hi in ranges), (
+            f"{field} was copied out of the mapping")
+        assert t.storage.readonly
+    assert llaisys.memory_stats("cpu")["allocated_bytes"] == before
+
+
+def test_conversion_copies_once_and_rounds_like_numpy(tiny_models, cpu):
+    path = tiny_models.path(BF16)
+    model = llaisys_models.load(path, device=cpu, dtype="float32")
+    assert model.dtype == llaisys.float32
+    (lo, hi), = [mapping_range(f.mapping) for f in model.checkpoint.files]
+    embed = model.weights.embed_tokens
+    assert not lo <= embed.data_ptr() < hi
+    from safetensors.torch import load_file as load_torch
+    want = load_torch(str(path / "model.safetensors"))["model.embed_tokens.weight"].float().numpy()
+    np.testing.assert_array_equal(embed.numpy(), want)
+
+
+def test_default_dtype_is_the_stored_one(tiny_models, device):
+    assert llaisys_models.load(tiny_models.path(F32), device=device).dtype == llaisys.float32
+    assert llaisys_models.load(tiny_models.path(BF16), device=device).dtype == llaisys.bfloat16
+    assert llaisys_models.load(tiny_models.path("f16_gqa3_hd64_legacy"), device=device).dtype == llaisys.float16
+
+
+def test_classes_and_device_choice(tiny_models):
+    model = llaisys_models.load(tiny_models.path("llama_f32"))
+    assert type(model) is llaisys_models.Llama and not model.config.qkv_bias
+    assert model.device == llaisys.available_devices()[0]
+    qwen = llaisys_models.Qwen2(tiny_models.path(F32), "cpu")
+    assert type(qwen) is llaisys_models.Qwen2 and qwen.config.qkv_bias and str(qwen.device) == "cpu:0"
+    assert qwen.config.head_dim == 32 and qwen.config.rope_theta == 10000.0
+
+
+# -- bad input -------------------------------------------------------------------------
+
+@pytest.fixture
+def broken(tiny_models, tmp_path):
+    """A writable copy of the f32 checkpoint to break."""
+    def copy(name=F32):
+        target = tmp_path / name
+        shutil.copytree(tiny_models.path(name), target)
+        return target
+    return copy
+
+
+def expect_load_error(path, match, **kwargs):
+    before = llaisys.memory_stats("cpu")["allocated_bytes"] if llaisys.available_devices() else None
+    with pytest.raises(ModelLoadError, match=match):
+        llaisys_models.load(path, device="cpu", **kwargs)
+    if before is not None:  # nothing half-loaded stays behind
+        assert llaisys.memory_stats("cpu")["allocated_bytes"] == before
+
+
+def edit_config(path, **changes):
+    raw = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    (path / "config.json").write_text(json.dumps(raw))
+
+
+def test_missing_directory(tmp_path):
+    expect_load_error(tmp_path / "nope", "does not exist")
+
+
+def test_missing_config(broken):
+    path = broken()
+    (path / "config.json").unlink()
+    expect_load_error(path, "config.json")
+
+
+def test_invalid_config(broken):
+    path = broken()
+    (path / "config.json").write_text("{not json")
+    expect_load_error(path, "not valid JSON")
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(hidden_size=None), "hidden_size"),
+    (dict(num_attention_heads=3), "multiple"),
+    (dict(architectures=["GPT2LMHeadModel"]), "GPT2LMHeadModel.*not supported"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "yarn"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+])
+def test_bad_config_fields(broken, changes, match):
+    path = broken()
+    edit_config(path, **changes)
+    expect_load_error(path, match)
+
+
+def test_missing_weights(broken):
+    path = broken()
+    (path / "model.safetensors").unlink()
+    expect_load_error(path, "no weights")
+
+
+def test_truncated_safetensors(broken):
+    path = broken()
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:len(data) // 2])
+    expect_load_error(path, "truncated")
+    (path / "model.safetensors").write_bytes(data[:5])
+    expect_load_error(path, "truncated")
+
+
+def test_corrupt_safetensors_header(broken):
+    path = broken()
+    data = bytearray((path / "model.safetensors").read_bytes())
+    (header_len,) = struct.unpack("<Q", data[:8])
+    (path / "model.safetensors").write_bytes(bytes(data[:8]) + b"#" * header_len + bytes(data[8 + header_len:]))
+    expect_load_error(path, "corrupt")
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + bytes(data[8:]))
+    expect_load_error(path, "corrupt or truncated")
+
+
+def test_header_offsets_outside_the_file(broken):
+    path = broken()
+    data = (path / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = "model.norm.weight"
+    begin, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [begin + 10**9, end + 10**9]
+    raw = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    expect_load_error(path, "model.norm.weight.*truncated or corrupt")
+
+
+def test_missing_tensor(broken):
+    path = broken()
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    expect_load_error(path, "model.layers.1.mlp.down_proj.weight.*missing")
+    expect_load_error(path, "missing", dtype="bfloat16")  # fails before converting anything
+
+
+def test_wrong_shape(broken):
+    path = broken()
+    edit_config(path, intermediate_size=SPECS[F32].inter * 2)
+    expect_load_error(path, "shape")
+
+
+def test_missing_shard(broken):
+    path = broken(SHARDED)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[-1]
+    (path / shard).unlink()
+    expect_load_error(path, shard)
+
+
+def test_bad_dtype_and_device(tiny_models):
+    with pytest.raises(llaisys.LlaisysValueError, match="dtype"):
+        llaisys_models.load(tiny_models.path(F32), device="cpu", dtype="int8")
+    with pytest.raises(llaisys.BackendUnavailableError, match="nosuchdevice"):
+        llaisys_models.load(tiny_models.path(F32), device="nosuchdevice")
+
+
+def test_bad_prompts(tiny_models, device):
+    model = llaisys_models.load(tiny_models.path(F32), device=device)
+    vocab, limit = SPECS[F32].vocab, SPECS[F32].max_pos
+    with pytest.raises(ValueError, match="empty"):
+        model.generate([], 4)
+    with pytest.raises(ValueError, match=r"input_ids\[1\] = -1"):
+        model.generate([1, -1], 4)
+    with pytest.raises(ValueError, match=rf"input_ids\[0\] = {vocab}\b"):
+        model.generate([vocab], 4)
+    with pytest.raises(ValueError, match="sequence of token ids"):
+        model.generate("hello", 4)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(prompt(F32, 10, vocab), limit - 9)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.forward([1] * (limit + 1))
+    assert len(model.generate(prompt(F32, 10, vocab), 3)) <= 13  # still usable after the errors

@@ -1,0 +1,116 @@
+"""llaisys greedy decoding == HF transformers greedy decoding, on tiny random checkpoints.
+
+Compared teacher-forced (DESIGN §6): ``generate`` must reproduce HF's greedy tokens; at a
+divergence, llaisys' token must have an HF logit within a dtype-scaled tolerance of HF's
+maximum (a near-tie: a few ulps of the top logit in bf16/f16, 1e-4 of it in f32), and
+generation goes on from HF's token. The same holds for the argmax of a single forward over
+HF's whole sequence (the prefill path). Near-ties must be rare, and the logits must be as
+close to the exact (float64) logits as HF's own are.
+"""
+
+from __future__ import annotations
+
+import llaisys_models
+import numpy as np
+import pytest
+from tiny_models import NEW_TOKENS, PROMPT_LENGTHS, SPECS
+
+MANTISSA_BITS = {"bf16": 7, "f16": 10}
+ULPS = 4  # near-tie tolerance in ulps of the top logit (bf16/f16)
+F32_REL = 1e-4  # near-tie tolerance relative to the top logit in f32 (DESIGN: <= 1e-3)
+MAX_NEAR_TIE_RATE = {"f32": 0.01, "f16": 0.05, "bf16": 0.05}  # of all greedy steps of a checkpoint
+
+
+def ulp(x: float, dtype: str) -> float:
+    return 2.0 ** (np.floor(np.log2(max(abs(x), 1e-30))) - MANTISSA_BITS[dtype])
+
+
+def tie_tolerance(top: float, dtype: str) -> float:
+    return F32_REL * abs(top) if dtype == "f32" else ULPS * ulp(top, dtype)
+
+
+def logits_error_bound(hf_error: float, scale: float, dtype: str) -> float:
+    """llaisys may be off the exact logits by at most twice what HF is, plus a floor of a
+    couple of ulps of the largest logit (a tiny model can make HF's own error nearly 0)."""
+    floor = 1e-5 * scale if dtype == "f32" else 2 * ulp(scale, dtype)
+    return 2 * hf_error + floor
+
+
+def near_tie(hf_row: np.ndarray, mine: int, hf_token: int, dtype: str, where: str) -> None:
+    """llaisys chose ``mine`` where HF chose ``hf_token``: fine only if HF itself nearly tied them."""
+    gap = float(hf_row.max() - hf_row[mine])
+    tol = tie_tolerance(float(hf_row.max()), dtype)
+    assert gap <= tol, (f"{where}: llaisys picks {mine}, HF picks {hf_token}; HF's logit for {mine} is "
+                        f"{gap:.4g} below its max (tolerance {tol:.3g}): not a near-tie")
+
+
+def check_against_reference(model, ref, dtype: str) -> list[int]:
+    """Returns the steps where llaisys' greedy choice differed from HF's (each one a near-tie)."""
+    n_prompt, hf_new = len(ref.prompt), ref.tokens[len(ref.prompt):]
+    hf_logits = ref.logits[n_prompt - 1:]
+
+    # 1. one forward over HF's whole sequence (the prefill path): logits as close to the exact
+    #    ones as HF's, and the argmax at every position HF's token or a near-tie
+    ours = model.logits(ref.tokens[:-1])
+    scale = float(np.abs(ref.exact_logits).max())
+    our_err = float(np.abs(ours - ref.exact_logits).max())
+    hf_err = float(np.abs(ref.logits - ref.exact_logits).max())
+    assert our_err <= logits_error_bound(hf_err, scale, dtype), (
+        f"llaisys logits are {our_err:.3g} off the exact ones, HF's {hf_err:.3g} (max |logit| {scale:.3g})")
+    ties = set()
+    for step, (row, hf_token) in enumerate(zip(ours[n_prompt - 1:], hf_new)):
+        if int(row.argmax()) != hf_token:
+            near_tie(hf_logits[step], int(row.argmax()), hf_token, dtype, f"prefill path, step {step}")
+            ties.add(step)
+
+    # 2. generate() (prefill + cached decode steps) follows HF token for token; at a divergence
+    #    llaisys' token must be a near-tie, and generation goes on from HF's token
+    step = 0
+    while step < len(hf_new):
+        context = ref.tokens[:n_prompt + step]
+        generated = model.generate(context, len(hf_new) - step, eos_token_ids=())
+        assert generated[:len(context)] == context and len(generated) == len(ref.tokens)
+        diverged = next((i for i in range(step, len(hf_new)) if generated[n_prompt + i] != hf_new[i]), None)
+        if diverged is None:
+            break
+        near_tie(hf_logits[diverged], generated[n_prompt + diverged], hf_new[diverged], dtype,
+                 f"generate, step {diverged}")
+        ties.add(diverged)
+        step = diverged + 1
+    return sorted(ties)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_greedy_matches_hf(name, tiny_models, device):
+    model = llaisys_models.load(tiny_models.path(name), device=device)
+    ties = {}
+    for length in PROMPT_LENGTHS:
+        ties[length] = check_against_reference(model, tiny_models.reference(name, length), SPECS[name].dtype)
+    print(f"{name}: steps where llaisys and HF chose differently (near-ties), by prompt length: {ties}")
+    steps = len(PROMPT_LENGTHS) * NEW_TOKENS
+    assert sum(map(len, ties.values())) <= MAX_NEAR_TIE_RATE[SPECS[name].dtype] * steps, (
+        f"too many near-ties in {steps} steps, by prompt length: {ties}")
+
+
+def test_converted_dtype_matches_hf(tiny_models, device):
+    """An f32 checkpoint computed in bf16 (converted at load) matches HF loading it as bf16."""
+    import copy
+
+    import torch
+    from tiny_models import Reference, prompt
+
+    name = "f32_gqa2_hd32"
+    model = llaisys_models.load(tiny_models.path(name), device=device, dtype="bfloat16")
+    hf = tiny_models.hf(name, "bf16")
+    ids = prompt(name, 13, SPECS[name].vocab)
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0].tolist()
+        seq = torch.tensor([tokens[:-1]])
+        logits = hf(seq).logits[0].float().numpy()
+        exact_model = copy.deepcopy(hf).to(torch.float64)  # the bf16-rounded weights, exactly
+        exact = exact_model(seq).logits[0].numpy()
+    assert model.dtype.name == "bfloat16"
+    ties = check_against_reference(model, Reference(ids, tokens, logits, exact), "bf16")
+    assert len(ties) <= max(1, MAX_NEAR_TIE_RATE["bf16"] * NEW_TOKENS), f"near-ties at steps {ties}"

@@ -1,0 +1,193 @@
+"""Tiny random Qwen2 / Llama checkpoints made with transformers, and their HF references.
+
+Each checkpoint varies what the forward pass must get right: GQA ratio, head_dim (32/64/128),
+layer count, tied embeddings, rope_theta, stored dtype (f32/f16/bf16), sharding, and the
+config.json dialect (transformers 5 ``rope_parameters`` vs legacy top-level ``rope_theta``).
+
+Random models have near-tied logits, so the init is scaled up (initializer_range 0.1, random
+biases and norm weights, lm_head rows of spread-out norms) to make greedy choices mostly
+decisive; the parity test still accepts a rare near-tie, measured against HF's own logits
+(DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+EOS_ID = 256  # the test tokenizer's <|endoftext|> (ids 0..255 are bytes)
+NEW_TOKENS = 40
+PROMPT_LENGTHS = (1, 13, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    arch: str = "qwen2"
+    dtype: str = "f32"
+    vocab: int = 384
+    hidden: int = 128
+    inter: int = 256
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int | None = None  # None: hidden // heads, and left out of config.json
+    tie: bool = False
+    rope_theta: float = 10000.0
+    max_pos: int = 512
+    shard: str | None = None  # max_shard_size for save_pretrained
+    legacy_config: bool = False  # rewrite config.json the way transformers 4 wrote it
+    seed: int = 0
+    # lm_head rows scaled by exp(N(0, spread)): a heavier-tailed logit distribution makes greedy
+    # choices decisive (ignored for tied embeddings, where it would also scale the inputs)
+    lm_head_spread: float = 0.5
+
+
+SPECS = {
+    # GQA 2, head_dim 32, f32, untied, default theta
+    "f32_gqa2_hd32": Spec(dtype="f32", hidden=128, heads=4, kv_heads=2, layers=2, seed=1),
+    # MHA, head_dim 64, bf16, tied embeddings, theta 1e6
+    "bf16_mha_hd64_tied": Spec(dtype="bf16", vocab=512, hidden=128, heads=2, kv_heads=2, layers=3, inter=320,
+                               tie=True, rope_theta=1e6, seed=2),
+    # GQA 4, head_dim 128 (q width 512 != hidden 192), bf16, sharded into several files
+    "bf16_gqa4_hd128_sharded": Spec(dtype="bf16", vocab=512, hidden=192, heads=4, kv_heads=1, head_dim=128,
+                                    layers=2, inter=384, rope_theta=5e5, shard="200KB", seed=3),
+    # GQA 3, head_dim 64, f16, 5 layers, tied, legacy config.json (top-level rope_theta, eos list)
+    "f16_gqa3_hd64_legacy": Spec(dtype="f16", vocab=320, hidden=192, heads=6, kv_heads=2, head_dim=64, layers=5,
+                                 inter=256, tie=True, rope_theta=20000.0, legacy_config=True, seed=4),
+    # Llama architecture: no q/k/v bias
+    "llama_f32": Spec(arch="llama", dtype="f32", vocab=320, hidden=128, heads=4, kv_heads=1, layers=2, seed=5),
+}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_tokenizer(directory: Path) -> None:
+    """A byte-level tokenizer: byte b is token b, <|endoftext|> is 256; a simple chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {sym: b for b, sym in _bytes_to_unicode().items()}
+    core = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}<assistant>{% endif %}")
+    fast.save_pretrained(directory)
+
+
+def make_checkpoint(directory: Path, spec: Spec) -> Path:
+    """Create the HF checkpoint of ``spec`` in ``directory`` (weights, config, tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.arch]
+    extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
+    config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
+                        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                        num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.max_pos,
+                        tie_word_embeddings=spec.tie, initializer_range=0.1, rms_norm_eps=1e-6,
+                        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+                        eos_token_id=EOS_ID, bos_token_id=None, pad_token_id=EOS_ID, **extra)
+    torch.manual_seed(spec.seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+        if not spec.tie and spec.lm_head_spread:
+            rows = torch.randn(spec.vocab, 1, generator=torch.Generator().manual_seed(spec.seed))
+            model.lm_head.weight.mul_(torch.exp(rows * spec.lm_head_spread))
+    model = model.to(TORCH_DTYPES[spec.dtype])
+    kwargs = {"max_shard_size": spec.shard} if spec.shard else {}
+    model.save_pretrained(directory, **kwargs)
+    write_tokenizer(directory)
+    if spec.legacy_config:
+        path = directory / "config.json"
+        raw = json.loads(path.read_text())
+        raw["rope_theta"] = raw.pop("rope_parameters")["rope_theta"]
+        raw["eos_token_id"] = [EOS_ID]
+        raw["torch_dtype"] = raw.pop("dtype", None)
+        raw.pop("layer_types", None)
+        path.write_text(json.dumps(raw, indent=2))
+    if spec.shard:
+        assert (directory / "model.safetensors.index.json").is_file()
+    return directory
+
+
+def prompt(spec_name: str, length: int, vocab: int) -> list[int]:
+    seed = sum(map(ord, spec_name)) * 1000 + length
+    return np.random.default_rng(seed).integers(0, min(vocab, 256), size=length).tolist()
+
+
+@dataclasses.dataclass
+class Reference:
+    """HF greedy tokens for a prompt and HF's logits along that sequence (float32 and float64)."""
+
+    prompt: list[int]
+    tokens: list[int]  # prompt + NEW_TOKENS greedy tokens (EOS suppressed)
+    logits: np.ndarray  # [len(tokens) - 1, vocab] from HF in the checkpoint's dtype
+    exact_logits: np.ndarray  # the same from HF in float64 (the weights upcast exactly)
+
+
+class TinyModels:
+    """Checkpoints and HF references, made on first use and kept for the session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._paths: dict[str, Path] = {}
+        self._hf: dict[tuple[str, str], object] = {}
+        self._refs: dict[tuple[str, int], Reference] = {}
+
+    def path(self, name: str) -> Path:
+        if name not in self._paths:
+            directory = self.root / name
+            directory.mkdir()
+            self._paths[name] = make_checkpoint(directory, SPECS[name])
+        return self._paths[name]
+
+    def hf(self, name: str, dtype: str | None = None):
+        """The HF model loaded back from the checkpoint directory (as llaisys reads it)."""
+        from transformers import AutoModelForCausalLM
+
+        dtype = dtype or SPECS[name].dtype
+        key = (name, dtype)
+        if key not in self._hf:
+            torch_dtype = torch.float64 if dtype == "f64" else TORCH_DTYPES[dtype]
+            self._hf[key] = AutoModelForCausalLM.from_pretrained(self.path(name), dtype=torch_dtype).eval()
+        return self._hf[key]
+
+    def reference(self, name: str, length: int) -> Reference:
+        key = (name, length)
+        if key not in self._refs:
+            spec = SPECS[name]
+            ids = prompt(name, length, spec.vocab)
+            model = self.hf(name)
+            with torch.no_grad():
+                x = torch.tensor([ids])
+                out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                     min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)
+                tokens = out[0].tolist()
+                seq = torch.tensor([tokens[:-1]])
+                logits = model(seq).logits[0].float().numpy()
+                exact = self.hf(name, "f64")(seq).logits[0].numpy()
+            self._refs[key] = Reference(ids, tokens, logits, exact)
+        return self._refs[key]
