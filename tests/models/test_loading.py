@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import shutil
@@ -46,16 +47,17 @@ def cpu():
 @pytest.mark.parametrize("name", [BF16, SHARDED])
 def test_same_dtype_on_cpu_is_zero_copy(name, tiny_models, cpu):
     """Weights stored in the compute dtype point straight into the memory-mapped files."""
+    gc.collect()
+    before = llaisys.memory_stats("cpu")["allocated_bytes"]
     model = llaisys_models.load(tiny_models.path(name), device=cpu, dtype="bfloat16")
+    assert llaisys.memory_stats("cpu")["allocated_bytes"] <= before, "loading allocated memory"
     ranges = [mapping_range(f.mapping) for f in model.checkpoint.files]
     if name == SHARDED:
         assert len(ranges) > 1, "the sharded checkpoint has a single file"
-    before = llaisys.memory_stats("cpu")["allocated_bytes"]
     for field, t in all_weights(model):
         assert any(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for lo, hi in ranges), (
             f"{field} was copied out of the mapping")
         assert t.storage.readonly
-    assert llaisys.memory_stats("cpu")["allocated_bytes"] == before
 
 
 def test_conversion_copies_once_and_rounds_like_numpy(tiny_models, cpu):
@@ -98,11 +100,12 @@ def broken(tiny_models, tmp_path):
 
 
 def expect_load_error(path, match, **kwargs):
+    gc.collect()
     before = llaisys.memory_stats("cpu")["allocated_bytes"] if llaisys.available_devices() else None
     with pytest.raises(ModelLoadError, match=match):
         llaisys_models.load(path, device="cpu", **kwargs)
     if before is not None:  # nothing half-loaded stays behind
-        assert llaisys.memory_stats("cpu")["allocated_bytes"] == before
+        assert llaisys.memory_stats("cpu")["allocated_bytes"] <= before
 
 
 def edit_config(path, **changes):

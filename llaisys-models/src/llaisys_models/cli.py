@@ -111,7 +111,7 @@ def run_generate(args) -> int:
     while True:
         try:
             line = input("> ")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
         if line.strip() in ("/exit", "/quit"):
@@ -144,6 +144,11 @@ def run_infer(args) -> int:
     if not args.test:
         return 0
 
+    try:
+        import torch  # noqa: F401  (HF transformers runs on torch, which llaisys does not need)
+    except ImportError:
+        print("llaisys: error: --test runs HF transformers, which needs torch: pip install torch", file=sys.stderr)
+        return 2
     theirs, theirs_s = hf_greedy(model_dir(args), ids, args.max_new_tokens, model.dtype.name, model.eos_token_ids)
     print(f"\nHF transformers (torch cpu, {theirs_s:.2f}s, {len(theirs) - len(ids)} new tokens):")
     print(tokenizer.decode(theirs[len(ids):], skip_special_tokens=True))
