@@ -115,6 +115,13 @@ inline Vec operator-(Vec a, Vec b) { return _mm512_sub_ps(a.r, b.r); }
 inline Vec operator*(Vec a, Vec b) { return _mm512_mul_ps(a.r, b.r); }
 inline Vec operator/(Vec a, Vec b) { return _mm512_div_ps(a.r, b.r); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a.r, b.r, c.r); }   // a * b + c
+// a * b rounded to f32 even when an add follows: GCC contracts a * b + c into one FMA in C++ by default
+// (-ffp-contract=fast), which torch's separate ops do not; use this where matching torch bit for bit matters.
+inline Vec mul_unfused(Vec a, Vec b) {
+    __m512 p = _mm512_mul_ps(a.r, b.r);
+    __asm__("" : "+v"(p));
+    return p;
+}
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a.r, b.r, c.r); } // c - a * b
 inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a.r, b.r); }  // b if either is NaN
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a.r, b.r); }  // b if either is NaN
@@ -193,6 +200,11 @@ inline Vec operator-(Vec a, Vec b) { return _mm256_sub_ps(a.r, b.r); }
 inline Vec operator*(Vec a, Vec b) { return _mm256_mul_ps(a.r, b.r); }
 inline Vec operator/(Vec a, Vec b) { return _mm256_div_ps(a.r, b.r); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a.r, b.r, c.r); }
+inline Vec mul_unfused(Vec a, Vec b) {
+    __m256 p = _mm256_mul_ps(a.r, b.r);
+    __asm__("" : "+x"(p));
+    return p;
+}
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a.r, b.r, c.r); }
 inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a.r, b.r); }
 inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a.r, b.r); }
@@ -247,6 +259,7 @@ inline Vec operator-(Vec a, Vec b) { return a.r - b.r; }
 inline Vec operator*(Vec a, Vec b) { return a.r * b.r; }
 inline Vec operator/(Vec a, Vec b) { return a.r / b.r; }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return a.r * b.r + c.r; }
+inline Vec mul_unfused(Vec a, Vec b) { return a.r * b.r; }  // baseline x86-64 has no FMA to fuse into
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return c.r - a.r * b.r; }
 inline Vec vmin(Vec a, Vec b) { return a.r < b.r ? a.r : b.r; }
 inline Vec vmax(Vec a, Vec b) { return a.r > b.r ? a.r : b.r; }

@@ -1,0 +1,116 @@
+// rope: rotary position embedding, half-split (rotate_half) layout, on x [seq, heads, d]:
+//     for j < d/2:  out[j]       = x[j] cos(a) - x[j + d/2] sin(a)
+//                   out[j + d/2] = x[j + d/2] cos(a) + x[j] sin(a),      a = pos * inv_freq[j]
+// The cos/sin table (rope.cpp, portable) is built once per call for each (position, j), shared by all
+// heads, with the angle computed the way HF transformers does (Qwen2RotaryEmbedding) so that models
+// match HF: inv_freq = 1 / theta^((2j)/d) rounded to f32, a = float(pos) * inv_freq in f32. cos/sin of
+// that f32 angle are evaluated in double and rounded to f32 (HF: Sleef f32, within 1 ulp).
+// The rotation here is done in f32 with the two products rounded separately (no FMA, as torch's
+// x * cos + rotate_half(x) * sin does in f32) and one final rounding to the dtype. For f16 / bf16, HF
+// also rounds cos/sin and each product to the model dtype; we do not, because that costs up to ~3 ulp
+// against the exact result, beyond the DESIGN §6 tolerance (measured: 0.031 abs in bf16 at Qwen2
+// shapes), while a single rounding stays within it.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "vec.h"
+
+// table: [seq][2][d/2] f32, cos then sin for each position.
+LLAISYS_DECLARE_PER_ISA(void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids,
+                                        float* table))
+LLAISYS_DECLARE_PER_ISA(void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table,
+                                  void* out, const void* x))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+// |angle| below this is reduced exactly by the two-part pi/2 of sincos_row (|k| < 2^20).
+constexpr double kRopeFastAngle = 1.6e6;
+
+// cos and sin of the f32 angles p * inv_freq[j] (f32 product, as HF), evaluated in double and rounded
+// to f32: correctly rounded but for ~1e-9 of the cases. Branch-free so that the compiler vectorises it
+// (8 doubles per AVX-512 register): reduction by k * pi/2 with pi/2 split into a 33-bit head and a tail
+// (exact for |angle| < kRopeFastAngle; rope_table redoes larger angles with the C library), then
+// fdlibm's minimax polynomials on [-pi/4, pi/4].
+inline void sincos_row(float p, const float* inv_freq, int64_t half, float* cos_out, float* sin_out) {
+#pragma omp simd
+    for (int64_t j = 0; j < half; ++j) {
+        const double x = double(p * inv_freq[j]);
+        // t = x 2/pi + 1.5 * 2^52 holds k = rint(x 2/pi) in its low mantissa bits (two's complement)
+        const double t = x * 6.36619772367581382433e-01 + 6755399441055744.0;
+        const double k = t - 6755399441055744.0;
+        const double r = (x - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11;
+        uint64_t t_bits;
+        std::memcpy(&t_bits, &t, sizeof(t_bits));
+        const uint64_t q = t_bits & 3;  // k mod 4
+        const double z = r * r;
+        const double sin_r = r + r * z * (-1.66666666666666324348e-01 +
+            z * (8.33333333332248946124e-03 + z * (-1.98412698298579493134e-04 + z * (2.75573137070700676789e-06 +
+            z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10)))));
+        const double cos_r = 1.0 - (0.5 * z - z * z * (4.16666666666666019037e-02 +
+            z * (-1.38888888888741095749e-03 + z * (2.48015872894767294178e-05 + z * (-2.75573143513906633035e-07 +
+            z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11))))));
+        // quadrant q = k mod 4: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s)
+        const double s = (q & 1) ? cos_r : sin_r, c = (q & 1) ? sin_r : cos_r;
+        const double sin_sign = (q & 2) ? -1.0 : 1.0, cos_sign = ((q + 1) & 2) ? -1.0 : 1.0;
+        sin_out[j] = float(s * sin_sign);
+        cos_out[j] = float(c * cos_sign);
+    }
+}
+
+inline void rope_table_kernel(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids, float* table) {
+#pragma omp parallel for schedule(static) if (seq > 1 && seq * half >= 8192)
+    for (int64_t s = 0; s < seq; ++s) {
+        const float p = float(pos_ids[s]);  // position_ids.float()
+        float* c = table + s * 2 * half;
+        sincos_row(p, inv_freq, half, c, c + half);
+        for (int64_t j = 0; j < half; ++j) {
+            const double x = double(p * inv_freq[j]);
+            if (!(std::fabs(x) < kRopeFastAngle)) {  // huge, inf or NaN: the C library reduces exactly
+                c[j] = float(std::cos(x));
+                c[half + j] = float(std::sin(x));
+            }
+        }
+    }
+}
+
+template <class T>
+inline void rope_row(int64_t half, const float* cos_row, const float* sin_row, T* out, const T* x) {
+    constexpr int W = Vec::W;
+    int64_t j = 0;
+    for (; j + W <= half; j += W) {
+        Vec x1 = Vec::load(x + j), x2 = Vec::load(x + half + j);
+        Vec c = Vec::load(cos_row + j), s = Vec::load(sin_row + j);
+        // products rounded separately (torch: x * cos + rotate_half(x) * sin); both halves are read before
+        // either is written, so out may alias x
+        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        o1.store(out + j);
+        o2.store(out + half + j);
+    }
+    if (j < half) {
+        const int rest = int(half - j);
+        Vec x1 = Vec::load_partial(x + j, rest), x2 = Vec::load_partial(x + half + j, rest);
+        Vec c = Vec::load_partial(cos_row + j, rest), s = Vec::load_partial(sin_row + j, rest);
+        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        o1.store_partial(out + j, rest);
+        o2.store_partial(out + half + j, rest);
+    }
+}
+
+inline void rope_kernel(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out,
+                        const void* x) {
+    const int64_t half = head_dim / 2, rows = seq * heads;
+    with_float_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* o = static_cast<T*>(out);
+        const T* xs = static_cast<const T*>(x);
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * head_dim >= kParallelGrain)
+        for (int64_t row = 0; row < rows; ++row) {
+            const float* cos_row = table + (row / heads) * 2 * half;
+            rope_row(half, cos_row, cos_row + half, o + row * head_dim, xs + row * head_dim);
+        }
+    });
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA

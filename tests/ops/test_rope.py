@@ -1,0 +1,234 @@
+"""rope (half-split / rotate_half layout), against float64 references and HF transformers' Qwen2 rope.
+
+Two references: `exact` uses float64 angles; `hf_angle` rotates in float64 by the f32 angle that HF
+computes (inv_freq = 1 / theta^(2j/d) and pos * inv_freq rounded to f32), which the kernel follows.
+Against `hf_angle` every dtype must meet the DESIGN §6 tolerance; against `exact` the f32 angle
+error shows (~pos * 1e-7 rad), so positions below 64 use the rope tolerances (f32 1e-4) and
+positions near 1e5 use 2e-2, as DESIGN §6 says.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import llaisys
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+
+LEVELS = ["portable", "avx2", "avx512"]
+EXACT_TOL = {llaisys.float32: 1e-4, llaisys.float16: 1e-3, llaisys.bfloat16: 1e-2}  # small positions
+# (seq, heads, head_dim): odd sizes (half = 1, 3, 17, 2049 exercise the vector tails) and Qwen2 heads
+SHAPES = [(1, 1, 2), (3, 1, 6), (17, 3, 34), (3, 1, 4098), (1, 12, 128), (1, 2, 128), (33, 2, 128), (5, 4, 64)]
+
+
+def cpu_simd_level() -> str:
+    """The SIMD path the CPU library takes in this process."""
+    import llaisys_backend_cpu
+    fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def run_under_simd(level: str, call: str):
+    """Runs `call` (an expression using this module as `t`) in a child process pinned to one SIMD level."""
+    here = Path(__file__).parent
+    env = {**os.environ, "LLAISYS_CPU_SIMD": level,
+           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    code = f"import {Path(__file__).stem} as t; assert t.cpu_simd_level() == {level!r}, t.cpu_simd_level(); {call}"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{level} path failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+
+
+def skip_unless_level_available(device, level):
+    if device.type != "cpu":
+        pytest.skip("SIMD paths belong to the CPU backend")
+    best = cpu_simd_level()
+    if LEVELS.index(level) > LEVELS.index(best):
+        pytest.skip(f"this CPU (or LLAISYS_CPU_SIMD) allows at most {best}")
+
+
+
+def inv_freq_f32(head_dim: int, theta: float) -> np.ndarray:
+    """HF: 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), each step rounded to f32."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    power = np.power(np.float64(np.float32(theta)), exponent.astype(np.float64)).astype(np.float32)
+    return np.float32(1.0) / power
+
+
+def rotate(x, angles):
+    """x [seq, heads, d] (float64) rotated by angles [seq, d/2] (float64), half-split layout."""
+    half = x.shape[-1] // 2
+    c, s = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+
+def exact_angles(pos, head_dim, theta):
+    j = torch.arange(head_dim // 2, dtype=torch.float64)
+    return pos.to(torch.float64)[:, None] / theta ** (2 * j / head_dim)
+
+
+def hf_angles(pos, head_dim, theta):
+    inv = torch.from_numpy(inv_freq_f32(head_dim, theta))
+    return (pos.to(torch.float32)[:, None] * inv[None, :]).to(torch.float64)
+
+
+def run_rope(x, pos, theta, dtype, device, out=None):
+    pos_t = from_torch(pos, device)
+    out = nan_filled(tuple(x.shape), dtype, device) if out is None else out
+    llaisys.ops.rope(out, x, pos_t, theta)
+    return out
+
+
+def check_rope(shape, dtype, pos, theta=1e6, device="cpu", seed=0, scale=1.0, exact_tol=None):
+    seq, heads, d = shape
+    g = torch.Generator().manual_seed(seed)
+    x, rx = random(shape, dtype, device, g, scale=scale)
+    out = run_rope(x, pos, theta, dtype, device)
+    assert_close(out, rotate(rx, hf_angles(pos, d, theta)))
+    if exact_tol is not None:
+        assert_close(out, rotate(rx, exact_angles(pos, d, theta)), exact_tol)
+
+
+def check_small_shapes():
+    for dtype in FLOAT_DTYPES:
+        for i, shape in enumerate(SHAPES):
+            g = torch.Generator().manual_seed(i)
+            pos = torch.randint(0, 64, (shape[0],), generator=g)
+            check_rope(shape, dtype, pos, seed=i, exact_tol=EXACT_TOL[dtype])
+        check_rope((16, 2, 128), dtype, torch.arange(100000, 100016), seed=1, scale=0.5, exact_tol=2e-2)
+        check_rope((4, 1, 64), dtype, torch.tensor([0, 1_700_000, 3_000_000, 40_000_000]), theta=1e4, seed=2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_rope_small_positions(device, shape, dtype):
+    g = torch.Generator().manual_seed(shape[0] * 7 + shape[2])
+    pos = torch.randint(0, 64, (shape[0],), generator=g)
+    check_rope(shape, dtype, pos, theta=1e4 if shape[2] < 64 else 1e6, device=device, seed=shape[2],
+               exact_tol=EXACT_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("heads", [12, 2])
+def test_rope_qwen2_prefill(device, heads, dtype):
+    check_rope((512, heads, 128), dtype, torch.arange(512), theta=1e6, device=device, seed=heads)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_rope_positions_near_1e5(device, dtype):
+    pos = torch.arange(100000, 100064)
+    check_rope((64, 4, 128), dtype, pos, theta=1e6, device=device, seed=4, scale=0.5, exact_tol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [llaisys.float32, llaisys.bfloat16], ids=lambda d: d.name)
+def test_rope_huge_and_negative_positions(device, dtype):
+    """Angles beyond the fast range reduction (|a| >= 1.6e6) and negative positions."""
+    pos = torch.tensor([0, -1, -37, 1_599_999, 1_600_001, 3_000_000, 40_000_000, (1 << 40) + 3])
+    check_rope((8, 2, 64), dtype, pos, theta=1e4, device=device, seed=5)
+
+
+def test_rope_tables_are_not_stale(device):
+    """The kernel reuses the cos/sin table when (theta, head_dim, positions) repeat: every change shows."""
+    g = torch.Generator().manual_seed(9)
+    x, rx = random((6, 2, 16), llaisys.float32, device, g)
+    calls = [(torch.arange(6), 1e4), (torch.arange(6), 1e4), (torch.arange(6) + 1, 1e4),
+             (torch.arange(6) + 1, 1e6), (torch.arange(6), 1e4)]
+    for pos, theta in calls:
+        assert_close(run_rope(x, pos, theta, llaisys.float32, device), rotate(rx, hf_angles(pos, 16, theta)))
+    # a different head dim with the same positions
+    x32, rx32 = random((6, 1, 32), llaisys.float32, device, g)
+    assert_close(run_rope(x32, torch.arange(6), 1e4, llaisys.float32, device),
+                 rotate(rx32, hf_angles(torch.arange(6), 32, 1e4)))
+    # the same position tensor (same address) rewritten in place
+    pos_t = from_torch(torch.arange(6), device)
+    out = nan_filled((6, 2, 16), llaisys.float32, device)
+    llaisys.ops.rope(out, x, pos_t, 1e4)
+    pos_t.load(np.arange(6, dtype=np.int64) * 5)
+    llaisys.ops.rope(out, x, pos_t, 1e4)
+    assert_close(out, rotate(rx, hf_angles(torch.arange(6) * 5, 16, 1e4)))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_rope_in_place(device, dtype):
+    g = torch.Generator().manual_seed(10)
+    x, rx = random((5, 3, 40), dtype, device, g)
+    pos = torch.arange(5) * 3
+    llaisys.ops.rope(x, x, from_torch(pos, device), 1e4)
+    assert_close(x, rotate(rx, hf_angles(pos, 40, 1e4)))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_rope_matches_hf_qwen2(device, dtype):
+    """Against transformers' Qwen2RotaryEmbedding + apply_rotary_pos_emb in the model dtype."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
+    config = Qwen2Config(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6)
+    tdt = TORCH_DTYPES[dtype]
+    g = torch.Generator().manual_seed(11)
+    for pos in (torch.arange(256), torch.arange(100000, 100128)):
+        x = torch.randn(len(pos), 12, 128, generator=g).to(tdt)
+        cos, sin = Qwen2RotaryEmbedding(config)(x, pos[None])
+        q = x.transpose(0, 1)[None]  # [1, heads, seq, d]
+        want, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        want = want[0].transpose(0, 1).to(torch.float64)
+        got = to_torch(run_rope(from_torch(x, device), pos, 1e6, dtype, device)).to(torch.float64)
+        diff = (got - want).abs()
+        if dtype == llaisys.float32:
+            # HF's Sleef cos/sin/pow differ from ours by <= 1 ulp; at 1e5 that moves an angle by < 1e-5 rad
+            assert diff.max() <= 1e-4, f"f32 differs from HF by {diff.max():.3g} at positions from {int(pos[0])}"
+            exact = rotate(x.double(), exact_angles(pos, 128, 1e6))
+            if pos[0] > 0:  # shows that the comparison would catch exact (f64) angles
+                assert (exact - want).abs().max() > 1e-3
+        else:
+            # HF also rounds cos/sin and both products to the dtype (see rope_kernel.h): a few ulp apart
+            ulp = {llaisys.float16: 2.0 ** -10, llaisys.bfloat16: 2.0 ** -7}[dtype]
+            assert (diff <= 4 * ulp * want.abs() + 4 * ulp).all(), f"max diff {diff.max():.3g} vs HF"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_rope_on_every_simd_path(device, level):
+    skip_unless_level_available(device, level)
+    run_under_simd(level, "t.check_small_shapes()")
+
+
+def test_rope_rejects_bad_arguments(device):
+    f32 = lambda *s: llaisys.empty(s, llaisys.float32, device)  # noqa: E731
+    pos = from_torch(torch.arange(4), device)
+    with pytest.raises(ValueError, match=r"head dim.*even"):
+        llaisys.ops.rope(f32(4, 2, 7), f32(4, 2, 7), pos, 1e4)
+    with pytest.raises(ValueError, match=r"\bpos_ids\b.*dtype int32"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), llaisys.empty((4,), llaisys.int32, device), 1e4)
+    with pytest.raises(ValueError, match=r"\bpos_ids\b.*shape"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), from_torch(torch.arange(5), device), 1e4)
+    with pytest.raises(ValueError, match=r"\btheta\b"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, 0.0)
+    with pytest.raises(ValueError, match=r"\bx\b.*3-d"):
+        llaisys.ops.rope(f32(4, 16), f32(4, 16), pos, 1e4)
+    with pytest.raises(ValueError, match=r"\bout\b.*shape"):
+        llaisys.ops.rope(f32(4, 2, 6), f32(4, 2, 8), pos, 1e4)
+    with pytest.raises(ValueError, match=r"\bx\b.*contiguous"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(2, 4, 8).permute(1, 0, 2), pos, 1e4)
+
+
+def test_kernel_rejects_bad_theta_and_head_dim(device):
+    if device.type != "cpu":
+        pytest.skip("calls the CPU library directly")
+    import llaisys_backend_cpu
+    lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
+    lib.llaisys_cpu_last_error.restype = ctypes.c_char_p
+    fn = lib.llaisys_cpu_rope
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ctypes.c_int, p, ctypes.c_int, i64, i64, i64, ctypes.c_double, p, p, p]
+    buf = (ctypes.c_float * 16)()
+    pos = (ctypes.c_int64 * 2)(0, 1)
+    assert fn(0, None, 0, 2, 1, 8, float("inf"), buf, buf, pos) == 1  # INVALID_ARGUMENT
+    assert b"theta" in lib.llaisys_cpu_last_error()
+    assert fn(0, None, 0, 2, 1, 7, 1e4, buf, buf, pos) == 1
+    assert b"even" in lib.llaisys_cpu_last_error()
+    assert fn(0, None, 8, 2, 1, 8, 1e4, buf, buf, pos) == 4  # NOT_SUPPORTED dtype
