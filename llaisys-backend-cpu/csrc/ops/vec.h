@@ -57,6 +57,16 @@
         }                                                                               \
     } while (0)
 
+// VAR = llaisys::cpu::<isa>::FN(args...) for the run-time SIMD level.
+#define LLAISYS_ASSIGN_PER_ISA(VAR, FN, ...)                                                   \
+    do {                                                                                        \
+        switch (::llaisys::cpu::simd_level()) {                                                 \
+            case ::llaisys::cpu::Simd::kAvx512: VAR = ::llaisys::cpu::avx512::FN(__VA_ARGS__); break; \
+            case ::llaisys::cpu::Simd::kAvx2: VAR = ::llaisys::cpu::avx2::FN(__VA_ARGS__); break;     \
+            default: VAR = ::llaisys::cpu::portable::FN(__VA_ARGS__); break;                    \
+        }                                                                                       \
+    } while (0)
+
 namespace llaisys::cpu::LLAISYS_ISA {
 
 // Run an OpenMP loop only when it has this many elements of work: below it, waking threads costs more.

@@ -1,0 +1,100 @@
+// argmax: index and value of the maximum of a 1-D f32 / f16 / bf16 array, with torch.argmax's rules:
+// the first index among equal maxima (-0 == +0), and NaN counts as the maximum (the first NaN wins).
+// Two vector passes: the maximum (and whether any NaN), then the first index holding it.
+// Instantiated once per ISA (argmax.cpp, argmax_avx2.cpp, argmax_avx512.cpp); sample.cpp reuses it.
+#pragma once
+
+#include <cmath>
+
+#include "vec.h"
+
+LLAISYS_DECLARE_PER_ISA(int64_t argmax(int dtype, int64_t n, const void* vals))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+// lanes [0, rest) set
+inline Mask lanes_below(int rest) { return rest >= 32 ? ~Mask(0) : (Mask(1) << rest) - 1; }
+
+struct MaxScan {
+    float max;
+    bool nan;
+};
+
+template <class T>
+inline MaxScan max_scan(const T* v, int64_t begin, int64_t end) {
+    constexpr int W = Vec::W;
+    const Vec neg_inf = Vec::set1(-INFINITY);
+    Vec m0 = neg_inf, m1 = neg_inf;
+    Mask nan = 0;
+    int64_t i = begin;
+    for (; i + 2 * W <= end; i += 2 * W) {
+        Vec a = Vec::load(v + i), b = Vec::load(v + i + W);
+        nan |= isnan_mask(a) | isnan_mask(b);
+        m0 = vmax(a, m0);  // a NaN lane keeps m0 (the second operand)
+        m1 = vmax(b, m1);
+    }
+    for (; i + W <= end; i += W) {
+        Vec a = Vec::load(v + i);
+        nan |= isnan_mask(a);
+        m0 = vmax(a, m0);
+    }
+    if (i < end) {
+        const int rest = int(end - i);
+        Vec a = select(lanes_below(rest), Vec::load_partial(v + i, rest), neg_inf);
+        nan |= isnan_mask(a);
+        m0 = vmax(a, m0);
+    }
+    return MaxScan{reduce_max(vmax(m0, m1)), nan != 0};
+}
+
+// First i in [0, n) with v[i] == target, or (target_nan) v[i] NaN; n if none.
+template <class T>
+inline int64_t first_match(const T* v, int64_t n, float target, bool target_nan) {
+    constexpr int W = Vec::W;
+    const Vec t = Vec::set1(target);
+    auto hits = [&](Vec a) { return target_nan ? isnan_mask(a) : eq_mask(a, t); };
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+        const Mask h = hits(Vec::load(v + i));
+        if (h) return i + __builtin_ctz(h);
+    }
+    if (i < n) {
+        const int rest = int(n - i);
+        const Mask h = hits(Vec::load_partial(v + i, rest)) & lanes_below(rest);
+        if (h) return i + __builtin_ctz(h);
+    }
+    return n;
+}
+
+template <class T>
+inline int64_t argmax_of(const T* v, int64_t n) {
+    constexpr int64_t kChunk = 1 << 16;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    MaxScan scan;
+    if (chunks >= 16) {  // >= 1M elements: the max pass in parallel (a vocabulary row is far below)
+        float best = -INFINITY;
+        bool any_nan = false;
+#pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : any_nan)
+        for (int64_t c = 0; c < chunks; ++c) {
+            const MaxScan part = max_scan(v, c * kChunk, (c + 1) * kChunk < n ? (c + 1) * kChunk : n);
+            best = part.max > best ? part.max : best;
+            any_nan = any_nan || part.nan;
+        }
+        scan = MaxScan{best, any_nan};
+    } else {
+        scan = max_scan(v, 0, n);
+    }
+    const int64_t i = first_match(v, n, scan.max, scan.nan);
+    return i < n ? i : 0;  // not reached: n >= 1 and the maximum is in the array
+}
+
+inline int64_t argmax_kernel(int dtype, int64_t n, const void* vals) {
+    int64_t index = 0;
+    with_float_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        index = argmax_of(static_cast<const T*>(vals), n);
+    });
+    return index;
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
