@@ -13,7 +13,7 @@ import torch
 from tiny_models import EOS_ID, NEW_TOKENS, SPECS, prompt
 
 F32 = "f32_gqa2_hd32"
-BF16 = "bf16_mha_hd64_tied"
+BF16 = "bf16_mha_hd64"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from llaisys_models import ModelLoadError
 from safetensors.numpy import load_file, save_file
 from tiny_models import SPECS, prompt
 
-BF16 = "bf16_mha_hd64_tied"
+BF16 = "bf16_mha_hd64"
 F32 = "f32_gqa2_hd32"
 SHARDED = "bf16_gqa4_hd128_sharded"
 
@@ -79,7 +79,7 @@ def test_default_dtype_is_the_stored_one(tiny_models, device):
 
 
 def test_classes_and_device_choice(tiny_models):
-    model = llaisys_models.load(tiny_models.path("llama_f32"))
+    model = llaisys_models.load(tiny_models.path("llama_f32_tied"))
     assert type(model) is llaisys_models.Llama and not model.config.qkv_bias
     assert model.device == llaisys.available_devices()[0]
     qwen = llaisys_models.Qwen2(tiny_models.path(F32), "cpu")

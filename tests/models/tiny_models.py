@@ -50,17 +50,21 @@ class Spec:
 SPECS = {
     # GQA 2, head_dim 32, f32, untied, default theta
     "f32_gqa2_hd32": Spec(dtype="f32", hidden=128, heads=4, kv_heads=2, layers=2, seed=1),
-    # MHA, head_dim 64, bf16, tied embeddings, theta 1e6
-    "bf16_mha_hd64_tied": Spec(dtype="bf16", vocab=512, hidden=128, heads=2, kv_heads=2, layers=3, inter=320,
-                               tie=True, rope_theta=1e6, seed=2),
+    # MHA, head_dim 64, f32, tied embeddings, theta 1e6
+    "f32_mha_hd64_tied": Spec(dtype="f32", vocab=512, hidden=128, heads=2, kv_heads=2, layers=3, inter=320,
+                              tie=True, rope_theta=1e6, seed=6),
+    # MHA, head_dim 64, bf16, 3 layers, theta 1e6
+    "bf16_mha_hd64": Spec(dtype="bf16", vocab=512, hidden=128, heads=2, kv_heads=2, layers=3, inter=320,
+                          rope_theta=1e6, seed=2),
     # GQA 4, head_dim 128 (q width 512 != hidden 192), bf16, sharded into several files
     "bf16_gqa4_hd128_sharded": Spec(dtype="bf16", vocab=512, hidden=192, heads=4, kv_heads=1, head_dim=128,
                                     layers=2, inter=384, rope_theta=5e5, shard="200KB", seed=3),
-    # GQA 3, head_dim 64, f16, 5 layers, tied, legacy config.json (top-level rope_theta, eos list)
+    # GQA 3, head_dim 64, f16, 5 layers, legacy config.json (top-level rope_theta, eos list)
     "f16_gqa3_hd64_legacy": Spec(dtype="f16", vocab=320, hidden=192, heads=6, kv_heads=2, head_dim=64, layers=5,
-                                 inter=256, tie=True, rope_theta=20000.0, legacy_config=True, seed=4),
-    # Llama architecture: no q/k/v bias
-    "llama_f32": Spec(arch="llama", dtype="f32", vocab=320, hidden=128, heads=4, kv_heads=1, layers=2, seed=5),
+                                 inter=256, rope_theta=20000.0, legacy_config=True, seed=4),
+    # Llama architecture: no q/k/v bias; tied embeddings
+    "llama_f32_tied": Spec(arch="llama", dtype="f32", vocab=320, hidden=128, heads=4, kv_heads=1, layers=2,
+                           tie=True, seed=5),
 }
 
 
