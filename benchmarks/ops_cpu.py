@@ -1,0 +1,338 @@
+"""Every llaisys op on the CPU against torch, at the Qwen2-1.5B shapes of one decode step and a 512-token prefill.
+
+    python benchmarks/ops_cpu.py                         # all ops, f32 and bf16
+    python benchmarks/ops_cpu.py --ops linear --dtype bf16 --quick
+
+Prints one row per (op, shape, dtype): llaisys ms, torch ms and ratio = torch / llaisys (> 1: llaisys is
+faster), each the median of several timed calls after warm-up, llaisys and torch timed in alternating
+rounds so that noise from other processes hits both. Both use every core (torch.set_num_threads(
+os.cpu_count()); OMP_NUM_THREADS is left as it is). llaisys tensors are zero-copy views (DLPack) of the
+torch inputs, so both read the same memory; outputs are preallocated on both sides where torch allows it.
+
+Decode linears also report the weight-read bandwidth (weight bytes / time) next to this machine's read
+bandwidth measured at start-up (a large multi-threaded sum); their weights rotate over enough copies to
+exceed the last-level cache, as in a real decode step where every layer's weights come from DRAM.
+Prefill linears report GFLOP/s. An op whose kernel the CPU backend does not export (yet) shows "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import llaisys
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 1536, 12, 2, 128, 8960, 151936
+PREFILL = 512
+ROPE_THETA, RMS_EPS = 1e6, 1e-6
+TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+LINEARS = [  # name, N (out features), K (in features)
+    ("q/o_proj", HIDDEN, HIDDEN),
+    ("k/v_proj", KV_HEADS * HEAD_DIM, HIDDEN),
+    ("gate/up_proj", INTER, HIDDEN),
+    ("down_proj", HIDDEN, INTER),
+    ("lm_head", VOCAB, HIDDEN),
+]
+ALL_OPS = ["linear", "self_attention", "add", "rms_norm", "rope", "swiglu", "embedding", "argmax", "sample"]
+
+
+def lt(t: torch.Tensor) -> llaisys.Tensor:
+    """A llaisys view of a torch CPU tensor (no copy)."""
+    return llaisys.from_dlpack(t)
+
+
+def last_level_cache_bytes() -> int:
+    try:
+        for index in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache"), reverse=True):
+            with open(f"/sys/devices/system/cpu/cpu0/cache/{index}/size") as f:
+                text = f.read().strip()
+            return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
+    except (OSError, ValueError, KeyError):
+        pass
+    return 32 << 20
+
+
+def machine_read_bandwidth() -> float:
+    """GB/s: best of a 512 MiB f32 sum by numpy (1 thread), numpy on every core, and torch."""
+    a = np.ones(1 << 27, np.float32)
+    threads = os.cpu_count() or 1
+    parts = np.array_split(a, threads)
+    ta = torch.from_numpy(a)
+    best = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        for fn in (lambda: a.sum(), lambda: list(pool.map(np.sum, parts)), lambda: ta.sum()):
+            fn()
+            for _ in range(5):
+                t0 = time.perf_counter()
+                fn()
+                best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+class Timer:
+    def __init__(self, quick: bool):
+        self.rounds = 2 if quick else 5
+        self.budget = 0.05 if quick else 0.15  # seconds per side per round
+
+    def compare(self, ours, theirs):
+        """(llaisys seconds or None, torch seconds, why llaisys has no time): medians of per-call times."""
+        why = ""
+        try:
+            ours(0)
+            ours(1)
+        except llaisys.LlaisysError as e:  # not implemented (yet), or a kernel that refuses this input
+            ours = None
+            why = "not implemented" if "not implemented" in str(e) else f"error: {str(e)[:80]}"
+        theirs(0)
+        theirs(1)
+        probe = time.perf_counter()
+        theirs(2)
+        per_call = time.perf_counter() - probe
+        n = max(1, min(200, int(self.budget / max(per_call, 1e-6))))
+        samples = {"ours": [], "theirs": []}
+        i = 0
+        for _ in range(self.rounds):
+            for side, fn in (("ours", ours), ("theirs", theirs)):
+                if fn is None:
+                    continue
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    fn(i)
+                    samples[side].append(time.perf_counter() - t0)
+                    i += 1
+        med = {k: statistics.median(v) if v else None for k, v in samples.items()}
+        return med["ours"], med["theirs"], why
+
+
+# Each case: (op, phase, shape text, setup) where setup(dtype) -> (ours(i), theirs(i), note(t_ours, t_theirs)).
+# Inputs are created inside setup so that only one case's tensors are alive at a time.
+
+def linear_case(name, n, k, m, bias, rotate_bytes, machine_bw):
+    def setup(tdt):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=g, dtype=torch.float32).to(tdt) * k ** -0.5
+        w0 = torch.randn(n, k, generator=g, dtype=torch.float32).to(tdt)
+        wbytes = w0.numel() * w0.element_size()
+        copies = max(1, min(8, math.ceil(rotate_bytes / wbytes))) if m == 1 else 1
+        ws = [w0] + [w0.clone() for _ in range(copies - 1)]
+        b = torch.randn(n, generator=g).to(tdt) if bias else None
+        out_t = torch.empty(m, n, dtype=tdt)
+        lx, lws, lb, lout = lt(x), [lt(w) for w in ws], lt(b) if bias else None, lt(torch.empty(m, n, dtype=tdt))
+
+        def ours(i):
+            llaisys.ops.linear(lout, lx, lws[i % copies], lb)
+
+        def theirs(i):
+            w = ws[i % copies]
+            if bias:
+                torch.addmm(b, x, w.t(), out=out_t)
+            else:
+                torch.mm(x, w.t(), out=out_t)
+
+        def note(t_ours, t_theirs):
+            if m == 1:
+                bw = lambda t: f"{wbytes / t / 1e9:5.1f}" if t else "  n/a"
+                return f"weights GB/s: llaisys {bw(t_ours)} torch {bw(t_theirs)} (machine {machine_bw:.1f})"
+            fl = lambda t: f"{2 * m * n * k / t / 1e9:6.1f}" if t else "   n/a"
+            return f"GFLOP/s: llaisys {fl(t_ours)} torch {fl(t_theirs)}"
+        return ours, theirs, note
+    bias_text = "+bias" if bias else ""
+    return ("linear", "decode" if m == 1 else "prefill", f"{name} [{m},{k}]x[{n},{k}]^T{bias_text}", setup)
+
+
+def attention_case(seq_q, seq_k):
+    def setup(tdt):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(seq_q, HEADS, HEAD_DIM, generator=g).to(tdt)
+        k = torch.randn(seq_k, KV_HEADS, HEAD_DIM, generator=g).to(tdt)
+        v = torch.randn(seq_k, KV_HEADS, HEAD_DIM, generator=g).to(tdt)
+        scale = HEAD_DIM ** -0.5
+        lq, lk, lv, lout = lt(q), lt(k), lt(v), lt(torch.empty(seq_q, HEADS, HEAD_DIM, dtype=tdt))
+        # bottom-right aligned causal mask: query i sees key j iff j <= i + S - L
+        mask = None
+        if seq_q > 1:
+            i = torch.arange(seq_q)[:, None]
+            j = torch.arange(seq_k)[None, :]
+            mask = j <= i + (seq_k - seq_q)
+        qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+        def ours(i):
+            llaisys.ops.self_attention(lout, lq, lk, lv, scale)
+
+        def theirs(i):
+            F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True)
+        return ours, theirs, None
+    phase = "decode" if seq_q == 1 else "prefill"
+    return ("self_attention", phase, f"q[{seq_q},{HEADS},{HEAD_DIM}] kv[{seq_k},{KV_HEADS},{HEAD_DIM}]", setup)
+
+
+def add_case(shape):
+    def setup(tdt):
+        a, b, c = torch.randn(shape).to(tdt), torch.randn(shape).to(tdt), torch.empty(shape, dtype=tdt)
+        la, lb, lc = lt(a), lt(b), lt(torch.empty(shape, dtype=tdt))
+        return (lambda i: llaisys.ops.add(lc, la, lb)), (lambda i: torch.add(a, b, out=c)), None
+    return ("add", "decode" if shape[0] == 1 else "prefill", str(list(shape)), setup)
+
+
+def rms_norm_case(rows):
+    def setup(tdt):
+        x, w = torch.randn(rows, HIDDEN).to(tdt), torch.rand(HIDDEN).to(tdt)
+        lx, lw, lout = lt(x), lt(w), lt(torch.empty(rows, HIDDEN, dtype=tdt))
+        return ((lambda i: llaisys.ops.rms_norm(lout, lx, lw, RMS_EPS)),
+                (lambda i: F.rms_norm(x, (HIDDEN,), w, RMS_EPS)), None)
+    return ("rms_norm", "decode" if rows == 1 else "prefill", f"[{rows},{HIDDEN}]", setup)
+
+
+def rope_case(seq):
+    def setup(tdt):
+        x = torch.randn(seq, HEADS, HEAD_DIM).to(tdt)
+        pos = torch.arange(PREFILL - seq, PREFILL, dtype=torch.int64)
+        lx, lpos, lout = lt(x), lt(pos), lt(torch.empty_like(x))
+        inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM)
+        half = HEAD_DIM // 2
+
+        def theirs(i):  # as HF computes it: angles from pos_ids each call, rotate_half layout
+            angles = pos[:, None].float() * inv_freq[None, :]
+            cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None, :].to(tdt)
+            sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :].to(tdt)
+            rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+            return x * cos + rotated * sin
+        return (lambda i: llaisys.ops.rope(lout, lx, lpos, ROPE_THETA)), theirs, None
+    return ("rope", "decode" if seq == 1 else "prefill", f"[{seq},{HEADS},{HEAD_DIM}]", setup)
+
+
+def swiglu_case(rows):
+    def setup(tdt):
+        gate, up = torch.randn(rows, INTER).to(tdt), torch.randn(rows, INTER).to(tdt)
+        out = torch.empty(rows, INTER, dtype=tdt)
+        lg, lu, lout = lt(gate), lt(up), lt(torch.empty(rows, INTER, dtype=tdt))
+        return ((lambda i: llaisys.ops.swiglu(lout, lg, lu)),
+                (lambda i: torch.mul(F.silu(gate), up, out=out)), None)
+    return ("swiglu", "decode" if rows == 1 else "prefill", f"[{rows},{INTER}]", setup)
+
+
+def embedding_case(n):
+    def setup(tdt):
+        weight = torch.randn(VOCAB, HIDDEN).to(tdt)
+        index = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(0))
+        out = torch.empty(n, HIDDEN, dtype=tdt)
+        lw, li, lout = lt(weight), lt(index), lt(torch.empty(n, HIDDEN, dtype=tdt))
+        return ((lambda i: llaisys.ops.embedding(lout, li, lw)),
+                (lambda i: torch.index_select(weight, 0, index, out=out)), None)
+    return ("embedding", "decode" if n == 1 else "prefill", f"index[{n}] weight[{VOCAB},{HIDDEN}]", setup)
+
+
+def argmax_case():
+    def setup(tdt):
+        vals = torch.randn(VOCAB).to(tdt)
+        lv = lt(vals)
+        lidx, lval = lt(torch.empty(1, dtype=torch.int64)), lt(torch.empty(1, dtype=tdt))
+        return (lambda i: llaisys.ops.argmax(lidx, lval, lv)), (lambda i: torch.max(vals, 0)), None
+    return ("argmax", "decode", f"[{VOCAB}]", setup)
+
+
+def sample_case(temperature=0.8, top_k=50, top_p=0.9):
+    def setup(tdt):
+        logits = (torch.randn(VOCAB) * 3).to(tdt)
+        ll, lidx = lt(logits), lt(torch.empty(1, dtype=torch.int64))
+        gen = torch.Generator().manual_seed(0)
+
+        def theirs(i):  # the usual top-k -> softmax -> top-p -> multinomial
+            values, indices = torch.topk(logits.float() / temperature, top_k)
+            probs = torch.softmax(values, -1)
+            keep = probs.cumsum(-1) - probs < top_p
+            probs = probs * keep
+            return indices[torch.multinomial(probs, 1, generator=gen)]
+        return (lambda i: llaisys.ops.sample(lidx, ll, temperature, top_k, top_p, i)), theirs, None
+    return ("sample", "decode", f"[{VOCAB}] T={temperature} top_k={top_k} top_p={top_p}", setup)
+
+
+def build_cases(ops, quick, machine_bw):
+    rotate = 2 * last_level_cache_bytes()
+    cases = []
+    if "linear" in ops:
+        for name, n, k in LINEARS:
+            cases.append(linear_case(name, n, k, 1, name == "k/v_proj" or name == "q/o_proj", rotate, machine_bw))
+        for name, n, k in LINEARS:
+            if quick and name == "lm_head":
+                continue  # 239 GFLOP per call; a real prefill only needs the last row's logits
+            cases.append(linear_case(name, n, k, PREFILL, False, rotate, machine_bw))
+    if "self_attention" in ops:
+        cases += [attention_case(1, 512), attention_case(1, 4096), attention_case(PREFILL, PREFILL)]
+    if "add" in ops:
+        cases += [add_case((1, HIDDEN)), add_case((PREFILL, HIDDEN))]
+    if "rms_norm" in ops:
+        cases += [rms_norm_case(1), rms_norm_case(PREFILL)]
+    if "rope" in ops:
+        cases += [rope_case(1), rope_case(PREFILL)]
+    if "swiglu" in ops:
+        cases += [swiglu_case(1), swiglu_case(PREFILL)]
+    if "embedding" in ops:
+        cases += [embedding_case(1), embedding_case(PREFILL)]
+    if "argmax" in ops:
+        cases.append(argmax_case())
+    if "sample" in ops:
+        cases.append(sample_case())
+    return cases
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="f32,bf16", help="comma list of f32, bf16, f16 (default f32,bf16)")
+    parser.add_argument("--ops", default=",".join(ALL_OPS), help=f"comma list of {','.join(ALL_OPS)}")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats; skips the prefill lm_head")
+    args = parser.parse_args(argv)
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for d in dtypes:
+        if d not in TORCH:
+            parser.error(f"unknown dtype {d!r}")
+    for o in ops:
+        if o not in ALL_OPS:
+            parser.error(f"unknown op {o!r}")
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    simd = "?"
+    try:
+        import ctypes
+
+        import llaisys_backend_cpu
+        fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
+        fn.restype = ctypes.c_char_p
+        simd = fn().decode()
+    except (ImportError, OSError, AttributeError):
+        pass
+    machine_bw = machine_read_bandwidth() if "linear" in ops else float("nan")
+    print(f"# llaisys CPU vs torch {torch.__version__}: {threads} threads (OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}), llaisys SIMD path {simd}, "
+          f"machine read bandwidth {machine_bw:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")
+    print("# ratio = torch ms / llaisys ms (> 1: llaisys faster); medians of alternating rounds")
+    header = f"{'op':<15} {'phase':<8} {'shape':<42} {'dtype':<5} {'llaisys ms':>11} {'torch ms':>10} {'ratio':>6}  note"
+    print(header)
+    print("-" * len(header))
+    timer = Timer(args.quick)
+    for op, phase, shape, setup in build_cases(ops, args.quick, machine_bw):
+        for d in dtypes:
+            ours, theirs, note = setup(TORCH[d])
+            t_ours, t_theirs, why = timer.compare(ours, theirs)
+            ours_ms = f"{t_ours * 1e3:11.3f}" if t_ours else f"{'n/a':>11}"
+            ratio = f"{t_theirs / t_ours:6.2f}" if t_ours else f"{'n/a':>6}"
+            text = why or (note(t_ours, t_theirs) if note else "")
+            print(f"{op:<15} {phase:<8} {shape:<42} {d:<5} {ours_ms} {t_theirs * 1e3:10.3f} {ratio}  {text}",
+                  flush=True)
+            del ours, theirs, note
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""linear: out = x @ weight.T + bias, against torch float64 on the same (rounded) inputs, on every SIMD path.
+
+The CPU kernel has two algorithms: a weight-streaming GEMV for M <= 8 (one weight row at a time while
+x fits in L1, interleaved rows beyond) and a packed GEMM for larger M (on CPUs with AVX512-BF16 the bf16
+GEMM uses vdpbf16ps). The shapes below reach both, their tails (M, N, K not multiples of any tile) and
+the Qwen2-1.5B projections.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import llaisys
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+
+# (M, N, K): odd sizes 1, 3, 17, 4097 on every axis (not every combination) and the GEMV/GEMM boundary
+# (M = 8 / 9); each with and without bias.
+SHAPES = [
+    (1, 1, 1), (1, 3, 17), (3, 17, 4097), (17, 4097, 3), (64, 17, 1), (3, 1, 4097), (1, 4097, 17),
+    (17, 3, 3), (64, 100, 65), (8, 33, 300), (9, 33, 300), (15, 70, 129),
+]
+# Qwen2-1.5B projections at modest M, with bias where the model has one (q/k/v) and without (o, gate/up,
+# down): (M, N, K, bias).
+QWEN2_SHAPES = [
+    (1, 1536, 1536, True), (1, 256, 1536, True), (1, 1536, 1536, False), (1, 8960, 1536, False),
+    (1, 1536, 8960, False), (3, 256, 1536, True), (8, 1536, 1536, False), (17, 256, 1536, True),
+    (64, 1536, 256, False), (17, 300, 8960, False),
+]
+# Cheap shapes for the per-SIMD-level child processes.
+SMALL_SHAPES = [(1, 3, 17), (3, 17, 4097), (17, 33, 100), (64, 70, 129), (1, 100, 1536), (8, 40, 300),
+                (9, 40, 300), (1, 17, 4097), (2, 256, 1536)]
+LEVELS = ["portable", "avx2", "avx512"]
+
+
+def cpu_simd_level() -> str:
+    """The SIMD path the CPU library takes in this process."""
+    import llaisys_backend_cpu
+    fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def run_in_child(env_extra: dict, call: str, expect_level: str | None = None):
+    """Runs `call` (an expression using this module as `t`) in a child process with extra environment."""
+    here = Path(__file__).parent
+    env = {**os.environ, **env_extra,
+           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    check = f"assert t.cpu_simd_level() == {expect_level!r}, t.cpu_simd_level(); " if expect_level else ""
+    code = f"import {Path(__file__).stem} as t; {check}{call}"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{env_extra} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+
+
+def skip_unless_level_available(device, level):
+    if device.type != "cpu":
+        pytest.skip("SIMD paths belong to the CPU backend")
+    best = cpu_simd_level()
+    if LEVELS.index(level) > LEVELS.index(best):
+        pytest.skip(f"this CPU (or LLAISYS_CPU_SIMD) allows at most {best}")
+
+
+def check_linear(shape, dtype, with_bias, device="cpu", seed=0):
+    m, n, k = shape
+    g = torch.Generator().manual_seed(seed)
+    # x ~ N(0, 1/K), weight ~ N(0, 1): outputs are O(1) for every K
+    x, rx = random((m, k), dtype, device, g, scale=k ** -0.5)
+    w, rw = random((n, k), dtype, device, g)
+    bias, rb = random((n,), dtype, device, g) if with_bias else (None, None)
+    out = nan_filled((m, n), dtype, device)
+    llaisys.ops.linear(out, x, w, bias)
+    expected = rx @ rw.T
+    if with_bias:
+        expected = expected + rb
+    assert_close(out, expected)
+
+
+def check_small_shapes():
+    for dtype in FLOAT_DTYPES:
+        for i, shape in enumerate(SMALL_SHAPES):
+            check_linear(shape, dtype, with_bias=i % 2 == 0, seed=i)
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_matches_torch(device, shape, dtype, with_bias):
+    check_linear(shape, dtype, with_bias, device, seed=sum(shape) + with_bias)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("case", QWEN2_SHAPES, ids=lambda c: "x".join(map(str, c[:3])) + ("-bias" if c[3] else ""))
+def test_linear_qwen2_shapes(device, case, dtype):
+    *shape, with_bias = case
+    check_linear(tuple(shape), dtype, with_bias, device, seed=sum(shape))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_linear_simd_paths(device, level):
+    skip_unless_level_available(device, level)
+    run_in_child({"LLAISYS_CPU_SIMD": level}, "t.check_small_shapes()", expect_level=level)
+
+
+def test_linear_avx512_without_bf16_dot(device):
+    """The AVX-512 bf16 GEMM of CPUs without AVX512-BF16 (f32 micro-kernel on expanded panels)."""
+    skip_unless_level_available(device, "avx512")
+    run_in_child({"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_BF16DOT": "0"}, "t.check_small_shapes()",
+                 expect_level="avx512")
+
+
+@pytest.mark.parametrize("algorithm", ["gemv", "gemm"])
+def test_linear_forced_algorithm(device, algorithm):
+    """Each algorithm on every M (GEMV in groups of 8 rows of x; GEMM on tiny M, all tile tails)."""
+    if device.type != "cpu":
+        pytest.skip("the algorithm switch belongs to the CPU backend")
+    run_in_child({"LLAISYS_CPU_LINEAR_PATH": algorithm}, "t.check_small_shapes()")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("m", [1, 17])
+def test_linear_nan_and_inf_propagate(device, dtype, m):
+    """A NaN / inf in one row of x poisons exactly that output row (and only that one)."""
+    g = torch.Generator().manual_seed(m)
+    k, n = 40, 19
+    rx = (torch.randn(m, k, generator=g, dtype=torch.float64) * 0.1).to(TORCH_DTYPES[dtype])
+    rw = torch.randn(n, k, generator=g, dtype=torch.float64).to(TORCH_DTYPES[dtype])
+    rx[0, 5] = float("nan")
+    if m > 1:
+        rx[m - 1, 7] = float("inf")
+    out = nan_filled((m, n), dtype, device)
+    llaisys.ops.linear(out, from_torch(rx, device), from_torch(rw, device))
+    got = to_torch(out).to(torch.float64)
+    expected = rx.to(torch.float64) @ rw.to(torch.float64).T
+    assert torch.isnan(got[0]).all(), got[0]
+    if m > 1:
+        assert torch.equal(torch.isinf(got[m - 1]), torch.isinf(expected[m - 1]))
+        assert torch.equal(torch.sign(got[m - 1]), torch.sign(expected[m - 1]))
+        middle = got[1:m - 1]
+        assert torch.isfinite(middle).all()
+        assert_close(out.slice(0, 1, m - 1), expected[1:m - 1])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_linear_empty_k_gives_bias(device, dtype):
+    """K = 0: the sum is empty, so out = bias (or 0)."""
+    g = torch.Generator().manual_seed(1)
+    x, w = llaisys.zeros((3, 0), dtype, device), llaisys.zeros((5, 0), dtype, device)
+    bias, rb = random((5,), dtype, device, g)
+    out = nan_filled((3, 5), dtype, device)
+    llaisys.ops.linear(out, x, w, bias)
+    assert_close(out, rb.expand(3, 5))
+    llaisys.ops.linear(out, x, w)
+    assert_close(out, torch.zeros(3, 5, dtype=torch.float64))
+
+
+def test_linear_rejects_bad_arguments(device):
+    f32, bf16 = llaisys.float32, llaisys.bfloat16
+    out, x, w = llaisys.empty((3, 5), f32, device), llaisys.zeros((3, 4), f32, device), llaisys.zeros((5, 4), f32, device)
+    cases = [
+        ("weight", dict(weight=llaisys.zeros((5, 4), bf16, device))),          # dtype mismatch
+        ("bias", dict(bias=llaisys.zeros((5,), llaisys.float16, device))),      # dtype mismatch
+        ("weight", dict(weight=llaisys.zeros((5, 3), f32, device))),            # K mismatch
+        ("bias", dict(bias=llaisys.zeros((4,), f32, device))),                  # N mismatch
+        ("out", dict(out=llaisys.empty((3, 6), f32, device))),                  # N mismatch
+        ("out", dict(out=llaisys.empty((2, 5), f32, device))),                  # M mismatch
+        ("x", dict(x=llaisys.zeros((4, 3), f32, device).permute(1, 0))),        # non-contiguous
+        ("x", dict(x=llaisys.zeros((12,), f32, device))),                       # not 2-D
+        ("out", dict(out=llaisys.empty((3, 5), llaisys.int32, device), x=llaisys.zeros((3, 4), llaisys.int32, device),
+                     weight=llaisys.zeros((5, 4), llaisys.int32, device))),  # not floating point
+    ]
+    for name, override in cases:
+        args = dict(out=out, x=x, weight=w, bias=None)
+        args.update(override)
+        with pytest.raises(llaisys.LlaisysError, match=name) as info:
+            llaisys.ops.linear(args["out"], args["x"], args["weight"], args["bias"])
+        assert isinstance(info.value, ValueError)
+
+
+def test_linear_kernel_rejects_what_only_it_sees(device):
+    """Called directly (past the frontend): an unsupported dtype code or a negative size is a status, not a crash."""
+    if device.type != "cpu":
+        pytest.skip("calls the CPU library directly")
+    import llaisys_backend_cpu
+    lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
+    fn = lib.llaisys_cpu_linear
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    last_error = lib.llaisys_cpu_last_error
+    last_error.restype = ctypes.c_char_p
+    buf = (ctypes.c_double * 16)()
+    p = ctypes.cast(buf, ctypes.c_void_p)
+    assert fn(0, None, 3, 2, 2, 2, p, p, p, None) == 4  # f64: NOT_SUPPORTED
+    assert b"dtype" in last_error()
+    assert fn(0, None, 0, -1, 2, 2, p, p, p, None) == 1  # INVALID_ARGUMENT
+    assert b"M=-1" in last_error()
