@@ -12,9 +12,6 @@ LLAISYS_DECLARE_PER_ISA(int64_t argmax(int dtype, int64_t n, const void* vals))
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
-// lanes [0, rest) set
-inline Mask lanes_below(int rest) { return rest >= 32 ? ~Mask(0) : (Mask(1) << rest) - 1; }
-
 struct MaxScan {
     float max;
     bool nan;

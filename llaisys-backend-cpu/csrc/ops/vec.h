@@ -150,6 +150,7 @@ inline Mask isnan_mask(Vec a) { return _mm512_cmp_ps_mask(a.r, a.r, _CMP_UNORD_Q
 inline Mask eq_mask(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_EQ_OQ); }
 inline Mask lt_mask(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_LT_OQ); }
 inline Mask gt_mask(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GT_OQ); }
+inline Mask ge_mask(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GE_OQ); }
 inline Vec select(Mask m, Vec if_true, Vec if_false) { return _mm512_mask_blend_ps(__mmask16(m), if_false.r, if_true.r); }
 
 #elif defined(LLAISYS_ISA_AVX2)
@@ -241,6 +242,7 @@ inline Mask isnan_mask(Vec a) { return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps
 inline Mask eq_mask(Vec a, Vec b) { return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.r, b.r, _CMP_EQ_OQ))); }
 inline Mask lt_mask(Vec a, Vec b) { return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.r, b.r, _CMP_LT_OQ))); }
 inline Mask gt_mask(Vec a, Vec b) { return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.r, b.r, _CMP_GT_OQ))); }
+inline Mask ge_mask(Vec a, Vec b) { return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a.r, b.r, _CMP_GE_OQ))); }
 inline Vec select(Mask m, Vec if_true, Vec if_false) {
     const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i sel = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(m)), bits), bits);
@@ -281,6 +283,7 @@ inline Mask isnan_mask(Vec a) { return a.r != a.r; }
 inline Mask eq_mask(Vec a, Vec b) { return a.r == b.r; }
 inline Mask lt_mask(Vec a, Vec b) { return a.r < b.r; }
 inline Mask gt_mask(Vec a, Vec b) { return a.r > b.r; }
+inline Mask ge_mask(Vec a, Vec b) { return a.r >= b.r; }
 inline Vec select(Mask m, Vec if_true, Vec if_false) { return m ? if_true : if_false; }
 
 #endif
@@ -328,6 +331,9 @@ inline Vec vexp(Vec x) {
     return y;
 }
 #endif
+
+// The mask with lanes [0, rest) set.
+inline Mask lanes_below(int rest) { return rest >= 32 ? ~Mask(0) : (Mask(1) << rest) - 1; }
 
 // Calls f(T{}) with T the element type of a floating dtype code (kF32, kF16, kBF16). The entry point
 // (portable file) rejects other codes before dispatching, so no error path is compiled per ISA.
