@@ -26,7 +26,11 @@ def cpu_simd_level() -> str:
 
 
 def run_under_simd(level: str, call: str):
-    """Runs `call` (an expression using this module as `t`) in a child process pinned to one SIMD level."""
+    """Runs `call` (an expression using this module as `t`) at one SIMD level: in this process if it is
+    already at that level, else in a child process pinned to it with LLAISYS_CPU_SIMD."""
+    if level == cpu_simd_level():
+        exec(call, {"t": sys.modules[__name__]})
+        return
     here = Path(__file__).parent
     env = {**os.environ, "LLAISYS_CPU_SIMD": level,
            "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
