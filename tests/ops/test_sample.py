@@ -233,6 +233,9 @@ def test_sample_infinite_logits(device):
     assert tokens == {1, 3}
     values = torch.tensor([float("-inf"), 1.0, float("-inf")])
     assert {draw(from_torch(values, device), seed=s) for s in range(20)} == {1}
+    # a huge temperature flattens the finite logits and still never draws -inf
+    values = torch.tensor([0.0, 1.0, float("-inf"), 2.0])
+    assert {draw(from_torch(values, device), temperature=1e300, seed=s) for s in range(200)} == {0, 1, 3}
 
 
 def thread_count_tokens():

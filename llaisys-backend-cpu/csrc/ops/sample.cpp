@@ -8,10 +8,11 @@
 // same token on every run and thread count. Order of candidates: index order when all tokens stay,
 // otherwise by logit descending (index ascending among equal logits).
 //
-// Cost for a 151936-token vocabulary: top_k <= 1024 keeps a heap of the best k while a vector pass skips
-// every logit below the current k-th; a larger k finds the k-th value by radix selection (3 histograms). Without top_k,
-// top_p sorts only the tokens above a probability threshold that is lowered (by 2^-8 steps) until they
-// hold top_p of the mass; a peaked distribution sorts a few hundred tokens, not the vocabulary.
+// Cost for a 151936-token vocabulary: top_k <= 1024 keeps a heap of the best k while a vector pass
+// skips every logit below the current k-th; a larger k finds the k-th value by radix selection (three
+// histograms). Without top_k, top_p sorts only the tokens above a probability threshold that is lowered
+// (by 2^-8 steps) until they hold top_p of the mass: a peaked distribution sorts a few hundred tokens,
+// not the vocabulary.
 // NaN logits are an error (InvalidArgument naming the position), as are logits that are all -inf; +inf
 // logits share all the probability.
 #include <algorithm>
@@ -245,7 +246,7 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
         v = ws.values.data();
         max = 0.0f;
     }
-    const float t = float(temperature);
+    const float t = float(std::min(temperature, double(FLT_MAX)));  // huge: uniform (and -inf stays -inf)
     const double u = uniform(seed, 0);
     const int64_t k = (top_k <= 0 || top_k >= n) ? n : top_k;
 
@@ -317,6 +318,7 @@ LLAISYS_EXPORT int llaisys_cpu_sample(int device, void* stream, int dtype, int64
     return llaisys::guard("sample", [&] {
         llaisys::cpu::require_float_dtype(dtype);
         if (n <= 0) throw InvalidArgument("logits is empty");
+        if (n >= (int64_t(1) << 32)) throw InvalidArgument("more than 2^32 - 1 logits (" + std::to_string(n) + ")");
         if (!(temperature >= 0) || !std::isfinite(temperature))
             throw InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(temperature));
         if (top_k < 0) throw InvalidArgument("top_k must be >= 0, got " + std::to_string(top_k));
