@@ -92,8 +92,8 @@ def _stream(model, tokenizer, ids, args, sampling, reuse_cache=False) -> list[in
         sys.stdout.flush()
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
-    print(f"prefill: {s.prompt_tokens} tokens, {s.prefill_tokens_per_second:.1f} tok/s | "
-          f"decode: {s.new_tokens} tokens, {s.decode_tokens_per_second:.1f} tok/s", file=sys.stderr)
+    print(f"{s.new_tokens} new tokens | prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
+          f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s", file=sys.stderr)
     return decoder.tokens
 
 
