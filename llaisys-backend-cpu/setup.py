@@ -49,6 +49,9 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
         subprocess.run(cmd, check=True)
         return obj
 
+    # Baseline objects link first: an inline function emitted by several objects (std::to_string, ...)
+    # keeps the first copy the linker sees, which must not be one compiled with AVX instructions.
+    sources.sort(key=lambda source: bool(isa_flags(source)))
     jobs = int(os.environ.get("LLAISYS_BUILD_JOBS", os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         objects = list(pool.map(compile_one, sources))

@@ -195,3 +195,10 @@ def test_device_parsing():
     assert llaisys.device.as_device(" cpu:0 ") == llaisys.Device("cpu")
     with pytest.raises(ValueError):
         llaisys.Device("cuda", -1)
+
+
+def test_zero_dim_tensors_keep_their_shape():
+    t = llaisys.from_numpy(np.array(3.5, np.float32))
+    assert t.shape == () and t.strides == () and t.numel() == 1
+    assert t.numpy().shape == () and float(t.numpy()) == 3.5
+    assert t.view(1, 1).shape == (1, 1)

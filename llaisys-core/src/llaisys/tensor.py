@@ -243,7 +243,8 @@ def from_numpy(array, device="cpu") -> Tensor:
     """A copy of a numpy array (any strides) on ``device``."""
     array = np.asarray(array)
     dtype = as_dtype(array.dtype)
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
     t = empty(array.shape, dtype, device)
     if t.nbytes:
         _copy_from_host(t, array.ctypes.data)
