@@ -103,6 +103,17 @@ class SafetensorsFile:
     def mapping(self) -> mmap.mmap:
         return self._map
 
+    def release_pages(self, offset: int, nbytes: int) -> None:
+        """Drop the pages of [offset, offset + nbytes) from this process's resident set once their
+        bytes were copied elsewhere (the file stays in the page cache; a later read faults it back)."""
+        advise = getattr(self._map, "madvise", None)
+        if advise is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        end = min(offset + nbytes, len(self._map))
+        if end > start:
+            advise(mmap.MADV_DONTNEED, start, end - start)
+
     def __repr__(self) -> str:
         return f"SafetensorsFile({str(self.path)!r}, {len(self.infos)} tensors)"
 

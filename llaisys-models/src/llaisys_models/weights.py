@@ -110,10 +110,16 @@ def default_dtype(checkpoint: Checkpoint, config: ModelConfig) -> llaisys.DType:
 def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
     """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both."""
     if info.dtype == dtype:
-        return info.file.tensor(info.name).to(device)
-    host = np.frombuffer(info.file.mapping, dtype=info.dtype.numpy, count=int(np.prod(info.shape)),
-                         offset=info.offset).reshape(info.shape)
-    return llaisys.from_numpy(host.astype(dtype.numpy), device)
+        mapped = info.file.tensor(info.name)
+        if mapped.device == device:
+            return mapped  # zero copy: the weight lives in the mapping
+        tensor = mapped.to(device)
+    else:
+        host = np.frombuffer(info.file.mapping, dtype=info.dtype.numpy, count=int(np.prod(info.shape)),
+                             offset=info.offset).reshape(info.shape)
+        tensor = llaisys.from_numpy(host.astype(dtype.numpy), device)
+    info.file.release_pages(info.offset, info.nbytes)  # copied: the mapped pages need not stay resident
+    return tensor
 
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
