@@ -40,18 +40,18 @@ inline float sum_of_squares(const T* x, int64_t dim) {
     int64_t i = 0;
     for (; i + 4 * W <= dim; i += 4 * W) {
         Vec v0 = Vec::load(x + i), v1 = Vec::load(x + i + W), v2 = Vec::load(x + i + 2 * W), v3 = Vec::load(x + i + 3 * W);
-        a0 = a0 + v0 * v0;
-        a1 = a1 + v1 * v1;
-        a2 = a2 + v2 * v2;
-        a3 = a3 + v3 * v3;
+        a0 = a0 + mul_unfused(v0, v0);
+        a1 = a1 + mul_unfused(v1, v1);
+        a2 = a2 + mul_unfused(v2, v2);
+        a3 = a3 + mul_unfused(v3, v3);
     }
     for (; i + W <= dim; i += W) {
         Vec v = Vec::load(x + i);
-        a0 = a0 + v * v;
+        a0 = a0 + mul_unfused(v, v);
     }
     if (i < dim) {
         Vec v = Vec::load_partial(x + i, int(dim - i));
-        a1 = a1 + v * v;
+        a1 = a1 + mul_unfused(v, v);
     }
     return reduce_add((a0 + a1) + (a2 + a3));
 }
