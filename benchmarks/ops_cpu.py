@@ -2,6 +2,8 @@
 
     python benchmarks/ops_cpu.py                         # all ops, f32 and bf16
     python benchmarks/ops_cpu.py --ops linear --dtype bf16 --quick
+    python benchmarks/ops_cpu.py --threads 1               # both sides on one thread
+    python benchmarks/ops_cpu.py --omp-wait-policy passive # on a machine shared with other work
 
 Prints one row per (op, shape, dtype): llaisys ms, torch ms and ratio = torch / llaisys (> 1: llaisys is
 faster), each the median of several timed calls after warm-up, llaisys and torch timed in alternating
@@ -62,9 +64,9 @@ def last_level_cache_bytes() -> int:
 
 
 def machine_read_bandwidth() -> float:
-    """GB/s: best of a 512 MiB f32 sum by numpy (1 thread), numpy on every core, and torch."""
+    """GB/s: best of a 512 MiB f32 sum by numpy (1 thread), numpy split over the benchmark threads, and torch."""
     a = np.ones(1 << 27, np.float32)
-    threads = os.cpu_count() or 1
+    threads = torch.get_num_threads()
     parts = np.array_split(a, threads)
     ta = torch.from_numpy(a)
     best = 0.0
@@ -79,9 +81,10 @@ def machine_read_bandwidth() -> float:
 
 
 class Timer:
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, stat: str = "median"):
         self.rounds = 2 if quick else 5
         self.budget = 0.05 if quick else 0.15  # seconds per side per round
+        self.stat = statistics.median if stat == "median" else min
 
     def compare(self, ours, theirs):
         """(llaisys seconds or None, torch seconds, why llaisys has no time): medians of per-call times."""
@@ -109,7 +112,7 @@ class Timer:
                     fn(i)
                     samples[side].append(time.perf_counter() - t0)
                     i += 1
-        med = {k: statistics.median(v) if v else None for k, v in samples.items()}
+        med = {k: self.stat(v) if v else None for k, v in samples.items()}
         return med["ours"], med["theirs"], why
 
 
@@ -122,7 +125,7 @@ def linear_case(name, n, k, m, bias, rotate_bytes, machine_bw):
         x = torch.randn(m, k, generator=g, dtype=torch.float32).to(tdt) * k ** -0.5
         w0 = torch.randn(n, k, generator=g, dtype=torch.float32).to(tdt)
         wbytes = w0.numel() * w0.element_size()
-        copies = max(1, min(8, math.ceil(rotate_bytes / wbytes))) if m == 1 else 1
+        copies = max(1, min(128, math.ceil(rotate_bytes / wbytes))) if m == 1 else 1
         ws = [w0] + [w0.clone() for _ in range(copies - 1)]
         b = torch.randn(n, generator=g).to(tdt) if bias else None
         out_t = torch.empty(m, n, dtype=tdt)
@@ -290,7 +293,21 @@ def main(argv=None):
     parser.add_argument("--dtype", default="f32,bf16", help="comma list of f32, bf16, f16 (default f32,bf16)")
     parser.add_argument("--ops", default=",".join(ALL_OPS), help=f"comma list of {','.join(ALL_OPS)}")
     parser.add_argument("--quick", action="store_true", help="fewer repeats; skips the prefill lm_head")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="run both sides on this many threads (re-executes with OMP_NUM_THREADS set); "
+                             "default: every core, OMP_NUM_THREADS left as it is")
+    parser.add_argument("--stat", choices=["median", "min"], default="median",
+                        help="per-call statistic (min: best case, for machines shared with other work)")
+    parser.add_argument("--omp-wait-policy", choices=["active", "passive"], default=None,
+                        help="set OMP_WAIT_POLICY for both OpenMP runtimes (torch's and llaisys'); passive "
+                             "(threads sleep between parallel regions) avoids multi-ms stalls when other "
+                             "processes share the cores")
     args = parser.parse_args(argv)
+    wanted = {"OMP_NUM_THREADS": str(args.threads) if args.threads else None, "OMP_WAIT_POLICY": args.omp_wait_policy}
+    if any(v is not None and os.environ.get(k) != v for k, v in wanted.items()):
+        # the OpenMP runtimes read these once, when torch / the kernel library load: start again with them set
+        os.environ.update({k: v for k, v in wanted.items() if v is not None})
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for d in dtypes:
@@ -300,7 +317,7 @@ def main(argv=None):
         if o not in ALL_OPS:
             parser.error(f"unknown op {o!r}")
 
-    threads = os.cpu_count() or 1
+    threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     simd = "?"
     try:
@@ -314,13 +331,14 @@ def main(argv=None):
         pass
     machine_bw = machine_read_bandwidth() if "linear" in ops else float("nan")
     print(f"# llaisys CPU vs torch {torch.__version__}: {threads} threads (OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}), llaisys SIMD path {simd}, "
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), "
+          f"llaisys SIMD path {simd}, "
           f"machine read bandwidth {machine_bw:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")
-    print("# ratio = torch ms / llaisys ms (> 1: llaisys faster); medians of alternating rounds")
+    print(f"# ratio = torch ms / llaisys ms (> 1: llaisys faster); {args.stat} per call over alternating rounds")
     header = f"{'op':<15} {'phase':<8} {'shape':<42} {'dtype':<5} {'llaisys ms':>11} {'torch ms':>10} {'ratio':>6}  note"
     print(header)
     print("-" * len(header))
-    timer = Timer(args.quick)
+    timer = Timer(args.quick, args.stat)
     for op, phase, shape, setup in build_cases(ops, args.quick, machine_bw):
         for d in dtypes:
             ours, theirs, note = setup(TORCH[d])

@@ -147,7 +147,7 @@ struct Bf16DotKernel {
     }
 };
 
-using Avx512Bf16Kernel = Bf16DotKernel<14, 512, 256>;
+using Avx512Bf16Kernel = Bf16DotKernel<14, 1024, 128>;
 
 bool has_avx512bf16() {
     static const bool has = [] {

@@ -14,19 +14,28 @@
 //   transpose(vec (&v)[W])                               // in-register W x W transpose
 //   static constexpr int kGemvAcc;                       // accumulator registers the GEMV may use
 //
-// Decode (GEMV, M <= 8): out[m, n] = dot(x[m], w[n]); the N rows are split over threads and every weight
-// row is streamed once for all M rows of x, R rows at a time (R*M independent accumulators).
+// Decode (GEMV, M <= 8): memory bound, so every weight row is read exactly once for all M rows of x.
+// N is split over the threads in blocks of 8 contiguous rows (dynamic schedule: other processes may
+// hold a core). While the M rows of x plus one weight row fit in L1, the block is read one row at a time
+// with U unrolled accumulators per x row (one sequential stream, which the hardware prefetcher follows
+// best); otherwise R rows are interleaved so that each x vector (now an L1 miss) serves R weight vectors.
+// f16/bf16 weights are expanded to f32 in registers (bf16: a 16-bit shift), x is converted once.
 //
-// Prefill (GEMM, M > 8): Goto/BLIS blocking. x is packed once per block of rows into micro-panels of MR
-// rows ([k][MR], f16/bf16 expanded to f32); each thread takes (N-block, M-block) tiles, packs its
-// weight block per KC slice into micro-panels of NR columns ([k][NR], f32), and runs the MR x NR
-// register-tiled micro-kernel, accumulating in an f32 tile buffer; the epilogue adds the bias and rounds
-// once to the output dtype.
+// Prefill (GEMM, M > 8): compute bound, Goto/BLIS blocking. x is packed once per block of rows into
+// micro-panels of MR rows ([k][MR]); threads take (N-block, M-block) tiles, pack their weight block per
+// KC slice into micro-panels of NR columns ([k][NR]) with in-register transposes (converting f16/bf16 to
+// f32 once per slice, not once per use), prefetch the next slice's weights while the MR x NR register-tiled
+// micro-kernel runs on this one, accumulate in an f32 tile buffer, and finally add the bias and round once
+// to the output dtype. On CPUs with AVX512-BF16 the bf16 GEMM packs (k, k+1) pairs instead and uses
+// vdpbf16ps (exact bf16 products, f32 sums): twice the f32 FMA rate.
+//
+// Numerics: f32 accumulation everywhere; the only rounding to f16/bf16 is the final store.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -451,7 +460,8 @@ void gemm(const Args& a) {
             else if (mt > 2) mt = ceil_div(mt, 2);
             else break;
         }
-        const int64_t n_tiles = ceil_div(N, nc), m_tiles = ceil_div(panels, mt);
+        const int64_t n_tiles = ceil_div(N, nc), m_tiles = ceil_div(panels, mt), total_tiles = n_tiles * m_tiles;
+        std::atomic<int64_t> next_tile{0};
 
         ErrorSlot err;
 #pragma omp parallel if (parallel)
@@ -473,9 +483,12 @@ void gemm(const Args& a) {
                 Kern::pack_a(x + r0 * K, K, int(std::min<int64_t>(MR, M - r0)), K, apack + p * Ks * MR);
             }
             // (implicit barrier: apack is complete)
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t t = 0; t < n_tiles * m_tiles; ++t) {
-                if (!ok) continue;
+            // Tiles are claimed one at a time from a shared counter (other processes may hold a core),
+            // and the next one is claimed before the last slice of the current one, so that slice can
+            // prefetch the next tile's first weight slice.
+            int64_t t = ok ? next_tile.fetch_add(1, std::memory_order_relaxed) : total_tiles;
+            while (t < total_tiles) {
+                int64_t t_next = total_tiles;
                 const int64_t jt = t / m_tiles, it = t % m_tiles;
                 const int64_t n0 = jt * nc, ncols = std::min(nc, N - n0);
                 const int64_t p0 = it * mt, np = std::min(mt, panels - p0);
@@ -488,13 +501,21 @@ void gemm(const Args& a) {
                         Kern::pack_b(w + r * K + k0, K, int(std::min<int64_t>(NR, N - r)), kc,
                                      bpack + jp * ks * NR);
                     }
-                    // While this slice computes, pull the next slice's weights towards L2, spread over the
-                    // micro-kernel calls: packing then reads from cache instead of waiting on DRAM.
+                    // While this slice computes, pull the weights of the next slice (or of the next tile's
+                    // first slice) towards L2, spread over the micro-kernel calls: packing then reads from
+                    // cache instead of waiting on DRAM.
                     RowPrefetcher next;
                     if (s0 + ks < Ks) {
                         const int64_t next_k0 = k0 + kc, next_kc = std::min(kc_steps * KU, K - next_k0);
                         next = RowPrefetcher(w + n0 * K + next_k0, K * int64_t(sizeof(T)), ncols,
                                              next_kc * int64_t(sizeof(T)), np * jpanels);
+                    } else {
+                        t_next = next_tile.fetch_add(1, std::memory_order_relaxed);
+                        if (t_next < total_tiles) {
+                            const int64_t next_n0 = (t_next / m_tiles) * nc;
+                            next = RowPrefetcher(w + next_n0 * K, K * int64_t(sizeof(T)), std::min(nc, N - next_n0),
+                                                 std::min(kc_steps * KU, K) * int64_t(sizeof(T)), np * jpanels);
+                        }
                     }
                     for (int64_t ip = 0; ip < np; ++ip) {
                         const P* ap = apack + ((p0 + ip) * Ks + s0) * MR;
@@ -509,6 +530,7 @@ void gemm(const Args& a) {
                     const int64_t row = m0 + p0 * MR + i;
                     store_row<Isa>(out + row * N + n0, cbuf + i * ldc, bias ? bias + n0 : nullptr, ncols);
                 }
+                t = t_next;
             }
         }
         err.rethrow();
