@@ -20,23 +20,30 @@
 #include "../common/cpu_features.h"
 #include "../common/dtype.h"
 
-// GCC 12 warns "__Y may be used uninitialized" inside the AVX-512 intrinsics' own _mm512_undefined_*()
-// when they are inlined into OpenMP regions (a false positive, GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define LLAISYS_ISA avx512
 #define LLAISYS_ISA_AVX512 1
-#include <immintrin.h>
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LLAISYS_ISA avx2
 #define LLAISYS_ISA_AVX2 1
-#include <immintrin.h>
 #else
 #define LLAISYS_ISA portable
 #define LLAISYS_ISA_PORTABLE 1
+#endif
+
+#if !defined(LLAISYS_ISA_PORTABLE)
+// GCC 12 warns "__Y is (may be) used uninitialized" inside the AVX-512 intrinsics' own
+// _mm512_undefined_*() once they are inlined (a false positive, GCC bug 105593); silenced for the
+// intrinsics header only (the warning is attributed to its lines).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 // Declares `DECL` (a function declaration) in each ISA namespace, for the entry point that dispatches.
