@@ -1,7 +1,8 @@
 """Shared fixtures. ``device`` runs a test once per available device (or the --backend one)."""
 
-import llaisys
 import pytest
+
+import llaisys
 
 
 def pytest_addoption(parser):

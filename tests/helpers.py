@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import llaisys
 import numpy as np
 import torch
+
+import llaisys
 
 TORCH_DTYPES = {llaisys.float32: torch.float32, llaisys.float16: torch.float16,
                 llaisys.bfloat16: torch.bfloat16, llaisys.float64: torch.float64,

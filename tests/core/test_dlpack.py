@@ -2,11 +2,12 @@
 
 import gc
 
-import llaisys
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
+import llaisys
 
 
 def test_torch_from_llaisys_shares_memory():

@@ -2,9 +2,10 @@
 
 import ctypes
 
-import llaisys
 import numpy as np
 import pytest
+
+import llaisys
 from llaisys.allocator import size_class
 from llaisys.native import MemcpyKind
 from llaisys.plugins import registry

@@ -1,7 +1,8 @@
 """Backend discovery: every plugin loads or fails on its own, and errors say what to do."""
 
-import llaisys
 import pytest
+
+import llaisys
 from llaisys.plugins import Registry, format_backend_report
 
 

@@ -4,11 +4,12 @@ import contextlib
 import io
 import mmap
 
-import llaisys
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
+
+import llaisys
 from helpers import from_torch, to_torch
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from tiny_models import TinyModels
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import io
 
-import llaisys_models
 import pytest
+
+import llaisys_models
 from llaisys.cli import main
 
 F32 = "f32_gqa2_hd32"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llaisys_models import ModelConfig, ModelLoadError
 
 BASE = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=1000, hidden_size=256,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 
-import llaisys
-import llaisys_models
 import numpy as np
 import pytest
 import torch
+
+import llaisys
+import llaisys_models
 from tiny_models import EOS_ID, NEW_TOKENS, SPECS, prompt
 
 F32 = "f32_gqa2_hd32"

@@ -8,12 +8,13 @@ import mmap
 import shutil
 import struct
 
-import llaisys
-import llaisys_models
 import numpy as np
 import pytest
-from llaisys_models import ModelLoadError
 from safetensors.numpy import load_file, save_file
+
+import llaisys
+import llaisys_models
+from llaisys_models import ModelLoadError
 from tiny_models import SPECS, prompt
 
 BF16 = "bf16_mha_hd64"

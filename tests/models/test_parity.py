@@ -10,9 +10,10 @@ close to the exact (float64) logits as HF's own are.
 
 from __future__ import annotations
 
-import llaisys_models
 import numpy as np
 import pytest
+
+import llaisys_models
 from tiny_models import NEW_TOKENS, PROMPT_LENGTHS, SPECS
 
 MANTISSA_BITS = {"bf16": 7, "f16": 10}
@@ -97,6 +98,7 @@ def test_converted_dtype_matches_hf(tiny_models, device):
     import copy
 
     import torch
+
     from tiny_models import Reference, prompt
 
     name = "f32_gqa2_hd32"

@@ -1,6 +1,5 @@
 """embedding: out[i] = weight[index[i]], a row copy (bit-exact), with out-of-range indices rejected."""
 
-import numpy as np
 import pytest
 import torch
 

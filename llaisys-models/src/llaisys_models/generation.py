@@ -13,8 +13,9 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 
-import llaisys
 import numpy as np
+
+import llaisys
 
 MASK64 = (1 << 64) - 1
 

@@ -8,8 +8,9 @@ The cache also remembers the token ids it holds, so a caller can keep a shared p
 
 from __future__ import annotations
 
-import llaisys
 import numpy as np
+
+import llaisys
 
 CHUNK = 256  # capacity grows in multiples of this many positions
 

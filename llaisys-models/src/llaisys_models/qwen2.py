@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import llaisys
 import numpy as np
+
+import llaisys
 from llaisys.device import as_device
 from llaisys.dtype import as_dtype
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import llaisys
 import numpy as np
+
+import llaisys
 
 from .config import ModelConfig
 from .errors import ModelLoadError
