@@ -63,3 +63,4 @@ def demo(session: nox.Session) -> None:
     """Install the CPU stack and run the main job."""
     _install_packages(session, "cpu")
     session.run("llaisys", "devices")
+    session.run("llaisys", "generate", "--prompt", "1234+5678=")
