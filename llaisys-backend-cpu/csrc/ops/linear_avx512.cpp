@@ -2,6 +2,7 @@
 // bf16 GEMM instead runs vdpbf16ps on packed bf16 pairs (products exact in f32, f32 accumulation).
 // GCC 12 false positive on the _mm512_undefined_*() inside its own AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <immintrin.h>
 
@@ -149,6 +150,65 @@ struct Bf16DotKernel {
 
 using Avx512Bf16Kernel = Bf16DotKernel<14, 1024, 128>;
 
+// GEMV row kernel for bf16: vdpbf16ps straight on bf16 weights and bf16 x: 32 values per instruction, no
+// expansion, and x at half the bytes of the f32 path, so x and the weight stream share L1 better
+// (measured 1.3-2.5x faster than shift + FMA at M = 1..8).
+struct Bf16DotGemv {
+    using T = bf16_t;
+    using X = bf16_t;
+    static constexpr int kAcc = 24;
+
+    template <int MM, int R, int U, int PF>
+    __attribute__((target("avx512bf16"))) static void dot(const bf16_t* __restrict w, int64_t ldw,
+                                                          const bf16_t* __restrict x, int64_t ldx, int64_t len,
+                                                          float (&res)[R][MM]) {
+        __m512 acc[U][R][MM];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+                for (int m = 0; m < MM; ++m) acc[u][r][m] = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 32 * U <= len; k += 32 * U) {
+#pragma GCC unroll 4
+            for (int u = 0; u < U; ++u) {
+                const int64_t ku = k + 32 * u;
+                __m512bh wv[R];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    if constexpr (PF > 0) __builtin_prefetch(reinterpret_cast<const char*>(w + r * ldw + ku) + PF);
+                    wv[r] = (__m512bh)_mm512_loadu_si512(w + r * ldw + ku);
+                }
+#pragma GCC unroll 8
+                for (int m = 0; m < MM; ++m) {
+                    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * ldx + ku);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) acc[u][r][m] = _mm512_dpbf16_ps(acc[u][r][m], wv[r], xv);
+                }
+            }
+        }
+        for (; k < len; k += 32) {  // zero-filled tail: an odd last value pairs with 0
+            const __mmask32 mask = len - k >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << (len - k)) - 1);
+            for (int r = 0; r < R; ++r) {
+                const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * ldw + k);
+                for (int m = 0; m < MM; ++m)
+                    acc[0][r][m] = _mm512_dpbf16_ps(acc[0][r][m], wv,
+                                                    (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k));
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+            for (int m = 0; m < MM; ++m) {
+                __m512 t = acc[0][r][m];
+#pragma GCC unroll 4
+                for (int u = 1; u < U; ++u) t = _mm512_add_ps(t, acc[u][r][m]);
+                res[r][m] = Avx512::reduce(t);
+            }
+    }
+};
+
 bool has_avx512bf16() {
     static const bool has = [] {
         __builtin_cpu_init();
@@ -164,7 +224,8 @@ void run_avx512(const Args& a) {
         case kF32: return run_typed<Avx512, Avx512Kernel, float>(a);
         case kF16: return run_typed<Avx512, Avx512Kernel, f16_t>(a);
         case kBF16:
-            if (has_avx512bf16() && bf16dot_allowed()) return run_typed<Avx512, Avx512Bf16Kernel, bf16_t>(a);
+            if (has_avx512bf16() && bf16dot_allowed())
+                return run_typed<Avx512, Avx512Bf16Kernel, bf16_t, Bf16DotGemv>(a);
             return run_typed<Avx512, Avx512Kernel, bf16_t>(a);
         default: unsupported_dtype(a.dtype);
     }

@@ -239,11 +239,24 @@ LLAISYS_INLINE void dot_rows(const T* __restrict w, int64_t ldw, const float* __
         }
 }
 
-// Interleaved rows: R * MM accumulators within the ISA's budget, at most 4 rows (streams) at once.
-template <class Isa, int MM>
+// The default GEMV row kernel: x converted to f32 once, weights expanded to f32 in registers, FMA.
+template <class Isa, class T_>
+struct F32Dot {
+    using T = T_;
+    using X = float;
+    static constexpr int kAcc = Isa::kGemvAcc;
+    template <int MM, int R, int U, int PF>
+    static LLAISYS_INLINE void dot(const T* w, int64_t ldw, const X* x, int64_t ldx, int64_t len, float (&res)[R][MM]) {
+        dot_rows<Isa, T, MM, R, U, PF>(w, ldw, x, ldx, len, res);
+    }
+};
+
+// Interleaved rows: R * MM accumulators within the kernel's budget, at most 4 rows (streams) at once,
+// and a power of two so that R divides the 8-row blocks (left-over rows would run one at a time).
+template <class Dot, int MM>
 constexpr int gemv_rows_at_once() {
-    int r = Isa::kGemvAcc / MM;
-    return r < 1 ? 1 : (r > 4 ? 4 : r);
+    int r = Dot::kAcc / MM;
+    return r >= 4 ? 4 : r >= 2 ? 2 : 1;
 }
 
 // Single-row path: unroll k so that MM * U >= 4 chains cover the FMA latency.
@@ -254,10 +267,11 @@ constexpr int64_t kGemvBlockRows = 8;    // weight rows per scheduling unit (con
 constexpr int kGemvPrefetch = 512;       // bytes ahead on each interleaved weight row
 constexpr int64_t kGemvL1Bytes = 24 << 10;
 
-// Rows [m0, m0 + MM) of the output. x32 holds those rows as f32 (stride K).
-template <class Isa, class T, int MM>
-void gemv_group(const Args& a, const float* x32, int64_t m0) {
-    constexpr int R = gemv_rows_at_once<Isa, MM>();
+// Rows [m0, m0 + MM) of the output; xg holds those rows of x in the kernel's format (stride K).
+template <class Isa, class Dot, int MM>
+void gemv_group(const Args& a, const typename Dot::X* xg, int64_t m0) {
+    using T = typename Dot::T;
+    constexpr int R = gemv_rows_at_once<Dot, MM>();
     constexpr int U = gemv_unroll<MM>();
     const int64_t N = a.N, K = a.K;
     const T* w = static_cast<const T*>(a.weight);
@@ -272,7 +286,7 @@ void gemv_group(const Args& a, const float* x32, int64_t m0) {
     // While the x rows and one weight row fit in L1, read one weight row at a time: the weights are then
     // one sequential stream, which the hardware prefetcher follows best. Beyond that, x vectors miss L1,
     // so R rows are interleaved and each x vector serves R weight vectors.
-    const bool sequential = (MM * 4 + int64_t(sizeof(T))) * K <= kGemvL1Bytes;
+    const bool sequential = (MM * int64_t(sizeof(typename Dot::X)) + int64_t(sizeof(T))) * K <= kGemvL1Bytes;
 #pragma omp parallel for schedule(dynamic, chunk) if (parallel)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t n0 = blk * kGemvBlockRows, rows = std::min(kGemvBlockRows, N - n0);
@@ -281,14 +295,14 @@ void gemv_group(const Args& a, const float* x32, int64_t m0) {
         if (!sequential) {
             for (; r + R <= rows; r += R) {
                 float part[R][MM];
-                dot_rows<Isa, T, MM, R, 1, kGemvPrefetch>(w + (n0 + r) * K, K, x32, K, K, part);
+                Dot::template dot<MM, R, 1, kGemvPrefetch>(w + (n0 + r) * K, K, xg, K, K, part);
                 for (int q = 0; q < R; ++q)
                     for (int m = 0; m < MM; ++m) res[r + q][m] = part[q][m];
             }
         }
         for (; r < rows; ++r) {
             float part[1][MM];
-            dot_rows<Isa, T, MM, 1, U, 0>(w + (n0 + r) * K, K, x32, K, K, part);
+            Dot::template dot<MM, 1, U, 0>(w + (n0 + r) * K, K, xg, K, K, part);
             for (int m = 0; m < MM; ++m) res[r][m] = part[0][m];
         }
         for (r = 0; r < rows; ++r) {
@@ -298,28 +312,37 @@ void gemv_group(const Args& a, const float* x32, int64_t m0) {
     }
 }
 
-template <class Isa, class T>
+// RawDot (or void): a row kernel that reads x in its own dtype (the AVX512-BF16 dot product for bf16);
+// without one, x is converted to f32 once and F32Dot runs.
+template <class Isa, class T, class RawDot>
 void gemv(const Args& a) {
     const int64_t M = a.M, K = a.K;
-    const float* x32;
+    const float* x32 = nullptr;
     if constexpr (std::is_same_v<T, float>) {
         x32 = static_cast<const float*>(a.x);
-    } else {
+    } else if constexpr (std::is_same_v<RawDot, void>) {
         float* buf = scratch(kSlotX).get<float>(size_t(M * K));
         convert_to_f32<Isa>(static_cast<const T*>(a.x), buf, M * K);
         x32 = buf;
     }
+    const T* xraw = static_cast<const T*>(a.x);
     for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
-        const float* xg = x32 + m0 * K;
+        auto group = [&](auto mm) {
+            constexpr int MM = decltype(mm)::value;
+            if constexpr (!std::is_same_v<RawDot, void>)
+                gemv_group<Isa, RawDot, MM>(a, xraw + m0 * K, m0);
+            else
+                gemv_group<Isa, F32Dot<Isa, T>, MM>(a, x32 + m0 * K, m0);
+        };
         switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
-            case 1: gemv_group<Isa, T, 1>(a, xg, m0); break;
-            case 2: gemv_group<Isa, T, 2>(a, xg, m0); break;
-            case 3: gemv_group<Isa, T, 3>(a, xg, m0); break;
-            case 4: gemv_group<Isa, T, 4>(a, xg, m0); break;
-            case 5: gemv_group<Isa, T, 5>(a, xg, m0); break;
-            case 6: gemv_group<Isa, T, 6>(a, xg, m0); break;
-            case 7: gemv_group<Isa, T, 7>(a, xg, m0); break;
-            default: gemv_group<Isa, T, 8>(a, xg, m0); break;
+            case 1: group(std::integral_constant<int, 1>{}); break;
+            case 2: group(std::integral_constant<int, 2>{}); break;
+            case 3: group(std::integral_constant<int, 3>{}); break;
+            case 4: group(std::integral_constant<int, 4>{}); break;
+            case 5: group(std::integral_constant<int, 5>{}); break;
+            case 6: group(std::integral_constant<int, 6>{}); break;
+            case 7: group(std::integral_constant<int, 7>{}); break;
+            default: group(std::integral_constant<int, 8>{}); break;
         }
     }
 }
@@ -547,12 +570,12 @@ void empty_k(const Args& a) {
 }
 
 // The whole op for one dtype: picks GEMV or GEMM by M (or the forced path).
-template <class Isa, class GemmKern, class T>
+template <class Isa, class GemmKern, class T, class RawDot = void>
 void run_typed(const Args& a) {
     if (a.K == 0) return empty_k<Isa, T>(a);
     const int forced = forced_path();
     const bool use_gemv = forced == 1 || (forced == 0 && a.M <= kGemvMaxRows);
-    if (use_gemv) gemv<Isa, T>(a);
+    if (use_gemv) gemv<Isa, T, RawDot>(a);
     else gemm<Isa, GemmKern, T>(a);
 }
 
