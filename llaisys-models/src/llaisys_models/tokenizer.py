@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .errors import ModelLoadError
@@ -9,6 +10,8 @@ from .errors import ModelLoadError
 
 def load_tokenizer(path):
     """``transformers.AutoTokenizer`` from the model directory."""
+    # only tokenizers are used: keep transformers' "PyTorch was not found" advisory off the console
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # a dependency of llaisys-models, but say so if it is gone
