@@ -2,9 +2,9 @@
 
 from . import ops
 from .backend import Backend, NativeBackend
-from .device import Device
+from .device import Device, as_device
 from .dlpack import from_dlpack
-from .dtype import DType, bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8
+from .dtype import DType, as_dtype, bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8
 from .errors import BackendUnavailableError, LlaisysError, LlaisysValueError
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats
 from .plugins import API_VERSION, BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
@@ -13,7 +13,8 @@ from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 
 __all__ = [
     "API_VERSION", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "KernelOverride",
-    "LlaisysError", "LlaisysValueError", "NativeBackend", "Stream", "Tensor", "available_devices",
+    "LlaisysError", "LlaisysValueError", "NativeBackend", "Stream", "Tensor", "as_device", "as_dtype",
+    "available_devices",
     "backend_report", "bfloat16", "bool_", "empty", "empty_cache", "float16", "float32", "float64",
     "from_buffer", "from_dlpack", "from_numpy", "hookimpl", "hookspec", "int8", "int32", "int64",
     "memory_stats", "ops", "reset_peak_memory_stats", "stream", "synchronize", "uint8", "zeros",
