@@ -1,9 +1,9 @@
 """linear: out = x @ weight.T + bias, against torch float64 on the same (rounded) inputs, on every SIMD path.
 
 The CPU kernel has two algorithms: a weight-streaming GEMV for M <= 8 (one weight row at a time while
-x fits in L1, interleaved rows beyond) and a packed GEMM for larger M (on CPUs with AVX512-BF16 the bf16
-GEMM uses vdpbf16ps). The shapes below reach both, their tails (M, N, K not multiples of any tile) and
-the Qwen2-1.5B projections.
+x fits in L1, interleaved rows beyond) and a packed GEMM for larger M; on CPUs with AVX512-BF16 both use
+vdpbf16ps for bf16. The shapes below reach both, their tails (M, N, K not multiples of any tile, odd K
+for the bf16 pairs) and the Qwen2-1.5B projections.
 """
 
 import ctypes
@@ -106,7 +106,7 @@ def test_linear_simd_paths(device, level):
 
 
 def test_linear_avx512_without_bf16_dot(device):
-    """The AVX-512 bf16 GEMM of CPUs without AVX512-BF16 (f32 micro-kernel on expanded panels)."""
+    """bf16 on AVX-512 CPUs without AVX512-BF16: f32 GEMM micro-kernel on expanded panels, shift + FMA GEMV."""
     skip_unless_level_available(device, "avx512")
     run_in_child({"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_BF16DOT": "0"}, "t.check_small_shapes()",
                  expect_level="avx512")

@@ -27,7 +27,8 @@ void run_avx2(const Args& args);
 void run_avx512(const Args& args);
 
 // Knobs read once per process from the environment (tests use them to reach every path):
-//   LLAISYS_CPU_LINEAR_BF16DOT=0   disable the AVX512-BF16 (vdpbf16ps) bf16 GEMM, use the f32 one
+//   LLAISYS_CPU_LINEAR_BF16DOT=0   bf16 without AVX512-BF16 (vdpbf16ps) even where the CPU has it: the f32
+//                                  GEMM on expanded panels and the shift + FMA GEMV, as on older CPUs
 //   LLAISYS_CPU_LINEAR_PATH=gemv|gemm   force one algorithm for every M (testing only)
 bool bf16dot_allowed();
 int forced_path();  // 0 = by shape, 1 = gemv, 2 = gemm

@@ -1,5 +1,6 @@
-// linear, AVX-512 path (16 f32 lanes): 14 x 32 f32 GEMM micro-kernel; on CPUs with AVX512-BF16 the
-// bf16 GEMM instead runs vdpbf16ps on packed bf16 pairs (products exact in f32, f32 accumulation).
+// linear, AVX-512 path (16 f32 lanes): 14 x 32 f32 GEMM micro-kernel; on CPUs with AVX512-BF16 (checked
+// at run time; these functions carry target("avx512bf16")) bf16 instead runs vdpbf16ps on bf16 pairs, in
+// the GEMM and the GEMV (products exact in f32, f32 accumulation).
 // GCC 12 false positive on the _mm512_undefined_*() inside its own AVX-512 intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"

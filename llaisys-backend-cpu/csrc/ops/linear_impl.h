@@ -19,7 +19,8 @@
 // hold a core). While the M rows of x plus one weight row fit in L1, the block is read one row at a time
 // with U unrolled accumulators per x row (one sequential stream, which the hardware prefetcher follows
 // best); otherwise R rows are interleaved so that each x vector (now an L1 miss) serves R weight vectors.
-// f16/bf16 weights are expanded to f32 in registers (bf16: a 16-bit shift), x is converted once.
+// f16/bf16 weights are expanded to f32 in registers (bf16: a 16-bit shift), x is converted once; with
+// AVX512-BF16, bf16 instead runs vdpbf16ps on raw bf16 weights and x (see Bf16DotGemv).
 //
 // Prefill (GEMM, M > 8): compute bound, Goto/BLIS blocking. x is packed once per block of rows into
 // micro-panels of MR rows ([k][MR]); threads take (N-block, M-block) tiles, pack their weight block per
