@@ -141,12 +141,17 @@ def linear_case(name, n, k, m, bias, rotate_bytes, machine_bw):
             else:
                 torch.mm(x, w.t(), out=out_t)
 
+        def bandwidth(t):
+            return f"{wbytes / t / 1e9:5.1f}" if t else "  n/a"
+
+        def gflops(t):
+            return f"{2 * m * n * k / t / 1e9:6.1f}" if t else "   n/a"
+
         def note(t_ours, t_theirs):
             if m == 1:
-                bw = lambda t: f"{wbytes / t / 1e9:5.1f}" if t else "  n/a"
-                return f"weights GB/s: llaisys {bw(t_ours)} torch {bw(t_theirs)} (machine {machine_bw:.1f})"
-            fl = lambda t: f"{2 * m * n * k / t / 1e9:6.1f}" if t else "   n/a"
-            return f"GFLOP/s: llaisys {fl(t_ours)} torch {fl(t_theirs)}"
+                return (f"weights GB/s: llaisys {bandwidth(t_ours)} torch {bandwidth(t_theirs)} "
+                        f"(machine {machine_bw:.1f})")
+            return f"GFLOP/s: llaisys {gflops(t_ours)} torch {gflops(t_theirs)}"
         return ours, theirs, note
     bias_text = "+bias" if bias else ""
     return ("linear", "decode" if m == 1 else "prefill", f"{name} [{m},{k}]x[{n},{k}]^T{bias_text}", setup)
