@@ -7,13 +7,10 @@ for the bf16 pairs) and the Qwen2-1.5B projections.
 """
 
 import ctypes
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from simd_paths import LEVELS, run_in_child, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
@@ -34,34 +31,6 @@ QWEN2_SHAPES = [
 # Cheap shapes for the per-SIMD-level child processes.
 SMALL_SHAPES = [(1, 3, 17), (3, 17, 4097), (17, 33, 100), (64, 70, 129), (1, 100, 1536), (8, 40, 300),
                 (9, 40, 300), (1, 17, 4097), (2, 256, 1536)]
-LEVELS = ["portable", "avx2", "avx512"]
-
-
-def cpu_simd_level() -> str:
-    """The SIMD path the CPU library takes in this process."""
-    import llaisys_backend_cpu
-    fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
-
-
-def run_in_child(env_extra: dict, call: str, expect_level: str | None = None):
-    """Runs `call` (an expression using this module as `t`) in a child process with extra environment."""
-    here = Path(__file__).parent
-    env = {**os.environ, **env_extra,
-           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    check = f"assert t.cpu_simd_level() == {expect_level!r}, t.cpu_simd_level(); " if expect_level else ""
-    code = f"import {Path(__file__).stem} as t; {check}{call}"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{env_extra} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
-
-
-def skip_unless_level_available(device, level):
-    if device.type != "cpu":
-        pytest.skip("SIMD paths belong to the CPU backend")
-    best = cpu_simd_level()
-    if LEVELS.index(level) > LEVELS.index(best):
-        pytest.skip(f"this CPU (or LLAISYS_CPU_SIMD) allows at most {best}")
 
 
 def check_linear(shape, dtype, with_bias, device="cpu", seed=0):
@@ -102,13 +71,13 @@ def test_linear_qwen2_shapes(device, case, dtype):
 @pytest.mark.parametrize("level", LEVELS)
 def test_linear_simd_paths(device, level):
     skip_unless_level_available(device, level)
-    run_in_child({"LLAISYS_CPU_SIMD": level}, "t.check_small_shapes()", expect_level=level)
+    run_in_child(__name__, {"LLAISYS_CPU_SIMD": level}, "t.check_small_shapes()", expect_level=level)
 
 
 def test_linear_avx512_without_bf16_dot(device):
     """bf16 on AVX-512 CPUs without AVX512-BF16: f32 GEMM micro-kernel on expanded panels, shift + FMA GEMV."""
     skip_unless_level_available(device, "avx512")
-    run_in_child({"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_BF16DOT": "0"}, "t.check_small_shapes()",
+    run_in_child(__name__, {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_BF16DOT": "0"}, "t.check_small_shapes()",
                  expect_level="avx512")
 
 
@@ -117,7 +86,7 @@ def test_linear_forced_algorithm(device, algorithm):
     """Each algorithm on every M (GEMV in groups of 8 rows of x; GEMM on tiny M, all tile tails)."""
     if device.type != "cpu":
         pytest.skip("the algorithm switch belongs to the CPU backend")
-    run_in_child({"LLAISYS_CPU_LINEAR_PATH": algorithm}, "t.check_small_shapes()")
+    run_in_child(__name__, {"LLAISYS_CPU_LINEAR_PATH": algorithm}, "t.check_small_shapes()")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)

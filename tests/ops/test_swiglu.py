@@ -1,51 +1,16 @@
 """swiglu: out = up * gate / (1 + exp(-gate)), against torch in float64, on every SIMD path."""
 
 import ctypes
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
 
 SHAPES = [(1,), (3,), (17,), (4097,), (1, 8960), (64, 8960)]
 SMALL_SHAPES = [(1,), (3,), (17,), (4097,), (2, 8960)]
-LEVELS = ["portable", "avx2", "avx512"]
-
-
-def cpu_simd_level() -> str:
-    """The SIMD path the CPU library takes in this process."""
-    import llaisys_backend_cpu
-    fn = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY)).llaisys_cpu_simd_level
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
-
-
-def run_under_simd(level: str, call: str):
-    """Runs `call` (an expression using this module as `t`) at one SIMD level: in this process if it is
-    already at that level, else in a child process pinned to it with LLAISYS_CPU_SIMD."""
-    if level == cpu_simd_level():
-        exec(call, {"t": sys.modules[__name__]})
-        return
-    here = Path(__file__).parent
-    env = {**os.environ, "LLAISYS_CPU_SIMD": level,
-           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    code = f"import {Path(__file__).stem} as t; assert t.cpu_simd_level() == {level!r}, t.cpu_simd_level(); {call}"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"{level} path failed:\n{result.stdout}\n{result.stderr[-4000:]}"
-
-
-def skip_unless_level_available(device, level):
-    if device.type != "cpu":
-        pytest.skip("SIMD paths belong to the CPU backend")
-    best = cpu_simd_level()
-    if LEVELS.index(level) > LEVELS.index(best):
-        pytest.skip(f"this CPU (or LLAISYS_CPU_SIMD) allows at most {best}")
-
 
 
 def reference(gate, up):
@@ -104,7 +69,7 @@ def test_swiglu_special_values(device, dtype):
 @pytest.mark.parametrize("level", LEVELS)
 def test_swiglu_on_every_simd_path(device, level):
     skip_unless_level_available(device, level)
-    run_under_simd(level, "t.check_small_shapes()")
+    run_under_simd(__name__, level, "t.check_small_shapes()")
 
 
 def test_swiglu_rejects_bad_arguments(device):
