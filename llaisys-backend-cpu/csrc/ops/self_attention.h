@@ -118,6 +118,34 @@ static inline void pv_tile(float* __restrict OT, const float* __restrict P, int6
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) V::store(OT + (c0 + r) * LANES + b * W, acc[r][b]);
 }
 
+// Keys [ks, ke) of split s of nsplit over the first kend keys, in whole blocks of BK keys.
+template <int BK>
+static inline void split_keys(int64_t kend, int64_t nsplit, int64_t s, int64_t& ks, int64_t& ke) {
+    ks = 0, ke = kend;
+    if (nsplit > 1) {
+        const int64_t chunk = ((kend + nsplit - 1) / nsplit + BK - 1) / BK * BK;
+        ks = s * chunk < kend ? s * chunk : kend;
+        ke = ks + chunk < kend ? ks + chunk : kend;
+    }
+}
+
+// K and V rows [kb, kb + nb) of kv head g as f32: read in place for f32, else widened into Kc / Vc.
+template <class Cvt, class T>
+static inline void kv_block(const T* k, const T* v, int64_t kb, int64_t nb, int64_t Hkv, int64_t g, int64_t d,
+                            int64_t dv, float* Kc, float* Vc, const float*& Kp, int64_t& kstride,
+                            const float*& Vp, int64_t& vstride) {
+    if constexpr (sizeof(T) == 4) {
+        Kp = reinterpret_cast<const float*>(k) + (kb * Hkv + g) * d, kstride = Hkv * d;
+        Vp = reinterpret_cast<const float*>(v) + (kb * Hkv + g) * dv, vstride = Hkv * dv;
+    } else {
+        for (int64_t j = 0; j < nb; ++j) {
+            Cvt::load_row(k + ((kb + j) * Hkv + g) * d, Kc + j * d, d);
+            Cvt::load_row(v + ((kb + j) * Hkv + g) * dv, Vc + j * dv, dv);
+        }
+        Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
+    }
+}
+
 // Cvt: load_row(const T*, float*, n) and store_row(const float*, T*, n) for the element type T.
 template <class V, int MB, int KR, int R, class Cvt, class T>
 void attention(const Problem& p) {
@@ -209,27 +237,14 @@ void attention(const Problem& p) {
 
             const int64_t kend = (f0 + n - 1) / G + off + 1;  // keys visible to the tile's last row
             const int64_t min_end = f0 / G + off + 1;         // keys visible to its first row
-            int64_t ks = 0, ke = kend;
-            if (nsplit > 1) {
-                const int64_t chunk = ((kend + nsplit - 1) / nsplit + BK - 1) / BK * BK;
-                ks = s * chunk < kend ? s * chunk : kend;
-                ke = ks + chunk < kend ? ks + chunk : kend;
-            }
+            int64_t ks, ke;
+            split_keys<BK>(kend, nsplit, s, ks, ke);
 
             for (int64_t kb = ks; kb < ke; kb += BK) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                if constexpr (kF32) {
-                    Kp = reinterpret_cast<const float*>(k) + (kb * Hkv + g) * d, kstride = Hkv * d;
-                    Vp = reinterpret_cast<const float*>(v) + (kb * Hkv + g) * dv, vstride = Hkv * dv;
-                } else {
-                    for (int64_t j = 0; j < nb; ++j) {
-                        Cvt::load_row(k + ((kb + j) * Hkv + g) * d, Kc + j * d, d);
-                        Cvt::load_row(v + ((kb + j) * Hkv + g) * dv, Vc + j * dv, dv);
-                    }
-                    Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
-                }
+                kv_block<Cvt>(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
 
                 // scores
                 int64_t j = 0;
@@ -441,27 +456,14 @@ void attention_rows(const Problem& p) {
             }
             for (int64_t x = 0; x < M * dv; ++x) O[x] = 0.0f;
             const int64_t kend = endq[M - 1];
-            int64_t ks = 0, ke = kend;
-            if (nsplit > 1) {
-                const int64_t chunk = ((kend + nsplit - 1) / nsplit + BK - 1) / BK * BK;
-                ks = s * chunk < kend ? s * chunk : kend;
-                ke = ks + chunk < kend ? ks + chunk : kend;
-            }
+            int64_t ks, ke;
+            split_keys<BK>(kend, nsplit, s, ks, ke);
 
             for (int64_t kb = ks; kb < ke; kb += BK) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                if constexpr (kF32) {
-                    Kp = reinterpret_cast<const float*>(k) + (kb * Hkv + g) * d, kstride = Hkv * d;
-                    Vp = reinterpret_cast<const float*>(v) + (kb * Hkv + g) * dv, vstride = Hkv * dv;
-                } else {
-                    for (int64_t j = 0; j < nb; ++j) {
-                        Cvt::load_row(k + ((kb + j) * Hkv + g) * d, Kc + j * d, d);
-                        Cvt::load_row(v + ((kb + j) * Hkv + g) * dv, Vc + j * dv, dv);
-                    }
-                    Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
-                }
+                kv_block<Cvt>(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
                 const int64_t nbp = (nb + W - 1) / W * W;
                 const float* krows[BK];
                 for (int64_t j = 0; j < nbp; ++j) krows[j] = j < nb ? Kp + j * kstride : zero_row;
