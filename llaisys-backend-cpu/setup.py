@@ -2,6 +2,9 @@
 
 Files named *_avx2.cpp / *_avx512.cpp are compiled with that instruction set; the rest
 for baseline x86-64, so the library runs on any x86-64 and picks a path at run time.
+Exports are named llaisys_cpu_<slot> (LLAISYS_PREFIX); the slots come from llaisys-core's
+llaisys/backend.h, found in the monorepo beside this package, in csrc/include (an sdist's copy)
+or through an installed llaisys-core (llaisys.get_include()).
 Environment: CXX (default g++), LLAISYS_CPU_CXXFLAGS (extra flags), LLAISYS_BUILD_JOBS.
 """
 
@@ -18,8 +21,25 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent.resolve()
 LIBRARY = "libllaisys_cpu.so"
+PREFIX = "llaisys_cpu"
+
+
+def core_include_dir() -> Path:
+    """The folder holding llaisys/backend.h."""
+    for candidate in (ROOT.parent / "llaisys-core" / "src" / "llaisys" / "include", ROOT / "csrc" / "include"):
+        if (candidate / "llaisys" / "backend.h").is_file():
+            return candidate
+    try:
+        import llaisys
+        return Path(llaisys.get_include())
+    except ImportError:
+        sys.exit("llaisys-backend-cpu: cannot find llaisys/backend.h: build from the llaisys monorepo, "
+                 "or install llaisys-core first")
+
+
 BASE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
-              "-fno-math-errno", f"-I{ROOT / 'csrc'}"]
+              "-Wmissing-declarations", "-fno-math-errno",
+              f"-DLLAISYS_PREFIX={PREFIX}", f"-I{ROOT / 'csrc'}", f"-I{core_include_dir()}"]
 ISA_FLAGS = {
     "_avx2": ["-mavx2", "-mfma", "-mf16c"],
     "_avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
@@ -37,7 +57,8 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     cxx = shlex.split(os.environ.get("CXX", "g++"))
     extra = shlex.split(os.environ.get("LLAISYS_CPU_CXXFLAGS", ""))
     sources = sorted((ROOT / "csrc").rglob("*.cpp"))
-    headers_mtime = max(p.stat().st_mtime for p in (ROOT / "csrc").rglob("*.h"))
+    headers = [*(ROOT / "csrc").rglob("*.h"), core_include_dir() / "llaisys" / "backend.h"]
+    headers_mtime = max(p.stat().st_mtime for p in headers)
     build_dir.mkdir(parents=True, exist_ok=True)
 
     def compile_one(source: Path) -> Path:

@@ -1,8 +1,14 @@
-// Host "device" runtime: 64-byte aligned memory; streams exist but every call is synchronous.
+// Host "device" runtime: 64-byte aligned memory; streams, events and copies exist but every call is
+// synchronous (work queued on a stream has finished when the call returns).
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/api.h"
+#include "common/cpu_features.h"
 
 using namespace llaisys;
 
@@ -10,6 +16,7 @@ namespace {
 constexpr size_t kAlignment = 64;
 
 void* aligned_malloc(size_t nbytes) {
+    if (nbytes > SIZE_MAX - kAlignment) throw std::bad_alloc();
     size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* ptr = std::aligned_alloc(kAlignment, rounded ? rounded : kAlignment);
     if (!ptr) throw std::bad_alloc();
@@ -21,60 +28,126 @@ void check_device(int device) {
 }
 
 int g_stream_token;  // CPU streams are just distinct non-null handles
+int g_event_token;   // and so are events: every event is complete when recorded
 }  // namespace
 
-LLAISYS_EXPORT int llaisys_cpu_device_count(int* count) {
+const char* LLAISYS_FN(build_info)(void) {
+    return "llaisys CPU kernels: x86-64 baseline + AVX2 + AVX-512 paths, OpenMP";
+}
+
+int LLAISYS_FN(device_count)(int* count) {
     return guard("device_count", [&] { *count = 1; });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_malloc(int device, size_t nbytes, void** ptr) {
-    return guard("malloc", [&] { check_device(device); *ptr = aligned_malloc(nbytes); });
-}
-
-LLAISYS_EXPORT int llaisys_cpu_free(int device, void* ptr) {
-    return guard("free", [&] { check_device(device); std::free(ptr); });
-}
-
-LLAISYS_EXPORT int llaisys_cpu_malloc_host(size_t nbytes, void** ptr) {
-    return guard("malloc_host", [&] { *ptr = aligned_malloc(nbytes); });
-}
-
-LLAISYS_EXPORT int llaisys_cpu_free_host(void* ptr) {
-    return guard("free_host", [&] { std::free(ptr); });
-}
-
-LLAISYS_EXPORT int llaisys_cpu_memset(int device, void* ptr, int value, size_t nbytes) {
-    return guard("memset", [&] { check_device(device); std::memset(ptr, value, nbytes); });
-}
-
-LLAISYS_EXPORT int llaisys_cpu_memcpy(int device, void* dst, const void* src, size_t nbytes, int kind) {
-    return guard("memcpy", [&] {
+int LLAISYS_FN(device_attribute)(int device, int attr, int64_t* value) {
+    return guard("device_attribute", [&] {
         check_device(device);
-        if (kind < 0 || kind > 3) throw InvalidArgument("unknown memcpy kind " + std::to_string(kind));
-        std::memcpy(dst, src, nbytes);
+        switch (attr) {
+            case LLAISYS_ATTR_HOST_ADDRESSABLE: *value = 1; break;
+            case LLAISYS_ATTR_WARP_SIZE: *value = 1; break;
+            case LLAISYS_ATTR_MULTIPROCESSOR_COUNT: *value = omp_get_max_threads(); break;
+            case LLAISYS_ATTR_TOTAL_MEMORY: *value = int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE); break;
+            default: throw NotSupported("device attribute " + std::to_string(attr) + " has no meaning on the CPU");
+        }
     });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_memcpy_async(int device, void* dst, const void* src, size_t nbytes, int kind,
-                                            void* stream) {
-    (void)stream;
-    return llaisys_cpu_memcpy(device, dst, src, nbytes, kind);
+int LLAISYS_FN(device_name)(int device, char* name, size_t size) {
+    return guard("device_name", [&] {
+        check_device(device);
+        if (size) std::snprintf(name, size, "x86-64 CPU (%s kernels, %d threads)",
+                                cpu::simd_name(cpu::simd_level()), omp_get_max_threads());
+    });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_stream_create(int device, void** stream) {
+int LLAISYS_FN(mem_info)(int device, size_t* free_bytes, size_t* total_bytes) {
+    return guard("mem_info", [&] {
+        check_device(device);
+        *free_bytes = size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
+        *total_bytes = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
+    });
+}
+
+int LLAISYS_FN(device_synchronize)(int device) {
+    return guard("device_synchronize", [&] { check_device(device); });
+}
+
+int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr) {
+    return guard("malloc", [&] {
+        check_device(device);
+        try {
+            *ptr = aligned_malloc(nbytes);
+        } catch (const std::bad_alloc&) {
+            throw OutOfMemory("out of memory allocating " + std::to_string(nbytes) + " bytes");
+        }
+    });
+}
+
+int LLAISYS_FN(free)(int device, void* ptr) {
+    return guard("free", [&] { check_device(device); std::free(ptr); });
+}
+
+int LLAISYS_FN(malloc_host)(size_t nbytes, void** ptr) {
+    return guard("malloc_host", [&] { *ptr = aligned_malloc(nbytes); });
+}
+
+int LLAISYS_FN(free_host)(void* ptr) {
+    return guard("free_host", [&] { std::free(ptr); });
+}
+
+int LLAISYS_FN(memset)(int device, void* ptr, int value, size_t nbytes, void* stream) {
+    (void)stream;
+    return guard("memset", [&] { check_device(device); std::memset(ptr, value, nbytes); });
+}
+
+int LLAISYS_FN(memcpy)(int device, void* dst, const void* src, size_t nbytes, int kind) {
+    return guard("memcpy", [&] {
+        check_device(device);
+        if (kind < LLAISYS_MEMCPY_H2H || kind > LLAISYS_MEMCPY_D2D)
+            throw InvalidArgument("unknown memcpy kind " + std::to_string(kind));
+        std::memmove(dst, src, nbytes);
+    });
+}
+
+int LLAISYS_FN(memcpy_async)(int device, void* dst, const void* src, size_t nbytes, int kind, void* stream) {
+    (void)stream;
+    return LLAISYS_FN(memcpy)(device, dst, src, nbytes, kind);
+}
+
+int LLAISYS_FN(stream_create)(int device, void** stream) {
     return guard("stream_create", [&] { check_device(device); *stream = &g_stream_token; });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_stream_destroy(int device, void* stream) {
+int LLAISYS_FN(stream_destroy)(int device, void* stream) {
     (void)stream;
     return guard("stream_destroy", [&] { check_device(device); });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_stream_synchronize(int device, void* stream) {
+int LLAISYS_FN(stream_synchronize)(int device, void* stream) {
     (void)stream;
     return guard("stream_synchronize", [&] { check_device(device); });
 }
 
-LLAISYS_EXPORT int llaisys_cpu_device_synchronize(int device) {
-    return guard("device_synchronize", [&] { check_device(device); });
+int LLAISYS_FN(event_create)(int device, void** event) {
+    return guard("event_create", [&] { check_device(device); *event = &g_event_token; });
+}
+
+int LLAISYS_FN(event_destroy)(int device, void* event) {
+    (void)event;
+    return guard("event_destroy", [&] { check_device(device); });
+}
+
+int LLAISYS_FN(event_record)(int device, void* event, void* stream) {
+    (void)event; (void)stream;
+    return guard("event_record", [&] { check_device(device); });
+}
+
+int LLAISYS_FN(event_synchronize)(int device, void* event) {
+    (void)event;
+    return guard("event_synchronize", [&] { check_device(device); });
+}
+
+int LLAISYS_FN(stream_wait_event)(int device, void* stream, void* event) {
+    (void)stream; (void)event;
+    return guard("stream_wait_event", [&] { check_device(device); });
 }

@@ -132,10 +132,10 @@ def test_kernel_rejects_bad_eps_and_dtype(device):
     lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
     lib.llaisys_cpu_last_error.restype = ctypes.c_char_p
     fn = lib.llaisys_cpu_rms_norm
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     buf = (ctypes.c_float * 8)()
-    assert fn(0, None, 6, 1, 8, 1e-6, buf, buf, buf) == 4  # NOT_SUPPORTED
+    assert fn(0, None, 6, 0, 1, 8, 1e-6, buf, buf, buf) == 4  # NOT_SUPPORTED
     assert b"dtype code 6" in lib.llaisys_cpu_last_error()
-    assert fn(0, None, 0, 1, 8, -1.0, buf, buf, buf) == 1  # INVALID_ARGUMENT
+    assert fn(0, None, 0, 0, 1, 8, -1.0, buf, buf, buf) == 1  # INVALID_ARGUMENT
     assert b"eps" in lib.llaisys_cpu_last_error()

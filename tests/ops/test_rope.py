@@ -193,11 +193,11 @@ def test_kernel_rejects_bad_theta_and_head_dim(device):
     lib.llaisys_cpu_last_error.restype = ctypes.c_char_p
     fn = lib.llaisys_cpu_rope
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, p, ctypes.c_int, i64, i64, i64, ctypes.c_double, p, p, p]
+    fn.argtypes = [ctypes.c_int, p, ctypes.c_int, ctypes.c_int, i64, i64, i64, ctypes.c_double, p, p, p]
     buf = (ctypes.c_float * 16)()
     pos = (ctypes.c_int64 * 2)(0, 1)
-    assert fn(0, None, 0, 2, 1, 8, float("inf"), buf, buf, pos) == 1  # INVALID_ARGUMENT
+    assert fn(0, None, 0, 0, 2, 1, 8, float("inf"), buf, buf, pos) == 1  # INVALID_ARGUMENT
     assert b"theta" in lib.llaisys_cpu_last_error()
-    assert fn(0, None, 0, 2, 1, 7, 1e4, buf, buf, pos) == 1
+    assert fn(0, None, 0, 0, 2, 1, 7, 1e4, buf, buf, pos) == 1
     assert b"even" in lib.llaisys_cpu_last_error()
-    assert fn(0, None, 8, 2, 1, 8, 1e4, buf, buf, pos) == 4  # NOT_SUPPORTED dtype
+    assert fn(0, None, 8, 0, 2, 1, 8, 1e4, buf, buf, pos) == 4  # NOT_SUPPORTED dtype

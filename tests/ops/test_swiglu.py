@@ -91,5 +91,5 @@ def test_kernel_rejects_unsupported_dtype_code(device):
     lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
     lib.llaisys_cpu_last_error.restype = ctypes.c_char_p
     buf = (ctypes.c_int64 * 4)()
-    assert lib.llaisys_cpu_swiglu(0, None, 3, ctypes.c_int64(4), buf, buf, buf) == 4  # NOT_SUPPORTED
+    assert lib.llaisys_cpu_swiglu(0, None, 3, 0, ctypes.c_int64(4), buf, buf, buf) == 4  # NOT_SUPPORTED
     assert b"dtype code 3" in lib.llaisys_cpu_last_error()

@@ -9,5 +9,5 @@ const char* last_error() { return g_last_error.c_str(); }
 
 }  // namespace llaisys
 
-LLAISYS_EXPORT int llaisys_cpu_api_version(void) { return llaisys::kApiVersion; }
-LLAISYS_EXPORT const char* llaisys_cpu_last_error(void) { return llaisys::last_error(); }
+int LLAISYS_FN(api_version)(void) { return llaisys::kApiVersion; }
+const char* LLAISYS_FN(last_error)(void) { return llaisys::last_error(); }

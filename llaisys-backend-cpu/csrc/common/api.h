@@ -1,5 +1,6 @@
-// The plain C ABI of this backend (see llaisys/native.py in llaisys-core for the contract):
-// every export returns a Status and never lets a C++ exception, abort() or exit() escape.
+// The plain C ABI of this backend: slots, codes and the API version come from llaisys/backend.h
+// (shipped by llaisys-core); every export returns a status and never lets a C++ exception, abort() or
+// exit() escape (see guard below).
 #pragma once
 
 #include <cstddef>
@@ -7,28 +8,33 @@
 #include <stdexcept>
 #include <string>
 
+#include "llaisys/backend.h"
+
+// Exports that are not slots of the shared header (CPU-only introspection used by tests).
 #define LLAISYS_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace llaisys {
 
-constexpr int kApiVersion = 1;
+constexpr int kApiVersion = LLAISYS_API_VERSION;
 
 enum Status : int {
-    kOk = 0,
-    kInvalidArgument = 1,
-    kRuntimeError = 2,
-    kOutOfMemory = 3,
-    kNotSupported = 4,
+    kOk = LLAISYS_OK,
+    kInvalidArgument = LLAISYS_INVALID_ARGUMENT,
+    kRuntimeError = LLAISYS_RUNTIME_ERROR,
+    kOutOfMemory = LLAISYS_OUT_OF_MEMORY,
+    kNotSupported = LLAISYS_NOT_SUPPORTED,
 };
 
 // dtype codes, as llaisys.DType.code
 enum DType : int {
-    kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3, kI8 = 4, kI32 = 5, kI64 = 6, kU8 = 7, kBool = 8,
+    kF32 = LLAISYS_F32, kF16 = LLAISYS_F16, kBF16 = LLAISYS_BF16, kF64 = LLAISYS_F64, kI8 = LLAISYS_I8,
+    kI32 = LLAISYS_I32, kI64 = LLAISYS_I64, kU8 = LLAISYS_U8, kBool = LLAISYS_BOOL,
 };
 
 // Thrown inside the library, turned into a status by LLAISYS_GUARD.
 struct InvalidArgument : std::runtime_error { using std::runtime_error::runtime_error; };
 struct NotSupported : std::runtime_error { using std::runtime_error::runtime_error; };
+struct OutOfMemory : std::runtime_error { using std::runtime_error::runtime_error; };
 
 void set_last_error(const std::string& message);
 const char* last_error();
@@ -45,6 +51,9 @@ int guard(const char* where, F&& body) noexcept {
     } catch (const NotSupported& e) {
         set_last_error(std::string(where) + ": " + e.what());
         return kNotSupported;
+    } catch (const OutOfMemory& e) {
+        set_last_error(std::string(where) + ": " + e.what());
+        return kOutOfMemory;
     } catch (const std::bad_alloc&) {
         set_last_error(std::string(where) + ": out of memory");
         return kOutOfMemory;
@@ -59,6 +68,12 @@ int guard(const char* where, F&& body) noexcept {
 
 [[noreturn]] inline void unsupported_dtype(int dtype) {
     throw NotSupported("unsupported dtype code " + std::to_string(dtype));
+}
+
+// Only LLAISYS_NUMERICS_EXACT is implemented so far.
+inline void require_exact_numerics(int numerics) {
+    if (numerics != LLAISYS_NUMERICS_EXACT)
+        throw NotSupported("numerics mode " + std::to_string(numerics) + " is not implemented by this backend");
 }
 
 }  // namespace llaisys

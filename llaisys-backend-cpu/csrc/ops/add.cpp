@@ -6,7 +6,7 @@ namespace llaisys::cpu::portable {
 void add(int dtype, int64_t n, void* c, const void* a, const void* b) { add_kernel(dtype, n, c, a, b); }
 }  // namespace llaisys::cpu::portable
 
-LLAISYS_EXPORT int llaisys_cpu_add(int device, void* stream, int dtype, int64_t n, void* c, const void* a,
+int LLAISYS_FN(add)(int device, void* stream, int dtype, int64_t n, void* c, const void* a,
                                    const void* b) {
     (void)device; (void)stream;
     return llaisys::guard("add", [&] {

@@ -9,7 +9,7 @@ namespace llaisys::cpu::portable {
 int64_t argmax(int dtype, int64_t n, const void* vals) { return argmax_kernel(dtype, n, vals); }
 }  // namespace llaisys::cpu::portable
 
-LLAISYS_EXPORT int llaisys_cpu_argmax(int device, void* stream, int dtype, int64_t n, void* max_idx, void* max_val,
+int LLAISYS_FN(argmax)(int device, void* stream, int dtype, int64_t n, void* max_idx, void* max_val,
                                       const void* vals) {
     (void)device; (void)stream;
     return llaisys::guard("argmax", [&] {

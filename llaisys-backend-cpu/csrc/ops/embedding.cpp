@@ -20,9 +20,10 @@ size_t element_size(int dtype) {
 
 }  // namespace
 
-LLAISYS_EXPORT int llaisys_cpu_embedding(int device, void* stream, int dtype, int64_t n_index, int64_t dim,
-                                         int64_t vocab, void* out, const int64_t* index, const void* weight) {
+int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, int64_t dim, int64_t vocab,
+                          void* out, const void* index_ptr, const void* weight) {
     (void)device; (void)stream;
+    const auto* index = static_cast<const int64_t*>(index_ptr);
     return llaisys::guard("embedding", [&] {
         const size_t elem = element_size(dtype);
         if (n_index < 0 || dim < 0 || vocab < 0) throw llaisys::InvalidArgument("negative size");

@@ -95,7 +95,7 @@ int forced_path() {
 
 using namespace llaisys;
 
-LLAISYS_EXPORT int llaisys_cpu_linear(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K,
+int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K,
                                       void* out, const void* x, const void* weight, const void* bias) {
     (void)device; (void)stream;
     return guard("linear", [&] {

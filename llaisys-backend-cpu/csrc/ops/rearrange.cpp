@@ -60,7 +60,7 @@ template <int N> struct Bytes { char b[N]; };
 
 }  // namespace
 
-LLAISYS_EXPORT int llaisys_cpu_rearrange(int device, void* stream, int elem_size, int ndim, const int64_t* shape,
+int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape,
                                          void* dst, const int64_t* dst_strides, const void* src,
                                          const int64_t* src_strides) {
     (void)device; (void)stream;

@@ -9,10 +9,11 @@ void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const
 }
 }  // namespace llaisys::cpu::portable
 
-LLAISYS_EXPORT int llaisys_cpu_rms_norm(int device, void* stream, int dtype, int64_t rows, int64_t dim, double eps,
-                                        void* out, const void* x, const void* weight) {
+int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim, double eps,
+                         void* out, const void* x, const void* weight) {
     (void)device; (void)stream;
     return llaisys::guard("rms_norm", [&] {
+        llaisys::require_exact_numerics(numerics);
         llaisys::cpu::require_float_dtype(dtype);
         if (rows < 0 || dim <= 0) throw llaisys::InvalidArgument("rows and dim must be positive");
         if (!(eps >= 0)) throw llaisys::InvalidArgument("eps must be >= 0, got " + std::to_string(eps));

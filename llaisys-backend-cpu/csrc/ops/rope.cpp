@@ -65,10 +65,12 @@ const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const in
 
 }  // namespace
 
-LLAISYS_EXPORT int llaisys_cpu_rope(int device, void* stream, int dtype, int64_t seq, int64_t heads, int64_t head_dim,
-                                    double theta, void* out, const void* x, const int64_t* pos_ids) {
+int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads, int64_t head_dim,
+                     double theta, void* out, const void* x, const void* pos_ids_ptr) {
     (void)device; (void)stream;
+    const auto* pos_ids = static_cast<const int64_t*>(pos_ids_ptr);
     return llaisys::guard("rope", [&] {
+        llaisys::require_exact_numerics(numerics);
         llaisys::cpu::require_float_dtype(dtype);
         if (seq < 0 || heads < 0 || head_dim < 0 || head_dim % 2)
             throw llaisys::InvalidArgument("bad shape [" + std::to_string(seq) + ", " + std::to_string(heads) + ", " +

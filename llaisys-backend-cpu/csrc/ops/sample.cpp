@@ -301,7 +301,7 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
 
 }  // namespace
 
-LLAISYS_EXPORT int llaisys_cpu_sample(int device, void* stream, int dtype, int64_t n, void* out_idx, const void* logits,
+int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out_idx, const void* logits,
                                       double temperature, int64_t top_k, double top_p, uint64_t seed) {
     (void)device; (void)stream;
     return llaisys::guard("sample", [&] {

@@ -82,11 +82,12 @@ void run_portable(int dtype, const Problem& p) {
 
 using namespace llaisys;
 
-LLAISYS_EXPORT int llaisys_cpu_self_attention(int device, void* stream, int dtype, int64_t L, int64_t S, int64_t H,
-                                              int64_t Hkv, int64_t d, int64_t dv, double scale, void* out,
+int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, int numerics, int64_t L, int64_t S, int64_t H,
+                               int64_t Hkv, int64_t d, int64_t dv, double scale, void* out,
                                               const void* q, const void* k, const void* v) {
     (void)device; (void)stream;
     return guard("self_attention", [&] {
+        require_exact_numerics(numerics);
         auto need = [](bool ok, const std::string& what) { if (!ok) throw InvalidArgument(what); };
         if (dtype != kF32 && dtype != kF16 && dtype != kBF16) unsupported_dtype(dtype);
         need(L >= 0 && S >= 0 && H >= 0 && d >= 0 && dv >= 0,

@@ -6,10 +6,11 @@ namespace llaisys::cpu::portable {
 void swiglu(int dtype, int64_t n, void* out, const void* gate, const void* up) { swiglu_kernel(dtype, n, out, gate, up); }
 }  // namespace llaisys::cpu::portable
 
-LLAISYS_EXPORT int llaisys_cpu_swiglu(int device, void* stream, int dtype, int64_t n, void* out, const void* gate,
-                                      const void* up) {
+int LLAISYS_FN(swiglu)(int device, void* stream, int dtype, int numerics, int64_t n, void* out, const void* gate,
+                       const void* up) {
     (void)device; (void)stream;
     return llaisys::guard("swiglu", [&] {
+        llaisys::require_exact_numerics(numerics);
         llaisys::cpu::require_float_dtype(dtype);
         LLAISYS_CALL_PER_ISA(swiglu, dtype, n, out, gate, up);
     });

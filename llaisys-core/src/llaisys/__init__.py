@@ -7,6 +7,7 @@ from .dlpack import from_dlpack
 from .dtype import DType, as_dtype, bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8
 from .errors import BackendUnavailableError, LlaisysError, LlaisysValueError
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats
+from .native import get_include
 from .plugins import API_VERSION, BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
 from .stream import Stream, stream, synchronize
 from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
@@ -16,6 +17,6 @@ __all__ = [
     "LlaisysError", "LlaisysValueError", "NativeBackend", "Stream", "Tensor", "as_device", "as_dtype",
     "available_devices",
     "backend_report", "bfloat16", "bool_", "empty", "empty_cache", "float16", "float32", "float64",
-    "from_buffer", "from_dlpack", "from_numpy", "hookimpl", "hookspec", "int8", "int32", "int64",
+    "from_buffer", "from_dlpack", "from_numpy", "get_include", "hookimpl", "hookspec", "int8", "int32", "int64",
     "memory_stats", "ops", "reset_peak_memory_stats", "stream", "synchronize", "uint8", "zeros",
 ]

@@ -28,7 +28,8 @@ class Backend:
     def free(self, device_index: int, ptr: int) -> None: raise NotImplementedError
     def malloc_host(self, nbytes: int) -> int: raise NotImplementedError
     def free_host(self, ptr: int) -> None: raise NotImplementedError
-    def memset(self, device_index: int, ptr: int, value: int, nbytes: int) -> None: raise NotImplementedError
+    def memset(self, device_index: int, ptr: int, value: int, nbytes: int, stream=None) -> None:
+        raise NotImplementedError
     def memcpy(self, device_index: int, dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
         raise NotImplementedError
     def memcpy_async(self, device_index: int, dst: int, src: int, nbytes: int, kind: MemcpyKind,
@@ -70,8 +71,8 @@ class NativeBackend(Backend):
     def free_host(self, ptr):
         self.lib.call("free_host", ptr)
 
-    def memset(self, device_index, ptr, value, nbytes):
-        self.lib.call("memset", device_index, ptr, value, nbytes)
+    def memset(self, device_index, ptr, value, nbytes, stream=None):
+        self.lib.call("memset", device_index, ptr, value, nbytes, stream)
 
     def memcpy(self, device_index, dst, src, nbytes, kind):
         self.lib.call("memcpy", device_index, dst, src, nbytes, int(kind))

@@ -1,22 +1,12 @@
 """The C ABI every compiled backend exports, bound once with ctypes.
 
-A backend library exports, with ``P`` its prefix (e.g. ``llaisys_cpu``)::
-
-    int         P_api_version(void);                 // == llaisys.plugins.API_VERSION
-    const char* P_last_error(void);                  // message of the last failure (thread-local)
-    int P_device_count(int* count);
-    int P_malloc(int device, size_t nbytes, void** ptr);   int P_free(int device, void* ptr);
-    int P_malloc_host(size_t nbytes, void** ptr);          int P_free_host(void* ptr);   // pinned
-    int P_memset(int device, void* ptr, int value, size_t nbytes);
-    int P_memcpy(int device, void* dst, const void* src, size_t nbytes, int kind);
-    int P_memcpy_async(int device, void* dst, const void* src, size_t nbytes, int kind, void* stream);
-    int P_stream_create(int device, void** stream);  int P_stream_destroy(int device, void* stream);
-    int P_stream_synchronize(int device, void* stream);  int P_device_synchronize(int device);
-
-and one function per operator, ``int P_<op>(int device, void* stream, ...)`` with the
-arguments listed in ``OP_SIGNATURES`` below. Every function returns a ``Status``;
-``P_last_error`` says why. Kernels may assume that core validated every argument.
-An operator whose symbol is missing is reported as not implemented by that backend.
+The ABI is defined in one place, the C header ``llaisys/backend.h`` that core ships
+(``llaisys.get_include()``): status codes, dtype codes, memcpy kinds, the API version and
+every slot with its contract. The tables below mirror it for ctypes, and
+``tests/core/test_abi_header.py`` checks that they do. A backend library exports
+``<prefix>_<slot>``; ops are ``int <prefix>_<op>(int device, void* stream, ...)`` with the
+arguments of ``OP_SIGNATURES``. An operator whose symbol is missing is reported as not
+implemented by that backend.
 """
 
 from __future__ import annotations
@@ -44,6 +34,19 @@ class MemcpyKind(enum.IntEnum):
     D2D = 3
 
 
+class Numerics(enum.IntEnum):
+    EXACT = 0  # f32 inside, one rounding to the output dtype
+    HF = 1  # round where HF transformers' eager forward rounds
+
+
+NUMERICS_EXACT = int(Numerics.EXACT)
+
+
+def get_include() -> str:
+    """The folder that holds ``llaisys/backend.h``, the C ABI header (pass it to the compiler with -I)."""
+    return str(Path(__file__).with_name("include"))
+
+
 _p = c_void_p
 _i64 = c_int64
 # op name -> argument types after (int device, void* stream)
@@ -58,14 +61,14 @@ OP_SIGNATURES: dict[str, list] = {
     "linear": [c_int, _i64, _i64, _i64, _p, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, _p, _p, _p, _p, _p],
-    # dtype, rows, dim, eps, out, x, weight
-    "rms_norm": [c_int, _i64, _i64, c_double, _p, _p, _p],
-    # dtype, seq, heads, head_dim, theta, out, x, pos_ids int64 [seq]
-    "rope": [c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
-    # dtype, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
-    "self_attention": [c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
-    # dtype, n, out, gate, up
-    "swiglu": [c_int, _i64, _p, _p, _p],
+    # dtype, numerics, rows, dim, eps, out, x, weight
+    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, seq, heads, head_dim, theta, out, x, pos_ids int64 [seq]
+    "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
+    "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
+    # dtype, numerics, n, out, gate, up
+    "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
     "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
 }
@@ -90,15 +93,16 @@ _PACKERS = {
         out.dtype.itemsize, out.ndim, _shape_array(out.shape),
         out.data_ptr(), _shape_array(out.strides), x.data_ptr(), _shape_array(x.strides)),
     "rms_norm": lambda out, x, weight, eps: (
-        out.dtype.code, x.numel() // x.shape[-1], x.shape[-1], eps,
+        out.dtype.code, NUMERICS_EXACT, x.numel() // x.shape[-1], x.shape[-1], eps,
         out.data_ptr(), x.data_ptr(), weight.data_ptr()),
     "rope": lambda out, x, pos_ids, theta: (
-        out.dtype.code, x.shape[0], x.shape[1], x.shape[2], theta,
+        out.dtype.code, NUMERICS_EXACT, x.shape[0], x.shape[1], x.shape[2], theta,
         out.data_ptr(), x.data_ptr(), pos_ids.data_ptr()),
     "self_attention": lambda out, q, k, v, scale: (
-        out.dtype.code, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
+        out.dtype.code, NUMERICS_EXACT, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()),
-    "swiglu": lambda out, gate, up: (out.dtype.code, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
+    "swiglu": lambda out, gate, up: (
+        out.dtype.code, NUMERICS_EXACT, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
     "sample": lambda out_idx, logits, temperature, top_k, top_p, seed: (
         logits.dtype.code, logits.numel(), out_idx.data_ptr(), logits.data_ptr(),
         temperature, top_k, top_p, seed),
@@ -122,7 +126,7 @@ class NativeLibrary:
             "device_count": [_p],
             "malloc": [c_int, c_size_t, _p], "free": [c_int, _p],
             "malloc_host": [c_size_t, _p], "free_host": [_p],
-            "memset": [c_int, _p, c_int, c_size_t],
+            "memset": [c_int, _p, c_int, c_size_t, _p],
             "memcpy": [c_int, _p, _p, c_size_t, c_int],
             "memcpy_async": [c_int, _p, _p, c_size_t, c_int, _p],
             "stream_create": [c_int, _p], "stream_destroy": [c_int, _p],

@@ -18,7 +18,7 @@ from .backend import Backend
 from .device import Device, as_device
 from .errors import BackendUnavailableError, LlaisysError
 
-API_VERSION = 1
+API_VERSION = 2  # LLAISYS_API_VERSION of include/llaisys/backend.h
 PROJECT = "llaisys"
 ENTRY_POINT_GROUP = "llaisys.backends"
 ENV_FILTER = "LLAISYS_BACKENDS"

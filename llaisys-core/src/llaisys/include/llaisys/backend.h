@@ -1,0 +1,268 @@
+/*
+ * llaisys/backend.h — the C ABI between llaisys-core and a compiled backend library.
+ *
+ * This header is the single definition of that ABI. llaisys-core ships it
+ * (`llaisys.get_include()` is the folder that holds `llaisys/backend.h`); core's
+ * Python tables (llaisys/native.py, llaisys/dtype.py) are tested against it.
+ * It is plain C, usable from C, C++ and CUDA C++.
+ *
+ * Export names. A backend compiles its sources with `-DLLAISYS_PREFIX=<prefix>`
+ * (e.g. llaisys_cpu, llaisys_cuda, llaisys_iluvatar) and defines every slot as
+ * `LLAISYS_FN(name)`, which expands to `<prefix>_<name>`. One source tree thus
+ * builds several libraries. Core binds them with NativeBackend(name, library, prefix).
+ *
+ * Conventions for every slot:
+ *   - Returns a llaisys_status_t (except api_version, last_error and build_info).
+ *     On failure, <prefix>_last_error() returns a message naming the call and the
+ *     cause; core raises it as LlaisysError (LlaisysValueError for
+ *     LLAISYS_INVALID_ARGUMENT). No C++ exception, abort() or exit() ever crosses
+ *     the boundary.
+ *   - `device` is the device index, 0 <= device < device_count.
+ *   - `stream` is a handle from stream_create, or NULL for the device's default
+ *     stream. Work "queued on stream" may still run after the call returns;
+ *     host-addressable backends (the CPU) run everything before returning.
+ *   - Thread safety: every slot may be called from any thread. A stream, event or
+ *     graph must not be used by two threads at once. last_error is thread-local.
+ *   - [required] slots must be exported, or the library fails to load.
+ *     [optional] slots may be missing: core reports the capability as "not
+ *     supported" and never fails to load because of it.
+ *     [op] slots are operators: a missing one is reported as "op not implemented by
+ *     this backend" when first used.
+ *   - Operators: core has validated every argument (devices, dtypes, shapes,
+ *     contiguity, aliasing, sizes that fit the buffers) before the call; kernels trust
+ *     them and do no per-call re-validation. The one exception is data that only the
+ *     kernel reads (token ids, block tables): a kernel never reads or writes outside
+ *     its buffers because of such data and reports LLAISYS_INVALID_ARGUMENT instead
+ *     (an asynchronous backend may report it at the next synchronizing call).
+ *   - Operators queue their work on `stream`, allocate no device memory, and do not
+ *     synchronize the host, so a sequence of them can be captured into a graph.
+ *     Accumulation is in f32 for f16 / bf16 data.
+ */
+#ifndef LLAISYS_BACKEND_H
+#define LLAISYS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bumped on any incompatible change to a slot, a code or a signature below. */
+#define LLAISYS_API_VERSION 2
+
+/* Status codes returned by every slot. */
+typedef enum llaisys_status {
+    LLAISYS_OK = 0,
+    LLAISYS_INVALID_ARGUMENT = 1, /* a bad argument: core raises LlaisysValueError */
+    LLAISYS_RUNTIME_ERROR = 2,    /* the device or its driver failed */
+    LLAISYS_OUT_OF_MEMORY = 3,    /* an allocation failed; core may free cached blocks and retry */
+    LLAISYS_NOT_SUPPORTED = 4     /* a dtype, attribute or mode this backend does not implement */
+} llaisys_status_t;
+
+/* Element types (llaisys.DType.code). */
+typedef enum llaisys_dtype {
+    LLAISYS_F32 = 0,
+    LLAISYS_F16 = 1,
+    LLAISYS_BF16 = 2,
+    LLAISYS_F64 = 3,
+    LLAISYS_I8 = 4,
+    LLAISYS_I32 = 5,
+    LLAISYS_I64 = 6,
+    LLAISYS_U8 = 7,
+    LLAISYS_BOOL = 8
+} llaisys_dtype_t;
+
+/* Direction of a copy: H = host memory (pageable or pinned), D = this backend's device memory. */
+typedef enum llaisys_memcpy_kind {
+    LLAISYS_MEMCPY_H2H = 0,
+    LLAISYS_MEMCPY_H2D = 1,
+    LLAISYS_MEMCPY_D2H = 2,
+    LLAISYS_MEMCPY_D2D = 3
+} llaisys_memcpy_kind_t;
+
+/* Where f16 / bf16 operators round (the `numerics` argument of the ops that take one). */
+typedef enum llaisys_numerics {
+    LLAISYS_NUMERICS_EXACT = 0, /* compute in f32, round once to the output dtype */
+    LLAISYS_NUMERICS_HF = 1     /* round where HuggingFace transformers' eager forward rounds */
+} llaisys_numerics_t;
+
+/* Device attributes (device_attribute). */
+typedef enum llaisys_device_attr {
+    LLAISYS_ATTR_HOST_ADDRESSABLE = 0,       /* 1 if the host can read / write device pointers directly */
+    LLAISYS_ATTR_WARP_SIZE = 1,              /* threads per warp (32 NVIDIA, 64 Iluvatar CoreX, 1 CPU) */
+    LLAISYS_ATTR_MAX_THREADS_PER_BLOCK = 2,
+    LLAISYS_ATTR_MULTIPROCESSOR_COUNT = 3,   /* SMs, or CPU threads the kernels use */
+    LLAISYS_ATTR_TOTAL_MEMORY = 4,           /* bytes */
+    LLAISYS_ATTR_COMPUTE_CAPABILITY = 5,     /* major * 10 + minor; 0 where it means nothing */
+    LLAISYS_ATTR_MAX_SHARED_MEMORY_PER_BLOCK = 6 /* bytes */
+} llaisys_device_attr_t;
+
+#define LLAISYS_CAT2_(a, b) a##_##b
+#define LLAISYS_CAT2(a, b) LLAISYS_CAT2_(a, b)
+/* The exported name of slot `name`: <LLAISYS_PREFIX>_<name>. */
+#define LLAISYS_FN(name) LLAISYS_CAT2(LLAISYS_PREFIX, name)
+
+#ifdef __cplusplus
+#define LLAISYS_EXTERN_C extern "C"
+#else
+#define LLAISYS_EXTERN_C
+#endif
+#if defined(_WIN32)
+#define LLAISYS_VISIBLE __declspec(dllexport)
+#else
+#define LLAISYS_VISIBLE __attribute__((visibility("default")))
+#endif
+/* The three kinds of slot (see the conventions above); all are exported C functions. */
+#define LLAISYS_REQUIRED LLAISYS_EXTERN_C LLAISYS_VISIBLE
+#define LLAISYS_OPTIONAL LLAISYS_EXTERN_C LLAISYS_VISIBLE
+#define LLAISYS_OP LLAISYS_EXTERN_C LLAISYS_VISIBLE
+
+#ifdef LLAISYS_PREFIX
+
+/* ---- identity ------------------------------------------------------------------------------ */
+
+/* [required] LLAISYS_API_VERSION as compiled into the library; core refuses a mismatch. */
+LLAISYS_REQUIRED int LLAISYS_FN(api_version)(void);
+
+/* [required] The message of this thread's last failed call ("" if none). Valid until the next call. */
+LLAISYS_REQUIRED const char* LLAISYS_FN(last_error)(void);
+
+/* [optional] One line on what the library was built for (toolchain, architectures, SIMD paths). */
+LLAISYS_OPTIONAL const char* LLAISYS_FN(build_info)(void);
+
+/* ---- devices ------------------------------------------------------------------------------- */
+
+/* [required] *count = number of usable devices. No hardware or no driver is not an error: return
+ * LLAISYS_OK with *count = 0 and leave the reason (e.g. "no NVIDIA driver") in last_error(). */
+LLAISYS_REQUIRED int LLAISYS_FN(device_count)(int* count);
+
+/* [optional] *value = attribute `attr` (llaisys_device_attr_t) of `device`; LLAISYS_NOT_SUPPORTED
+ * for an attribute this backend does not know. Backends without it are treated as host-addressable
+ * only if they say so through this slot. */
+LLAISYS_OPTIONAL int LLAISYS_FN(device_attribute)(int device, int attr, int64_t* value);
+
+/* [optional] The device's name, NUL-terminated and truncated to fit `size` bytes of `name`. */
+LLAISYS_OPTIONAL int LLAISYS_FN(device_name)(int device, char* name, size_t size);
+
+/* [optional] Free and total device memory in bytes, as the driver sees it now. */
+LLAISYS_OPTIONAL int LLAISYS_FN(mem_info)(int device, size_t* free_bytes, size_t* total_bytes);
+
+/* [required] Wait until all work queued on every stream of `device` has finished. */
+LLAISYS_REQUIRED int LLAISYS_FN(device_synchronize)(int device);
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+/* [required] Allocate `nbytes` of device memory, aligned to at least 256 bytes (64 on the CPU).
+ * malloc(0) succeeds with a NULL or unique pointer. LLAISYS_OUT_OF_MEMORY when it cannot; the
+ * message says how many bytes were asked for. Synchronous. */
+LLAISYS_REQUIRED int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr);
+
+/* [required] Free a pointer from malloc; free(NULL) is a no-op. Waits for nothing: the caller must
+ * not free memory that queued work still uses (core's allocator only hands it out again on the
+ * same stream order). */
+LLAISYS_REQUIRED int LLAISYS_FN(free)(int device, void* ptr);
+
+/* [optional] Page-locked host memory for fast asynchronous copies; free_host(NULL) is a no-op. */
+LLAISYS_OPTIONAL int LLAISYS_FN(malloc_host)(size_t nbytes, void** ptr);
+LLAISYS_OPTIONAL int LLAISYS_FN(free_host)(void* ptr);
+
+/* [required] Set `nbytes` bytes at device pointer `ptr` to `value`, queued on `stream`. */
+LLAISYS_REQUIRED int LLAISYS_FN(memset)(int device, void* ptr, int value, size_t nbytes, void* stream);
+
+/* [required] Copy `nbytes` (kind: llaisys_memcpy_kind_t). Returns when the copy is complete; it is
+ * ordered after work queued on the default stream, not after other streams (synchronize those first). */
+LLAISYS_REQUIRED int LLAISYS_FN(memcpy)(int device, void* dst, const void* src, size_t nbytes, int kind);
+
+/* [required] The same copy queued on `stream`; host memory must stay valid until the stream has run
+ * it (pinned host memory makes it truly asynchronous). */
+LLAISYS_REQUIRED int LLAISYS_FN(memcpy_async)(int device, void* dst, const void* src, size_t nbytes, int kind,
+                                              void* stream);
+
+/* [optional] Copy between two devices of this backend without the host, queued on `stream` of the
+ * source device. Core copies through the host when it is missing or fails. */
+LLAISYS_OPTIONAL int LLAISYS_FN(memcpy_peer)(int dst_device, void* dst, int src_device, const void* src,
+                                             size_t nbytes, void* stream);
+
+/* ---- streams, events, graphs ----------------------------------------------------------------- */
+
+/* [required] A new stream (an ordered queue of work) on `device`; destroy it when done. */
+LLAISYS_REQUIRED int LLAISYS_FN(stream_create)(int device, void** stream);
+LLAISYS_REQUIRED int LLAISYS_FN(stream_destroy)(int device, void* stream);
+
+/* [required] Wait until all work queued on `stream` has finished. */
+LLAISYS_REQUIRED int LLAISYS_FN(stream_synchronize)(int device, void* stream);
+
+/* [optional] Events: markers in a stream, for cross-stream ordering and timing. */
+LLAISYS_OPTIONAL int LLAISYS_FN(event_create)(int device, void** event);
+LLAISYS_OPTIONAL int LLAISYS_FN(event_destroy)(int device, void* event);
+/* Mark the point reached by the work queued on `stream` so far. */
+LLAISYS_OPTIONAL int LLAISYS_FN(event_record)(int device, void* event, void* stream);
+/* Wait on the host until the recorded point has been reached. */
+LLAISYS_OPTIONAL int LLAISYS_FN(event_synchronize)(int device, void* event);
+/* Milliseconds between two recorded, completed events. */
+LLAISYS_OPTIONAL int LLAISYS_FN(event_elapsed_ms)(int device, void* start, void* end, float* ms);
+/* Work queued on `stream` after this call waits for `event` (no host wait). */
+LLAISYS_OPTIONAL int LLAISYS_FN(stream_wait_event)(int device, void* stream, void* event);
+
+/* [optional] Graph capture: between begin and end, work queued on `stream` is recorded instead of
+ * run; end returns an executable graph. Nothing may synchronize, allocate or copy to pageable host
+ * memory during a capture. Replaying the graph (graph_launch) re-runs the same kernels with the same
+ * pointers and scalar arguments; what changes between replays must live in device memory. */
+LLAISYS_OPTIONAL int LLAISYS_FN(graph_begin_capture)(int device, void* stream);
+LLAISYS_OPTIONAL int LLAISYS_FN(graph_end_capture)(int device, void* stream, void** graph);
+LLAISYS_OPTIONAL int LLAISYS_FN(graph_launch)(int device, void* graph, void* stream);
+LLAISYS_OPTIONAL int LLAISYS_FN(graph_destroy)(int device, void* graph);
+
+/* ---- operators ------------------------------------------------------------------------------ */
+/* Every operator: int <prefix>_<op>(int device, void* stream, ...). Tensors are contiguous unless a
+ * stride argument says otherwise; [a, b] is a shape; `dtype` is the dtype of the floating tensors. */
+
+/* [op] c = a + b over n elements. c may be a or b (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(add)(int device, void* stream, int dtype, int64_t n, void* c, const void* a,
+                               const void* b);
+
+/* [op] max_idx (int64 [1]) and max_val ([1]) of vals [n], n >= 1; first index on ties; NaN is the max. */
+LLAISYS_OP int LLAISYS_FN(argmax)(int device, void* stream, int dtype, int64_t n, void* max_idx, void* max_val,
+                                  const void* vals);
+
+/* [op] out [n_index, dim] = weight [vocab, dim] rows at index (int64 [n_index]). An index outside
+ * [0, vocab) is LLAISYS_INVALID_ARGUMENT naming it and its position, never a read outside weight. */
+LLAISYS_OP int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, int64_t dim, int64_t vocab,
+                                     void* out, const void* index, const void* weight);
+
+/* [op] out [M, N] = x [M, K] @ weight [N, K]^T + bias [N] (bias may be NULL). K may be 0. */
+LLAISYS_OP int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
+                                  const void* x, const void* weight, const void* bias);
+
+/* [op] Strided copy dst[i...] = src[i...] of ndim <= 16 dims. shape, dst_strides and src_strides
+ * (in elements) are host arrays of ndim int64; elem_size is 1, 2, 4, 8 or 16 bytes. */
+LLAISYS_OP int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape,
+                                     void* dst, const int64_t* dst_strides, const void* src,
+                                     const int64_t* src_strides);
+
+/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x. */
+LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim,
+                                    double eps, void* out, const void* x, const void* weight);
+
+/* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
+ * [seq]; the angle of pair j at position p is p / theta^(2j / head_dim), computed as HF does in f32.
+ * out may be x. */
+LLAISYS_OP int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads,
+                                int64_t head_dim, double theta, void* out, const void* x, const void* pos_ids);
+
+/* [op] Causal GQA attention. q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv], S >= L;
+ * head h reads kv head h / (H / Hkv); query i sees key j iff j <= i + S - L. out may be q or v. */
+LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, int numerics, int64_t L, int64_t S,
+                                          int64_t H, int64_t Hkv, int64_t d, int64_t dv, double scale, void* out,
+                                          const void* q, const void* k, const void* v);
+
+/* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up. */
+LLAISYS_OP int LLAISYS_FN(swiglu)(int device, void* stream, int dtype, int numerics, int64_t n, void* out,
+                                  const void* gate, const void* up);
+
+/* [op] Draw one token id (int64, written to out_idx [1]) from softmax(logits [n] / temperature),
+ * restricted to the top_k largest (0 = all) and then the nucleus top_p. temperature 0 or top_k 1 is
+ * argmax. The draw is a counter-based hash of seed: the same seed gives the same token every run. */
+LLAISYS_OP int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out_idx,
+                                  const void* logits, double temperature, int64_t top_k, double top_p,
+                                  uint64_t seed);
+
+#endif /* LLAISYS_PREFIX */
+#endif /* LLAISYS_BACKEND_H */
