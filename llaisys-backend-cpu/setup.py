@@ -50,7 +50,7 @@ def core_include_dir() -> Path:
 
 
 BASE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
-              "-Wmissing-declarations", "-fno-math-errno",
+              "-Wmissing-declarations", "-fno-math-errno", "-falign-functions=32", "-falign-loops=32",
               f"-DLLAISYS_PREFIX={PREFIX}", f"-I{CSRC}", f"-I{core_include_dir()}"]
 ISAS = {
     "portable": [],
@@ -73,6 +73,12 @@ class Unit:
     def command(self, cxx: list[str], extra: list[str]) -> list[str]:
         isa_flags = [f"-DLLAISYS_ISA={self.isa}", *ISAS[self.isa]] if self.isa else []
         return [*cxx, *BASE_FLAGS, *isa_flags, *extra, "-c", str(self.source), "-o", str(self.obj)]
+
+    def up_to_date(self, command: list[str], headers_mtime: float) -> bool:
+        """The object exists, is newer than its source and every header, and was built by this command."""
+        recorded = self.obj.with_suffix(".cmd")
+        return (self.obj.exists() and recorded.exists() and recorded.read_text() == shlex.join(command)
+                and self.obj.stat().st_mtime > max(self.source.stat().st_mtime, headers_mtime))
 
 
 def units(build_dir: Path) -> list[Unit]:
@@ -105,8 +111,7 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     todo = units(build_dir)
     headers = [*CSRC.rglob("*.h"), core_include_dir() / "llaisys" / "backend.h"]
     headers_mtime = max(p.stat().st_mtime for p in headers)
-    stale = [u for u in todo if not (u.obj.exists() and u.obj.stat().st_mtime > max(u.source.stat().st_mtime,
-                                                                                      headers_mtime))]
+    stale = [u for u in todo if not u.up_to_date(u.command(cxx, extra), headers_mtime)]
     jobs = min(build_jobs(), max(1, len(stale)))
     if stale:
         per_isa = len({u.source for u in todo if u.isa})
@@ -120,6 +125,7 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
         cmd = unit.command(cxx, extra)
         if subprocess.run(cmd).returncode != 0:
             raise RuntimeError(f"compiling {unit.source.relative_to(ROOT)} failed:\n{shlex.join(cmd)}")
+        unit.obj.with_suffix(".cmd").write_text(shlex.join(cmd))
 
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:

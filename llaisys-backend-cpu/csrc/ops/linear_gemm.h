@@ -25,14 +25,20 @@ LLAISYS_ALWAYS_INLINE void pack_transposed(int rows, int64_t steps, void* dst_, 
         const int64_t n = std::min<int64_t>(W, steps - s0);
         for (int j0 = 0; j0 < L; j0 += W) {
             const int cols = std::min(W, L - j0);
+            // (the loops unrolled: v then lives in registers, not on the stack)
             V v[W];
+#pragma GCC unroll 16
             for (int j = 0; j < W; ++j) v[j] = j0 + j < rows ? row(j0 + j, s0, int(n)) : V::zero();
             transpose(v);
             float* d = dst + s0 * L + j0;
             if (cols == W) {
-                for (int64_t i = 0; i < n; ++i) v[i].store(d + i * L);
+#pragma GCC unroll 16
+                for (int i = 0; i < W; ++i)
+                    if (i < n) v[i].store(d + i * L);
             } else {
-                for (int64_t i = 0; i < n; ++i) v[i].store_partial(d + i * L, cols);
+#pragma GCC unroll 16
+                for (int i = 0; i < W; ++i)
+                    if (i < n) v[i].store_partial(d + i * L, cols);
             }
         }
     }

@@ -69,7 +69,7 @@ static inline void qk_tile(const float* __restrict QT, const float* __restrict K
         V qv[MB];
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) qv[b] = V::load(QT + c * LANES + b * W);
         LLAISYS_UNROLL for (int r = 0; r < KR; ++r) {
-            V kv = V::set1(K[r * kstride + c]);
+            V kv = V::broadcast(K + r * kstride + c);
             LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = fmadd(kv, qv[b], acc[r][b]);
         }
     }
@@ -92,7 +92,7 @@ static inline void pv_tile(float* __restrict OT, const float* __restrict P, int6
         V pv[MB];
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) pv[b] = V::load(P + j * LANES + b * W);
         LLAISYS_UNROLL for (int r = 0; r < R; ++r) {
-            V x = V::set1(vrow[r]);
+            V x = V::broadcast(vrow + r);
             LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = fmadd(x, pv[b], acc[r][b]);
         }
     }
@@ -345,7 +345,7 @@ static inline void pv_row(float* __restrict O, const float* __restrict P, int64_
     LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = V::load(O + c0 + r * W) * a;
     const float* vrow = Vp + c0;
     for (int64_t j = 0; j < nb; ++j, vrow += vstride) {
-        const V pj = V::set1(P[j]);
+        const V pj = V::broadcast(P + j);
         LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = fmadd(pj, V::load(vrow + r * W), acc[r]);
     }
     LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r].store(O + c0 + r * W);

@@ -15,15 +15,16 @@
 //   Vec      the widest of this build: Vec16 with AVX-512, else Vec8
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs)
 // Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
-//   V::W, V::zero(), V::set1(f), V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n),
-//   v.round_to<T>(): p points to float, bf16_t or f16_t; f16 / bf16 widen exactly to f32 and narrow with
-//   round to nearest even (NaN stays a quiet NaN); a partial access touches lanes [0, n) only, 0 <= n <= W,
-//   and reads the other lanes as 0
-//   + - * /, fmadd(a, b, c) = a*b + c, fnmadd(a, b, c) = c - a*b, mul_unfused, vmin / vmax (the second
-//   operand if either is NaN), vsqrt, round_nearest, pow2i, reduce_add, reduce_max, lane0,
+//   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);
+//   V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n), v.round_to<T>(): p points to
+//   float, bf16_t or f16_t; f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
+//   stays a quiet NaN); a partial access touches lanes [0, n) only (0 <= n <= W) and reads the rest as 0;
+//   + - * /, fmadd(a, b, c) = a*b + c, fnmadd(a, b, c) = c - a*b, mul_unfused(a, b) (never fused into an
+//   FMA), vmin / vmax (the second operand if either is NaN), vsqrt, round_nearest, mul_pow2(a, n) = a * 2^n,
+//   reduce_add, reduce_max, lane0;
 //   masks: V::Mask (one per lane) from isnan_mask / eq_mask / lt_mask / gt_mask / ge_mask / V::first(n),
-//   combined with | and &, consumed by select(m, if_true, if_false) and bits(m) (bit i = lane i),
-//   transpose(V (&)[W]) (in registers), reduce_add_each(const V (&)[W]) (Vec8: lane j = sum of a[j])
+//   combined with | and &, consumed by select(m, if_true, if_false) and bits(m) (bit i = lane i);
+//   transpose(V (&)[W]) in registers; reduce_add_each(const Vec8 (&a)[8]) (lane j = sum of a[j]).
 // Below: scalar conversions (to_f32, from_f32<T>), vexp, convert, with_float_type, map2.
 #pragma once
 
@@ -133,8 +134,8 @@ inline uint32_t bits(M m) { return uint32_t(m); }
 constexpr int64_t kParallelGrain = 1 << 15;
 
 // exp(x) in f32 lanes, within ~2 ulp: x = n ln2 + r with |r| <= ln2 / 2, Cephes' expf polynomial for
-// exp(r), times 2^n applied as 2^n1 * 2^n2 (both normal numbers), so that the result overflows to +inf
-// above ~88.72 and underflows gradually (subnormals) to 0 below ~-87.3. exp(-inf) = 0, NaN stays NaN.
+// exp(r), times 2^n by mul_pow2, so that the result overflows to +inf above ~88.72 and underflows gradually
+// (subnormals) to 0 below ~-87.3. exp(-inf) = 0, NaN stays NaN.
 template <class V>
 LLAISYS_ALWAYS_INLINE V vexp(V x) {
     const V xc = vmin(V::set1(89.0f), vmax(V::set1(-110.0f), x));  // x second: NaN passes both
@@ -148,8 +149,7 @@ LLAISYS_ALWAYS_INLINE V vexp(V x) {
     p = fmadd(p, r, V::set1(1.6666665459e-1f));
     p = fmadd(p, r, V::set1(5.0000001201e-1f));
     p = fmadd(p * r, r, r + V::set1(1.0f));
-    const V n1 = round_nearest(n * V::set1(0.5f));  // n in [-159, 129]: n1, n - n1 in [-80, 65]
-    return p * pow2i(n1) * pow2i(n - n1);
+    return mul_pow2(p, n);  // n in [-159, 129]
 }
 
 // dst[0, n) = src[0, n), converted between f32 / bf16 / f16 (round to nearest even), Vec::W at a time.

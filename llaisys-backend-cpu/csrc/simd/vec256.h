@@ -49,13 +49,15 @@ struct Vec8 {
     Vec8(__m256 x) : r(x) {}
     static Vec8 zero() { return _mm256_setzero_ps(); }
     static Vec8 set1(float x) { return _mm256_set1_ps(x); }
+    static Vec8 broadcast(const float* p) { return _mm256_broadcast_ss(p); }  // every lane = *p
 
     // lanes [0, n), 0 <= n <= W
     static Mask first(int n) {
 #if defined(LLAISYS_ISA_AVX512)
         return Mask((1u << n) - 1u);
 #else
-        return Mask{_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))};
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        return Mask{_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane))};
 #endif
     }
 
@@ -130,8 +132,19 @@ inline Vec8 vmin(Vec8 a, Vec8 b) { return _mm256_min_ps(a.r, b.r); }  // b if ei
 inline Vec8 vmax(Vec8 a, Vec8 b) { return _mm256_max_ps(a.r, b.r); }  // b if either is NaN
 inline Vec8 vsqrt(Vec8 a) { return _mm256_sqrt_ps(a.r); }
 inline Vec8 round_nearest(Vec8 a) { return _mm256_round_ps(a.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-// 2^n for integral n in [-126, 127] held in f32 lanes
-inline Vec8 pow2i(Vec8 n) { return as_f32((Vec8i(_mm256_cvtps_epi32(n.r)) + Vec8i(127u)) << 23); }
+// a * 2^n for integral n in [-252, 254] held in f32 lanes, rounded once: overflows to inf, underflows
+// gradually (subnormals) to 0
+inline Vec8 mul_pow2(Vec8 a, Vec8 n) {
+#if defined(LLAISYS_ISA_AVX512)
+    return _mm256_scalef_ps(a.r, n.r);
+#else
+    // 2^n as 2^h * 2^(n - h), h = n / 2 rounded down: both factors are normal numbers
+    const __m256i ni = _mm256_cvtps_epi32(n.r), h = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
+    const __m256 ph = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+    const __m256 pl = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(a.r, ph), pl);
+#endif
+}
 inline float reduce_add(Vec8 a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.r), _mm256_extractf128_ps(a.r, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

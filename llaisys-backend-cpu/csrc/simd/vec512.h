@@ -40,13 +40,18 @@ struct Vec16 {
     Vec16(__m512 x) : r(x) {}
     static Vec16 zero() { return _mm512_setzero_ps(); }
     static Vec16 set1(float x) { return _mm512_set1_ps(x); }
+    static Vec16 broadcast(const float* p) { return _mm512_set1_ps(*p); }  // every lane = *p
     static Mask first(int n) { return Mask((1u << n) - 1u); }  // lanes [0, n), 0 <= n <= W
 
     static Vec16 load(const float* p) { return _mm512_loadu_ps(p); }
-    template <class T> static Vec16 load(const T* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p); }
+    template <class T> static Vec16 load(const T* p) {
+        return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p);
+    }
     // lanes [0, n) from p, the rest 0; nothing past p + n is read
     static Vec16 load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
-    template <class T> static Vec16 load_partial(const T* p, int n) { return widen(_mm256_maskz_loadu_epi16(first(n), p), p); }
+    template <class T> static Vec16 load_partial(const T* p, int n) {
+        return widen(_mm256_maskz_loadu_epi16(first(n), p), p);
+    }
 
     void store(float* p) const { _mm512_storeu_ps(p, r); }
     template <class T> void store(T* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(p)); }
@@ -82,10 +87,12 @@ inline Vec16 vmin(Vec16 a, Vec16 b) { return _mm512_min_ps(a.r, b.r); }  // b if
 inline Vec16 vmax(Vec16 a, Vec16 b) { return _mm512_max_ps(a.r, b.r); }  // b if either is NaN
 inline Vec16 vsqrt(Vec16 a) { return _mm512_sqrt_ps(a.r); }
 inline Vec16 round_nearest(Vec16 a) { return _mm512_roundscale_ps(a.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-// 2^n for integral n in [-126, 127] held in f32 lanes
-inline Vec16 pow2i(Vec16 n) { return as_f32((Vec16i(_mm512_cvtps_epi32(n.r)) + Vec16i(127u)) << 23); }
+// a * 2^n for integral n held in f32 lanes (vscalefps), rounded once: overflows to inf, underflows
+// gradually (subnormals) to 0
+inline Vec16 mul_pow2(Vec16 a, Vec16 n) { return _mm512_scalef_ps(a.r, n.r); }
 inline float reduce_add(Vec16 a) {
-    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.r), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.r), 1)));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.r), 1));
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.r), hi);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -100,7 +107,9 @@ inline __mmask16 lt_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r,
 inline __mmask16 gt_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GT_OQ); }
 inline __mmask16 ge_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GE_OQ); }
 inline Vec16 select(__mmask16 m, Vec16 if_true, Vec16 if_false) { return _mm512_mask_blend_ps(m, if_false.r, if_true.r); }
-inline Vec16i select(__mmask16 m, Vec16i if_true, Vec16i if_false) { return _mm512_mask_blend_epi32(m, if_false.r, if_true.r); }
+inline Vec16i select(__mmask16 m, Vec16i if_true, Vec16i if_false) {
+    return _mm512_mask_blend_epi32(m, if_false.r, if_true.r);
+}
 
 inline __m256i Vec16::narrow(const bf16_t*) const { return _mm512_cvtepi32_epi16(bf16_bits(*this).r); }
 template <class T> inline Vec16 Vec16::round_to() const {

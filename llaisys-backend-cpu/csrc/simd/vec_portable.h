@@ -22,6 +22,7 @@ struct Vec8 {
     }
     static Vec8 zero() { return set1(0.0f); }
     static Vec8 set1(float x) { return lanes([&](int) { return x; }); }
+    static Vec8 broadcast(const float* p) { return set1(*p); }  // every lane = *p
     static Mask first(int n) { return (Mask(1) << n) - 1; }  // lanes [0, n), 0 <= n <= W
 
     template <class T> static Vec8 load(const T* p) { return lanes([&](int i) { return to_f32(p[i]); }); }
@@ -54,7 +55,14 @@ inline Vec8 vsqrt(Vec8 a) { return Vec8::lanes([&](int i) { return std::sqrt(a.v
 inline Vec8 round_nearest(Vec8 a) {
     return Vec8::lanes([&](int i) { return (a.v[i] + 12582912.0f) - 12582912.0f; });
 }
-inline Vec8 pow2i(Vec8 n) { return Vec8::lanes([&](int i) { return as_f32(uint32_t(int32_t(n.v[i]) + 127) << 23); }); }
+// a * 2^n for integral n in [-252, 254] held in f32 lanes, rounded once: overflows to inf, underflows
+// gradually (subnormals) to 0. 2^n is applied as 2^h * 2^(n - h), h = n / 2 rounded down, both normal.
+inline Vec8 mul_pow2(Vec8 a, Vec8 n) {
+    return Vec8::lanes([&](int i) {
+        const int32_t ni = int32_t(n.v[i]), h = ni >> 1;
+        return a.v[i] * as_f32(uint32_t(h + 127) << 23) * as_f32(uint32_t(ni - h + 127) << 23);
+    });
+}
 inline float reduce_add(Vec8 a) {
     return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
 }
