@@ -9,9 +9,35 @@
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
+// A lane mask: all ones (-1) where true, so that combining and selecting are plain lane loops too.
+struct Mask8 {
+    int32_t m[8];
+};
+template <class C>
+inline Mask8 lane_mask(C cond) {
+    Mask8 r;
+    for (int i = 0; i < 8; ++i) r.m[i] = cond(i) ? -1 : 0;
+    return r;
+}
+inline Mask8 operator|(Mask8 a, Mask8 b) {
+    for (int i = 0; i < 8; ++i) a.m[i] |= b.m[i];
+    return a;
+}
+inline Mask8 operator&(Mask8 a, Mask8 b) {
+    for (int i = 0; i < 8; ++i) a.m[i] &= b.m[i];
+    return a;
+}
+inline Mask8& operator|=(Mask8& a, Mask8 b) { return a = a | b; }
+inline Mask8& operator&=(Mask8& a, Mask8 b) { return a = a & b; }
+inline uint32_t bits(Mask8 a) {
+    uint32_t b = 0;
+    for (int i = 0; i < 8; ++i) b |= uint32_t(a.m[i] & 1) << i;
+    return b;
+}
+
 struct Vec8 {
     static constexpr int W = 8;
-    using Mask = uint32_t;  // bit i = lane i
+    using Mask = Mask8;
     float v[W];
 
     template <class F>
@@ -23,7 +49,7 @@ struct Vec8 {
     static Vec8 zero() { return set1(0.0f); }
     static Vec8 set1(float x) { return lanes([&](int) { return x; }); }
     static Vec8 broadcast(const float* p) { return set1(*p); }  // every lane = *p
-    static Mask first(int n) { return (Mask(1) << n) - 1; }  // lanes [0, n), 0 <= n <= W
+    static Mask first(int n) { return lane_mask([&](int i) { return i < n; }); }  // lanes [0, n), 0 <= n <= W
 
     template <class T> static Vec8 load(const T* p) { return lanes([&](int i) { return to_f32(p[i]); }); }
     // lanes [0, n) from p, the rest 0; nothing past p + n is read
@@ -73,19 +99,13 @@ inline float reduce_max(Vec8 a) {
 }
 inline float lane0(Vec8 a) { return a.v[0]; }
 
-template <class C>
-inline Vec8::Mask lane_mask(C cond) {
-    Vec8::Mask m = 0;
-    for (int i = 0; i < Vec8::W; ++i) m |= Vec8::Mask(cond(i)) << i;
-    return m;
-}
-inline Vec8::Mask isnan_mask(Vec8 a) { return lane_mask([&](int i) { return a.v[i] != a.v[i]; }); }
-inline Vec8::Mask eq_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] == b.v[i]; }); }
-inline Vec8::Mask lt_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] < b.v[i]; }); }
-inline Vec8::Mask gt_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] > b.v[i]; }); }
-inline Vec8::Mask ge_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] >= b.v[i]; }); }
-inline Vec8 select(Vec8::Mask m, Vec8 if_true, Vec8 if_false) {
-    return Vec8::lanes([&](int i) { return (m >> i) & 1u ? if_true.v[i] : if_false.v[i]; });
+inline Mask8 isnan_mask(Vec8 a) { return lane_mask([&](int i) { return a.v[i] != a.v[i]; }); }
+inline Mask8 eq_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] == b.v[i]; }); }
+inline Mask8 lt_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] < b.v[i]; }); }
+inline Mask8 gt_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] > b.v[i]; }); }
+inline Mask8 ge_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] >= b.v[i]; }); }
+inline Vec8 select(Mask8 m, Vec8 if_true, Vec8 if_false) {
+    return Vec8::lanes([&](int i) { return m.m[i] ? if_true.v[i] : if_false.v[i]; });
 }
 
 // In-register transpose of 8 vectors: r[i].v[j] becomes r[j].v[i].
