@@ -21,7 +21,7 @@ HEADER = Path(llaisys.get_include()) / "llaisys" / "backend.h"
 
 
 @dataclass(frozen=True)
-class NativeBackend:
+class LibrarySpec:
     """A compiled backend the probes run against: its package (exposing LIBRARY) and export prefix."""
 
     name: str          # device type
@@ -32,7 +32,7 @@ class NativeBackend:
 
 # One line per native backend package (a new backend adds its own).
 NATIVE_BACKENDS = [
-    NativeBackend("cpu", "llaisys_backend_cpu", "llaisys_cpu", all_ops=True),
+    LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu", all_ops=True),
 ]
 
 
@@ -81,7 +81,7 @@ def status_name(status: int) -> str:
 class Library:
     """The exports of one backend library, typed from the header."""
 
-    def __init__(self, backend: NativeBackend):
+    def __init__(self, backend: LibrarySpec):
         package = importlib.import_module(backend.package)
         self.backend = backend
         self.path = Path(package.LIBRARY)
