@@ -72,7 +72,10 @@ def quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
         return w.astype(np.float32)
     if qtype in PLAIN:
         return gguf.quants.quantize(w.astype(np.float32), qtype)
-    return random_k_blocks(w, qtype, rng)
+    if qtype in K_SCALE_FIELDS:
+        return random_k_blocks(w, qtype, rng)
+    block, type_size = GGML_QUANT_SIZES[qtype]  # a type llaisys does not decode: any bytes will do
+    return rng.integers(0, 256, size=(*w.shape[:-1], w.shape[-1] // block * type_size), dtype=np.uint8)
 
 
 def write_tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer_dir: Path, vocab_size: int) -> None:
@@ -85,12 +88,18 @@ def write_tokenizer_metadata(writer: gguf.GGUFWriter, tokenizer_dir: Path, vocab
         tokens[added["id"]] = added["content"]
         types[added["id"]] = TokenType.CONTROL if added["special"] else TokenType.USER_DEFINED
     eos = next(a["id"] for a in data["added_tokens"] if a["content"] == config["eos_token"])
+    merges = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
+    if not merges:
+        # The test tokenizer has none, but transformers' GGUF converter needs a byte-level vocabulary's
+        # merges (llama.cpp always writes them): one merge of two NUL bytes, which no test text holds.
+        merges, nul = ["Ā Ā"], len(tokens)
+        tokens[nul], types[nul] = "ĀĀ", TokenType.NORMAL
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     # llama.cpp pads the list to the embedding's rows with unused [PADi] tokens
     writer.add_token_list([tokens.get(i, f"[PAD{i}]") for i in range(vocab_size)])
     writer.add_token_types([types.get(i, TokenType.UNUSED) for i in range(vocab_size)])
-    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]])
+    writer.add_token_merges(merges)
     writer.add_eos_token_id(eos)
     writer.add_pad_token_id(eos)
     writer.add_add_bos_token(False)
@@ -104,14 +113,19 @@ def _chat_template_file(tokenizer_dir: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
-def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed: int = 0,
-               tokenizer: bool = True) -> Path:
-    """Write ``hf_model`` (a transformers Qwen2/Llama causal LM) as a GGUF file at ``path``."""
+def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed: int = 0, *, tokenizer: bool = True,
+               arch: str | None = None, extra: dict | None = None, types: dict[str, Q] | None = None,
+               skip: tuple[str, ...] = ()) -> Path:
+    """Write ``hf_model`` (a transformers Qwen2/Llama causal LM) as a GGUF file at ``path``.
+
+    For the error tests: ``arch`` overrides general.architecture, ``extra`` adds metadata keys,
+    ``types`` sets the type of single tensors (by GGUF name), ``skip`` leaves tensors out.
+    """
     c = hf_model.config
-    arch = c.model_type
+    model_arch = c.model_type
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_name(f"tiny random {arch}")
+    writer = gguf.GGUFWriter(path, arch or model_arch)
+    writer.add_name(f"tiny random {model_arch}")
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
@@ -127,6 +141,8 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     if tokenizer:
         write_tokenizer_metadata(writer, tokenizer_dir, c.vocab_size)
+    for key, value in (extra or {}).items():  # after the standard keys, so it can replace one
+        {str: writer.add_string, float: writer.add_float32, int: writer.add_uint32}[type(value)](key, value)
 
     rng = np.random.default_rng(seed)
     for hf_name, param in hf_model.state_dict().items():
@@ -134,11 +150,14 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
             continue
         w = param.detach().float().numpy()
         name = gguf_name(hf_name)
-        if arch == "llama" and ".attn_q." in name:
+        if name in skip:
+            continue
+        if model_arch == "llama" and ".attn_q." in name:
             w = llama_permute(w, c.num_attention_heads)
-        elif arch == "llama" and ".attn_k." in name:
+        elif model_arch == "llama" and ".attn_k." in name:
             w = llama_permute(w, c.num_key_value_heads)
         tensor_type = qtype if w.ndim == 2 else Q.F32  # norms and biases stay F32, as llama.cpp keeps them
+        tensor_type = (types or {}).get(name, tensor_type)
         data = quantize(w, tensor_type, rng)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=tensor_type)
     writer.write_header_to_file()

@@ -16,7 +16,8 @@ DEFAULT_PROMPT = "12+34="
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None,
-                        help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+                        help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
+                             "llaisys-models)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
@@ -166,7 +167,10 @@ def hf_greedy(path, ids: list[int], max_new_tokens: int, dtype: str, eos_token_i
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+    from . import gguf
+
+    where, kwargs = gguf.hf_from_pretrained_args(path) if gguf.is_gguf(path) else (str(path), {})  # hook: issue 15
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs).eval()
     x = torch.tensor([ids])
     t0 = time.perf_counter()
     with torch.no_grad():

@@ -38,19 +38,20 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None):
     from ..qwen2 import Llama, Qwen2, _pick_device
     from .config import architecture, model_config
     from .reader import GGUFFile
-    from .weights import default_dtype, gguf_plan, load_weights
+    from .weights import default_dtype, load_weights, tensor_plan
 
     f = GGUFFile(path)
     arch = architecture(f)
     config = model_config(f)
+    top, layers = tensor_plan(f, config)
     device = _pick_device(device)
     if dtype is None:
-        dtype = default_dtype(f, *gguf_plan(config))
+        dtype = default_dtype(f, top, layers)
     else:
         dtype = as_dtype(dtype)
         if dtype not in (llaisys.float32, llaisys.float16, llaisys.bfloat16):
             raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {dtype.name}")
-    weights = load_weights(f, config, dtype, device, arch, progress=progress)
+    weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress)
     cls = {"qwen2": Qwen2, "llama": Llama}[arch]
     return cls.from_weights(f.path, config, weights, device=device, dtype=dtype,
                             eos_token_ids=config.eos_token_ids, source=f)

@@ -36,16 +36,13 @@ LAYER_NAMES = {
 PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
 
 
-def gguf_plan(config) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
-    """{field: (GGUF name, shape)} for the top-level weights and for each layer."""
+def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
+    """{field: (GGUF name, shape)} for the top-level weights and for each layer, once every one
+    of them is checked to be in the file, with its shape and a type llaisys can decode."""
     top, layers = plan(config)
-    return ({field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()},
-            [{field: (f"blk.{i}.{LAYER_NAMES[field]}", shape) for field, (_, shape) in layer.items()}
-             for i, layer in enumerate(layers)])
-
-
-def check(f: GGUFFile, top: dict, layers: list[dict]) -> None:
-    """Every needed tensor is in the file, with its shape and a type llaisys can decode."""
+    top = {field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()}
+    layers = [{field: (f"blk.{i}.{LAYER_NAMES[field]}", shape) for field, (_, shape) in layer.items()}
+              for i, layer in enumerate(layers)]
     supported = ", ".join(t.name for t in quants.SUPPORTED)
     for name, shape in [spec for group in [top, *layers] for spec in group.values()]:
         info = f.tensors.get(name)
@@ -56,6 +53,7 @@ def check(f: GGUFFile, top: dict, layers: list[dict]) -> None:
         if info.type not in quants.SUPPORTED:
             raise ModelLoadError(f"{f.path}: tensor {name!r} is stored as {info.type.name}, which llaisys cannot "
                                  f"dequantize (supported: {supported})")
+    return top, layers
 
 
 def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
@@ -108,10 +106,9 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
     return llaisys.from_numpy(host.view(dtype.numpy).reshape(shape), device)
 
 
-def load_weights(f: GGUFFile, config, dtype: llaisys.DType, device: llaisys.Device, arch: str,
-                 progress: bool | None = None) -> Weights:
-    top, layers = gguf_plan(config)
-    check(f, top, layers)
+def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
+                 device: llaisys.Device, arch: str, progress: bool | None = None) -> Weights:
+    """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device``."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     total = sum(math.prod(shape) for group in [top, *layers] for _, shape in group.values()) * dtype.itemsize
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
