@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -36,13 +35,17 @@ GIB = 1 << 30
 ROW_CHUNK = 1 << 22  # values converted per step while writing, so writing stays within a few hundred MB
 
 
-def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def status_bytes(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of this process, from /proc/self/status.
 
-
-def current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    Not getrusage's ru_maxrss: Linux carries a parent's RSS at fork time into its child's
+    ru_maxrss, so a worker started by a parent that had just written 2 GB would report that.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def prompt(length: int, vocab: int) -> list[int]:
@@ -138,7 +141,7 @@ def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
 
 def work_load(path: Path, decode_tokens: int) -> dict:
     import llaisys_models
-    from llaisys_models.gguf import quants
+    from llaisys_models.gguf import quants, reader  # noqa: F401  (imports gguf: not part of the weights' memory)
 
     decode_time = [0.0]
     decoded_bytes = [0]
@@ -152,11 +155,11 @@ def work_load(path: Path, decode_tokens: int) -> dict:
         return result
 
     quants.dequantize = timed
-    baseline = current_rss()
+    baseline = status_bytes("VmRSS")
     t0 = time.perf_counter()
     model = llaisys_models.load(path, device="cpu", dtype="bfloat16", progress=False)
     load = time.perf_counter() - t0
-    load_peak = peak_rss()
+    load_peak = status_bytes("VmHWM")
     tensors = [model.weights.embed_tokens, model.weights.norm, model.weights.lm_head]
     tensors += [t for layer in model.weights.layers for t in vars(layer).values() if t is not None]
     unique = {id(t): t.nbytes for t in tensors}
@@ -196,8 +199,8 @@ def work_reference(path: Path, layers: int) -> dict:
 
 
 def run_worker(*args) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--worker", *map(str, args)], check=True, capture_output=True,
-                         text=True)
+    out = subprocess.run([sys.executable, __file__, "--worker", *map(str, args)], check=True, stdout=subprocess.PIPE,
+                         text=True)  # stderr (the writer's progress) passes through
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -212,8 +215,12 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        kind, path, n = args.worker
-        result = work_load(Path(path), int(n)) if kind == "load" else work_reference(Path(path), int(n))
+        kind, path, arg = args.worker
+        if kind == "write":  # in its own process too, so that this one stays small
+            write_gguf(Path(arg), Path(path), Path(path).stem.rsplit("-", 1)[1])
+            result = {}
+        else:
+            result = work_load(Path(path), int(arg)) if kind == "load" else work_reference(Path(path), int(arg))
         print(json.dumps(result))
         return 0
 
@@ -224,7 +231,7 @@ def main(argv=None) -> int:
         path = args.out / f"{args.model.name}-{type_name}.gguf"
         files.append(path)
         if not path.exists():
-            write_gguf(args.model, path, type_name)
+            run_worker("write", path, args.model)
         size = path.stat().st_size
         row = run_worker("load", path, args.decode_tokens)
         row["file_bytes"] = size

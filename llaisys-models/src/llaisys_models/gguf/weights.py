@@ -14,6 +14,7 @@ those rows back in HF order. Qwen2 files are written unpermuted.
 from __future__ import annotations
 
 import math
+import mmap
 
 import numpy as np
 
@@ -79,6 +80,27 @@ def llama_row_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+
+
+def host_buffer(nbytes: int) -> np.ndarray:
+    """A writable host buffer (uint8 [nbytes]) for one decoded tensor: an anonymous mapping of base
+    pages, faulted in by one madvise call where the kernel offers it.
+
+    ``np.empty`` asks for transparent huge pages for large arrays; on a busy machine with fragmented
+    memory the kernel then stalls compacting memory at each fault: the 1.5B-shape Q8_0 load took
+    11-13 s that way, against 4-4.3 s with this (5.4 s without the populate call).
+    """
+    if not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.empty(nbytes, np.uint8)
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf.madvise(MADV_POPULATE_WRITE)
+    except (OSError, AttributeError):  # an older kernel: the pages fault in as they are written
+        pass
+    return np.frombuffer(buf, np.uint8, nbytes)
+
+
 def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.DType, device: llaisys.Device,
                 rows: np.ndarray | None = None) -> llaisys.Tensor:
     """One tensor of the file as ``dtype`` on ``device``, rows reordered by ``rows`` if given.
@@ -98,7 +120,7 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
             raise ModelLoadError(f"{f.path}: tensor {name!r} is a {info.type.name} vector; only float vectors can be "
                                  f"reordered")
         raw = raw.reshape(shape[0], -1)
-    host = np.empty(math.prod(shape) * dtype.itemsize, np.uint8)
+    host = host_buffer(math.prod(shape) * dtype.itemsize)
     quants.dequantize(raw, info.type, host.view(dtype.numpy).reshape(raw.shape[0], -1), rows)
     f.release(name)
     if on_cpu:
