@@ -100,9 +100,9 @@ class ParityReport:
         return not self.divergences if strict else self.mismatches == 0
 
     def summary(self) -> str:
-        return (f"{self.identical} identical steps, {self.near_ties} near-ties, {self.mismatches} mismatches "
-                f"({self.steps} steps, {self.dtype}); max |logit - exact|: llaisys {self.llaisys_error:.3g}, "
-                f"HF {self.hf_error:.3g}; near-tie bound {self.bound:.3g} (2x HF's)")
+        return (f"{_count(self.identical, 'identical step')}, {_count(self.near_ties, 'near-tie')}, "
+                f"{_count(self.mismatches, 'mismatch', 'es')} ({self.dtype}); max |logit - exact|: llaisys "
+                f"{self.llaisys_error:.3g}, HF {self.hf_error:.3g}; near-tie bound {self.bound:.3g} (2x HF's)")
 
     def describe(self, decode: Callable[[int], str] = str) -> list[str]:
         """Lines explaining each divergence; ``decode(token_id)`` gives a token's text."""
@@ -117,6 +117,10 @@ class ParityReport:
             lines.append(f"    below the exact maximum {d.exact_max:.4f} by {gaps[0]:.4g} / {gaps[1]:.4g} "
                          f"(bound {self.bound:.3g})")
         return lines
+
+
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{plural * (n != 1)}"
 
 
 def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
