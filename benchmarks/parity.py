@@ -23,14 +23,20 @@ rounds) side by side; a mode this llaisys_models has no ``numerics=`` option for
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import inspect
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+# torch and llaisys share one OpenMP runtime here, and spinning worker threads make HF's generate
+# 10-20x slower on a busy machine; this script measures agreement, not speed
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 
@@ -137,6 +143,8 @@ def load(path: Path, dtype, device, mode: str):
 
 
 def run(args) -> dict[str, dict[str, Tally | None]]:
+    import torch
+
     from llaisys_models import parity
 
     results = {}
@@ -151,8 +159,10 @@ def run(args) -> dict[str, dict[str, Tally | None]]:
             continue
         tallies = {mode: Tally() if model is not None else None for mode, model in models.items()}
         eos = some.eos_token_ids if stop_at_eos else ()
+        hf = parity.load_hf(path, some.dtype.name)
+        hf_models = (hf, copy.deepcopy(hf).to(torch.float64))  # loaded once for every prompt
         for ids in prompts(ckpt, path, args.prompts):
-            reference = parity.hf_reference(path, ids, args.new_tokens, some.dtype.name, eos)
+            reference = parity.hf_reference(path, ids, args.new_tokens, some.dtype.name, eos, models=hf_models)
             for mode, model in models.items():
                 if model is not None:
                     report = parity.compare(model, ids, args.new_tokens, reference=reference)

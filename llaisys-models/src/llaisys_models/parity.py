@@ -188,19 +188,42 @@ def quiet_transformers():
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str,
-                 eos_token_ids: Sequence[int] = ()) -> Reference:
-    """HF transformers' greedy run of ``prompt`` (torch, CPU) in ``dtype``, then the exact logits of
-    the same weights in float64 along HF's tokens. ``eos_token_ids`` empty: never stop early.
-
-    The float64 copy needs 8 bytes per parameter of host memory."""
+def load_hf(path, dtype: str):
+    """HF transformers' model of the checkpoint at ``path`` (torch, CPU), its weights in ``dtype``."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     with quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+
+
+def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int] = (),
+                 *, models=None) -> Reference:
+    """HF transformers' greedy run of ``prompt`` (torch, CPU) in ``dtype``, then the exact logits of
+    the same weights in float64 along HF's tokens. ``eos_token_ids`` empty: never stop early.
+
+    ``models``: (the HF model in ``dtype``, a float64 copy of it) to reuse across prompts; without
+    them the checkpoint is loaded here and widened in place once HF has generated, so the
+    reference needs 8 bytes of host memory per parameter."""
+    import torch
+
+    model, exact_model = models if models is not None else (load_hf(path, dtype), None)
+    tokens, logits, seconds = hf_greedy(model, prompt, max_new_tokens, eos_token_ids)
+    if exact_model is None:
+        exact_model = model.to(torch.float64)  # in place: the weights already rounded to dtype, widened exactly
+    exact = exact_logits(exact_model, list(prompt) + tokens[:-1], len(tokens))
+    return Reference(prompt=list(prompt), tokens=tokens, logits=logits, exact_logits=exact, dtype=dtype,
+                     seconds=seconds)
+
+
+def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()):
+    """HF ``model``'s greedy tokens after ``prompt``, the float32 logits [steps, vocab] it chose them
+    from, and its generate time in seconds."""
+    import torch
+    from transformers import GenerationConfig
+
     eos = list(eos_token_ids)
     # plain greedy: replace the checkpoint's generation_config, whose sampling settings and
     # penalties (a chat model's repetition_penalty, say) generate() would otherwise merge in
@@ -212,26 +235,25 @@ def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str,
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids))
         seconds = time.perf_counter() - t0
-        tokens = out.sequences[0, len(prompt):].tolist()
-        logits = torch.cat(out.logits).float().numpy() if tokens else np.zeros((0, model.config.vocab_size))
-        chosen = logits.argmax(axis=-1).tolist()
-        if chosen != tokens:  # the comparison assumes HF took the argmax of the logits it reports
-            step = next(i for i, (a, b) in enumerate(zip(chosen, tokens)) if a != b)
-            raise RuntimeError(f"HF generate chose token {tokens[step]} at step {step}, not the argmax "
-                               f"{chosen[step]} of its logits: a logits processor is active")
-        exact = exact_logits(model, list(prompt) + tokens[:-1], len(tokens))
-    return Reference(prompt=list(prompt), tokens=tokens, logits=logits.astype(np.float32), exact_logits=exact,
-                     dtype=dtype, seconds=seconds)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    if not tokens:
+        return tokens, np.zeros((0, model.config.vocab_size), np.float32), seconds
+    logits = torch.cat(out.logits).float().numpy()
+    chosen = logits.argmax(axis=-1).tolist()
+    if chosen != tokens:  # the comparison assumes HF took the argmax of the logits it reports
+        step = next(i for i, (a, b) in enumerate(zip(chosen, tokens)) if a != b)
+        raise RuntimeError(f"HF generate chose token {tokens[step]} at step {step}, not the argmax "
+                           f"{chosen[step]} of its logits: a logits processor is active")
+    return tokens, logits, seconds
 
 
 def exact_logits(model, sequence: list[int], last: int) -> np.ndarray:
-    """Float64 logits [last, vocab] of the last ``last`` positions of ``sequence``: the HF ``model``'s
-    weights (already rounded to its dtype) widened exactly to float64. Converts ``model`` in place."""
+    """Float64 logits [last, vocab] of the last ``last`` positions of ``sequence`` from the float64
+    HF ``model``."""
     import torch
 
     if last == 0:
         return np.zeros((0, model.config.vocab_size))
-    model.to(torch.float64)
     with torch.no_grad():
         return model(torch.tensor([sequence]), logits_to_keep=last).logits[0].numpy()
 
@@ -248,5 +270,5 @@ def compare(model, prompt: Sequence[int], max_new_tokens: int, *, path=None, eos
 
 
 __all__ = ["MISMATCH", "NEAR_TIE", "Divergence", "ParityReport", "Reference", "classify", "compare",
-           "exact_logits", "hf_reference", "quiet_transformers", "teacher_forced_logits"]
+           "exact_logits", "hf_greedy", "hf_reference", "load_hf", "quiet_transformers", "teacher_forced_logits"]
 
