@@ -2,6 +2,7 @@
 """Where HF transformers' Qwen2 forward rounds in bf16 / f16 on the CPU, each claim checked bit for bit.
 
     python tools/hf_rounding.py            # about half a minute on one core; needs torch + transformers
+    python tools/hf_rounding.py --models   # also: how often HF eager and HF sdpa (the default) disagree
 
 For every step of the forward pass, HF's own code (the transformers modules, torch's kernels)
 runs on random inputs in the model dtype and its output is compared with emulations written
@@ -15,8 +16,13 @@ transcendental, nearly so, with the reason given). This is the evidence for the
 
 from __future__ import annotations
 
+import argparse
+import copy
 import math
+import sys
+import tempfile
 import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -161,7 +167,45 @@ def check_transcendentals(R) -> None:
          silu=equal(F.silu(R(x)), R(R(x).double() / (1 + torch.exp(-R(x).double())))))
 
 
+def check_eager_vs_sdpa(prompts: int = 12, new_tokens: int = 128) -> None:
+    """Greedy steps where HF eager's argmax differs from HF sdpa's (the default), along sdpa's greedy
+    sequences, on the tiny test checkpoints; and each one's largest |logit - exact| (float64)."""
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
+    from tiny_models import SPECS, make_checkpoint
+
+    print(f"\nHF eager vs HF sdpa: argmax along sdpa's greedy sequences ({prompts} prompts x {new_tokens} tokens)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("bf16_mha_hd64", "bf16_gqa4_hd128_sharded", "f16_gqa3_hd64_legacy"):
+            path = Path(tmp) / name
+            path.mkdir()
+            make_checkpoint(path, SPECS[name])
+            dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[SPECS[name].dtype]
+            sdpa = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            eager = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+            exact = copy.deepcopy(sdpa).to(torch.float64)
+            differ = steps = 0
+            err_sdpa = err_eager = 0.0
+            for i in range(prompts):
+                x = torch.randint(0, 256, (1, 1 + 5 * i), generator=torch.Generator().manual_seed(i))
+                with torch.no_grad():
+                    seq = sdpa.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                        do_sample=False, pad_token_id=0, eos_token_id=None)[:, :-1]
+                    start = x.shape[1] - 1
+                    a, b = sdpa(seq).logits[0, start:].float(), eager(seq).logits[0, start:].float()
+                    e = exact(seq).logits[0, start:]
+                differ += int((a.argmax(-1) != b.argmax(-1)).sum())
+                steps += a.shape[0]
+                err_sdpa = max(err_sdpa, (a.double() - e).abs().max().item())
+                err_eager = max(err_eager, (b.double() - e).abs().max().item())
+            show(name, argmax_differs=f"{differ}/{steps}", sdpa_err=f"{err_sdpa:.3g}", eager_err=f"{err_eager:.3g}")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", action="store_true", help="also compare HF eager and sdpa on tiny models")
+    args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
@@ -179,6 +223,12 @@ def main() -> None:
         check_eager_attention(R, dtype)
         check_sdpa_attention(R)
         check_transcendentals(R)
+    if args.models:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        logging.set_verbosity_error()
+        check_eager_vs_sdpa()
 
 
 if __name__ == "__main__":
