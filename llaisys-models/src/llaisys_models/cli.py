@@ -53,7 +53,8 @@ def register_infer(subparsers) -> None:
     _common_arguments(p)
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default {DEFAULT_PROMPT!r})")
     p.add_argument("--test", action="store_true",
-                   help="also run HF transformers (needs torch) and classify every divergence")
+                   help="also run HF transformers (needs torch) and classify every divergence; the exact "
+                        "reference holds the weights in float64 (8 bytes per parameter)")
     p.add_argument("--strict", action="store_true", help="--test, and require identical tokens (near-ties fail too)")
     p.set_defaults(func=run_infer, max_new_tokens=64)
 
