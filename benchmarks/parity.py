@@ -18,6 +18,10 @@ larger bf16 one, and an f32 control. Columns per llaisys numerics mode (``exact`
 inside every op, one rounding at its output; ``hf``: rounding where HF's eager forward
 rounds) side by side; a mode this llaisys_models has no ``numerics=`` option for is
 "n/a". HF's reference run is shared by both modes.
+
+``--bug`` plants a real bug into every loaded llaisys model (its config or weights changed in
+memory) to show how the classifier sees one: ``rope_theta`` (10x the model's), ``q_bias``
+(layer 0's q_proj bias dropped).
 """
 
 from __future__ import annotations
@@ -133,6 +137,17 @@ def prompts(name: str, path: Path, count: int) -> list[list[int]]:
     return [encode(tokenizer, text, chat=False) for text in texts]
 
 
+def wrong_rope_theta(model) -> None:
+    model.config = dataclasses.replace(model.config, rope_theta=model.config.rope_theta * 10)
+
+
+def dropped_q_bias(model) -> None:
+    model.weights.layers[0].q_bias = None
+
+
+BUGS = {"rope_theta": wrong_rope_theta, "q_bias": dropped_q_bias}
+
+
 def load(path: Path, dtype, device, mode: str):
     """The llaisys model in numerics ``mode``, or None where this llaisys_models has no such mode."""
     import llaisys_models
@@ -153,6 +168,9 @@ def run(args) -> dict[str, dict[str, Tally | None]]:
         ckpt, dtype, stop_at_eos = MODELS[name]
         path = checkpoint(ckpt, args.root)
         models = {mode: load(path, dtype, args.device, mode) for mode in args.numerics}
+        for model in models.values():
+            if model is not None and args.bug:
+                BUGS[args.bug](model)
         some = next(m for m in models.values() if m is not None) if any(models.values()) else None
         if some is None:
             results[name] = {mode: None for mode in args.numerics}
@@ -226,6 +244,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="llaisys device (default: the best available)")
     p.add_argument("--root", type=Path, default=None, help="where to write the tiny checkpoints (default: a temp dir)")
     p.add_argument("--verbose", action="store_true", help="print every prompt that diverged")
+    p.add_argument("--bug", choices=sorted(BUGS), default=None,
+                   help="plant this bug into llaisys' models (a check that the classifier calls it a mismatch)")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.numerics = [m.strip() for m in args.numerics.split(",") if m.strip()]
@@ -245,7 +265,8 @@ def main(argv=None) -> int:
         args.root.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         results = run(args)
-    print(f"greedy parity with HF transformers (torch {torch.__version__}): "
+    planted = f", planted bug: {args.bug}" if args.bug else ""
+    print(f"greedy parity with HF transformers (torch {torch.__version__}{planted}): "
           f"{args.prompts} prompts x {args.new_tokens} new tokens per model, teacher-forced on HF's tokens "
           f"({time.perf_counter() - t0:.0f}s)")
     print(table(results, args.numerics))

@@ -9,6 +9,7 @@ transformers and its float64 run of the same weights are the references.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 import numpy as np
@@ -98,6 +99,21 @@ def compare(model, name, references, length=13):
 def test_the_correct_model_has_no_mismatch(name, tiny_models, references, device):
     report = compare(llaisys_models.load(tiny_models.path(name), device=device), name, references)
     assert report.steps == NEW_TOKENS and report.mismatches == 0, "\n".join(report.describe())
+
+
+def test_hf_runs_plain_greedy_whatever_the_checkpoint_asks(tiny_models, device, tmp_path):
+    """A chat checkpoint's generation_config.json (sampling, a repetition penalty) must not leak into
+    the reference: generate() would merge it into explicit greedy arguments."""
+    path = tmp_path / F32
+    shutil.copytree(tiny_models.path(F32), path)
+    (path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.5,
+         "eos_token_id": 256, "pad_token_id": 256}))
+    ids = list(b"Hello there, general")
+    reference = parity.hf_reference(path, ids, NEW_TOKENS, "float32", eos_token_ids=())
+    assert reference.tokens == reference.logits.argmax(-1).tolist()  # no processor between logits and choice
+    report = parity.compare(llaisys_models.load(path, device=device), ids, NEW_TOKENS, reference=reference)
+    assert report.ok(strict=True), report.summary()
 
 
 def wrong_rope_theta(model):
