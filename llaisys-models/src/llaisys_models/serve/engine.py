@@ -161,9 +161,10 @@ class Engine:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     def submit(self, request: Request) -> None:
+        """Queue a request (requests queued before ``start`` wait for it)."""
         with self._cv:
-            if not self.alive:
-                raise EngineUnavailable(self.error or "the engine is not running")
+            if self._stopping:
+                raise EngineUnavailable(self.error or "the engine is stopped")
             if len(self._waiting) >= self.max_waiting:
                 raise EngineBusy(f"{len(self._waiting)} requests are already waiting; try again later")
             self._waiting.append(request)
