@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -72,37 +71,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class InProcessServer:
-    """uvicorn serving ``create_app(server)`` on a thread, bound to a free loopback port."""
+class ChatServer:
+    """A ``BackgroundServer`` (uvicorn on a thread, a free 127.0.0.1 port) and the tests' handles on it."""
 
     def __init__(self, server):
-        import uvicorn
-
-        from llaisys_models.serve.app import create_app
+        from llaisys_models.serve.background import BackgroundServer
 
         self.server = server
         self.engine = server.engine
         self.model_name = server.model_name
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self.port = self._socket.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
-        self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self._background = BackgroundServer(server)
+        self.port = self._background.port
+        self.base_url = self._background.base_url
 
     def __enter__(self):
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self._uvicorn.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
+        self._background.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._uvicorn.should_exit = True
-        self._thread.join(30)
-        self._socket.close()
+        self._background.__exit__(*exc)
 
     def client(self, **kwargs):
         import openai
@@ -154,7 +141,7 @@ def chat_server(chat_model_dir, pytestconfig):
 
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
     engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_slots=16)
-    with InProcessServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as server:
+    with ChatServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as server:
         yield server
 
 

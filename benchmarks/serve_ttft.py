@@ -1,0 +1,144 @@
+#!/usr/bin/env python
+"""Time to first token of a follow-up chat turn, with and without KV prefix reuse, through the server.
+
+    python benchmarks/make_model.py --out /tmp/qwen2-1.5b      # once (3.5 GB)
+    python benchmarks/serve_ttft.py --model /tmp/qwen2-1.5b
+
+The model is loaded once and served twice over HTTP on 127.0.0.1 (``BackgroundServer``): by an
+engine that reuses cached prefixes and by one that computes every prompt in full. Each repeat
+holds a conversation: turn 1 (a system prompt of --history tokens and a question), its reply,
+then the follow-up turn, whose time to first token is measured with the ``openai`` client
+(request sent -> first chunk with text). The server's usage says how many prompt tokens it reused.
+
+The model directory needs no tokenizer: a byte-level one with a ChatML template is written to a
+temporary directory, its ids past the 256 bytes being short words so that every token the random
+model picks prints as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}  # Qwen2's ids
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    """Bytes are ids 0..255 (GPT-2's byte-to-unicode alphabet), every other id a word ' w<id>'."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    alphabet, extra = {}, 0
+    for b in range(256):
+        alphabet[b] = chr(b) if b in printable else chr(256 + extra)
+        extra += b not in printable
+    vocab = {alphabet[b]: b for b in range(256)}
+    names = {token_id: text for text, token_id in SPECIALS.items()}  # in the vocabulary at Qwen2's ids
+    for i in range(256, vocab_size):
+        vocab[names.get(i, alphabet[ord(" ")] + "w" + str(i))] = i
+    core = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    for text, token_id in sorted(SPECIALS.items(), key=lambda kv: kv[1]):
+        assert core.add_special_tokens([AddedToken(text, special=True, normalized=False)]) == 1
+        assert core.token_to_id(text) == token_id, (text, core.token_to_id(text))
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(directory)
+
+
+def conversation(seed: int, history: int) -> list[dict]:
+    rng = random.Random(seed)
+    words = " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(history))
+    return [{"role": "system", "content": f"Conversation {seed}. " + words[:history]},
+            {"role": "user", "content": "What do you make of that?"}]
+
+
+def stream_turn(client, model: str, messages, max_tokens: int) -> tuple[float, str, object]:
+    """(seconds to the first text, the reply, usage) of one streamed request."""
+    t0 = time.perf_counter()
+    first, text, usage = None, [], None
+    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else time.perf_counter() - t0
+            text.append(chunk.choices[0].delta.content)
+    return first, "".join(text), usage
+
+
+def measure(model, tokenizer_dir: Path, reuse: bool, args) -> dict:
+    import openai
+
+    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.background import BackgroundServer
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.tokenizer import load_tokenizer
+
+    engine = Engine(model, load_tokenizer(tokenizer_dir), prefix_reuse=reuse)
+    ttfts, computed, reused = [], [], []
+    with BackgroundServer(Server(engine, load_tokenizer(tokenizer_dir), "bench")) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="-", max_retries=0, timeout=3600)
+        stream_turn(client, "bench", [{"role": "user", "content": "warm up"}], 2)
+        for repeat in range(args.repeats):
+            turn1 = conversation(1000 * repeat + 7, args.history)
+            _, reply, _ = stream_turn(client, "bench", turn1, args.reply_tokens)
+            turn2 = turn1 + [{"role": "assistant", "content": reply},
+                             {"role": "user", "content": "And what follows from it, in a few words?"}]
+            ttft, _, usage = stream_turn(client, "bench", turn2, 1)
+            cached = usage.prompt_tokens_details.cached_tokens
+            ttfts.append(ttft)
+            computed.append(usage.prompt_tokens - cached)
+            reused.append(cached)
+            print(f"  {'reuse' if reuse else 'no reuse'} #{repeat}: TTFT {ttft:.3f}s, prompt {usage.prompt_tokens} "
+                  f"tokens ({cached} reused)", file=sys.stderr)
+    return {"ttft": statistics.median(ttfts), "computed": statistics.median(computed),
+            "reused": statistics.median(reused)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=Path("/tmp/qwen2-1.5b"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--history", type=int, default=512, help="system prompt length in characters (= tokens)")
+    ap.add_argument("--reply-tokens", type=int, default=16, help="length of the first turn's reply")
+    ap.add_argument("--repeats", type=int, default=3, help="conversations per mode (the median is shown)")
+    args = ap.parse_args()
+
+    import llaisys_models
+
+    config = json.loads((args.model / "config.json").read_text())
+    t0 = time.perf_counter()
+    model = llaisys_models.load(args.model, device=args.device, progress=False)
+    print(f"loaded {args.model} ({model.dtype.name}, {model.device}) in {time.perf_counter() - t0:.1f}s; "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tokenizer(Path(tmp), config["vocab_size"])
+        rows = {"with prefix reuse": measure(model, Path(tmp), True, args),
+                "without (full prefill)": measure(model, Path(tmp), False, args)}
+
+    print(f"\nfollow-up turn time to first token, {args.model.name} ({model.dtype.name}, {model.device}), "
+          f"history {args.history} + reply {args.reply_tokens} tokens, median of {args.repeats}")
+    print(f"{'':<24}{'TTFT (s)':>10}{'prompt computed':>18}{'prompt reused':>16}")
+    for name, r in rows.items():
+        print(f"{name:<24}{r['ttft']:>10.3f}{r['computed']:>18.0f}{r['reused']:>16.0f}")
+    with_reuse, without = rows.values()
+    print(f"{'speed-up (without / with)':<24}{without['ttft'] / with_reuse['ttft']:>10.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
