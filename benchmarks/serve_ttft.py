@@ -10,9 +10,10 @@ holds a conversation: turn 1 (a system prompt of --history tokens and a question
 then the follow-up turn, whose time to first token is measured with the ``openai`` client
 (request sent -> first chunk with text). The server's usage says how many prompt tokens it reused.
 
-The model directory needs no tokenizer: a byte-level one with a ChatML template is written to a
-temporary directory, its ids past the 256 bytes being short words so that every token the random
-model picks prints as text.
+The model directory needs no tokenizer: a character-level one (token id i is one character)
+with a ChatML template is written to a temporary directory, so every token the random model
+picks prints as text and a reply re-encodes to the tokens that produced it, as with a real
+tokenizer.
 """
 
 from __future__ import annotations
@@ -33,27 +34,23 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def token_char(token_id: int) -> str:
+    """The character of a token id: id i is code point i, surrogates skipped (so every id is one character)."""
+    return chr(token_id if token_id < 0xD800 else token_id + 0x800)
+
+
 def write_tokenizer(directory: Path, vocab_size: int) -> None:
-    """Bytes are ids 0..255 (GPT-2's byte-to-unicode alphabet), every other id a word ' w<id>'."""
-    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    """A character-level tokenizer covering every id: text round-trips to the same ids, as with a real one."""
+    from tokenizers import AddedToken, Tokenizer, decoders
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    alphabet, extra = {}, 0
-    for b in range(256):
-        alphabet[b] = chr(b) if b in printable else chr(256 + extra)
-        extra += b not in printable
-    vocab = {alphabet[b]: b for b in range(256)}
     names = {token_id: text for text, token_id in SPECIALS.items()}  # in the vocabulary at Qwen2's ids
-    for i in range(256, vocab_size):
-        vocab[names.get(i, alphabet[ord(" ")] + "w" + str(i))] = i
+    vocab = {names.get(i, token_char(i)): i for i in range(vocab_size)}
     core = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.decoder = decoders.ByteLevel()
-    for text, token_id in sorted(SPECIALS.items(), key=lambda kv: kv[1]):
-        assert core.add_special_tokens([AddedToken(text, special=True, normalized=False)]) == 1
-        assert core.token_to_id(text) == token_id, (text, core.token_to_id(text))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in SPECIALS])
+    assert all(core.token_to_id(text) == token_id for text, token_id in SPECIALS.items())
     fast = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     fast.chat_template = CHATML
     fast.save_pretrained(directory)
