@@ -4,11 +4,12 @@
     python benchmarks/make_model.py --out /tmp/qwen2-1.5b      # once (3.5 GB)
     python benchmarks/serve_ttft.py --model /tmp/qwen2-1.5b
 
-The model is loaded once and served twice over HTTP on 127.0.0.1 (``BackgroundServer``): by an
-engine that reuses cached prefixes and by one that computes every prompt in full. Each repeat
-holds a conversation: turn 1 (a system prompt of --history tokens and a question), its reply,
-then the follow-up turn, whose time to first token is measured with the ``openai`` client
-(request sent -> first chunk with text). The server's usage says how many prompt tokens it reused.
+The model is served over HTTP on 127.0.0.1 (``BackgroundServer``). Each repeat holds a
+conversation: turn 1 (a system prompt of --history tokens and a question) and its reply, then the
+follow-up turn sent twice, back to back (so machine noise hits both alike): once with prefix
+reuse, once with it switched off (the whole prompt computed). Time to first token is measured
+with the ``openai`` client (request sent -> first chunk with text); the server's usage says how
+many prompt tokens it reused.
 
 The model directory needs no tokenizer: a character-level one (token id i is one character)
 with a ChatML template is written to a temporary directory, so every token the random model
@@ -29,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+MODES = {"with prefix reuse": True, "without (full prefill)": False}
 SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}  # Qwen2's ids
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -77,7 +79,8 @@ def stream_turn(client, model: str, messages, max_tokens: int) -> tuple[float, s
     return first, "".join(text), usage
 
 
-def measure(model, tokenizer_dir: Path, reuse: bool, args) -> dict:
+def measure(model, tokenizer_dir: Path, args) -> dict[str, dict]:
+    """Per repeat: turn 1, then its follow-up twice, back to back: reusing the cached prefix, then not."""
     import openai
 
     from llaisys_models.serve.app import Server
@@ -85,8 +88,8 @@ def measure(model, tokenizer_dir: Path, reuse: bool, args) -> dict:
     from llaisys_models.serve.engine import Engine
     from llaisys_models.tokenizer import load_tokenizer
 
-    engine = Engine(model, load_tokenizer(tokenizer_dir), prefix_reuse=reuse)
-    ttfts, computed, reused = [], [], []
+    engine = Engine(model, load_tokenizer(tokenizer_dir))
+    rows = {mode: {"ttft": [], "computed": [], "reused": []} for mode in MODES}
     with BackgroundServer(Server(engine, load_tokenizer(tokenizer_dir), "bench")) as server:
         client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="-", max_retries=0, timeout=3600)
         stream_turn(client, "bench", [{"role": "user", "content": "warm up"}], 2)
@@ -95,15 +98,18 @@ def measure(model, tokenizer_dir: Path, reuse: bool, args) -> dict:
             _, reply, _ = stream_turn(client, "bench", turn1, args.reply_tokens)
             turn2 = turn1 + [{"role": "assistant", "content": reply},
                              {"role": "user", "content": "And what follows from it, in a few words?"}]
-            ttft, _, usage = stream_turn(client, "bench", turn2, 1)
-            cached = usage.prompt_tokens_details.cached_tokens
-            ttfts.append(ttft)
-            computed.append(usage.prompt_tokens - cached)
-            reused.append(cached)
-            print(f"  {'reuse' if reuse else 'no reuse'} #{repeat}: TTFT {ttft:.3f}s, prompt {usage.prompt_tokens} "
-                  f"tokens ({cached} reused)", file=sys.stderr)
-    return {"ttft": statistics.median(ttfts), "computed": statistics.median(computed),
-            "reused": statistics.median(reused)}
+            for mode, reuse in MODES.items():
+                engine.pool.reuse = reuse  # the engine is idle between requests; applies from the next one
+                ttft, _, usage = stream_turn(client, "bench", turn2, 1)
+                cached = usage.prompt_tokens_details.cached_tokens
+                for key, value in (("ttft", ttft), ("computed", usage.prompt_tokens - cached), ("reused", cached)):
+                    rows[mode][key].append(value)
+                print(f"  #{repeat} {mode}: TTFT {ttft:.3f}s, prompt {usage.prompt_tokens} tokens ({cached} reused)",
+                      file=sys.stderr)
+            engine.pool.reuse = True
+    with_reuse, without = (rows[mode]["ttft"] for mode in MODES)
+    ratio = statistics.median(b / a for a, b in zip(with_reuse, without))  # per back-to-back pair
+    return {mode: {k: statistics.median(v) for k, v in row.items()} for mode, row in rows.items()}, ratio
 
 
 def main() -> int:
@@ -112,7 +118,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--history", type=int, default=512, help="system prompt length in characters (= tokens)")
     ap.add_argument("--reply-tokens", type=int, default=16, help="length of the first turn's reply")
-    ap.add_argument("--repeats", type=int, default=3, help="conversations per mode (the median is shown)")
+    ap.add_argument("--repeats", type=int, default=3, help="conversations (medians are shown)")
     args = ap.parse_args()
 
     import llaisys_models
@@ -124,16 +130,14 @@ def main() -> int:
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(default)')}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         write_tokenizer(Path(tmp), config["vocab_size"])
-        rows = {"with prefix reuse": measure(model, Path(tmp), True, args),
-                "without (full prefill)": measure(model, Path(tmp), False, args)}
+        rows, ratio = measure(model, Path(tmp), args)
 
     print(f"\nfollow-up turn time to first token, {args.model.name} ({model.dtype.name}, {model.device}), "
           f"history {args.history} + reply {args.reply_tokens} tokens, median of {args.repeats}")
     print(f"{'':<24}{'TTFT (s)':>10}{'prompt computed':>18}{'prompt reused':>16}")
     for name, r in rows.items():
         print(f"{name:<24}{r['ttft']:>10.3f}{r['computed']:>18.0f}{r['reused']:>16.0f}")
-    with_reuse, without = rows.values()
-    print(f"{'speed-up (without / with)':<24}{without['ttft'] / with_reuse['ttft']:>10.1f}x")
+    print(f"{'speed-up (without / with)':<24}{ratio:>10.1f}x   (median over the back-to-back pairs)")
     return 0
 
 

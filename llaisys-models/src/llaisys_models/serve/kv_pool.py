@@ -30,7 +30,7 @@ class KVPool:
             raise ValueError(f"the KV pool needs at least one slot, got {slots}")
         self.model = model
         self.slots = slots
-        self.reuse = reuse
+        self.reuse = reuse  # may be switched while the engine runs: read once per admitted sequence
         self._caches: list[KVCache] = []  # every cache made so far (at most ``slots``)
         self._idle: list[KVCache] = []  # least recently used first
         self._busy = 0
