@@ -65,3 +65,11 @@ def test_demo_greedy_equals_generate(client):
         want = tokenizer.decode(model.generate(ids, 8)[len(ids):], skip_special_tokens=True)
         r = client.completions.create(model=DEMO, prompt=prompt, max_tokens=8, temperature=0)
         assert r.choices[0].text == want and want.isdigit()
+
+
+@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--kv-slots", "-1")])
+def test_bad_command_line_values_are_refused(capsys, flag, value):
+    from llaisys.cli import main
+
+    assert main(["serve", flag, value]) == 2
+    assert f"{flag} = {value} is out of range" in capsys.readouterr().err

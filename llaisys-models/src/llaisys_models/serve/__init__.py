@@ -7,6 +7,7 @@
     errors.py       OpenAI-style error bodies for every rejected request
     metrics.py      the engine's counters in Prometheus text format
     app.py          the FastAPI application: routes, auth, streaming (SSE), disconnect = cancel
+    background.py   the server on a thread of this process (scripts, benchmarks, tests)
     cli.py          the ``serve`` subcommand of ``llaisys``
     static/         the web chat page (one file, no build step)
 
