@@ -26,12 +26,12 @@ import pytest
 import torch
 from models.tiny_models import Spec, make_checkpoint
 from safetensors.torch import load_file, save_file
-from serve_helpers import API_KEY, CHAT_MODEL
+from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys
 import llaisys_models
 
-# fastapi, uvicorn, openai and httpx (the serve extra and the test client) are imported where used:
+# fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
 
 CHAT_SPEC = Spec(dtype="f32", vocab=384, hidden=256, inter=1024, layers=4, heads=4, kv_heads=2, max_pos=4096, seed=12)
@@ -99,10 +99,7 @@ class ChatServer:
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {name{labels}: value}."""
-        import httpx
-
-        text = httpx.get(self.base_url + "/metrics", timeout=10).text
-        return parse_metrics(text)
+        return parse_metrics(http_request(self.base_url, "GET", "/metrics", timeout=10).text)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -148,8 +145,6 @@ def chat_server(chat_model_dir, pytestconfig):
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory, pytestconfig):
     """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY."""
-    import httpx
-
     exe = Path(sys.executable).parent / "llaisys"  # this environment's command, else the one on PATH
     exe = str(exe) if exe.exists() else shutil.which("llaisys")
     if exe is None:
@@ -167,8 +162,8 @@ def demo_server(tmp_path_factory, pytestconfig):
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"llaisys serve exited with {proc.returncode}:\n{log_path.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+            with contextlib.suppress(OSError):
+                if http_request(base_url, "GET", "/health", timeout=2).status == 200:
                     break
             if time.monotonic() > deadline:
                 pytest.fail("llaisys serve did not answer /health within 120 s")

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving, text_ids, user
+from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_stream, require_serving, text_ids, user
 
 require_serving()
-
-import httpx  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +68,8 @@ def test_stream_without_include_usage_has_no_usage_chunk(client):
 def test_stream_wire_format(chat_server):
     """Raw SSE: one ``data: {json}`` per event, a blank line after each, ``data: [DONE]`` last."""
     body = {"model": CHAT_MODEL, "messages": user("wire"), "max_tokens": 4, "temperature": 0, "stream": True}
-    with httpx.stream("POST", chat_server.base_url + "/v1/chat/completions", json=body, timeout=30) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    with http_stream(chat_server.base_url, "/v1/chat/completions", body) as r:
+        assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
         raw = r.read().decode()
     events = raw.split("\n\n")
     assert events[-1] == "" and events[-2] == "data: [DONE]"

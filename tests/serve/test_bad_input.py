@@ -7,11 +7,10 @@ import json
 import socket
 
 import pytest
-from serve_helpers import CHAT_MODEL, require_serving, user
+from serve_helpers import CHAT_MODEL, Reply, http_request, require_serving, user
 
 require_serving()
 
-import httpx  # noqa: E402
 import openai  # noqa: E402
 
 CONTEXT = 4096  # the chat model's max_position_embeddings
@@ -85,8 +84,15 @@ CASES = [
 ]
 
 
-def check_error_body(r: httpx.Response, status: int, param, code) -> dict:
-    assert r.status_code == status, r.text
+def post(server, path: str, body) -> Reply:
+    """POST a dict as JSON, or bytes as they are."""
+    if isinstance(body, bytes):
+        return http_request(server.base_url, "POST", path, raw=body)
+    return http_request(server.base_url, "POST", path, body)
+
+
+def check_error_body(r: Reply, status: int, param, code) -> dict:
+    assert r.status == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -98,16 +104,13 @@ def check_error_body(r: httpx.Response, status: int, param, code) -> dict:
 
 @pytest.mark.parametrize("path, body, status, param, code", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_request_gets_openai_error(chat_server, path, body, status, param, code):
-    url = chat_server.base_url + path
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
-        else {"json": body}
-    check_error_body(httpx.post(url, timeout=30, **kwargs), status, param, code)
+    check_error_body(post(chat_server, path, body), status, param, code)
 
 
 def test_error_message_names_the_problem(chat_server):
-    r = httpx.post(chat_server.base_url + CHAT, json=chat(messages=[{"role": "wizard", "content": "x"}]), timeout=30)
+    r = post(chat_server, CHAT, chat(messages=[{"role": "wizard", "content": "x"}]))
     assert "'wizard'" in r.json()["error"]["message"] and "user" in r.json()["error"]["message"]
-    r = httpx.post(chat_server.base_url + CHAT, json=chat(max_tokens=CONTEXT), timeout=30)
+    r = post(chat_server, CHAT, chat(max_tokens=CONTEXT))
     assert str(CONTEXT) in r.json()["error"]["message"]
 
 
@@ -128,9 +131,9 @@ def test_oversized_declared_length_is_refused_before_reading(chat_server):
 
 
 def test_unknown_route_and_method(chat_server):
-    check_error_body(httpx.get(chat_server.base_url + "/v1/nothing", timeout=30), 404, None, None)
-    r = httpx.get(chat_server.base_url + CHAT, timeout=30)
-    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    check_error_body(http_request(chat_server.base_url, "GET", "/v1/nothing"), 404, None, None)
+    r = http_request(chat_server.base_url, "GET", CHAT)
+    assert r.status == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_client_raises_the_matching_error(chat_server):
@@ -143,12 +146,11 @@ def test_client_raises_the_matching_error(chat_server):
 
 def test_still_serving_after_bad_requests(chat_server):
     for _, path, body, *_ in CASES:  # every bad request again, back to back
-        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-        assert httpx.post(chat_server.base_url + path, timeout=30, **kwargs).status_code < 500
+        assert post(chat_server, path, body).status < 500
     r = chat_server.client().chat.completions.create(model=CHAT_MODEL, messages=user("fine?"), max_tokens=4,
                                                      temperature=0)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     m = chat_server.metrics()
     assert m[f'llaisys_requests_finished_total{{model="{CHAT_MODEL}",reason="error"}}'] == 0
     assert not any(k.startswith("llaisys_http_errors_total") and 'status="5' in k for k in m)
-    assert httpx.get(chat_server.base_url + "/health", timeout=10).json()["status"] == "ok"
+    assert http_request(chat_server.base_url, "GET", "/health").json()["status"] == "ok"

@@ -4,11 +4,10 @@ from LLAISYS_API_KEY: the key guards every endpoint but /health and the page; th
 from __future__ import annotations
 
 import pytest
-from serve_helpers import API_KEY, require_serving
+from serve_helpers import API_KEY, http_request, require_serving
 
 require_serving()
 
-import httpx  # noqa: E402
 import openai  # noqa: E402
 
 import llaisys_models  # noqa: E402
@@ -25,10 +24,10 @@ def client(demo_server):
 @pytest.mark.parametrize("key", [None, "wrong-key"])
 def test_endpoints_need_the_key(demo_server, path, key):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.get(demo_server + path, headers=headers, timeout=30)
-    assert r.status_code == 401
+    r = http_request(demo_server, "GET", path, headers=headers)
+    assert r.status == 401
     assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(demo_server + path, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).status_code == 200
+    assert http_request(demo_server, "GET", path, headers={"Authorization": f"Bearer {API_KEY}"}).status == 200
 
 
 def test_completions_need_the_key(demo_server):
@@ -38,9 +37,9 @@ def test_completions_need_the_key(demo_server):
 
 
 def test_health_and_page_are_open(demo_server):
-    assert httpx.get(demo_server + "/health", timeout=30).json() == {"status": "ok", "model": DEMO}
-    page = httpx.get(demo_server + "/", timeout=30)
-    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert http_request(demo_server, "GET", "/health").json() == {"status": "ok", "model": DEMO}
+    page = http_request(demo_server, "GET", "/")
+    assert page.status == 200 and page.headers["content-type"].startswith("text/html")
     assert "<title>llaisys chat</title>" in page.text
 
 
