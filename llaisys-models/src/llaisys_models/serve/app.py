@@ -65,7 +65,7 @@ class Server:
         except (ValueError, UnicodeDecodeError) as e:
             raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
         if not isinstance(body, dict):
-            raise invalid(f"the request body must be a JSON object, got {schemas._json_type(body)}", None,
+            raise invalid(f"the request body must be a JSON object, got {schemas.json_type(body)}", None,
                           "invalid_type")
         return body
 
@@ -88,9 +88,11 @@ class Server:
 
         def run() -> list[int]:
             with self._tokenizer_lock:
+                if not chat:
+                    return encode(self.tokenizer, prompt, chat=False)
                 try:
-                    return encode(self.tokenizer, prompt, chat=False) if not chat else encode(self.tokenizer, prompt)
-                except Exception as e:  # a template that rejects these messages (e.g. role order)
+                    return encode(self.tokenizer, prompt)
+                except Exception as e:  # a template that rejects these messages (e.g. their order)
                     raise invalid(f"the chat template cannot render these messages: {e}", "messages",
                                   "template_error") from None
         return await asyncio.to_thread(run)

@@ -20,7 +20,7 @@ SEED_RANGE = (-(1 << 63), 1 << 64)
 
 # -- field checks ---------------------------------------------------------------------
 
-def _json_type(value) -> str:
+def json_type(value) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -50,7 +50,7 @@ def field(body: dict, name: str, kind: str, *, required: bool = False, default=N
         return default
     if not _KINDS[kind](value):
         article = "an" if kind[0] in "aeiou" else "a"
-        raise invalid(f"'{param}' must be {article} {kind}, got {_json_type(value)}", param, "invalid_type")
+        raise invalid(f"'{param}' must be {article} {kind}, got {json_type(value)}", param, "invalid_type")
     return value
 
 
@@ -91,13 +91,13 @@ def _content_text(content, param: str) -> str:
         for i, part in enumerate(content):
             p = f"{param}[{i}]"
             if not isinstance(part, dict):
-                raise invalid(f"'{p}' must be an object, got {_json_type(part)}", p, "invalid_type")
+                raise invalid(f"'{p}' must be an object, got {json_type(part)}", p, "invalid_type")
             if part.get("type") != "text":
                 raise invalid(f"'{p}.type' = {part.get('type')!r} is not supported; only text parts are",
                               f"{p}.type", "unsupported_content")
             texts.append(field(part, "text", "string", required=True, param=f"{p}.text"))
         return "".join(texts)
-    raise invalid(f"'{param}' must be a string or an array of text parts, got {_json_type(content)}", param,
+    raise invalid(f"'{param}' must be a string or an array of text parts, got {json_type(content)}", param,
                   "invalid_type")
 
 
@@ -110,7 +110,7 @@ def chat_messages(body: dict) -> list[dict]:
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise invalid(f"'{param}' must be an object, got {_json_type(message)}", param, "invalid_type")
+            raise invalid(f"'{param}' must be an object, got {json_type(message)}", param, "invalid_type")
         role = field(message, "role", "string", required=True, param=f"{param}.role")
         if role not in ROLES:
             raise invalid(f"'{param}.role' = {role!r} is not a supported role; use one of "
@@ -141,7 +141,7 @@ def completion_prompt(body: dict, vocab_size: int) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise invalid("'prompt' holds several prompts; this server takes one per request", "prompt",
                       "unsupported_parameter")
-    raise invalid(f"'prompt' must be a string or an array of token ids, got {_json_type(prompt)}"
+    raise invalid(f"'prompt' must be a string or an array of token ids, got {json_type(prompt)}"
                   + (" (empty)" if prompt == [] else ""), "prompt", "invalid_type")
 
 
@@ -198,7 +198,7 @@ def stop_strings(body: dict) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid(f"'stop' must be a string or an array of strings, got {_json_type(stop)}", "stop",
+        raise invalid(f"'stop' must be a string or an array of strings, got {json_type(stop)}", "stop",
                       "invalid_type")
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
