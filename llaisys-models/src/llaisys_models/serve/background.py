@@ -27,7 +27,8 @@ class BackgroundServer:
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
-        self._uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
+        self._uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning",
+                                                      timeout_graceful_shutdown=5))
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._socket]},
                                         name="llaisys-http", daemon=True)
 

@@ -74,7 +74,8 @@ def run_serve(args) -> int:
               + ("" if api_key else " without an API key"), file=sys.stderr)
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}) at http://{_url_host(args.host)}:{args.port}/"
           f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
 
 
