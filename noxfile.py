@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import nox
+import nox.command
 
 ROOT = Path(__file__).parent
 nox.options.sessions = ["tests(backend='cpu')", "lint"]
@@ -27,11 +28,26 @@ def _backend_dir(session: nox.Session, backend: str) -> Path:
     return path
 
 
-def _install_packages(session: nox.Session, backend: str) -> None:
+def _install_packages(session: nox.Session, backend: str, extras: str = "") -> None:
     packages = [str(ROOT / "llaisys-core"), str(_backend_dir(session, backend))]
     if (ROOT / "llaisys-models" / "pyproject.toml").exists():
-        packages.append(str(ROOT / "llaisys-models"))
+        packages.append(str(ROOT / "llaisys-models") + extras)
     session.install(*packages)
+
+
+def _install_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the web page tests (never a browser download); they skip, saying why, without it."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.warn("chromium is not installed and apt-get cannot run here as root: the web page tests will skip")
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    except nox.command.CommandFailed:
+        session.warn("apt-get could not install chromium: the web page tests will skip")
 
 
 @nox.session
@@ -40,7 +56,8 @@ def tests(session: nox.Session, backend: str) -> None:
     """Install core, one backend (and the models package) and run the whole test tree on that backend."""
     _backend_dir(session, backend)
     session.install("-r", str(ROOT / "tests" / "requirements.txt"))
-    _install_packages(session, backend)
+    _install_packages(session, backend, extras="[serve]")
+    _install_chromium(session)
     session.run("pytest", f"--backend={backend}", *session.posargs)
 
 
