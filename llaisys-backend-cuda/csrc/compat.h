@@ -26,6 +26,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 // Threads per warp the kernels are written for; a device whose warpSize differs is refused at run time.
 #ifndef LLAISYS_WARP_SIZE
@@ -42,13 +43,9 @@ constexpr int WARP_SIZE = LLAISYS_WARP_SIZE;
 static_assert(WARP_SIZE == 32 || WARP_SIZE == 64, "warps of 32 (NVIDIA) or 64 (CoreX) threads");
 constexpr int kMaxBlockThreads = 1024;
 
-// Lane masks for the *_sync warp intrinsics: all lanes of a warp. All ones of the widest integer, so it
-// is "every lane" whether the toolchain's mask parameter is 32 or 64 bits wide.
-#if defined(LLAISYS_COREX_CONFIG)
-using lane_mask_t = unsigned long long;
-#else
-using lane_mask_t = unsigned int;
-#endif
+// Lane masks for the *_sync warp intrinsics: one bit per lane, so 64-bit for warps of 64 (CoreX), and
+// kFullMask (all ones) is every lane of the warp.
+using lane_mask_t = std::conditional_t<(WARP_SIZE > 32), unsigned long long, unsigned int>;
 constexpr lane_mask_t kFullMask = static_cast<lane_mask_t>(~0ull);
 
 // The block's dynamic shared memory (the launch's shared_bytes) as a `type*` named `name`.
