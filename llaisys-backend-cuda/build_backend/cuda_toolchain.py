@@ -7,8 +7,11 @@ no toolkit is installed). Everything here is stdlib-only: it runs before any bui
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +30,23 @@ def _toolkit_from_environment() -> Path | None:
             return Path(root)
     nvcc = shutil.which("nvcc")
     if nvcc:
-        return Path(nvcc).resolve().parent.parent
+        return _nvcc_root(Path(nvcc))
     return None
+
+
+def _nvcc_root(nvcc: Path) -> Path:
+    """The toolkit folder of an nvcc on PATH, which may be a symlink or a wrapper script: nvcc's dry run
+    names its own folder (_HERE_)."""
+    root = nvcc.resolve().parent.parent
+    if (root / "bin" / "nvcc").is_file() and (root / "include" / "cuda_runtime.h").is_file():
+        return root
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "probe.cu"
+        source.write_text("")
+        dry = subprocess.run([str(nvcc), "--dryrun", "-c", str(source), "-o", str(Path(tmp) / "probe.o")],
+                             capture_output=True, text=True)
+    match = re.search(r"^#\$ _HERE_=(.+)$", dry.stdout + dry.stderr, re.MULTILINE)
+    return Path(match[1].strip()).resolve().parent if match else root
 
 
 def _wheel_roots() -> list[Path]:

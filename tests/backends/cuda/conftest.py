@@ -13,6 +13,18 @@ from host_exec.device import HostExecDevice
 WARPS = [32, 64]
 
 
+def pytest_collection_modifyitems(config, items):
+    """These are checks of the CUDA / Iluvatar sources: they run in those sessions (or with no --backend)."""
+    wanted = config.getoption("--backend")
+    if wanted in (None, "cuda", "iluvatar"):
+        return
+    skip = pytest.mark.skip(reason=f"CUDA kernel checks run with --backend=cuda or iluvatar, not {wanted}")
+    here = str(config.rootpath / "tests" / "backends" / "cuda")
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", params=WARPS, ids=lambda w: f"warp{w}")
 def host_exec(request):
     if shutil.which("g++") is None:
