@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -126,8 +127,8 @@ void init_stream_context(StreamContext& ctx, int device, cudaStream_t stream) {
         CUBLAS_CHECK(cublasSetPointerMode(ctx.cublas, CUBLAS_POINTER_MODE_HOST));
         CUDA_CHECK(cudaMalloc(&ctx.cublas_workspace, kCublasWorkspaceBytes));
         CUBLAS_CHECK(set_cublas_workspace(ctx.cublas, ctx.cublas_workspace, kCublasWorkspaceBytes));
-        CUDA_CHECK(cudaMalloc(&ctx.workspace, kOpWorkspaceBytes));
-        ctx.workspace_bytes = kOpWorkspaceBytes;
+        CUDA_CHECK(cudaMalloc(&ctx.workspace, op_workspace_bytes()));
+        ctx.workspace_bytes = op_workspace_bytes();
     } catch (...) {
         if (ctx.cublas) (void)cublasDestroy(ctx.cublas);
         free_quietly(ctx.cublas_workspace);
@@ -200,6 +201,15 @@ Contexts& contexts() {
 std::mutex g_error_mutex;
 
 }  // namespace
+
+size_t op_workspace_bytes() {
+    static const size_t bytes = [] {
+        const char* text = std::getenv("LLAISYS_CUDA_WORKSPACE_BYTES");
+        const long long value = text ? std::atoll(text) : 0;
+        return value > 0 ? size_t(value) : size_t(16) << 20;
+    }();
+    return bytes;
+}
 
 const std::vector<int>& usable_devices() { return device_list().ordinals; }
 const std::string& usable_devices_reason() { return device_list().reason; }

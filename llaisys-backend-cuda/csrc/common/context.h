@@ -41,7 +41,9 @@ __device__ __forceinline__ void report_kernel_error(KernelErrorRecord* record, i
     }
 }
 
-constexpr size_t kOpWorkspaceBytes = size_t(16) << 20;      // per stream: split-K partials
+// Per stream: split-K partials of self_attention; LLAISYS_CUDA_WORKSPACE_BYTES overrides it (read once;
+// the tests shrink it to reach the chunked paths).
+size_t op_workspace_bytes();
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // per stream: cuBLAS (its recommendation for Hopper)
 
 struct StreamContext {
@@ -49,7 +51,7 @@ struct StreamContext {
     cudaStream_t stream = nullptr;  // nullptr: the legacy default stream
     cublasHandle_t cublas = nullptr;
     void* cublas_workspace = nullptr;
-    void* workspace = nullptr;  // kOpWorkspaceBytes, 256-byte aligned
+    void* workspace = nullptr;  // op_workspace_bytes(), 256-byte aligned
     size_t workspace_bytes = 0;
 };
 

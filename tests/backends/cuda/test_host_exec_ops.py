@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from host_exec.device import SlotError
+from host_exec.device import HostExecDevice, SlotError
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
@@ -212,6 +212,29 @@ def test_self_attention_output_may_be_q_or_v(dev, alias):
     out = dq if alias == "q" else dv_
     dev.op("self_attention", 0, 0, L, S, H, Hkv, d, dv, 0.3, out, dq, dk, dv_)
     check(dev.download(out), attention_reference(q, k, v, 0.3), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def small_workspace(host_exec):
+    """A second device of the same warp size whose streams have 2 KiB of workspace: attention then splits
+    fewer ways and goes through the workspace in chunks of positions (last positions first)."""
+    device = HostExecDevice(host_exec.warp, LLAISYS_CUDA_WORKSPACE_BYTES="2048")
+    yield device
+    device.free_all()
+    device.close()
+
+
+@pytest.mark.parametrize("shape,alias", [((40, 40, 2, 2, 8, 8), "v"), ((1, 300, 4, 2, 16, 16), None),
+                                         ((3, 200, 16, 4, 8, 16), None)], ids=["alias_v", "decode", "chunks"])
+def test_self_attention_with_a_small_workspace(small_workspace, shape, alias):
+    dev = small_workspace
+    L, S, H, Hkv, d, dv = shape
+    q, k = randn((L, H, d), torch.float32, 22), randn((S, Hkv, d), torch.float32, 23)
+    v = randn((S, Hkv, dv), torch.float32, 24)
+    dq, dk, d_v = dev.upload(q), dev.upload(k), dev.upload(v)
+    out = d_v if alias == "v" else dev.empty((L, H, dv), torch.float32)
+    dev.op("self_attention", 0, 0, L, S, H, Hkv, d, dv, 0.4, out, dq, dk, d_v)
+    check(dev.download(out), attention_reference(q, k, v, 0.4), torch.float32)
 
 
 # ---- sample ----------------------------------------------------------------------------------------------

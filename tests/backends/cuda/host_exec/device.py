@@ -63,11 +63,11 @@ def out(kind: str, size: int = 0):
 
 
 class HostExecDevice:
-    def __init__(self, warp: int):
+    def __init__(self, warp: int, **extra_env: str):
         self.warp = warp
         library = host_build.build(warp)
         env = dict(os.environ, LD_PRELOAD=host_build.sanitizer_preload(),
-                   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
+                   ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="print_stacktrace=1", **extra_env)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, str(SERVER), str(library), host_build.PREFIX],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
