@@ -27,7 +27,8 @@ int LLAISYS_FN(argmax)(int device, void* stream, int dtype, int64_t n, void* max
         if (n <= 0) throw InvalidArgument("argmax of an empty array");
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
-            const int threads = n >= 1024 ? 1024 : int((n + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE);
+            int threads = n >= 1024 ? 1024 : int((n + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE);
+            while (threads > device_context(device).max_threads_per_block && threads > WARP_SIZE) threads /= 2;
             auto kernel = &argmax_kernel<T>;
             LLAISYS_LAUNCH(kernel, 1, threads, 0, s.stream, n, static_cast<int64_t*>(max_idx),
                            static_cast<T*>(max_val), static_cast<const T*>(vals));

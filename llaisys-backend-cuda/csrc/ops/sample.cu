@@ -265,7 +265,9 @@ int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out
         while ((int64_t(1) << log2n) < n) ++log2n;
         const int fixed_bits = 62 - log2n;
         const float t = float(temperature < double(FLT_MAX) ? temperature : double(FLT_MAX));
-        const int threads = n >= 8192 ? 1024 : (n >= 512 ? 256 : 64);  // small vocabularies need few threads
+        // small vocabularies need few threads; the device's limit caps large ones (CoreX reports its own)
+        int threads = n >= 8192 ? 1024 : (n >= 512 ? 256 : 64);
+        while (threads > device_context(device).max_threads_per_block && threads > 64) threads /= 2;
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
             auto kernel = &sample_kernel<T>;
