@@ -220,11 +220,11 @@ void run_attention(StreamContext& s, AttentionArgs<T> a, bool out_overlaps_v) {
         CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.shared_bytes)));
 
-    // Split the keys when the row tiles alone leave SMs idle (about two blocks per SM), keeping two or
-    // more key tiles per split.
+    // Split the keys when the row tiles alone leave SMs idle (about two blocks per SM), down to one key
+    // tile per split (decoding one token: a cache of 1024 keys is 16 tiles, so 16 blocks per kv head).
     const int64_t row_tiles = (a.L * a.G + R - 1) / R, key_tiles = (a.S + plan.bc - 1) / plan.bc;
     const int64_t blocks = row_tiles * a.Hkv, wanted = (2 * int64_t(dev.sm_count) + blocks - 1) / blocks;
-    plan.splits = std::max<int64_t>(1, std::min<int64_t>({wanted, key_tiles / 2, 65535}));
+    plan.splits = std::max<int64_t>(1, std::min<int64_t>({wanted, key_tiles, 65535}));
     const size_t row_bytes = size_t(a.H) * size_t(a.dv + 2) * sizeof(float);  // partials of one position, one split
     while (plan.splits > 1 && size_t(plan.splits) * row_bytes > s.workspace_bytes) --plan.splits;
     if (size_t(plan.splits) * row_bytes > s.workspace_bytes)
