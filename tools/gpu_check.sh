@@ -52,14 +52,11 @@ echo "GPU: $GPU -> LLAISYS_CUDA_ARCHS=$LLAISYS_CUDA_ARCHS"
 VENV="${LLAISYS_GPU_CHECK_VENV:-$WORK/venv}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
 PY="$VENV/bin/python"
-PACKAGES=("$ROOT/llaisys-core" "$ROOT/llaisys-backend-cpu" "$ROOT/llaisys-models" "$ROOT/llaisys-backend-cuda")
-install() {
-    # online: build isolation fetches the CUDA wheels only if no toolkit is installed; offline: the installed
-    # toolkit (CUDA_HOME / nvcc) and what the venv already has
-    "$PY" -m pip install -q ${PIP_ARGS:-} "${PACKAGES[@]}" -r "$ROOT/tests/requirements.txt" ||
-        "$PY" -m pip install -q --no-build-isolation --no-deps ${PIP_ARGS:-} "${PACKAGES[@]}"
-}
-stage "build + install" 300 install
+PACKAGES="$ROOT/llaisys-core $ROOT/llaisys-backend-cpu $ROOT/llaisys-models $ROOT/llaisys-backend-cuda"
+# online: build isolation fetches the CUDA wheels only if no toolkit is installed; offline: the installed
+# toolkit (CUDA_HOME / nvcc) and what the venv already has
+stage "build + install" 300 bash -c "'$PY' -m pip install -q ${PIP_ARGS:-} $PACKAGES -r '$ROOT/tests/requirements.txt' ||
+    '$PY' -m pip install -q --no-build-isolation --no-deps ${PIP_ARGS:-} $PACKAGES"
 stage "cuda visible" 60 "$PY" -c "
 import llaisys, sys
 print(llaisys.available_devices())
