@@ -138,14 +138,16 @@ __global__ void __launch_bounds__(THREADS) attention_kernel(AttentionArgs<T> a) 
             kv_s[j * stride + c] = j < n_keys ? to_float(a.v[((k0 + j) * a.Hkv + kvh) * dv + c]) : 0.0f;
         }
         __syncthreads();
+        // acc += P V: the thread's (row, column) pairs are fixed, so each key's value row is read once per
+        // column (columns beyond dv read column dv - 1, in bounds, and are never written out)
 #pragma unroll
-        for (int n = 0; n < kAcc; ++n) {
-            const int p = tid + n * THREADS, t = p / DV_MAX, c = p % DV_MAX;
-            if (c < dv) {
-                const float* pr = s_s + t * bc;
-                float sum = acc[n] * rescale_s[t];
-                for (int j = 0; j < n_keys; ++j) sum += pr[j] * kv_s[j * stride + c];
-                acc[n] = sum;
+        for (int n = 0; n < kAcc; ++n) acc[n] *= rescale_s[(tid + n * THREADS) / DV_MAX];
+        for (int j = 0; j < n_keys; ++j) {
+            const float* vr = kv_s + j * stride;
+#pragma unroll
+            for (int n = 0; n < kAcc; ++n) {
+                const int p = tid + n * THREADS, t = p / DV_MAX, c = p % DV_MAX;
+                acc[n] += s_s[t * bc + j] * vr[c < dv ? c : dv - 1];
             }
         }
         __syncthreads();  // the next tile overwrites kv_s and s_s
