@@ -7,7 +7,7 @@ error records, argument checks), not asynchrony; tools/gpu_check.sh runs the rea
 
 import pytest
 import torch
-from host_exec.device import SlotError, out
+from host_exec.device import HostExecDevice, SlotError, out
 
 H2D, D2H, D2D = 1, 2, 3
 ATTR_HOST_ADDRESSABLE, ATTR_WARP_SIZE, ATTR_MAX_THREADS, ATTR_SM_COUNT, ATTR_TOTAL_MEMORY = 0, 1, 2, 3, 4
@@ -137,3 +137,26 @@ def test_the_default_stream_cannot_be_captured(dev):
     with pytest.raises(SlotError) as info:
         dev.call("graph_begin_capture", 0, None)
     assert info.value.status == 1 and "stream_create" in info.value.message
+
+
+@pytest.mark.parametrize("env,usable,reason", [
+    ({"LLAISYS_HOST_EXEC_CC": "86"}, True, ""),  # sm_80 machine code runs on 8.6
+    ({"LLAISYS_HOST_EXEC_CC": "90"}, False, "not among this build's architectures (sm_80): rebuild with "
+                                            "LLAISYS_CUDA_ARCHS=90"),
+    ({"LLAISYS_HOST_EXEC_WARP": "other"}, False, "this build's kernels assume"),
+], ids=["sm_86", "sm_90", "other_warp"])
+def test_devices_the_build_cannot_run_are_left_out_with_the_reason(host_exec, env, usable, reason):
+    """A GPU without machine code or PTX for it in this build, or with another warp size (CoreX's 64 for a
+    32-lane build and back), is not counted; device_count's last_error says why and what to rebuild with."""
+    if env.get("LLAISYS_HOST_EXEC_WARP") == "other":
+        env = {"LLAISYS_HOST_EXEC_WARP": str(96 - host_exec.warp)}
+    device = HostExecDevice(host_exec.warp, **env)
+    try:
+        _, message, (count,) = device.call("device_count", out("int"))
+        assert count == (1 if usable else 0)
+        assert reason in message
+        if not usable:
+            status, message, _ = device.call("malloc", 0, 16, out("ptr"), check=False)
+            assert status == 1 and "no device 0" in message
+    finally:
+        device.close()

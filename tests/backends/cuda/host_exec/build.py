@@ -32,7 +32,8 @@ def compiler() -> str | None:
 def flags(warp: int) -> list[str]:
     return ["-x", "c++", "-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror",
             "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-DLLAISYS_HOST_EXEC", f"-DLLAISYS_WARP_SIZE={warp}",
-            f"-DLLAISYS_PREFIX={PREFIX}", f"-I{HERE}", f"-I{CSRC}", f"-I{CORE_INCLUDE}", *SANITIZERS]
+            f"-DLLAISYS_PREFIX={PREFIX}", '-DLLAISYS_CUDA_SASS="80"', '-DLLAISYS_CUDA_PTX=""',  # as if built for sm_80
+            f"-I{HERE}", f"-I{CSRC}", f"-I{CORE_INCLUDE}", *SANITIZERS]
 
 
 def sources() -> list[Path]:

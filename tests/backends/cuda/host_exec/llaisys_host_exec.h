@@ -401,15 +401,25 @@ inline cudaError_t cudaGetLastError() {
 inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = 13000; return cudaSuccess; }
 inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
 inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+namespace llaisys_host_exec {
+// The emulated device's warp size and compute capability; the tests change them (through the
+// environment) to see devices this build must refuse.
+inline int env_int(const char* name, int fallback) {
+    const char* text = std::getenv(name);
+    return text && *text ? std::atoi(text) : fallback;
+}
+}  // namespace llaisys_host_exec
+
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
     if (device != 0) return cudaErrorInvalidDevice;
+    const int capability = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_CC", 80);
     switch (attr) {
         case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
         case cudaDevAttrMaxSharedMemoryPerBlock: *value = llaisys_host_exec::kSharedPerBlock; break;
-        case cudaDevAttrWarpSize: *value = LLAISYS_WARP_SIZE; break;
+        case cudaDevAttrWarpSize: *value = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_WARP", LLAISYS_WARP_SIZE); break;
         case cudaDevAttrMultiProcessorCount: *value = llaisys_host_exec::kSmCount; break;
-        case cudaDevAttrComputeCapabilityMajor: *value = 8; break;
-        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = capability / 10; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = capability % 10; break;
         case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = llaisys_host_exec::kSharedOptin; break;
         default: return cudaErrorInvalidValue;
     }
