@@ -90,11 +90,12 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     headers = [*(ROOT / "csrc").rglob("*.h"), *(ROOT / "csrc").rglob("*.cuh"), core_include_dir() / HEADER]
     newest_input = max(p.stat().st_mtime for p in [*headers, Path(__file__)])
     build_dir.mkdir(parents=True, exist_ok=True)
-    stamp = build_dir / "flags.txt"  # objects built with other flags (archs) are rebuilt
-    if not stamp.exists() or stamp.read_text() != " ".join(flags):
+    stamp = build_dir / "flags.txt"  # objects built by another nvcc or with other flags (archs) are rebuilt
+    signature = " ".join([str(toolchain.nvcc), *flags])
+    if not stamp.exists() or stamp.read_text() != signature:
         for old in build_dir.glob("*.o"):
             old.unlink()
-        stamp.write_text(" ".join(flags))
+        stamp.write_text(signature)
     print(f"llaisys-backend-cuda: nvcc {toolchain.nvcc}, sm {sass}, PTX {ptx}", file=sys.stderr)
 
     def compile_one(source: Path) -> Path:
