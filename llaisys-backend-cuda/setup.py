@@ -72,7 +72,7 @@ def parse_archs(text: str) -> tuple[list[int], list[int]]:
 def nvcc_flags(toolchain, sass, ptx) -> list[str]:
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in sass]
     gencode += [f"-gencode=arch=compute_{a},code=compute_{a}" for a in ptx]
-    host_flags = "-fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-unused-parameter"
+    host_flags = "-fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror"
     flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Werror=all-warnings", f"-Xcompiler={host_flags}",
              f"-DLLAISYS_PREFIX={PREFIX}", f"-DLLAISYS_CUDA_SASS=\"{','.join(map(str, sass))}\"",
              f"-DLLAISYS_CUDA_PTX=\"{','.join(map(str, ptx))}\"",
