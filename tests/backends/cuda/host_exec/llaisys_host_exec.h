@@ -5,8 +5,8 @@
 // ABI, which tests/backends/cuda drives against torch references, at LLAISYS_WARP_SIZE 32 and 64, under
 // AddressSanitizer and UBSan.
 //
-// Model: one std::thread per CUDA thread of a block; the blocks of a grid run one after another (so that
-// `__shared__`, defined here as `static`, is the running block's shared memory); __syncthreads is a
+// Model: one std::thread per CUDA thread of a block; the blocks of a grid run one after another and grids
+// one at a time (so that `__shared__`, defined here as `static`, is the running block's shared memory); __syncthreads is a
 // barrier of the block's threads and warp shuffles go through a per-warp exchange between two barriers of
 // the warp's threads. A barrier reached from two different places (a divergent __syncthreads, a thread that
 // returned early while others wait, a shuffle outside full warps) aborts with a message, and so does one
@@ -326,9 +326,13 @@ void call_kernel(void (*kernel)(Params...), std::tuple<Params...>& args, std::in
     kernel(std::get<I>(args)...);
 }
 
+// One grid at a time in the process (any kernel): `__shared__` statics belong to the running block.
+inline std::mutex g_one_grid_at_a_time;
+
 // Runs every block of the grid, one block at a time, with one thread per CUDA thread.
 template <class... Params>
 void run_grid(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, std::tuple<Params...> args) {
+    std::lock_guard<std::mutex> lock(g_one_grid_at_a_time);
     const int threads = int(block.x * block.y * block.z);
     if (threads % LLAISYS_WARP_SIZE) fail("blocks must be whole warps here (blockDim a multiple of WARP_SIZE)");
     Block state_block(threads, shared_bytes);
