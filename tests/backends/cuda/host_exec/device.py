@@ -55,10 +55,8 @@ class DevTensor:
         return DevTensor(self.ptr + elements * torch.empty((), dtype=self.dtype).element_size(), shape, self.dtype)
 
 
-OUT = ("OUT",)
-
-
 def out(kind: str, size: int = 0):
+    """An output argument of a slot: "ptr", "int", "int64", "size", "float", or ("bytes", size)."""
     return ("OUT", kind, size) if size else ("OUT", kind)
 
 
