@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf_files import write_gguf
-from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 
 import llaisys_models
+from gguf_files import write_gguf
 from llaisys_models.gguf import quants
+from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 from tiny_models import EOS_ID, Reference, Spec, make_checkpoint, prompt
 
 # rows of 256 values, so every k-quant fits: hidden, intermediate and q width multiples of 256

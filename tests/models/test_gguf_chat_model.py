@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_parity import check_against_reference
 
 import llaisys_models
 from llaisys_models.tokenizer import encode, load_tokenizer
+from test_parity import check_against_reference
 from tiny_models import Reference
 
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
-from gguf_files import write_gguf
 
 import llaisys_models
+from gguf_files import write_gguf
 from llaisys_models import ModelLoadError
 from llaisys_models.gguf.reader import GGUFFile
 
