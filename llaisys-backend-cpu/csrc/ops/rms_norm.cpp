@@ -75,8 +75,8 @@ void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const
 #if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
 int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim, double eps,
                          void* out, const void* x, const void* weight) {
-    (void)device, (void)stream;
-    return llaisys::guard("rms_norm", [&] {
+    (void)device;
+    return llaisys::launch("rms_norm", stream, [=] {
         llaisys::require_exact_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         LLAISYS_PER_ISA(rms_norm)(dtype, rows, dim, eps, out, x, weight);
