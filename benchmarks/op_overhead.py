@@ -34,9 +34,16 @@ import llaisys
 from llaisys.plugins import registry
 
 
-def per_call_us(fn, number=20000):
-    fn()
-    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+def per_call_us(fns: dict, number=20000, rounds=7) -> dict:
+    """Microseconds per call of each function: the best of ``rounds`` rounds, the functions interleaved
+    within each round, so that load from other processes hits them alike and their ratios hold."""
+    best = dict.fromkeys(fns, float("inf"))
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e6)
+    return best
 
 
 def raw_export(op: str):
@@ -66,22 +73,22 @@ def call_costs():
     pa, pb, pc, px, pout = a.data_ptr(), b.data_ptr(), c.data_ptr(), x.data_ptr(), out.data_ptr()
     tx, tout = torch.ones(1), torch.empty(1)
 
-    raw_rearrange = per_call_us(lambda: raw_rearrange_fn(0, None, 4, 1, shape, pout, strides, px, strides))
-    raw_add = per_call_us(lambda: raw_add_fn(0, None, 0, 1, pc, pa, pb))
-    rows = [
-        ("raw ctypes call: llaisys_cpu_add (1 element)", raw_add, raw_add),
-        ("llaisys.ops.add (1 element)", per_call_us(lambda: llaisys.ops.add(c, a, b)), raw_add),
-        ("torch.add(out=) (1 element)", per_call_us(lambda: torch.add(tx, tx, out=tout)), raw_add),
-        ("raw ctypes call: llaisys_cpu_rearrange (1 element)", raw_rearrange, raw_rearrange),
-        ("llaisys.ops.rearrange (validate + dispatch)", per_call_us(lambda: llaisys.ops.rearrange(out, x)),
-         raw_rearrange),
-        ("torch: tout.copy_(tx)", per_call_us(lambda: tout.copy_(tx)), raw_rearrange),
-        ("llaisys.empty((1,)) (cached allocation)", per_call_us(lambda: llaisys.empty((1,))), None),
-        ("torch.empty(1)", per_call_us(lambda: torch.empty(1)), None),
-        ("t.slice(0, 0, 1)", per_call_us(lambda: a.slice(0, 0, 1)), None),
-        ("t.view(1)", per_call_us(lambda: a.view(1)), None),
+    raw_add = "raw ctypes call: llaisys_cpu_add (1 element)"
+    raw_copy = "raw ctypes call: llaisys_cpu_rearrange (1 element)"
+    calls = [  # (name, call, the raw call it is compared with)
+        (raw_add, lambda: raw_add_fn(0, None, 0, 1, pc, pa, pb), raw_add),
+        ("llaisys.ops.add (1 element)", lambda: llaisys.ops.add(c, a, b), raw_add),
+        ("torch.add(out=) (1 element)", lambda: torch.add(tx, tx, out=tout), raw_add),
+        (raw_copy, lambda: raw_rearrange_fn(0, None, 4, 1, shape, pout, strides, px, strides), raw_copy),
+        ("llaisys.ops.rearrange (validate + dispatch)", lambda: llaisys.ops.rearrange(out, x), raw_copy),
+        ("torch: tout.copy_(tx)", lambda: tout.copy_(tx), raw_copy),
+        ("llaisys.empty((1,)) (cached allocation)", lambda: llaisys.empty((1,)), None),
+        ("torch.empty(1)", lambda: torch.empty(1), None),
+        ("t.slice(0, 0, 1)", lambda: a.slice(0, 0, 1), None),
+        ("t.view(1)", lambda: a.view(1), None),
     ]
-    print_table("call", [(name, us, us / ref if ref else None) for name, us, ref in rows])
+    us = per_call_us({name: fn for name, fn, _ in calls})
+    print_table("call", [(name, us[name], us[name] / us[ref] if ref else None) for name, _, ref in calls])
 
 
 # -- the decode step --------------------------------------------------------------------------

@@ -4,8 +4,8 @@ Sizes are rounded up to a size class and freed blocks wait in a bucket per class
 steady loop such as a decode step reuses blocks and calls the backend's malloc only while
 warming up. The cache is bounded:
 
-- size classes: 512 B steps up to 1 MiB, 2 MiB steps up to 64 MiB, then 8 steps per power
-  of two (at most 12.5% rounding), so nearby sizes share blocks;
+- size classes: 512 B steps up to 1 MiB, then 8 classes per power of two (a request is
+  rounded up by at most 12.5%), so nearby sizes share blocks;
 - a request may take a cached block of a larger class, up to 25% larger than it needs;
 - the cached (free) bytes of a device are capped (``LLAISYS_ALLOCATOR_CACHE_MB``, default
   256, or ``llaisys.set_cache_limit``); past the cap the oldest cached blocks go back to the backend;
@@ -28,9 +28,7 @@ from .errors import LlaisysError, LlaisysValueError, OutOfMemoryError
 
 SMALL_STEP = 512
 SMALL_LIMIT = 1 << 20
-LARGE_STEP = 2 << 20
-LARGE_LIMIT = 64 << 20
-HUGE_DIVISIONS = 8  # classes per power of two above LARGE_LIMIT
+DIVISIONS = 8  # size classes per power of two above SMALL_LIMIT
 REUSE_SLACK = 4  # a cached block up to size + size / REUSE_SLACK serves a request of this size
 CACHE_LIMIT_ENV = "LLAISYS_ALLOCATOR_CACHE_MB"
 DEFAULT_CACHE_LIMIT_MB = 256
@@ -40,10 +38,8 @@ def size_class(nbytes: int) -> int:
     """The block size that serves a request of ``nbytes`` (> 0)."""
     if nbytes <= SMALL_LIMIT:
         step = SMALL_STEP
-    elif nbytes <= LARGE_LIMIT:
-        step = LARGE_STEP
-    else:
-        step = (1 << (nbytes - 1).bit_length() - 1) // HUGE_DIVISIONS
+    else:  # 2**(k-1) < nbytes <= 2**k: steps of 2**(k-1) / DIVISIONS
+        step = (1 << (nbytes - 1).bit_length() - 1) // DIVISIONS
     return max(step, -(-nbytes // step) * step)
 
 

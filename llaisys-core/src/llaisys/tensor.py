@@ -200,12 +200,6 @@ class Tensor:
 
     # -- views (no copy) -----------------------------------------------------------
 
-    def _dim(self, dim, what: str = "dim") -> int:
-        dim = _as_int(dim, what)
-        if not -self.ndim <= dim < self.ndim:
-            raise LlaisysValueError(f"{what} {dim} is out of range for a {self.ndim}-d tensor")
-        return dim % self.ndim
-
     def view(self, *shape) -> Tensor:
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             try:
@@ -228,6 +222,7 @@ class Tensor:
         if math.prod(shape) != numel:
             raise LlaisysValueError(f"view: shape {shape} is invalid for a tensor of shape {self._shape} "
                                     f"({numel} elements)")
+
         if self._layout.contiguous:
             strides, contiguous = contiguous_strides(shape), True
         else:
@@ -236,7 +231,7 @@ class Tensor:
                 raise LlaisysValueError(f"view: shape {shape} is not compatible with the strides {self._strides} "
                                         f"of this tensor (shape {self._shape}); call .contiguous() first")
             contiguous = _is_contiguous(shape, strides)
-        return self._derive(shape, strides, self._offset, contiguous)
+        return self._derive(shape, strides, self._offset, contiguous, numel)
 
     def permute(self, *order) -> Tensor:
         if len(order) == 1 and not isinstance(order[0], (int, np.integer)):
@@ -248,23 +243,29 @@ class Tensor:
             raise LlaisysValueError(f"permute: {tuple(order)} is not a permutation of the {n} dims")
         shape = tuple(self._shape[o] for o in dims)
         strides = tuple(self._strides[o] for o in dims)
-        return self._derive(shape, strides, self._offset, _is_contiguous(shape, strides))
+        return self._derive(shape, strides, self._offset, _is_contiguous(shape, strides), self._layout.numel)
 
     def slice(self, dim, start, end) -> Tensor:
-        dim = self._dim(dim)
-        size = self._shape[dim]
-        start, end = _as_int(start, "slice start"), _as_int(end, "slice end")
+        """Elements start <= i < end of ``dim`` (no copy, no step)."""
+        if dim.__class__ is not int or start.__class__ is not int or end.__class__ is not int:
+            dim, start, end = _as_int(dim, "dim"), _as_int(start, "slice start"), _as_int(end, "slice end")
+        old_shape = self._shape
+        n = len(old_shape)
+        if not -n <= dim < n:
+            raise LlaisysValueError(f"dim {dim} is out of range for a {n}-d tensor")
+        if dim < 0:
+            dim += n
+        size = old_shape[dim]
         if not 0 <= start <= end <= size:
             raise LlaisysValueError(f"slice: [{start}, {end}) is out of range for dim {dim} of size {size}")
-        shape = self._shape[:dim] + (end - start,) + self._shape[dim + 1:]
+        shape = old_shape[:dim] + (end - start,) + old_shape[dim + 1:]
         offset = self._offset + start * self._strides[dim] * _ITEMSIZE[self._dtype]
         contiguous = (dim == 0 and self._layout.contiguous) or _is_contiguous(shape, self._strides)
-        return self._derive(shape, self._strides, offset, contiguous)
+        return self._derive(shape, self._strides, offset, contiguous, math.prod(shape))
 
-    def _derive(self, shape, strides, offset, contiguous) -> Tensor:
+    def _derive(self, shape, strides, offset, contiguous, numel) -> Tensor:
         """A view of the same storage whose elements all lie inside this one's (so inside the storage)."""
         t = Tensor.__new__(Tensor)
-        numel = math.prod(shape)
         itemsize = _ITEMSIZE[self._dtype]
         extent = numel * itemsize if contiguous or not numel else _extent(shape, strides) * itemsize
         _init(t, self._storage, shape, strides, self._dtype, offset, contiguous, numel, extent)
