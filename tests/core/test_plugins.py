@@ -132,6 +132,16 @@ def test_install_hints_name_only_real_packages():
         reg.backend("iluvatar")
 
 
+def test_why_no_device_names_each_plugins_state():
+    assert registry().why_no_device() == ("no llaisys backend is installed. Install it from the llaisys source "
+                                          "tree: pip install ./llaisys-backend-cpu")
+    reg = registry(FakeEntryPoint("cpu", plugin("cpu")), FakeEntryPoint("cuda", plugin("cuda", devices=0)), env="cuda")
+    assert reg.available_devices() == []
+    assert reg.why_no_device() == ("no llaisys device is available: 'cpu' (llaisys-backend-cpu) disabled by "
+                                   "LLAISYS_BACKENDS=cuda; 'cuda' (llaisys-backend-cuda) no device: the runtime "
+                                   "reports 0 devices")
+
+
 def test_unknown_names_in_env_filter_warn_naming_the_installed_ones():
     with pytest.warns(llaisys.LlaisysWarning, match=r"LLAISYS_BACKENDS=cpu,cdua names 'cdua'.*installed backends: "
                                                     r"cpu, cuda"):

@@ -8,7 +8,8 @@ warming up. The cache is bounded:
   rounded up by at most 12.5%), so nearby sizes share blocks;
 - a request may take a cached block of a larger class, up to 25% larger than it needs;
 - the cached (free) bytes of a device are capped (``LLAISYS_ALLOCATOR_CACHE_MB``, default
-  256, or ``llaisys.set_cache_limit``); past the cap the oldest cached blocks go back to the backend;
+  64, or ``llaisys.set_cache_limit``); past the cap the oldest cached blocks go back to the backend,
+  so reserved <= 1.41 x live (rounding and reuse) + the cap;
 - a backend malloc that runs out of memory empties the cache and tries once more.
 
 ``release`` runs from ``Storage.__del__``, so from any thread and inside a garbage collection
@@ -31,7 +32,7 @@ SMALL_LIMIT = 1 << 20
 DIVISIONS = 8  # size classes per power of two above SMALL_LIMIT
 REUSE_SLACK = 4  # a cached block up to size + size / REUSE_SLACK serves a request of this size
 CACHE_LIMIT_ENV = "LLAISYS_ALLOCATOR_CACHE_MB"
-DEFAULT_CACHE_LIMIT_MB = 256
+DEFAULT_CACHE_LIMIT_MB = 64  # per device; serving on an accelerator may want more (freeing there can synchronize)
 
 
 def size_class(nbytes: int) -> int:

@@ -20,7 +20,7 @@ def empty_cache(device="cpu") -> None:
 def set_cache_limit(nbytes: int, device="cpu") -> None:
     """Keep at most ``nbytes`` of freed blocks cached for ``device`` (the oldest go back to the backend first).
 
-    The default comes from LLAISYS_ALLOCATOR_CACHE_MB (256 MiB if unset); 0 caches nothing.
+    The default comes from LLAISYS_ALLOCATOR_CACHE_MB (64 MiB if unset); 0 caches nothing.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise LlaisysValueError(f"set_cache_limit: nbytes must be an int >= 0, got {nbytes!r}")

@@ -184,6 +184,17 @@ class Registry:
         ordered = sorted(self.backends.values(), key=lambda r: (r.name == "cpu", -r.priority, r.name))
         return [Device(r.name, i) for r in ordered for i in range(r.devices)]
 
+    def why_no_device(self) -> str:
+        """One line on why ``available_devices()`` is empty: each plugin's state, or what to install."""
+        if not self.records:
+            return f"no llaisys backend is installed. {_install_hint('cpu')}"
+        def state(r: BackendRecord) -> str:
+            if not r.reason or r.reason.startswith(r.status):
+                return r.reason or r.status
+            return f"{r.status}: {r.reason}"
+        return "no llaisys device is available: " + "; ".join(f"'{r.name}' ({r.package}) {state(r)}"
+                                                              for r in self.records)
+
     def backend(self, device) -> Backend:
         """The backend that serves ``device``, or an error that says why none does."""
         device = as_device(device)
@@ -311,6 +322,11 @@ def registry() -> Registry:
 def available_devices() -> list[Device]:
     """Every device of every loaded backend, accelerators first, CPU last."""
     return registry().available_devices()
+
+
+def why_no_device() -> str:
+    """Why no device is available, in one line naming each plugin's state (for a "no device" error)."""
+    return registry().why_no_device()
 
 
 def backend_report() -> list[BackendRecord]:
