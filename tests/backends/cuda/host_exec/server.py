@@ -14,7 +14,7 @@ import struct
 import sys
 from ctypes import c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
 
-from llaisys.native import OP_SIGNATURES
+from llaisys.abi import OP_SLOTS as OP_SIGNATURES
 
 _p = c_void_p
 RUNTIME = {  # slot -> argument types (backend.h)
