@@ -2,7 +2,9 @@
 
 The header is parsed here (its own regular style: one ``typedef enum`` per enum, one
 ``LLAISYS_REQUIRED|OPTIONAL|OP <type> LLAISYS_FN(name)(args);`` per slot), and every name,
-value, slot kind and argument type is compared with ``llaisys.abi``. Any drift fails.
+value, slot kind and argument type is compared with ``llaisys.abi``. Any drift fails. This is the one
+parser of the header: everything else in Python (core's binding, the ABI probes of tests/backends, the CUDA
+host-execution server) takes the ABI from ``llaisys.abi``.
 """
 
 from __future__ import annotations

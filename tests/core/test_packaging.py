@@ -16,9 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PEP639_SETUPTOOLS = (77,)
 PYPROJECTS = sorted(p for p in [*ROOT.glob("*/pyproject.toml"), *ROOT.glob("tests/fake_backends/*/pyproject.toml")])
-PENDING = {  # a fix that belongs to another change in flight
-    "llaisys-backend-cpu/pyproject.toml": "owned by the CPU backend's change (issue 8, cpu-simd): setuptools>=70.1 -> 77",
-}
 
 
 def setuptools_floor(text: str) -> tuple[int, ...] | None:
@@ -26,14 +23,7 @@ def setuptools_floor(text: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in found.group(1).split(".")) if found else None
 
 
-def params():
-    for path in PYPROJECTS:
-        name = str(path.relative_to(ROOT))
-        marks = [pytest.mark.xfail(reason=PENDING[name], strict=False)] if name in PENDING else []
-        yield pytest.param(path, id=name, marks=marks)
-
-
-@pytest.mark.parametrize("pyproject", list(params()))
+@pytest.mark.parametrize("pyproject", PYPROJECTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_license_expression_needs_setuptools_77(pyproject):
     text = pyproject.read_text()
     build_system = text.split("[project]")[0]
