@@ -14,6 +14,7 @@ import pytest
 
 import llaisys
 from llaisys import abi, plugins
+from llaisys.cli import format_backend_report
 from llaisys.ops._dispatch import clear_plans
 
 
@@ -88,6 +89,9 @@ def test_zero_devices_reports_the_backends_reason(fake_library):
     assert record.status == "no device" and "no fake accelerator is plugged in" in record.reason
     with pytest.raises(llaisys.BackendUnavailableError, match="no fake accelerator is plugged in"):
         reg.backend("fake")
+    assert "no fake accelerator is plugged in" in reg.why_no_device()  # the models' "no device" error
+    row = [line for line in format_backend_report(reg.records).splitlines() if line.startswith("fake ")]
+    assert len(row) == 1 and "no device" in row[0] and "no fake accelerator is plugged in" in row[0]  # llaisys devices
 
 
 @pytest.fixture
