@@ -1,7 +1,8 @@
 """The pluggy plugin: a cheap descriptor; the library (and with it CoreX's runtime) loads only when core asks.
 
-The library finds CoreX's libcudart / libcublas through its RUNPATH, the SDK's lib64 folder at build time.
-If the SDK has moved since, the load fails and the error says to set LD_LIBRARY_PATH (or to reinstall)."""
+The library finds CoreX's libcudart / libcublas through its RUNPATH, the SDK's lib64 folder at build time;
+what those need in turn is found the way CoreX arranges it (its environment sets LD_LIBRARY_PATH). Where a
+library is missing, the load error says to set LD_LIBRARY_PATH (or to reinstall, if the SDK moved)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ def load() -> llaisys.NativeBackend:
     except llaisys.LlaisysError as e:
         if "cannot load" not in str(e):
             raise
-        raise llaisys.LlaisysError(f"{e}; CoreX's runtime libraries were not found where they were at build time: "
-                                   "set LD_LIBRARY_PATH=$COREX_HOME/lib64, or reinstall llaisys-backend-iluvatar "
-                                   "against the SDK as it is now") from e
+        raise llaisys.LlaisysError(f"{e}; a CoreX runtime library was not found: set "
+                                   "LD_LIBRARY_PATH=$COREX_HOME/lib64:$COREX_HOME/lib as CoreX's environment does "
+                                   "(or, if the SDK moved since the build, reinstall llaisys-backend-iluvatar)") from e
 
 
 @llaisys.hookimpl
