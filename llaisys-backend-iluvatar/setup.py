@@ -25,7 +25,7 @@ from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).parent.resolve()
 sys.path.insert(0, str(ROOT / "build_backend"))
-from corex_toolchain import LIBRARY, SdkNotFound, compile_command, find_sdk, link_command, target_archs  # noqa: E402
+from corex_toolchain import EXPORTS_MAP, LIBRARY, SdkNotFound, compile_command, find_sdk, link_command, target_archs  # noqa: E402
 
 PACKAGE = "llaisys_backend_iluvatar"
 HEADER = Path("llaisys") / "backend.h"
@@ -80,7 +80,9 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
         objects = list(pool.map(compile_one, sources))
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / LIBRARY
-    cmd = link_command(sdk, objects, library)
+    exports_map = build_dir / "exports.map"
+    exports_map.write_text(EXPORTS_MAP)
+    cmd = link_command(sdk, objects, library, exports_map)
     print(" ".join(cmd), file=sys.stderr)
     if subprocess.run(cmd).returncode != 0:
         sys.exit(f"llaisys-backend-iluvatar: linking {LIBRARY} failed (the linker said why, above)")

@@ -23,6 +23,9 @@ DEFAULT_ARCH = "ivcore20"
 KNOWN_ARCHS = ("ivcore10", "ivcore11", "ivcore20")  # BI-V100; BI-V150 / MR-V100; ivcore20 parts
 PREFIX = "llaisys_iluvatar"  # exported names: llaisys_iluvatar_<slot>
 LIBRARY = "libllaisys_iluvatar.so"
+# The linker's version script: only the slots are exported. -fvisibility=hidden alone leaves the std:: template
+# instances the sources use (std::string, std::to_string) exported, as weak symbols of default visibility.
+EXPORTS_MAP = f"{{ global: {PREFIX}_*; local: *; }};\n"
 
 
 class SdkNotFound(RuntimeError):
@@ -77,11 +80,13 @@ def compile_command(sdk: Path, archs: list[str], source: Path, obj: Path, includ
             "-c", str(source), "-o", str(obj)]
 
 
-def link_command(sdk: Path, objects: list[Path], library: Path) -> list[str]:
+def link_command(sdk: Path, objects: list[Path], library: Path, exports_map: Path) -> list[str]:
     """The shared library: CoreX's cudart and cuBLAS from $COREX_HOME/lib64, found again at run time through
     the RUNPATH (no LD_LIBRARY_PATH needed while the SDK stays where it was at build time). -z defs turns a
-    runtime function this SDK lacks into a build error instead of a failure to load."""
+    runtime function this SDK lacks into a build error instead of a failure to load. `exports_map` holds
+    EXPORTS_MAP."""
     lib64 = sdk / "lib64"
     return [str(sdk / "bin" / "clang++"), "-shared", "-fPIC", "-Wl,-z,defs", "-Wl,--enable-new-dtags",
-            f"-Wl,-rpath,{lib64}", *map(str, objects), f"-L{lib64}", "-lcudart", "-lcublas", "-ldl", "-lpthread",
+            f"-Wl,-rpath,{lib64}", f"-Wl,--version-script={exports_map}", *map(str, objects),
+            f"-L{lib64}", "-lcudart", "-lcublas", "-ldl", "-lpthread",
             "-o", str(library)]

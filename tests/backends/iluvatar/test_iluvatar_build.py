@@ -26,14 +26,17 @@ SDK_LINE = "CoreX SDK not found: set COREX_HOME or install it at /usr/local/core
 
 STUB_CLANG = """#!{python}
 # A stand-in for CoreX's clang++: records the command line, then makes what it was asked for with the host cc:
-# an empty object for a compile (-c), the real link otherwise.
+# for a compile (-c) an object defining one slot and one foreign name, both weak and of default visibility (as
+# the std:: template instances in the real objects are), the real link otherwise.
 import json, subprocess, sys
 from pathlib import Path
 with open(Path(__file__).resolve().parent.parent / "calls.jsonl", "a") as log:
     log.write(json.dumps(sys.argv) + "\\n")
 args = sys.argv[1:]
 if "-c" in args:
-    sys.exit(subprocess.run(["cc", "-c", "-x", "c", "/dev/null", "-o", args[args.index("-o") + 1]]).returncode)
+    source = b"__attribute__((weak)) int llaisys_iluvatar_api_version(void) {{ return 2; }}\\n" \\
+             b"__attribute__((weak)) int foreign_instance(void) {{ return 0; }}\\n"
+    sys.exit(subprocess.run(["cc", "-c", "-x", "c", "-", "-o", args[args.index("-o") + 1]], input=source).returncode)
 sys.exit(subprocess.run(["cc", *args]).returncode)
 """
 
@@ -98,10 +101,12 @@ def check_build(sdk: Path, root: Path, csrc: Path, core_include: Path, commands:
         obj = objects_dir / (source.relative_to(csrc).as_posix().replace("/", "__") + ".o")
         assert cmd == expected_compile(sdk, arch_flags, archs, source, obj, csrc, core_include)
     objects = [cmd[-1] for cmd in compiles]
-    assert link[:6] == [f"{sdk}/bin/clang++", "-shared", "-fPIC", "-Wl,-z,defs", "-Wl,--enable-new-dtags",
-                        f"-Wl,-rpath,{sdk}/lib64"]
-    assert sorted(link[6:6 + len(objects)]) == sorted(objects)
-    assert link[6 + len(objects):-1] == [f"-L{sdk}/lib64", "-lcudart", "-lcublas", "-ldl", "-lpthread", "-o"]
+    exports_map = objects_dir / "exports.map"
+    assert link[:7] == [f"{sdk}/bin/clang++", "-shared", "-fPIC", "-Wl,-z,defs", "-Wl,--enable-new-dtags",
+                        f"-Wl,-rpath,{sdk}/lib64", f"-Wl,--version-script={exports_map}"]
+    assert exports_map.read_text() == "{ global: llaisys_iluvatar_*; local: *; };\n"
+    assert sorted(link[7:7 + len(objects)]) == sorted(objects)
+    assert link[7 + len(objects):-1] == [f"-L{sdk}/lib64", "-lcudart", "-lcublas", "-ldl", "-lpthread", "-o"]
     assert link[-1].endswith("/llaisys_backend_iluvatar/libllaisys_iluvatar.so")
     for cmd in commands:  # whole-program device code: no relocatable device code, no device runtime
         assert not any("rdc" in arg or "cudadevrt" in arg for arg in cmd), cmd
@@ -123,6 +128,11 @@ def check_wheel(wheel_dir: Path, sdk: Path, tmp_path: Path) -> None:
     runpaths = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "(RUNPATH)" in line]
     assert runpaths == [f"{sdk}/lib64"], dynamic  # RUNPATH (not RPATH): LD_LIBRARY_PATH can still override it
     assert "(RPATH)" not in dynamic
+    symbols = subprocess.run(["readelf", "--dyn-syms", "-W", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    rows = [f for f in map(str.split, symbols.splitlines()) if len(f) >= 8 and f[0].rstrip(":").isdigit()]
+    defined = {f[7] for f in rows if f[6] != "UND" and f[4] != "LOCAL"}  # Num Value Size Type Bind Vis Ndx Name
+    assert defined == {"llaisys_iluvatar_api_version"}, "the version script exports the slots and nothing else"
 
 
 def test_the_monorepo_build_runs_the_corex_command_lines(fake_sdk, tmp_path):

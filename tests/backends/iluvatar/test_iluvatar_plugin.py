@@ -14,12 +14,14 @@ import llaisys
 
 PACKAGE = Path(__file__).resolve().parents[3] / "llaisys-backend-iluvatar"
 try:
-    importlib.import_module("llaisys_backend_iluvatar")
-except ImportError:  # not installed: the module from the source tree (left in sys.modules, not on sys.path)
+    from llaisys_backend_iluvatar import plugin
+except ImportError:  # not installed: the modules from the source tree, then forgotten again, so that other tests
+    # (the ABI probes of tests/backends) still see the package as not installed
     sys.path.insert(0, str(PACKAGE / "src"))
-    importlib.import_module("llaisys_backend_iluvatar")
+    plugin = importlib.import_module("llaisys_backend_iluvatar.plugin")
     sys.path.remove(str(PACKAGE / "src"))
-from llaisys_backend_iluvatar import plugin  # noqa: E402
+    for name in ("llaisys_backend_iluvatar.plugin", "llaisys_backend_iluvatar"):
+        del sys.modules[name]
 
 
 def test_the_plugin_offers_the_iluvatar_device_type():
