@@ -47,3 +47,24 @@ def test_truncating_the_weights_under_a_loaded_model(tmp_path, mode):
         assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     else:
         assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-2000:]
+
+
+TORCH_WRITE = textwrap.dedent("""
+    import llaisys_models, torch
+    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu")
+    weight = torch.from_dlpack(model.weights.layers[0].q_proj)  # exported read-only; torch ignores the flag
+    weight.zero_()
+    print("written", flush=True)
+""")
+
+
+def test_torch_ignores_the_read_only_flag_of_mapped_weights():
+    """README "Limits": writing a mapped weight through torch.from_dlpack is a segfault (the pages are
+    read-only), since torch does not honour DLPack's read-only flag. If torch starts refusing the write,
+    this test fails: update the README."""
+    pytest.importorskip("torch")
+    if not (DEMO / "config.json").is_file():
+        pytest.skip("the demo model is not in this checkout yet")
+    proc = subprocess.run([sys.executable, "-c", TORCH_WRITE], capture_output=True, text=True, timeout=120,
+                          preexec_fn=no_core_dump)
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr[-2000:])
