@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ SNIPPET = "import sys; sys.modules['torch'] = None; {first}from transformers imp
 
 
 def run(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRANSFORMERS_")}  # transformers' defaults
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr
 
