@@ -33,11 +33,11 @@ CHILD = textwrap.dedent("""
     (header_len,) = struct.unpack("<Q", weights[:8])
     header, data = weights[8:8 + header_len], weights[8 + header_len:]
 
-    def attempt(case, write):
-        path = root / "case"
-        shutil.rmtree(path, ignore_errors=True)
-        shutil.copytree(base, path)
-        write(path)
+    path = root / "case"
+    shutil.copytree(base, path)
+
+    def attempt(case, name, content):  # load with the file `name` replaced by `content`, then put it back
+        (path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
         try:
             model = llaisys_models.load(path, device="cpu")
             try:
@@ -50,17 +50,14 @@ CHILD = textwrap.dedent("""
         except Exception as e:
             outcome = f"UNEXPECTED {type(e).__name__}: {e}"
         print(case + "|" + outcome.replace("\\n", " ")[:300], flush=True)
+        shutil.copy(base / name, path / name)
 
     DEEP = "[" * 100_000 + "]" * 100_000  # nesting beyond the recursion limit, written as text
     hostile = [None, -1, 0, 10**9, 10**30, 1e308, float("inf"), float("nan"), "x", "false", [], {}, True, [5], "DEEP"]
     for key in sorted(config):
         for i, value in enumerate(hostile):
-            def write(path, key=key, value=value):
-                raw = dict(config)
-                raw[key] = value
-                (path / "config.json").write_text(json.dumps(raw).replace('"DEEP"', DEEP))
-            attempt(f"config {key}={i}", write)
-    attempt("config 5000 digits", lambda p: (p / "config.json").write_text('{"vocab_size": ' + "7" * 5000 + "}"))
+            attempt(f"config {key}={i}", "config.json", json.dumps(dict(config, **{key: value})).replace('"DEEP"', DEEP))
+    attempt("config 5000 digits", "config.json", '{"vocab_size": ' + "7" * 5000 + "}")
 
     rng = random.Random(2026)
     for i in range(150):
@@ -76,7 +73,7 @@ CHILD = textwrap.dedent("""
             h[at + 1:at + 1] = str(rng.choice([10**20, 2**64, 2**63 - 1, 10**4000])).encode()[:4300]
         declared = len(h) if kind != 1 or i % 2 else header_len
         blob = struct.pack("<Q", declared) + bytes(h) + data
-        attempt(f"header {i}", lambda p, blob=blob: (p / "model.safetensors").write_bytes(blob))
+        attempt(f"header {i}", "model.safetensors", blob)
 """)
 
 
