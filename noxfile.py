@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import nox
+import nox.command
 
 ROOT = Path(__file__).parent
 nox.options.sessions = ["tests(backend='cpu')", "lint"]
@@ -12,7 +13,7 @@ nox.options.reuse_existing_virtualenvs = False
 
 TOOLCHAINS = {  # what a backend's build needs on this machine
     "cpu": [("g++", "a C++17 compiler")],
-    "cuda": [("nvcc", "the CUDA toolkit (nvcc)")],
+    "cuda": [("g++", "a C++ compiler (g++, for the host-execution tests; nvcc comes from CUDA_HOME, PATH or pip)")],
     "iluvatar": [("/usr/local/corex/bin/clang++", "the Iluvatar CoreX SDK")],
 }
 
@@ -27,11 +28,26 @@ def _backend_dir(session: nox.Session, backend: str) -> Path:
     return path
 
 
-def _install_packages(session: nox.Session, backend: str) -> None:
+def _install_packages(session: nox.Session, backend: str, extras: str = "") -> None:
     packages = [str(ROOT / "llaisys-core"), str(_backend_dir(session, backend))]
     if (ROOT / "llaisys-models" / "pyproject.toml").exists():
-        packages.append(str(ROOT / "llaisys-models"))
+        packages.append(str(ROOT / "llaisys-models") + extras)
     session.install(*packages)
+
+
+def _install_chromium(session: nox.Session) -> None:
+    """Debian's chromium for the web page tests (never a browser download); they skip, saying why, without it."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.warn("chromium is not installed and apt-get cannot run here as root: the web page tests will skip")
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    except nox.command.CommandFailed:
+        session.warn("apt-get could not install chromium: the web page tests will skip")
 
 
 @nox.session
@@ -40,8 +56,27 @@ def tests(session: nox.Session, backend: str) -> None:
     """Install core, one backend (and the models package) and run the whole test tree on that backend."""
     _backend_dir(session, backend)
     session.install("-r", str(ROOT / "tests" / "requirements.txt"))
-    _install_packages(session, backend)
+    if backend == "cuda":
+        _cuda_checks(session)
+        return
+    _install_packages(session, backend, extras="[serve]")
+    _install_chromium(session)
     session.run("pytest", f"--backend={backend}", *session.posargs)
+
+
+def _cuda_checks(session: nox.Session) -> None:
+    """Build and install the CUDA backend (with the CPU one: host tensors live there), show that it imports
+    and reports its devices (or why there are none), then run the tree on cuda: with a GPU every op and
+    model test runs on it; without one those skip, and tests/backends/cuda still runs every kernel body
+    on the CPU (host execution, warp 32 and 64, ASan/UBSan) and compiles every source with clang-22 in
+    CUDA mode (installed here through apt where it is missing and apt is at hand)."""
+    if not shutil.which("clang++-22") and shutil.which("apt-get") and os.geteuid() == 0:
+        session.run("apt-get", "install", "-y", "-q", "clang-22", external=True, success_codes=[0, 100])
+    _install_packages(session, "cpu", extras="[serve]")
+    _install_packages(session, "cuda", extras="[serve]")
+    session.run("python", "-c", "import llaisys, llaisys_backend_cuda; print(llaisys.available_devices())")
+    session.run("llaisys", "devices")
+    session.run("pytest", "--backend=cuda", *session.posargs)
 
 
 @nox.session

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""End-to-end CPU benchmark: llaisys vs HF transformers (torch, bf16) on one model, one run.
+"""End-to-end benchmark: llaisys vs HF transformers (torch, bf16, eager) on one model, one run.
 
     python benchmarks/make_model.py --out /tmp/qwen2-1.5b-random
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random
+    python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random --device cuda   # both on the same GPU
 
 Each engine runs in its own subprocess (same thread count, same token ids) so that its
 peak RSS is its own; this script prints one table with the ratio llaisys / HF per row.
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
-tok/s over 64 new tokens (greedy, EOS ignored), peak RSS.
+tok/s over 64 new tokens (greedy, EOS ignored), peak RSS; on a GPU also the peak device memory
+(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def bench_llaisys(args, vocab: int) -> dict:
     import llaisys_models
 
     t0 = time.perf_counter()
-    model = llaisys_models.load(args.model, device="cpu", dtype="bfloat16", progress=False)
+    model = llaisys_models.load(args.model, device=args.device, dtype="bfloat16", progress=False)
     load = time.perf_counter() - t0
     model.generate(prompt(16, vocab), 1, eos_token_ids=())
     first = time.perf_counter() - t0
@@ -55,6 +57,9 @@ def bench_llaisys(args, vocab: int) -> dict:
         result[f"prefill_{length}"] = best
     model.generate(prompt(16, vocab), args.decode_tokens, eos_token_ids=())
     result["decode"] = model.last_stats.decode_tokens_per_second
+    if args.device != "cpu":
+        import llaisys
+        result["peak_device"] = llaisys.memory_stats(args.device)["peak_allocated_bytes"]
     return result
 
 
@@ -64,11 +69,11 @@ def bench_hf(args, vocab: int) -> dict:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval().to(args.device)
     load = time.perf_counter() - t0
 
     def prefill(ids):
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=args.device)
         with torch.no_grad():
             out = model(x, use_cache=True, logits_to_keep=1)
             return int(out.logits[0, -1].argmax())
@@ -95,13 +100,15 @@ def bench_hf(args, vocab: int) -> dict:
             self.times.append(time.perf_counter())
 
     clock = Clock()
-    x = torch.tensor([prompt(16, vocab)])
+    x = torch.tensor([prompt(16, vocab)], device=args.device)
     with torch.no_grad():
         model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.decode_tokens,
                        min_new_tokens=args.decode_tokens, do_sample=False, top_k=None, top_p=None,
                        temperature=None, pad_token_id=0, streamer=clock)
     first_new, last = clock.times[1], clock.times[-1]  # [prompt, token 1, ..., token N, end]
     result["decode"] = (args.decode_tokens - 1) / (last - first_new)
+    if args.device != "cpu":
+        result["peak_device"] = torch.cuda.max_memory_allocated()
     return result
 
 
@@ -118,7 +125,7 @@ def worker(args) -> int:
 def run_engine(args, engine: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, __file__, "--engine", engine, "--model", str(args.model), "--threads", str(args.threads),
-           "--decode-tokens", str(args.decode_tokens)]
+           "--decode-tokens", str(args.decode_tokens), "--device", args.device]
     print(f"running {engine} ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -131,10 +138,11 @@ def run_engine(args, engine: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="llaisys vs HF transformers, end to end on CPU")
+    ap = argparse.ArgumentParser(description="llaisys vs HF transformers, end to end")
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (HF on torch's cuda:0, llaisys on cuda:0)")
     ap.add_argument("--engine", choices=["hf", "llaisys"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.engine:
@@ -152,12 +160,16 @@ def main(argv=None) -> int:
         (f"decode {args.decode_tokens} (tok/s)", "decode", "{:.2f}", "higher", ">= 2x"),
         ("peak RSS (GiB)", "peak_rss", "{:.2f}", "lower", f"<= 1.2x weights = {1.2 * weights / gib:.2f}"),
     ]
-    print(f"\nmodel {args.model} ({weights / gib:.2f} GiB of weights), bf16, {args.threads} threads, cpu")
+    if args.device != "cpu":
+        targets = {"prefill_512": ">= 1x", "decode": ">= 10x"}  # the CUDA issue's targets (H200-class, 1.5B)
+        rows[2:5] = [(label, key, fmt, better, targets.get(key, "")) for label, key, fmt, better, _ in rows[2:5]]
+        rows[5] = ("peak device memory (GiB)", "peak_device", "{:.2f}", "lower", "")
+    print(f"\nmodel {args.model} ({weights / gib:.2f} GiB of weights), bf16, {args.threads} threads, {args.device}")
     header = f"{'':26}{'HF transformers':>16}{'llaisys':>12}{'llaisys/HF':>12}  target"
     print(header)
     print("-" * len(header) + "-" * 24)
     for label, key, fmt, _, target in rows:
-        scale = gib if key == "peak_rss" else 1
+        scale = gib if key.startswith("peak") else 1
         a, b = hf[key] / scale, ours[key] / scale
         print(f"{label:26}{fmt.format(a):>16}{fmt.format(b):>12}{b / a:>11.2f}x  {target}")
     print(f"llaisys peak RSS / weights: {ours['peak_rss'] / weights:.2f}")

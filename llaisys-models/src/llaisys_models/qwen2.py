@@ -81,8 +81,7 @@ class Qwen2(GenerationMixin):
         self.eos_token_ids = _eos_token_ids(self.path, config)
         self.weights = load_weights(checkpoint, config, self.dtype, self.device, progress=progress)
         self.checkpoint = checkpoint  # keeps the memory maps the weights may point into
-        self.cache = KVCache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.dtype,
-                             self.device, config.max_position_embeddings)
+        self.cache = self.new_cache()
         self.scale = config.head_dim ** -0.5
         self._decode_workspace: Workspace | None = None
         self.lock = ModelLock()
@@ -93,6 +92,13 @@ class Qwen2(GenerationMixin):
                 f"layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
     # -- the cache ----------------------------------------------------------------
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache shaped for this model. ``forward(..., cache=c)`` extends ``c`` instead of
+        the model's own cache, so a caller (the server's engine) can keep one per conversation."""
+        c = self.config
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device,
+                       c.max_position_embeddings)
 
     def reset(self) -> None:
         """Forget the cached tokens (buffers stay allocated for the next generation)."""
@@ -106,39 +112,44 @@ class Qwen2(GenerationMixin):
 
     # -- the forward pass ---------------------------------------------------------
 
-    def forward(self, input_ids, all_logits: bool = False) -> llaisys.Tensor:
+    def forward(self, input_ids, all_logits: bool = False, *, cache: KVCache | None = None) -> llaisys.Tensor:
         """Run ``input_ids`` at the positions after the cached ones, append them to the cache and
-        return the logits of the last position ([1, vocab]), or of every position ([n, vocab])."""
-        with self.lock.hold("forward"):
-            return self._forward(input_ids, all_logits)
+        return the logits of the last position ([1, vocab]), or of every position ([n, vocab]).
 
-    def _forward(self, input_ids, all_logits: bool = False) -> llaisys.Tensor:
+        ``cache`` (from ``new_cache``) replaces the model's own cache for this call (the work buffers
+        are still the model's: calls take turns, see the class docstring)."""
+        with self.lock.hold("forward"):
+            return self._forward(input_ids, all_logits, cache=cache)
+
+    def _forward(self, input_ids, all_logits: bool = False, *, cache: KVCache | None = None) -> llaisys.Tensor:
         ids = self.check_input_ids(input_ids)
-        start, n = len(self.cache), len(ids)
+        cache = self.cache if cache is None else cache
+        start, n = len(cache), len(ids)
         end = start + n
         self.check_length(end)
-        self.cache.reserve(end)
+        cache.reserve(end)
         ws = self._workspace(n)
-        positions = self.cache.positions.slice(0, start, end)
+        positions = cache.positions.slice(0, start, end)
         tokens = llaisys.from_numpy(np.asarray(ids, dtype=np.int64), self.device)
 
         llaisys.ops.embedding(ws.x, tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
-            self._attention(i, layer, ws, positions, start, end)
+            self._attention(i, layer, ws, cache, positions, start, end)
             self._mlp(layer, ws)
-        self.cache.tokens.extend(ids)
+        cache.tokens.extend(ids)
         return self._lm_head(ws.x if all_logits else ws.x.slice(0, n - 1, n))
 
-    def _attention(self, i: int, w: LayerWeights, ws: Workspace, positions, start: int, end: int) -> None:
+    def _attention(self, i: int, w: LayerWeights, ws: Workspace, cache: KVCache, positions, start: int,
+                   end: int) -> None:
         c, ops, n = self.config, llaisys.ops, end - start
-        key_slot, value_slot = self.cache.slot(i, start, end)
+        key_slot, value_slot = cache.slot(i, start, end)
         ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps)
         ops.linear(ws.q, ws.h, w.q_proj, w.q_bias)
         ops.linear(ws.k, ws.h, w.k_proj, w.k_bias)
         ops.linear(value_slot.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)  # values straight into the cache
         ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), positions, c.rope_theta)
         ops.rope(key_slot, ws.k.view(n, c.num_key_value_heads, c.head_dim), positions, c.rope_theta)
-        keys, values = self.cache.slot(i, 0, end)
+        keys, values = cache.slot(i, 0, end)
         ops.self_attention(ws.attn, ws.q_rot, keys, values, self.scale)
         ops.linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         ops.add(ws.x, ws.x, ws.out)

@@ -1,0 +1,89 @@
+// compat.h — the one place where the three ways of building these sources differ:
+//   * NVIDIA: nvcc (or clang in CUDA mode) against the CUDA toolkit; warps of 32 threads.
+//   * Iluvatar CoreX: CoreX's clang (`-x ivcore`, defines __ILUVATAR__); warps of 64 threads, cuBLAS
+//     without cublasComputeType_t (shared code passes CUDA_R_32F, which CUDA's cuBLAS also accepts from
+//     C++), no cublasSetWorkspace, the CUDA 11 graph-instantiate signature.
+//     LLAISYS_COREX_CONFIG selects the same branch on any compiler, so that Debian's clang in CUDA mode
+//     can check the CoreX configuration against the CUDA headers (everything but CoreX-only headers).
+//   * Host execution (LLAISYS_HOST_EXEC, tests only): g++ compiles the same sources against a header
+//     that runs kernel bodies on CPU threads (tests/backends/cuda/host_exec/llaisys_host_exec.h).
+// Kernel sources include this header and never a CUDA header directly. Rules for them (DESIGN §4): lane
+// counts, shuffle widths and masks come from WARP_SIZE / kFullMask, never a literal 32 or 0xffffffff;
+// at most 1024 threads per block; no inline PTX, no __ldg/__ldcs-style intrinsics, no cublasLt, no
+// cuda_fp8.h; every launch goes through LLAISYS_LAUNCH (launch.h).
+#pragma once
+
+#if defined(__ILUVATAR__) && !defined(LLAISYS_COREX_CONFIG)
+#define LLAISYS_COREX_CONFIG 1
+#endif
+
+#if defined(LLAISYS_HOST_EXEC)
+#include "llaisys_host_exec.h"  // test-only: CUDA runtime, cuBLAS and device built-ins on CPU threads
+#else
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+#include <cstdint>
+#include <type_traits>
+
+// Threads per warp the kernels are written for; a device whose warpSize differs is refused at run time.
+#ifndef LLAISYS_WARP_SIZE
+#if defined(LLAISYS_COREX_CONFIG)
+#define LLAISYS_WARP_SIZE 64
+#else
+#define LLAISYS_WARP_SIZE 32
+#endif
+#endif
+
+namespace llaisys::cuda {
+
+constexpr int WARP_SIZE = LLAISYS_WARP_SIZE;
+static_assert(WARP_SIZE == 32 || WARP_SIZE == 64, "warps of 32 (NVIDIA) or 64 (CoreX) threads");
+constexpr int kMaxBlockThreads = 1024;
+
+// Lane masks for the *_sync warp intrinsics: one bit per lane, so 64-bit for warps of 64 (CoreX), and
+// kFullMask (all ones) is every lane of the warp.
+using lane_mask_t = std::conditional_t<(WARP_SIZE > 32), unsigned long long, unsigned int>;
+constexpr lane_mask_t kFullMask = static_cast<lane_mask_t>(~0ull);
+
+// The block's dynamic shared memory (the launch's shared_bytes) as a `type*` named `name`.
+#if defined(LLAISYS_HOST_EXEC)
+#define LLAISYS_DYNAMIC_SHARED(type, name) type* name = ::llaisys_host_exec::dynamic_shared<type>()
+#else
+#define LLAISYS_DYNAMIC_SHARED(type, name)                                   \
+    extern __shared__ __align__(16) unsigned char llaisys_dynamic_shared_[]; \
+    type* name = reinterpret_cast<type*>(llaisys_dynamic_shared_)
+#endif
+
+// cudaGraphInstantiate: CUDA >= 12 takes flags; CoreX keeps the CUDA 11 form (error node, log buffer).
+inline cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) {
+#if defined(LLAISYS_COREX_CONFIG) && defined(__ILUVATAR__)
+    return cudaGraphInstantiate(exec, graph, nullptr, nullptr, 0);
+#else
+    return cudaGraphInstantiate(exec, graph, 0);
+#endif
+}
+
+// cuBLAS workspace given by the caller (so that graph capture never makes cuBLAS allocate). CoreX's
+// cuBLAS is not known to have cublasSetWorkspace: there cuBLAS keeps its own.
+inline cublasStatus_t set_cublas_workspace(cublasHandle_t handle, void* workspace, size_t bytes) {
+#if defined(__ILUVATAR__)
+    (void)handle; (void)workspace; (void)bytes;
+    return CUBLAS_STATUS_SUCCESS;
+#else
+    return cublasSetWorkspace(handle, workspace, bytes);
+#endif
+}
+
+// Words for the "no device" reasons (backend.h: device_count leaves the reason in last_error).
+#if defined(LLAISYS_COREX_CONFIG)
+constexpr const char* kVendor = "Iluvatar CoreX";
+constexpr const char* kDriverHint = "check that /dev/iluvatar* exists and that ixsmi lists the GPU";
+#else
+constexpr const char* kVendor = "NVIDIA";
+constexpr const char* kDriverHint = "install the NVIDIA driver (nvidia-smi should list the GPU)";
+#endif
+
+}  // namespace llaisys::cuda

@@ -1,0 +1,15 @@
+"""``llaisys serve``: an OpenAI-compatible HTTP server and web chat page over one llaisys model.
+
+    engine.py       the engine thread: owns the model, schedules sequences, streams their tokens
+    kv_pool.py      KV caches kept per conversation, picked by the longest shared token prefix
+    output.py       per-sequence text: incremental detokenization and stop strings
+    schemas.py      request validation (OpenAI's parameters) and response/chunk bodies
+    errors.py       OpenAI-style error bodies for every rejected request
+    metrics.py      the engine's counters in Prometheus text format
+    app.py          the FastAPI application: routes, auth, streaming (SSE), disconnect = cancel
+    background.py   the server on a thread of this process (scripts, benchmarks, tests)
+    cli.py          the ``serve`` subcommand of ``llaisys``
+    static/         the web chat page (one file, no build step)
+
+Needs the ``serve`` extra: ``pip install './llaisys-models[serve]'`` (FastAPI and uvicorn).
+"""

@@ -1,0 +1,271 @@
+"""The HTTP side: OpenAI's routes over an ``Engine``, the web page, health and metrics.
+
+Handlers parse and check the request, tokenize the prompt (a tokenizer of their own, on a worker
+thread), queue it with the engine and relay its events: a JSON body, or server-sent events
+(``data: {chunk}`` ... ``data: [DONE]``). A client that goes away cancels its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.resources
+import json
+import logging
+import threading
+import time
+import uuid
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..tokenizer import encode
+from . import metrics, schemas
+from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
+from .errors import APIError, error_body, invalid
+
+log = logging.getLogger("llaisys.serve")
+
+MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413)
+
+
+class Server:
+    """What the routes share: the engine, the prompt tokenizer and the served model's limits."""
+
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        self.engine = engine
+        self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
+        self._tokenizer_lock = threading.Lock()
+        self.model_name = model_name
+        self.api_key = api_key or None
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+        config = engine.model.config
+        self.vocab_size = config.vocab_size
+        self.context = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
+
+    # -- request parsing ----------------------------------------------------------------
+
+    async def read_json(self, request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            raise self._too_large() if declared.isdigit() else invalid("bad Content-Length header", None)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks), parse_constant=_reject_constant)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise invalid(f"the request body must be a JSON object, got {schemas.json_type(body)}", None,
+                          "invalid_type")
+        return body
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", None, "request_too_large")
+
+    def check_model(self, body: dict) -> None:
+        name = schemas.model_name(body)
+        if name != self.model_name:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                           "model", "model_not_found")
+
+    async def tokenize(self, prompt, chat: bool) -> list[int]:
+        """Token ids of chat messages (through the chat template) or of a plain text."""
+        if isinstance(prompt, list) and not chat:
+            return prompt  # already token ids
+        if chat and not getattr(self.tokenizer, "chat_template", None):
+            raise invalid("this model's tokenizer has no chat template; use /v1/completions", "messages",
+                          "no_chat_template")
+
+        def run() -> list[int]:
+            with self._tokenizer_lock:
+                if not chat:
+                    return encode(self.tokenizer, prompt, chat=False)
+                try:
+                    return encode(self.tokenizer, prompt)
+                except Exception as e:  # a template that rejects these messages (e.g. their order)
+                    raise invalid(f"the chat template cannot render these messages: {e}", "messages",
+                                  "template_error") from None
+        return await asyncio.to_thread(run)
+
+    # -- responding ----------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params) -> AsyncStream:
+        stream = AsyncStream(prompt, params)
+        try:
+            self.engine.submit(stream.request)
+        except EngineBusy as e:
+            raise APIError(429, str(e), None, "queue_full") from None
+        except EngineUnavailable as e:
+            raise APIError(503, str(e), None, "engine_unavailable") from None
+        return stream
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _sse(obj) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+async def _complete(server: Server, request: Request, chat: bool) -> Response:
+    body = await server.read_json(request)
+    server.check_model(body)
+    schemas.check_unsupported(body, chat)
+    stream, include_usage = schemas.stream_flags(body)
+    if chat:
+        prompt, param = schemas.chat_messages(body), "messages"
+    else:
+        prompt, param = schemas.completion_prompt(body, server.vocab_size), "prompt"
+    ids = await server.tokenize(prompt, chat)
+    if not ids:
+        raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
+    params = schemas.sampling_params(body, len(ids), server.context, param)
+
+    shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
+                                  server.model_name)
+    events = server.submit(ids, params)
+    if stream:
+        return StreamingResponse(_stream_events(events, shape, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _collect_events(request, events, shape)
+
+
+async def _stream_events(events: AsyncStream, shape: schemas.ResponseShape, include_usage: bool):
+    # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
+    try:
+        yield _sse(shape.chunk(first=True))
+        async for event in events:
+            if isinstance(event, Delta):
+                yield _sse(shape.chunk(event.text))
+            elif isinstance(event, Finished):
+                yield _sse(shape.chunk(finish_reason=event.reason))
+                if include_usage:
+                    yield _sse(shape.usage_chunk(event.usage))
+            else:  # Failed: the stream has started, so the error travels as an event
+                yield _sse(error_body(500, event.message, None, "engine_error"))
+        yield "data: [DONE]\n\n"
+    finally:
+        events.cancel()
+
+
+async def _collect_events(request: Request, events: AsyncStream, shape: schemas.ResponseShape) -> Response:
+    async def cancel_on_disconnect():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        events.cancel()
+
+    watcher = asyncio.create_task(cancel_on_disconnect())
+    texts = []
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                texts.append(event.text)
+            elif isinstance(event, Finished):
+                return JSONResponse(shape.complete("".join(texts), event.reason, event.usage))
+            elif isinstance(event, Failed):
+                return JSONResponse(error_body(500, event.message, None, "engine_error"), status_code=500)
+    finally:
+        watcher.cancel()
+        events.cancel()
+
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI application. Its lifespan starts the engine thread and stops it at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if not server.engine.alive:
+            server.engine.start()
+        try:
+            yield
+        finally:
+            server.engine.stop()
+
+    app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
+
+    def require_key(request: Request) -> None:
+        if server.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), server.api_key.encode()):
+            raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key")
+
+    def error_response(status: int, body: dict) -> JSONResponse:
+        server.engine.metrics.http_errors[status] += 1
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return error_response(e.status, e.body())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e: StarletteHTTPException):
+        message = {404: f"no route {request.method} {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(e.status_code, e.detail)
+        return error_response(e.status_code, error_body(e.status_code, message))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, e: RequestValidationError):
+        return error_response(400, error_body(400, str(e)))
+
+    @app.exception_handler(Exception)
+    async def server_error(request, e: Exception):  # a bug: log it, answer in OpenAI's shape
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error_response(500, error_body(500, f"internal error: {type(e).__name__}: {e}"))
+
+    @app.get("/", include_in_schema=False)
+    async def index():  # a static page holding no data: open without a key (it asks for one if needed)
+        return HTMLResponse(page, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/health")
+    async def health():
+        if server.engine.alive:
+            return {"status": "ok", "model": server.model_name}
+        return error_response(503, error_body(503, server.engine.error or "the engine is not running"))
+
+    api = APIRouter(dependencies=[Depends(require_key)])
+
+    @api.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(server.engine, server.model_name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def model_card() -> dict:
+        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",
+                "max_model_len": server.context}
+
+    @api.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{name:path}")
+    async def get_model(name: str):
+        if name != server.model_name:
+            raise APIError(404, f"the model '{name}' does not exist", "model", "model_not_found")
+        return model_card()
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(server, request, chat=True)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(server, request, chat=False)
+
+    app.include_router(api)
+    return app

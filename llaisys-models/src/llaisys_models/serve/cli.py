@@ -1,0 +1,99 @@
+"""``llaisys serve``: registered in the entry-point group ``llaisys.commands``.
+
+Registering imports nothing heavy; FastAPI and uvicorn are imported when the command runs,
+with a clear message when the ``serve`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+def register_serve(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server with a web chat page",
+        description="Serve a model over OpenAI's chat/completions API (streaming included) with a web chat "
+                    "page at /. Binds to 127.0.0.1 unless --host says otherwise.")
+    p.add_argument("--model", type=Path, default=None,
+                   help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the model's)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
+                   help="compute dtype (default: the dtype the weights are stored in)")
+    p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health and the page "
+                        "(default: $LLAISYS_API_KEY, else no key)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
+    p.add_argument("--max-running", type=int, default=8,
+                   help="sequences generated at once, taking turns token by token (default 8)")
+    p.add_argument("--kv-slots", type=int, default=16,
+                   help="KV caches kept for prefix reuse, running sequences included (default 16)")
+    p.add_argument("--no-prefix-reuse", action="store_true", help="always compute the whole prompt")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args) -> int:
+    from llaisys import LlaisysValueError
+
+    try:
+        import uvicorn
+
+        from .app import Server, create_app
+    except ImportError as e:
+        print(f"llaisys: error: serving needs the 'serve' extra ({e.name or e} is missing): "
+              f"pip install 'llaisys-models[serve]'", file=sys.stderr)
+        return 2
+    from .. import load
+    from ..cli import model_dir
+    from ..tokenizer import load_tokenizer
+    from .engine import Engine
+
+    for name in ("port", "max_running", "kv_slots"):
+        low = 0 if name == "port" else 1
+        if getattr(args, name) < low or (name == "port" and args.port > 65535):
+            raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
+    path = model_dir(args)
+    tokenizer_path = args.tokenizer or path
+    model = load(path, device=args.device, dtype=args.dtype)
+    # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
+    engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running, kv_slots=args.kv_slots,
+                    prefix_reuse=not args.no_prefix_reuse)
+    name = args.served_model_name or default_model_name(path)
+    api_key = args.api_key if args.api_key is not None else os.environ.get("LLAISYS_API_KEY")
+    server = Server(engine, load_tokenizer(tokenizer_path), name, api_key=api_key)
+    if not _is_loopback(args.host):
+        print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
+              + ("" if api_key else " without an API key"), file=sys.stderr)
+    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}) at http://{_url_host(args.host)}:{args.port}/"
+          f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
+    # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0
+
+
+def default_model_name(path: Path) -> str:
+    from .. import DEMO_MODEL_DIR
+
+    return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+

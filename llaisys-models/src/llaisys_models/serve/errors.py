@@ -1,0 +1,35 @@
+"""Rejected requests as OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``.
+
+The ``openai`` client maps the status code to its exception class (400 BadRequestError, 401
+AuthenticationError, 404 NotFoundError, ...) and reads ``message`` from this body.
+"""
+
+from __future__ import annotations
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               503: "server_error"}
+
+
+class APIError(Exception):
+    """A request the server refuses, with the HTTP status and the parameter at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    """A 400 for a parameter the request got wrong."""
+    return APIError(400, message, param, code)

@@ -1,0 +1,70 @@
+"""The engine's counters, and their rendering in Prometheus' text exposition format (0.0.4).
+
+Counters are plain ints written by the engine thread and read by the HTTP side; under the GIL a
+reader sees each value whole, and a scrape needs no more than that.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+
+@dataclasses.dataclass
+class EngineMetrics:
+    requests_received: int = 0
+    prompt_tokens_computed: int = 0  # prompt tokens run through the model (prefill)
+    prompt_tokens_reused: int = 0  # prompt tokens whose KV came from the cache
+    generation_tokens: int = 0
+    first_token_seconds_sum: float = 0.0  # arrival -> first token chosen, over every request that got one
+    first_token_count: int = 0
+    finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by reason
+    http_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by status
+
+    def observe_first_token(self, seconds: float) -> None:
+        self.first_token_seconds_sum += seconds
+        self.first_token_count += 1
+
+    def count_finished(self, reason: str) -> None:
+        self.finished[reason] += 1
+
+
+def _label_value(value) -> str:
+    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _family(name: str, kind: str, help_text: str, samples) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for suffix, labels, value in samples:
+        label_text = "{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items()) + "}" if labels else ""
+        lines.append(f"{name}{suffix}{label_text} {value}")
+    return lines
+
+
+def render(engine, model_name: str) -> str:
+    """All metrics of ``engine`` as Prometheus text."""
+    m = engine.metrics
+    model = {"model": model_name}
+    reasons = sorted(set(m.finished) | {"stop", "length", "cancelled", "error"})
+    families = [
+        ("llaisys_requests_received_total", "counter", "Requests accepted into the engine's queue.",
+         [("", model, m.requests_received)]),
+        ("llaisys_requests_finished_total", "counter", "Requests the engine finished, by finish reason.",
+         [("", {**model, "reason": r}, m.finished[r]) for r in reasons]),
+        ("llaisys_requests_running", "gauge", "Sequences being generated now.", [("", model, engine.running)]),
+        ("llaisys_requests_waiting", "gauge", "Requests queued for a free slot.", [("", model, engine.waiting)]),
+        ("llaisys_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model (prefill).",
+         [("", model, m.prompt_tokens_computed)]),
+        ("llaisys_prompt_tokens_reused_total", "counter",
+         "Prompt tokens whose keys/values were reused from the KV cache instead of being computed.",
+         [("", model, m.prompt_tokens_reused)]),
+        ("llaisys_generation_tokens_total", "counter", "Tokens generated.", [("", model, m.generation_tokens)]),
+        ("llaisys_time_to_first_token_seconds", "summary", "From a request's arrival to its first token.",
+         [("_sum", model, f"{m.first_token_seconds_sum:.6f}"), ("_count", model, m.first_token_count)]),
+        ("llaisys_kv_cache_bytes", "gauge", "Device memory held by the KV caches.",
+         [("", model, engine.pool.nbytes)]),
+        ("llaisys_http_errors_total", "counter", "Requests rejected with an HTTP error, by status code.",
+         [("", {**model, "status": s}, n) for s, n in sorted(m.http_errors.items())]),
+    ]
+    lines = [line for family in families for line in _family(*family)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,103 @@
+"""Child process that owns a host-execution library (loaded under ASan) and runs its slots on request.
+
+Started by HostExecDevice (device.py) as ``python server.py LIBRARY PREFIX`` with the ASan runtime
+preloaded. Requests and replies are pickled tuples, each framed by an 8-byte length, on stdin / stdout.
+A request is (slot, args): args are ints, floats or None, lists of ints (passed as int64 arrays: the host
+arrays of rearrange) or an OUT marker (an output pointer whose value is returned). Two helper requests
+move bytes: ("upload", data) -> device pointer, ("download", ptr, nbytes) -> (status, data, error).
+The reply to a slot call is (status, last_error, outputs).
+"""
+
+import ctypes
+import pickle
+import struct
+import sys
+from ctypes import c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
+
+from llaisys.native import OP_SIGNATURES
+
+_p = c_void_p
+RUNTIME = {  # slot -> argument types (backend.h)
+    "device_count": [_p], "device_attribute": [c_int, c_int, _p], "device_name": [c_int, _p, c_size_t],
+    "mem_info": [c_int, _p, _p], "device_synchronize": [c_int],
+    "malloc": [c_int, c_size_t, _p], "free": [c_int, _p], "malloc_host": [c_size_t, _p], "free_host": [_p],
+    "memset": [c_int, _p, c_int, c_size_t, _p], "memcpy": [c_int, _p, _p, c_size_t, c_int],
+    "memcpy_async": [c_int, _p, _p, c_size_t, c_int, _p], "memcpy_peer": [c_int, _p, c_int, _p, c_size_t, _p],
+    "stream_create": [c_int, _p], "stream_destroy": [c_int, _p], "stream_synchronize": [c_int, _p],
+    "event_create": [c_int, _p], "event_destroy": [c_int, _p], "event_record": [c_int, _p, _p],
+    "event_synchronize": [c_int, _p], "event_elapsed_ms": [c_int, _p, _p, _p], "stream_wait_event": [c_int, _p, _p],
+    "graph_begin_capture": [c_int, _p], "graph_end_capture": [c_int, _p, _p], "graph_launch": [c_int, _p, _p],
+    "graph_destroy": [c_int, _p],
+}
+OUT_TYPES = {"ptr": c_void_p, "int": c_int, "int64": c_int64, "size": c_size_t, "float": c_float}
+
+
+def read_message(stream):
+    header = stream.read(8)
+    if len(header) < 8:
+        return None
+    return pickle.loads(stream.read(struct.unpack("<Q", header)[0]))
+
+
+def write_message(stream, obj):
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def main(library: str, prefix: str):
+    lib = ctypes.CDLL(library)
+    last_error = getattr(lib, f"{prefix}_last_error")
+    last_error.restype = c_char_p
+    slots = {}
+    for name, argtypes in [*RUNTIME.items(), *((op, [c_int, c_void_p, *sig]) for op, sig in OP_SIGNATURES.items())]:
+        fn = getattr(lib, f"{prefix}_{name}")
+        fn.restype, fn.argtypes = c_int, argtypes
+        slots[name] = fn
+    keep = []  # buffers referenced by queued work (host copies) stay alive until the next request
+
+    def call(name, args):
+        converted, outs = [], []
+        for a in args:
+            if isinstance(a, tuple) and a and a[0] == "OUT":
+                if a[1] == "bytes":
+                    buf = ctypes.create_string_buffer(a[2])
+                    outs.append(buf)
+                    converted.append(ctypes.cast(buf, c_void_p))
+                else:
+                    value = OUT_TYPES[a[1]]()
+                    outs.append(value)
+                    converted.append(ctypes.byref(value))
+            elif isinstance(a, list):
+                array = (c_int64 * len(a))(*a)
+                keep.append(array)
+                converted.append(array)
+            else:
+                converted.append(a)
+        status = slots[name](*converted)
+        error = (last_error() or b"").decode()
+        values = [o.raw if isinstance(o, ctypes.Array) else o.value for o in outs]
+        return status, error, values
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while (request := read_message(stdin)) is not None:
+        keep.clear()
+        kind = request[0]
+        if kind == "upload":
+            data = request[1]
+            status, error, (ptr,) = call("malloc", [0, max(len(data), 1), ("OUT", "ptr")])
+            if status == 0 and data:
+                buf = ctypes.create_string_buffer(data, len(data))
+                status, error, _ = call("memcpy", [0, ptr, ctypes.addressof(buf), len(data), 1])
+            write_message(stdout, (status, error, ptr))
+        elif kind == "download":
+            _, ptr, nbytes = request
+            buf = ctypes.create_string_buffer(max(nbytes, 1))
+            status, error, _ = call("memcpy", [0, ctypes.addressof(buf), ptr, nbytes, 2])
+            write_message(stdout, (status, error, buf.raw[:nbytes]))
+        else:
+            write_message(stdout, call(kind, request[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

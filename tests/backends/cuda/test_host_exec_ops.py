@@ -1,0 +1,327 @@
+"""Every CUDA kernel body, run on CPU threads (host execution) at warp 32 and 64 under ASan / UBSan,
+against float64 torch references with the tolerances of DESIGN §6.
+
+Shapes are small (host execution runs one OS thread per CUDA thread) but reach every path of the
+launchers: vector and scalar element-wise paths (aligned and misaligned views), partial tiles, the decode
+and prefill attention kernels with and without key splits, outputs aliasing inputs, and kernel-reported
+errors.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from host_exec.device import HostExecDevice, SlotError
+from ops.test_rope import hf_angles, rotate
+from ops.test_self_attention import reference as attention_reference
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+dtype_ids = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def check(got: torch.Tensor, want: torch.Tensor, dtype, tol=None):
+    """|got - want| <= tol (1 + |want|), want (float64) rounded to dtype first."""
+    tol = TOL[dtype] if tol is None else tol
+    got = got.to(torch.float64)
+    want = want.to(dtype).to(torch.float64)
+    assert got.shape == want.shape
+    assert not torch.isnan(got).any() or torch.isnan(want).any(), "NaN in the output (unwritten elements?)"
+    bad = (got - want).abs() > tol + tol * want.abs()
+    assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} differ; max err {(got - want).abs().max():.3g}"
+
+
+def randn(shape, dtype, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+# ---- element-wise ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("n", [1, 17, 4097])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_add_and_swiglu(dev, dtype, n, offset):
+    a, b = randn(n + offset, dtype, 1), randn(n + offset, dtype, 2)
+    da, db = dev.upload(a), dev.upload(b)
+    dc = dev.empty((n + offset,), dtype)
+    view = lambda t: t.offset(offset, (n,))  # noqa: E731
+    dev.op("add", CODE[dtype], n, view(dc), view(da), view(db))
+    add_tol = None if dtype == torch.float32 else 1e-3  # DESIGN §6: add is held to 1e-3 in bf16
+    check(dev.download(dc)[offset:], a[offset:].double() + b[offset:].double(), dtype, add_tol)
+    dev.op("swiglu", CODE[dtype], 0, n, view(dc), view(da), view(db))
+    g64, u64 = a[offset:].double(), b[offset:].double()
+    check(dev.download(dc)[offset:], u64 * g64 / (1 + torch.exp(-g64)), dtype)
+
+
+def test_add_in_place(dev):
+    a, b = randn(300, torch.bfloat16, 3), randn(300, torch.bfloat16, 4)
+    da, db = dev.upload(a), dev.upload(b)
+    dev.op("add", 2, 300, da, da, db)
+    check(dev.download(da), a.double() + b.double(), torch.bfloat16, 1e-3)
+
+
+# ---- argmax --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("n", [1, 5, 4097])
+def test_argmax(dev, dtype, n):
+    vals = randn(n, dtype, 5)
+    if n > 3:
+        vals[n // 2] = vals[n - 1] = vals.max() + 1  # ties: the first index wins
+    idx, val = dev.empty((1,), torch.int64, -1), dev.empty((1,), dtype)
+    dev.op("argmax", CODE[dtype], n, idx, val, dev.upload(vals))
+    assert int(dev.download(idx)[0]) == int(torch.argmax(vals.double()))
+    assert dev.download(val)[0].item() == vals.max().item()
+
+
+def test_argmax_nan_is_the_maximum(dev):
+    vals = torch.tensor([1.0, float("nan"), 5.0, float("nan")])
+    idx, val = dev.empty((1,), torch.int64, -1), dev.empty((1,), torch.float32, 0)
+    dev.op("argmax", 0, 4, idx, val, dev.upload(vals))
+    assert int(dev.download(idx)[0]) == 1 and math.isnan(dev.download(val)[0].item())
+
+
+# ---- embedding -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("dim", [3, 64])
+def test_embedding(dev, dtype, dim):
+    weight = randn((13, dim), dtype, 6)
+    index = torch.tensor([0, 12, 5, 5, 7], dtype=torch.int64)
+    out = dev.empty((5, dim), dtype)
+    dev.op("embedding", CODE[dtype], 5, dim, 13, out, dev.upload(index), dev.upload(weight))
+    assert torch.equal(dev.download(out).view(torch.int16) if dtype == torch.bfloat16 else dev.download(out),
+                       weight[index].view(torch.int16) if dtype == torch.bfloat16 else weight[index])
+
+
+def test_embedding_index_out_of_range_is_reported_at_the_next_sync(dev):
+    weight = randn((4, 8), torch.float32, 7)
+    out = dev.empty((3, 8), torch.float32)
+    dev.op("embedding", 0, 3, 8, 4, out, dev.upload(torch.tensor([1, 4, 0])), dev.upload(weight))  # queued: OK
+    with pytest.raises(SlotError) as info:
+        dev.download(out)
+    assert info.value.status == 1
+    assert "index value 4 at position 1" in info.value.message and "[0, 4)" in info.value.message
+    dev.download(out)  # the error was reported once and cleared
+    assert torch.equal(dev.download(out)[[0, 2]], weight[[1, 0]])
+
+
+# ---- linear ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("M,N,K", [(1, 3, 5), (4, 17, 33), (3, 5, 0)])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+def test_linear(dev, dtype, M, N, K, with_bias):
+    x, w, b = randn((M, K), dtype, 8), randn((N, K), dtype, 9), randn(N, dtype, 10)
+    out = dev.empty((M, N), dtype)
+    dev.op("linear", CODE[dtype], M, N, K, out, dev.upload(x), dev.upload(w), dev.upload(b) if with_bias else None)
+    want = x.double() @ w.double().T + (b.double() if with_bias else 0)
+    check(dev.download(out), want, dtype)
+
+
+# ---- rearrange ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float16, torch.float32, torch.float64, torch.complex128],
+                         ids=lambda t: str(t).split(".")[1])
+@pytest.mark.parametrize("shape,perm", [((5,), (0,)), ((3, 4), (1, 0)), ((2, 3, 5), (2, 0, 1)),
+                                        ((1, 3, 1, 4), (3, 2, 1, 0))])
+def test_rearrange(dev, dtype, shape, perm):
+    src = (torch.arange(int(np.prod(shape))) * 3 + 1).to(dtype).reshape(shape)
+    view = src.permute(perm)  # copy the permuted view into a contiguous tensor
+    d_src = dev.upload(src)
+    out = dev.empty(view.shape, dtype, 0)
+    contiguous = [int(np.prod(view.shape[i + 1:])) for i in range(view.ndim)]
+    elem = src.element_size()
+    dev.op("rearrange", elem, view.ndim, list(view.shape), out, contiguous, d_src, list(view.stride()))
+    assert torch.equal(dev.download(out), view.contiguous())
+
+
+# ---- rms_norm -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("rows,dim", [(1, 1), (3, 17), (2, 1536)])
+def test_rms_norm(dev, dtype, rows, dim):
+    x, w = randn((rows, dim), dtype, 11), randn(dim, dtype, 12)
+    dx = dev.upload(x)
+    out = dev.empty((rows, dim), dtype)
+    dev.op("rms_norm", CODE[dtype], 0, rows, dim, 1e-6, out, dx, dev.upload(w))
+    x64 = x.double()
+    want = x64 * w.double() / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6)
+    check(dev.download(out), want, dtype)
+    dev.op("rms_norm", CODE[dtype], 0, rows, dim, 1e-6, dx, dx, dev.upload(w))  # in place
+    check(dev.download(dx), want, dtype)
+
+
+def test_hf_numerics_is_not_supported_yet(dev):
+    x = dev.upload(torch.ones(4, 8))
+    with pytest.raises(SlotError) as info:
+        dev.op("rms_norm", 0, 1, 4, 8, 1e-6, x, x, dev.upload(torch.ones(8)))
+    assert info.value.status == 4 and "numerics" in info.value.message
+
+
+# ---- rope ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("seq,heads,d", [(1, 1, 2), (3, 2, 6), (5, 3, 128)])
+def test_rope(dev, dtype, seq, heads, d):
+    x = randn((seq, heads, d), dtype, 13)
+    pos = torch.tensor([0, 7, 100000, 3, 65535][:seq], dtype=torch.int64)
+    out = dev.empty((seq, heads, d), dtype)
+    dx = dev.upload(x)
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, out, dx, dev.upload(pos))
+    want = rotate(x.double(), hf_angles(pos, d, 1e6))
+    check(dev.download(out), want, dtype, 1e-4 if dtype == torch.float32 else None)
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, dx, dx, dev.upload(pos))  # in place
+    check(dev.download(dx), want, dtype, 1e-4 if dtype == torch.float32 else None)
+
+
+# ---- self_attention -----------------------------------------------------------------------------------
+
+# (L, S, H, Hkv, d, dv): decode (L * G <= 8) with and without key splits, prefill tiles, dv != d, dv > 128
+ATTENTION = [
+    (1, 1, 1, 1, 8, 8),
+    (1, 300, 4, 2, 16, 16),     # decode, keys split across blocks (combine kernel)
+    (2, 9, 6, 2, 8, 12),        # L * G = 6 rows per kv head, dv != d
+    (37, 37, 6, 2, 16, 16),     # prefill: 111 rows per kv head, several row tiles, partial key tiles
+    (5, 70, 8, 8, 4, 200),      # dv > 128 (the DV_MAX = 256 kernels), long odd cache
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("shape", ATTENTION, ids=lambda s: "L{}_S{}_H{}_Hkv{}_d{}_dv{}".format(*s))
+def test_self_attention(dev, dtype, shape):
+    L, S, H, Hkv, d, dv = shape
+    q, k, v = randn((L, H, d), dtype, 14), randn((S, Hkv, d), dtype, 15), randn((S, Hkv, dv), dtype, 16)
+    scale = 1 / math.sqrt(d)
+    out = dev.empty((L, H, dv), dtype)
+    dev.op("self_attention", CODE[dtype], 0, L, S, H, Hkv, d, dv, scale, out, dev.upload(q), dev.upload(k), dev.upload(v))
+    check(dev.download(out), attention_reference(q, k, v, scale), dtype)
+
+
+@pytest.mark.parametrize("alias", ["q", "v"])
+def test_self_attention_output_may_be_q_or_v(dev, alias):
+    L = S = 21
+    H = Hkv = 2
+    d = dv = 8
+    q, k = randn((L, H, d), torch.float32, 17), randn((S, Hkv, d), torch.float32, 18)
+    v = randn((S, Hkv, dv), torch.float32, 19)
+    dq, dk, dv_ = dev.upload(q), dev.upload(k), dev.upload(v)
+    out = dq if alias == "q" else dv_
+    dev.op("self_attention", 0, 0, L, S, H, Hkv, d, dv, 0.3, out, dq, dk, dv_)
+    check(dev.download(out), attention_reference(q, k, v, 0.3), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def small_workspace(host_exec):
+    """A second device of the same warp size whose streams have 2 KiB of workspace: attention then splits
+    fewer ways and goes through the workspace in chunks of positions (last positions first)."""
+    device = HostExecDevice(host_exec.warp, LLAISYS_CUDA_WORKSPACE_BYTES="2048")
+    yield device
+    device.free_all()
+    device.close()
+
+
+@pytest.mark.parametrize("shape,alias", [((40, 40, 2, 2, 8, 8), "v"), ((1, 300, 4, 2, 16, 16), None),
+                                         ((3, 200, 16, 4, 8, 16), None)], ids=["alias_v", "decode", "chunks"])
+def test_self_attention_with_a_small_workspace(small_workspace, shape, alias):
+    dev = small_workspace
+    L, S, H, Hkv, d, dv = shape
+    q, k = randn((L, H, d), torch.float32, 22), randn((S, Hkv, d), torch.float32, 23)
+    v = randn((S, Hkv, dv), torch.float32, 24)
+    dq, dk, d_v = dev.upload(q), dev.upload(k), dev.upload(v)
+    out = d_v if alias == "v" else dev.empty((L, H, dv), torch.float32)
+    dev.op("self_attention", 0, 0, L, S, H, Hkv, d, dv, 0.4, out, dq, dk, d_v)
+    check(dev.download(out), attention_reference(q, k, v, 0.4), torch.float32)
+
+
+# ---- sample ----------------------------------------------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def reference_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    """The documented semantics (llaisys-backend-cpu csrc/ops/sample.cpp), in float64 with f32 probabilities."""
+    v = logits.to(torch.float32)
+    n = v.numel()
+    if temperature < np.finfo(np.float32).tiny or top_k == 1:
+        return int(torch.argmax(v))
+    if (v == float("inf")).any():
+        v = torch.where(v == float("inf"), 0.0, float("-inf"))
+    top = float(v.max())
+    probs = torch.exp((v - top) / np.float32(temperature)).double()  # f32 exp, as the kernels
+    k = n if top_k <= 0 or top_k >= n else top_k
+    if k == n and top_p >= 1.0:
+        order = list(range(n))
+    else:
+        order = sorted(range(n), key=lambda i: (-float(v[i]), i))[:k]
+    p = probs[order]
+    kept = len(order)
+    if top_p < 1.0:
+        cum = torch.cumsum(p, 0)
+        kept = int(torch.searchsorted(cum, top_p * float(p.sum()))) + 1
+    p = p[:kept]
+    u = (splitmix64(seed ^ splitmix64(0)) >> 11) * 2.0 ** -53
+    cum = torch.cumsum(p, 0)
+    return order[min(int(torch.searchsorted(cum, u * float(cum[-1]), right=True)), kept - 1)]
+
+
+def draw(dev, logits_dev, dtype, n, temperature, top_k, top_p, seed):
+    out = dev.empty((1,), torch.int64, -1)
+    dev.op("sample", CODE[dtype], n, out, logits_dev, temperature, top_k, top_p, seed)
+    return int(dev.download(out)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (1.0, 7, 0.6),
+                                                     (0.0, 0, 1.0), (1.0, 1, 1.0)])
+def test_sample_draws_the_reference_token(dev, dtype, temperature, top_k, top_p):
+    logits = randn(50, dtype, 20, scale=2.0)
+    logits[[3, 30]] = logits[11].item()  # equal logits: order by index
+    d_logits = dev.upload(logits)
+    for seed in range(12):
+        want = reference_token(logits, temperature, top_k, top_p, seed)
+        assert draw(dev, d_logits, dtype, 50, temperature, top_k, top_p, seed) == want, f"seed {seed}"
+
+
+def test_sample_ties_at_the_kth_logit_keep_the_lowest_indices(dev):
+    logits = torch.zeros(300)
+    logits[[5, 250]] = 2.0
+    d_logits = dev.upload(logits)
+    allowed = {5, 250} | set(i for i in range(300) if i not in (5, 250))
+    allowed = {5, 250} | set(sorted(allowed - {5, 250})[:4])  # top_k = 6: two above, the first four ties
+    seen = {draw(dev, d_logits, torch.float32, 300, 50.0, 6, 1.0, s) for s in range(40)}
+    assert seen <= allowed and len(seen) > 2
+
+
+def test_sample_large_vocabulary_path(dev):
+    logits = randn(9000, torch.bfloat16, 21, scale=3.0)  # >= 8192: the 1024-thread block
+    d_logits = dev.upload(logits)
+    for seed, (t, k, p) in enumerate([(1.0, 40, 0.9), (0.8, 0, 0.5)]):
+        assert draw(dev, d_logits, torch.bfloat16, 9000, t, k, p, seed) == reference_token(logits, t, k, p, seed)
+
+
+def test_sample_inf_logits_share_the_mass(dev):
+    logits = torch.tensor([0.0, float("inf"), 3.0, float("inf"), -1.0])
+    d_logits = dev.upload(logits)
+    seen = {draw(dev, d_logits, torch.float32, 5, 1.0, 0, 1.0, s) for s in range(30)}
+    assert seen == {1, 3}
+
+
+@pytest.mark.parametrize("values,message", [([0.0, float("nan"), 1.0], "logits[1] is NaN"),
+                                            ([float("-inf")] * 3, "every logit is -inf")])
+def test_sample_bad_logits_are_reported(dev, values, message):
+    out = dev.empty((1,), torch.int64, -1)
+    dev.op("sample", 0, 3, out, dev.upload(torch.tensor(values)), 1.0, 0, 1.0, 0)
+    with pytest.raises(SlotError) as info:
+        dev.download(out)
+    assert info.value.status == 1 and message in info.value.message

@@ -1,0 +1,179 @@
+"""Servers for the serving tests, shared by the whole session (each started once).
+
+``chat_server``: a random Qwen2 made here (byte-level tokenizer with a chat template), served
+in-process by uvicorn on a free 127.0.0.1 port. Its lm_head rows of every token but printable
+ASCII are zero and it has no EOS, so greedy replies are plain text that decodes the same token
+by token or at once, and run exactly to max_tokens. It is big enough (~4M parameters, 4096 positions) that
+a long reply streams for seconds, so stopping one mid-stream is not a race.
+
+``demo_server``: ``llaisys serve`` itself (the CLI, as a subprocess) on the embedded demo model,
+with an API key from LLAISYS_API_KEY.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from models.tiny_models import Spec, make_checkpoint
+from safetensors.torch import load_file, save_file
+from serve_helpers import API_KEY, CHAT_MODEL, http_request
+
+import llaisys
+import llaisys_models
+
+# fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
+# each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
+
+CHAT_SPEC = Spec(dtype="f32", vocab=384, hidden=256, inter=1024, layers=4, heads=4, kv_heads=2, max_pos=4096, seed=12)
+PRINTABLE = range(32, 127)
+
+
+def make_chat_checkpoint(directory: Path) -> Path:
+    make_checkpoint(directory, CHAT_SPEC)
+    weights_path = directory / "model.safetensors"
+    weights = load_file(weights_path)
+    keep = torch.zeros(CHAT_SPEC.vocab, dtype=torch.bool)
+    keep[list(PRINTABLE)] = True
+    weights["lm_head.weight"][~keep] = 0.0  # logit 0 < the best printable logit: never chosen greedily
+    save_file(weights, weights_path, metadata={"format": "pt"})
+    for name in ("config.json", "generation_config.json"):
+        path = directory / name
+        if path.is_file():
+            raw = json.loads(path.read_text())
+            raw["eos_token_id"] = None
+            path.write_text(json.dumps(raw, indent=2))
+    return directory
+
+
+def serve_device(config) -> str | None:
+    wanted = config.getoption("--backend")
+    if wanted is None:
+        return None
+    devices = [d for d in llaisys.available_devices() if d.type == wanted]
+    if not devices:
+        pytest.skip(f"no '{wanted}' device available")
+    return str(devices[0])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ChatServer:
+    """A ``BackgroundServer`` (uvicorn on a thread, a free 127.0.0.1 port) and the tests' handles on it."""
+
+    def __init__(self, server):
+        from llaisys_models.serve.background import BackgroundServer
+
+        self.server = server
+        self.engine = server.engine
+        self.model_name = server.model_name
+        self._background = BackgroundServer(server)
+        self.port = self._background.port
+        self.base_url = self._background.base_url
+
+    def __enter__(self):
+        self._background.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._background.__exit__(*exc)
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
+                             timeout=kwargs.pop("timeout", 60), **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {name{labels}: value}."""
+        return parse_metrics(http_request(self.base_url, "GET", "/metrics", timeout=10).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory) -> Path:
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return make_chat_checkpoint(tmp_path_factory.mktemp("serve_model"))
+
+
+@pytest.fixture(scope="session")
+def chat_reference(chat_model_dir, pytestconfig):
+    """A second copy of the served model, for references (the server's copy belongs to its engine)."""
+    return llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(chat_model_dir):
+    from llaisys_models.tokenizer import load_tokenizer
+
+    return load_tokenizer(chat_model_dir)
+
+
+@pytest.fixture(scope="session")
+def chat_server(chat_model_dir, pytestconfig):
+    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.tokenizer import load_tokenizer
+
+    model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
+    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_slots=16)
+    with ChatServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory, pytestconfig):
+    """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY."""
+    exe = Path(sys.executable).parent / "llaisys"  # this environment's command, else the one on PATH
+    exe = str(exe) if exe.exists() else shutil.which("llaisys")
+    if exe is None:
+        pytest.skip("the llaisys command is not installed (pip install ./llaisys-core ./llaisys-models)")
+    port = free_port()
+    env = {**os.environ, "LLAISYS_API_KEY": API_KEY}
+    log_path = tmp_path_factory.mktemp("demo_server") / "serve.log"
+    log = open(log_path, "w")
+    device = serve_device(pytestconfig)
+    command = [exe, "serve", "--port", str(port)] + (["--device", device] if device else [])
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llaisys serve exited with {proc.returncode}:\n{log_path.read_text()}")
+            with contextlib.suppress(OSError):
+                if http_request(base_url, "GET", "/health", timeout=2).status == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail("llaisys serve did not answer /health within 120 s")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,91 @@
+"""References for the serving tests, computed without the server: HF's chat template and tokenizer,
+and ``model.generate`` on a separate copy of the model."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.client
+import json
+import urllib.parse
+
+import pytest
+
+CHAT_MODEL = "tiny-chat"  # the id the chat server serves its model under
+API_KEY = "test-key-123"  # the demo server's key
+
+
+def require_serving() -> None:
+    """Skip the calling test module where the serve extra or the test clients are not installed."""
+    extra = "the serve extra is not installed: pip install './llaisys-models[serve]'"
+    pytest.importorskip("fastapi", reason=extra)
+    pytest.importorskip("uvicorn", reason=extra)
+    pytest.importorskip("openai", reason="the serving tests drive the server with the official client: pip install openai")
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text).input_ids)
+
+
+def generate_text(model, tokenizer, ids, max_tokens: int, **sampling) -> str:
+    """The text ``model.generate`` produces after ``ids`` (its new tokens decoded at once)."""
+    out = model.generate(ids, max_tokens, **sampling)
+    return tokenizer.decode(out[len(ids):], skip_special_tokens=True)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# -- raw HTTP (the standard library: the openai client's own HTTP package varies between versions) --------
+
+@dataclasses.dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def _connection(base_url: str, timeout: float) -> http.client.HTTPConnection:
+    url = urllib.parse.urlsplit(base_url)
+    return http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+
+
+def _payload(json_body, raw: bytes | None) -> bytes | None:
+    return raw if raw is not None else (None if json_body is None else json.dumps(json_body).encode())
+
+
+def http_request(base_url: str, method: str, path: str, json_body=None, *, raw: bytes | None = None,
+                 headers: dict | None = None, timeout: float = 30) -> Reply:
+    """One request on a fresh connection; any status comes back as a Reply (4xx/5xx included)."""
+    conn = _connection(base_url, timeout)
+    try:
+        conn.request(method, path, body=_payload(json_body, raw),
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        return Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def http_stream(base_url: str, path: str, json_body, timeout: float = 30):
+    """POST and yield the open response (``readline()`` reads the stream); closing hangs up."""
+    conn = _connection(base_url, timeout)
+    try:
+        conn.request("POST", path, body=_payload(json_body, None), headers={"Content-Type": "application/json"})
+        yield conn.getresponse()
+    finally:
+        conn.close()

@@ -1,0 +1,74 @@
+"""``llaisys serve`` itself (the installed command) on the embedded demo model, with an API key
+from LLAISYS_API_KEY: the key guards every endpoint but /health and the page; the demo adds."""
+
+from __future__ import annotations
+
+import pytest
+from serve_helpers import API_KEY, http_request, require_serving
+
+require_serving()
+
+import openai  # noqa: E402
+
+import llaisys_models  # noqa: E402
+
+DEMO = "llaisys-demo"
+
+
+@pytest.fixture(scope="module")
+def client(demo_server):
+    return openai.OpenAI(base_url=demo_server + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/metrics"])
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_endpoints_need_the_key(demo_server, path, key):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = http_request(demo_server, "GET", path, headers=headers)
+    assert r.status == 401
+    assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
+    assert http_request(demo_server, "GET", path, headers={"Authorization": f"Bearer {API_KEY}"}).status == 200
+
+
+def test_completions_need_the_key(demo_server):
+    bad = openai.OpenAI(base_url=demo_server + "/v1", api_key="wrong-key", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "1+1="}])
+
+
+def test_health_and_page_are_open(demo_server):
+    assert http_request(demo_server, "GET", "/health").json() == {"status": "ok", "model": DEMO}
+    page = http_request(demo_server, "GET", "/")
+    assert page.status == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<title>llaisys chat</title>" in page.text
+
+
+def test_demo_adds_and_stops_at_eos(client):
+    r = client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "12+34="}], temperature=0)
+    assert r.choices[0].message.content == "46"
+    assert r.choices[0].finish_reason == "stop"  # the demo model ends its answer with EOS
+    assert r.usage.completion_tokens == 3  # "4", "6", EOS
+    chunks = list(client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "1234+5678="}],
+                                                 temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "6912"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_demo_greedy_equals_generate(client):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(llaisys_models.DEMO_MODEL_DIR)
+    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR)
+    for prompt in ("7+8=", "999+1=", "4321+1234="):
+        ids = tokenizer(prompt).input_ids
+        want = tokenizer.decode(model.generate(ids, 8)[len(ids):], skip_special_tokens=True)
+        r = client.completions.create(model=DEMO, prompt=prompt, max_tokens=8, temperature=0)
+        assert r.choices[0].text == want and want.isdigit()
+
+
+@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--kv-slots", "-1")])
+def test_bad_command_line_values_are_refused(capsys, flag, value):
+    from llaisys.cli import main
+
+    assert main(["serve", flag, value]) == 2
+    assert f"{flag} = {value} is out of range" in capsys.readouterr().err
