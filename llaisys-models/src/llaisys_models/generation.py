@@ -134,8 +134,7 @@ class GenerationMixin:
         self.check_length(len(ids) + max_new_tokens)
         eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         greedy = top_k == 1 or temperature == 0
-        top_k = min(int(top_k), self.config.vocab_size)  # more than the vocabulary means all of it, as in HF
-        return self._stream(ids, int(max_new_tokens), greedy, top_k, float(top_p), float(temperature),
+        return self._stream(ids, int(max_new_tokens), greedy, int(top_k), float(top_p), float(temperature),
                             int(seed), eos, reuse_cache)
 
     def _stream(self, ids, max_new_tokens, greedy, top_k, top_p, temperature, seed, eos, reuse_cache):
@@ -168,14 +167,15 @@ class GenerationMixin:
 
     def select(self, logits: llaisys.Tensor, greedy: bool, top_k: int, top_p: float, temperature: float,
                seed: int) -> int:
-        """The next token from 1-D logits: argmax when greedy, else the sample op."""
+        """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
+        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold)."""
         if self._chosen is None:
             self._chosen = llaisys.empty((1,), llaisys.int64, self.device)
             self._chosen_value = llaisys.empty((1,), self.dtype, self.device)
         if greedy:
             llaisys.ops.argmax(self._chosen, self._chosen_value, logits)
         else:
-            llaisys.ops.sample(self._chosen, logits, temperature, top_k, top_p, seed)
+            llaisys.ops.sample(self._chosen, logits, temperature, min(top_k, logits.shape[0]), top_p, seed)
         return int(self._chosen.numpy()[0])
 
     _chosen: llaisys.Tensor | None = None
