@@ -11,6 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from . import gguf
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .files import model_directory
@@ -33,12 +34,16 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True) -> Qwen2:
-    """The model in the HuggingFace directory ``path``, its class picked by config.json's architectures.
+    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's
+    architectures.
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
-    ``mmap`` True maps the weight files (zero copy on CPU: a file truncated or rewritten while the
-    model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
+    ``mmap`` True maps the safetensors files (zero copy on CPU: a file truncated or rewritten while
+    the model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
+    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
+    if Path(path).is_file() and gguf.is_gguf(path):  # hook: GGUF files (issue 15); never open a FIFO
+        return gguf.load(path, device=device, dtype=dtype, progress=progress)
     path = model_directory(path)
     config = ModelConfig.from_file(path)
     cls = MODEL_CLASSES.get(config.architecture)

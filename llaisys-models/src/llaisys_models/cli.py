@@ -30,8 +30,9 @@ def _count(text: str) -> int:
 
 
 def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> None:
-    parser.add_argument("--model", type=Path, default=None, metavar="DIR",
-                        help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+    parser.add_argument("--model", type=Path, default=None, metavar="PATH",
+                        help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
+                             "llaisys-models)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
@@ -102,17 +103,15 @@ def model_dir(args) -> Path:
 
 
 def _load(args):
-    from . import ModelConfig, load
-    from .files import model_directory
+    from . import load
     from .tokenizer import load_tokenizer
 
     _quiet_transformers()
-    path = model_directory(model_dir(args))
-    ModelConfig.from_file(path)  # a directory that is no model at all says so first
-    tokenizer = load_tokenizer(path)  # then a missing tokenizer fails before the weights load
+    path = model_dir(args)
     t0 = time.perf_counter()
     model = load(path, device=args.device, dtype=args.dtype)
     elapsed = time.perf_counter() - t0
+    tokenizer = load_tokenizer(path)
     print(f"loaded {path} on {model.device} as {model.dtype.name} in {elapsed:.2f}s", file=sys.stderr)
     return model, tokenizer, elapsed
 

@@ -34,7 +34,7 @@ def model_directory(path) -> Path:
     if path.is_file():
         hint = f"; pass the directory that holds it: {path.parent}" if path.name == "config.json" else ""
         raise ModelLoadError(f"{path} is a file, but a model is loaded from its directory (the folder with "
-                             f"config.json and the weights){hint}")
+                             f"config.json and the weights) or from a GGUF file{hint}")
     if path.exists():
         raise ModelLoadError(f"{path} is {file_kind(path.stat().st_mode)}, not a model directory")
     raise ModelLoadError(f"model directory {path} does not exist")

@@ -25,7 +25,7 @@ from .generation import GenerationMixin
 from .kv_cache import KVCache
 from .locking import ModelLock
 from .safetensors import Checkpoint
-from .weights import FLOAT_WEIGHTS, LayerWeights, default_dtype, load_weights
+from .weights import FLOAT_WEIGHTS, LayerWeights, Weights, default_dtype, load_weights
 
 
 class Workspace:
@@ -81,6 +81,23 @@ class Qwen2(GenerationMixin):
         self.eos_token_ids = _eos_token_ids(self.path, config)
         self.weights = load_weights(checkpoint, config, self.dtype, self.device, progress=progress)
         self.checkpoint = checkpoint  # keeps the memory maps the weights may point into
+        self._prepare()
+
+    @classmethod
+    def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
+                     dtype: llaisys.DType, eos_token_ids, source=None) -> "Qwen2":
+        """A model over weights already placed on ``device`` in ``dtype``, read from a source other
+        than a HuggingFace directory (a GGUF file); ``source`` stays alive as long as the model."""
+        model = cls.__new__(cls)
+        model.path, model.config, model.device, model.dtype = Path(path), config, device, dtype
+        model.eos_token_ids = tuple(eos_token_ids)
+        model.weights, model.checkpoint = weights, source
+        model._prepare()
+        return model
+
+    def _prepare(self) -> None:
+        """The KV cache and decode state, once config, device, dtype and weights are set."""
+        config = self.config
         self.cache = self.new_cache()
         self.scale = config.head_dim ** -0.5
         self._decode_workspace: Workspace | None = None

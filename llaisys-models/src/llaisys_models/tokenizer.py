@@ -19,8 +19,12 @@ TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "sp
 
 
 def load_tokenizer(path):
-    """``transformers.AutoTokenizer`` from the model directory."""
+    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file)."""
+    from . import gguf
+
     path = Path(path)
+    if path.is_file() and gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+        return gguf.load_tokenizer(path)
     present = [name for name in TOKENIZER_FILES if (path / name).exists()]
     for name in present:
         check_regular(path / name)
