@@ -70,6 +70,8 @@ def special_dirs(tmp_path):
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, "s.safetensors")}))
     os.mkfifo(sharded / "s.safetensors")
     cases["fifo as a shard"] = (sharded, "model", "a FIFO")
+    os.mkfifo(tmp_path / "model")  # the model path itself (a GGUF file is recognised by its first bytes)
+    cases["fifo as the model path"] = (tmp_path / "model", "model", "a FIFO")
     if Path("/dev/zero").exists():
         device = demo_copy(tmp_path, "device")
         (device / "model.safetensors").unlink()
@@ -88,4 +90,5 @@ def test_special_files_are_refused_without_blocking(special_dirs):
     assert proc.returncode == 0, proc.stderr
     results = dict(line.split("|", 1) for line in proc.stdout.splitlines())
     for case, (_, _, kind) in special_dirs.items():
-        assert kind in results.get(case, "") and "not a regular file" in results[case], (case, results.get(case))
+        outcome = results.get(case, "")
+        assert kind in outcome and ("not a regular file" in outcome or "not a model directory" in outcome), (case, outcome)

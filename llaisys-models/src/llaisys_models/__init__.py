@@ -14,7 +14,7 @@ from pathlib import Path
 from . import gguf
 from .config import ModelConfig
 from .errors import ModelLoadError
-from .files import model_directory
+from .files import is_gguf, model_directory
 from .generation import GenerationStats
 from .kv_cache import KVCache
 from .locking import ModelBusyError
@@ -42,7 +42,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     the model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
-    if Path(path).is_file() and gguf.is_gguf(path):  # hook: GGUF files (issue 15); never open a FIFO
+    if is_gguf(path):  # hook: GGUF files (issue 15)
         return gguf.load(path, device=device, dtype=dtype, progress=progress)
     path = model_directory(path)
     config = ModelConfig.from_file(path)

@@ -40,6 +40,15 @@ def model_directory(path) -> Path:
     raise ModelLoadError(f"model directory {path} does not exist")
 
 
+def is_gguf(path) -> bool:
+    """``gguf.is_gguf(path)`` (by suffix, else by magic), sniffing only regular files: a FIFO must not
+    block the look at its first bytes."""
+    from . import gguf
+
+    path = Path(path)
+    return (path.suffix.lower() == ".gguf" or path.is_file()) and gguf.is_gguf(path)
+
+
 def check_regular(path) -> None:
     """Raise a ModelLoadError unless ``path`` exists and is a regular file (symlinks followed)."""
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 from llaisys import LlaisysValueError
 
 from .errors import ModelLoadError
-from .files import check_regular
+from .files import check_regular, is_gguf
 
 # The files a HuggingFace tokenizer's vocabulary comes from (one of them must be there: given only
 # tokenizer_config.json, transformers quietly builds a tokenizer with an empty vocabulary).
@@ -23,7 +23,7 @@ def load_tokenizer(path):
     from . import gguf
 
     path = Path(path)
-    if path.is_file() and gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+    if is_gguf(path):  # hook: GGUF files (issue 15)
         return gguf.load_tokenizer(path)
     present = [name for name in TOKENIZER_FILES if (path / name).exists()]
     for name in present:
