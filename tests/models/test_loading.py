@@ -120,7 +120,7 @@ def edit_config(path, **changes):
 
 
 def test_missing_directory(tmp_path):
-    expect_load_error(tmp_path / "nope", "does not exist")
+    expect_load_error(tmp_path / "nope", "does not exist: a model is a directory .* or a GGUF file")
 
 
 def test_missing_config(broken):

@@ -36,8 +36,8 @@ def model_directory(path) -> Path:
         raise ModelLoadError(f"{path} is a file, but a model is loaded from its directory (the folder with "
                              f"config.json and the weights) or from a GGUF file{hint}")
     if path.exists():
-        raise ModelLoadError(f"{path} is {file_kind(path.stat().st_mode)}, not a model directory")
-    raise ModelLoadError(f"model directory {path} does not exist")
+        raise ModelLoadError(f"{path} is {file_kind(path.stat().st_mode)}, not a model directory or a GGUF file")
+    raise ModelLoadError(f"{path} does not exist: a model is a directory (config.json and the weights) or a GGUF file")
 
 
 def is_gguf(path) -> bool:
