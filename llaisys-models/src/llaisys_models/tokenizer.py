@@ -71,12 +71,16 @@ def encode(tokenizer, messages_or_text, chat: bool = True) -> list[int]:
     return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)
 
 
+class EmptyPromptError(LlaisysValueError):
+    """A prompt that gives no tokens: an empty text, or one whose every character the tokenizer drops."""
+
+
 def _nonempty(ids: list[int], text: str, tokenizer) -> list[int]:
     if not ids and not text:
-        raise LlaisysValueError("the prompt is empty: it needs at least one token")
+        raise EmptyPromptError("the prompt is empty: it needs at least one token")
     if not ids:
         shown = text if len(text) <= 60 else text[:57] + "..."
-        raise LlaisysValueError(f"the prompt {shown!r} has no tokens in the vocabulary of the tokenizer from "
+        raise EmptyPromptError(f"the prompt {shown!r} has no tokens in the vocabulary of the tokenizer from "
                                 f"{tokenizer.name_or_path} ({len(tokenizer)} tokens): it drops every character "
                                 f"of it")
     return ids
