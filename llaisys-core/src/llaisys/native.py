@@ -36,10 +36,12 @@ class MemcpyKind(enum.IntEnum):
 
 class Numerics(enum.IntEnum):
     EXACT = 0  # f32 inside, one rounding to the output dtype
-    HF = 1  # round where HF transformers' eager forward rounds
+    HF = 1  # round where HF transformers' default (sdpa) forward rounds
 
 
-NUMERICS_EXACT = int(Numerics.EXACT)
+# the ``numerics=`` values the op frontends and models accept -> the ABI code
+NUMERICS_CODES = {"exact": int(Numerics.EXACT), "hf": int(Numerics.HF),
+                  Numerics.EXACT: int(Numerics.EXACT), Numerics.HF: int(Numerics.HF)}
 
 
 def get_include() -> str:
@@ -92,17 +94,17 @@ _PACKERS = {
     "rearrange": lambda out, x: (
         out.dtype.itemsize, out.ndim, _shape_array(out.shape),
         out.data_ptr(), _shape_array(out.strides), x.data_ptr(), _shape_array(x.strides)),
-    "rms_norm": lambda out, x, weight, eps: (
-        out.dtype.code, NUMERICS_EXACT, x.numel() // x.shape[-1], x.shape[-1], eps,
+    "rms_norm": lambda out, x, weight, eps, numerics: (
+        out.dtype.code, numerics, x.numel() // x.shape[-1], x.shape[-1], eps,
         out.data_ptr(), x.data_ptr(), weight.data_ptr()),
-    "rope": lambda out, x, pos_ids, theta: (
-        out.dtype.code, NUMERICS_EXACT, x.shape[0], x.shape[1], x.shape[2], theta,
+    "rope": lambda out, x, pos_ids, theta, numerics: (
+        out.dtype.code, numerics, x.shape[0], x.shape[1], x.shape[2], theta,
         out.data_ptr(), x.data_ptr(), pos_ids.data_ptr()),
-    "self_attention": lambda out, q, k, v, scale: (
-        out.dtype.code, NUMERICS_EXACT, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
+    "self_attention": lambda out, q, k, v, scale, numerics: (
+        out.dtype.code, numerics, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()),
-    "swiglu": lambda out, gate, up: (
-        out.dtype.code, NUMERICS_EXACT, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
+    "swiglu": lambda out, gate, up, numerics: (
+        out.dtype.code, numerics, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
     "sample": lambda out_idx, logits, temperature, top_k, top_p, seed: (
         logits.dtype.code, logits.numel(), out_idx.data_ptr(), logits.data_ptr(),
         temperature, top_k, top_p, seed),

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import numerics
+
 DEFAULT_PROMPT = "12+34="
 
 
@@ -21,6 +23,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
+    numerics.add_argument(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt text as is, without the tokenizer's chat template")
@@ -78,9 +81,10 @@ def _load(args):
 
     path = model_dir(args)
     t0 = time.perf_counter()
-    model = load(path, device=args.device, dtype=args.dtype)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
     elapsed = time.perf_counter() - t0
-    print(f"loaded {path} on {model.device} as {model.dtype.name} in {elapsed:.2f}s", file=sys.stderr)
+    print(f"loaded {path} on {model.device} as {model.dtype.name} (numerics {model.numerics}) in {elapsed:.2f}s",
+          file=sys.stderr)
     return model, load_tokenizer(path), elapsed
 
 

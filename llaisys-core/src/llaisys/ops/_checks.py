@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..dtype import DType, bfloat16, float16, float32, int64
 from ..errors import LlaisysValueError
+from ..native import NUMERICS_CODES
 from ..tensor import Tensor
 
 FLOATS = (float32, float16, bfloat16)
@@ -76,3 +77,12 @@ def number(op: str, name: str, value, low=None, high=None, integer=False, low_op
         fail(op, f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
     if high is not None and value > high:
         fail(op, f"{name} must be <= {high}, got {value!r}")
+
+
+def numerics(op: str, value) -> int:
+    """The ABI code of a ``numerics=`` argument: "exact" (f32 inside, one rounding) or "hf" (round where
+    HF transformers rounds, for f16 / bf16)."""
+    try:
+        return NUMERICS_CODES[value]
+    except (KeyError, TypeError):
+        fail(op, f"numerics must be 'exact' or 'hf', got {value!r}")

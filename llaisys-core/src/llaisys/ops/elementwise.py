@@ -21,7 +21,7 @@ def add(c, a, b) -> None:
         run("add", device, c, a, b)
 
 
-def swiglu(out, gate, up) -> None:
+def swiglu(out, gate, up, numerics: str = "exact") -> None:
     """out = up * gate / (1 + exp(-gate))."""
     device = check.tensors("swiglu", out=out, gate=gate, up=up)
     check.dtype("swiglu", "out", out, check.FLOATS)
@@ -31,7 +31,7 @@ def swiglu(out, gate, up) -> None:
     check.contiguous("swiglu", out=out, gate=gate, up=up)
     check.writable("swiglu", "out", out)
     if out.numel():
-        run("swiglu", device, out, gate, up)
+        run("swiglu", device, out, gate, up, check.numerics("swiglu", numerics))
 
 
 def rearrange(out, x) -> None:

@@ -41,8 +41,9 @@ def linear(out, x, weight, bias=None) -> None:
         run(op, device, out, x, weight, bias)
 
 
-def rms_norm(out, x, weight, eps: float) -> None:
-    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps)."""
+def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
+    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps). ``numerics``: "exact" or "hf" (the ops'
+    rounding modes, see ``llaisys.native.Numerics``)."""
     op = "rms_norm"
     device = check.tensors(op, out=out, x=x, weight=weight)
     check.dtype(op, "out", out, check.FLOATS)
@@ -55,10 +56,10 @@ def rms_norm(out, x, weight, eps: float) -> None:
     check.contiguous(op, out=out, x=x, weight=weight)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, x, weight, float(eps))
+        run(op, device, out, x, weight, float(eps), check.numerics(op, numerics))
 
 
-def rope(out, x, pos_ids, theta: float) -> None:
+def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
     """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq]."""
     op = "rope"
     device = check.tensors(op, out=out, x=x, pos_ids=pos_ids)
@@ -73,10 +74,10 @@ def rope(out, x, pos_ids, theta: float) -> None:
     check.contiguous(op, out=out, x=x, pos_ids=pos_ids)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, x, pos_ids, float(theta))
+        run(op, device, out, x, pos_ids, float(theta), check.numerics(op, numerics))
 
 
-def self_attention(out, q, k, v, scale: float) -> None:
+def self_attention(out, q, k, v, scale: float, numerics: str = "exact") -> None:
     """Causal GQA attention, mask aligned bottom-right (query i sees key j iff j <= i + S - L).
 
     q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv]; head h reads kv head h // (H / Hkv).
@@ -99,4 +100,4 @@ def self_attention(out, q, k, v, scale: float) -> None:
     check.contiguous(op, out=out, q=q, k=k, v=v)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, q, k, v, float(scale))
+        run(op, device, out, q, k, v, float(scale), check.numerics(op, numerics))
