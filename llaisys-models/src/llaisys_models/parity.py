@@ -74,6 +74,8 @@ class ParityReport:
     divergences: list[Divergence]
     hf_error: float  # max |HF logit - exact| over every step and vocabulary entry
     llaisys_error: float  # the same for llaisys
+    hf_distance: float  # max |llaisys logit - HF logit|: how closely llaisys rounds as HF does
+    hf_identical_rows: int  # steps whose logits llaisys computed bit for bit as HF did
     bound: float  # a choice this close to the exact maximum is explained by rounding (2 * hf_error)
     dtype: str
 
@@ -135,6 +137,8 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
                          f"[{steps}, vocab] each")
     hf_error = float(np.abs(hf - exact).max()) if steps else 0.0
     llaisys_error = float(np.abs(ours - exact).max()) if steps else 0.0
+    hf_distance = float(np.abs(ours - hf).max()) if steps else 0.0
+    hf_identical_rows = int((ours == hf).all(axis=-1).sum())
     bound = 2.0 * hf_error
     choices = [int(row.argmax()) for row in ours]
     divergences = []
@@ -152,7 +156,8 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
             exact_max=exact_max,
             verdict=NEAR_TIE if worst_gap <= bound else MISMATCH))
     return ParityReport(prompt=list(reference.prompt), hf_tokens=list(reference.tokens), llaisys_choices=choices,
-                        divergences=divergences, hf_error=hf_error, llaisys_error=llaisys_error, bound=bound,
+                        divergences=divergences, hf_error=hf_error, llaisys_error=llaisys_error,
+                        hf_distance=hf_distance, hf_identical_rows=hf_identical_rows, bound=bound,
                         dtype=reference.dtype)
 
 
