@@ -24,6 +24,7 @@ def add(c, a, b) -> None:
 def swiglu(out, gate, up, numerics: str = "exact") -> None:
     """out = up * gate / (1 + exp(-gate))."""
     device = check.tensors("swiglu", out=out, gate=gate, up=up)
+    code = check.numerics("swiglu", numerics)
     check.dtype("swiglu", "out", out, check.FLOATS)
     check.same_dtype("swiglu", "out", out, gate=gate, up=up)
     check.shape("swiglu", "gate", gate, out.shape)
@@ -31,7 +32,7 @@ def swiglu(out, gate, up, numerics: str = "exact") -> None:
     check.contiguous("swiglu", out=out, gate=gate, up=up)
     check.writable("swiglu", "out", out)
     if out.numel():
-        run("swiglu", device, out, gate, up, check.numerics("swiglu", numerics))
+        run("swiglu", device, out, gate, up, code)
 
 
 def rearrange(out, x) -> None:

@@ -46,6 +46,7 @@ def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
     rounding modes, see ``llaisys.native.Numerics``)."""
     op = "rms_norm"
     device = check.tensors(op, out=out, x=x, weight=weight)
+    code = check.numerics(op, numerics)
     check.dtype(op, "out", out, check.FLOATS)
     check.same_dtype(op, "out", out, x=x, weight=weight)
     if x.ndim < 1:
@@ -56,13 +57,14 @@ def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
     check.contiguous(op, out=out, x=x, weight=weight)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, x, weight, float(eps), check.numerics(op, numerics))
+        run(op, device, out, x, weight, float(eps), code)
 
 
 def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
     """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq]."""
     op = "rope"
     device = check.tensors(op, out=out, x=x, pos_ids=pos_ids)
+    code = check.numerics(op, numerics)
     check.dtype(op, "out", out, check.FLOATS)
     check.same_dtype(op, "out", out, x=x)
     check.ndim(op, "x", x, 3)
@@ -74,7 +76,7 @@ def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
     check.contiguous(op, out=out, x=x, pos_ids=pos_ids)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, x, pos_ids, float(theta), check.numerics(op, numerics))
+        run(op, device, out, x, pos_ids, float(theta), code)
 
 
 def self_attention(out, q, k, v, scale: float, numerics: str = "exact") -> None:
@@ -84,6 +86,7 @@ def self_attention(out, q, k, v, scale: float, numerics: str = "exact") -> None:
     """
     op = "self_attention"
     device = check.tensors(op, out=out, q=q, k=k, v=v)
+    code = check.numerics(op, numerics)
     check.dtype(op, "out", out, check.FLOATS)
     check.same_dtype(op, "out", out, q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
@@ -100,4 +103,4 @@ def self_attention(out, q, k, v, scale: float, numerics: str = "exact") -> None:
     check.contiguous(op, out=out, q=q, k=k, v=v)
     check.writable(op, "out", out)
     if out.numel():
-        run(op, device, out, q, k, v, float(scale), check.numerics(op, numerics))
+        run(op, device, out, q, k, v, float(scale), code)
