@@ -33,6 +33,8 @@ class LibrarySpec:
 # One line per native backend package (a new backend adds its own).
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu", all_ops=True),
+    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", all_ops=True),
+    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", all_ops=True),
 ]
 
 
