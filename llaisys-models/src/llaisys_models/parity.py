@@ -236,15 +236,20 @@ def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: 
 
     eos = list(eos_token_ids)
     # plain greedy: replace the checkpoint's generation_config, whose sampling settings and
-    # penalties (a chat model's repetition_penalty, say) generate() would otherwise merge in
+    # penalties (a chat model's repetition_penalty, say) generate() would otherwise merge in;
+    # the model's own config comes back afterwards (the caller may share the model)
+    saved = model.generation_config
     model.generation_config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos or None, pad_token_id=(eos or [0])[0],
         output_logits=True, return_dict_in_generate=True)
     ids = torch.tensor([list(prompt)])
-    with torch.no_grad(), quiet_transformers():
-        t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids))
-        seconds = time.perf_counter() - t0
+    try:
+        with torch.no_grad(), quiet_transformers():
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids))
+            seconds = time.perf_counter() - t0
+    finally:
+        model.generation_config = saved
     tokens = out.sequences[0, len(prompt):].tolist()
     if not tokens:
         return tokens, np.zeros((0, model.config.vocab_size), np.float32), seconds
