@@ -220,10 +220,8 @@ def _all_model_classes():
 def _pick_device(device) -> llaisys.Device:
     if device is None:
         devices = llaisys.available_devices()
-        if not devices:
-            rows = "; ".join(f"{r.name}: {r.status} {r.reason}".strip() for r in llaisys.backend_report())
-            raise llaisys.BackendUnavailableError(f"no llaisys device is available (backends: {rows or 'none'}); "
-                                                  f"install one, e.g. pip install llaisys-backend-cpu")
+        if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
+            raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
         return devices[0]
     device = as_device(device)
     llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
