@@ -46,7 +46,7 @@ class MemcpyKind(enum.IntEnum):  # llaisys_memcpy_kind_t, LLAISYS_MEMCPY_<name>
 
 class Numerics(enum.IntEnum):  # llaisys_numerics_t, LLAISYS_NUMERICS_<name>
     EXACT = 0  # f32 inside, one rounding to the output dtype
-    HF = 1  # round where HF transformers' eager forward rounds
+    HF = 1  # f16 / bf16: round where HF transformers' default (sdpa) forward rounds
 
 
 class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>

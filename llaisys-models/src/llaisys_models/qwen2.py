@@ -24,6 +24,7 @@ from .files import model_directory, read_json
 from .generation import GenerationMixin
 from .kv_cache import KVCache
 from .locking import ModelLock
+from .numerics import resolve as resolve_numerics
 from .safetensors import Checkpoint
 from .weights import FLOAT_WEIGHTS, LayerWeights, Weights, default_dtype, load_weights
 
@@ -53,9 +54,10 @@ class Qwen2(GenerationMixin):
     """A Qwen2-architecture causal LM on one llaisys device.
 
     ``Qwen2(path, device=None, dtype=None)``: ``device`` None picks the best available
-    device; ``dtype`` None computes in the dtype the weights are stored in. ``mmap=False``
-    reads the weights into memory instead of mapping the files (a file changed on disk
-    then cannot affect, or crash, the loaded model).
+    device; ``dtype`` None computes in the dtype the weights are stored in; ``numerics`` "exact"
+    or "hf" says where f16 / bf16 ops round (``llaisys_models.numerics``; None: ``$LLAISYS_NUMERICS``).
+    ``mmap=False`` reads the weights into memory instead of mapping the files (a file changed on
+    disk then cannot affect, or crash, the loaded model).
 
     One model holds one KV cache, so it runs one generation at a time: calls from several
     threads take turns (``forward``, ``generate``, a ``stream_generate`` until it finishes
@@ -65,7 +67,9 @@ class Qwen2(GenerationMixin):
 
     architectures = ("Qwen2ForCausalLM",)
 
-    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True):
+    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True,
+                 numerics: str | None = None):
+        self.numerics = resolve_numerics(numerics)
         self.path = model_directory(path)
         config = ModelConfig.from_file(self.path)
         supported = {a for cls in _all_model_classes() for a in cls.architectures}
@@ -85,10 +89,11 @@ class Qwen2(GenerationMixin):
 
     @classmethod
     def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
-                     dtype: llaisys.DType, eos_token_ids, source=None) -> "Qwen2":
+                     dtype: llaisys.DType, eos_token_ids, source=None, numerics: str | None = None) -> "Qwen2":
         """A model over weights already placed on ``device`` in ``dtype``, read from a source other
         than a HuggingFace directory (a GGUF file); ``source`` stays alive as long as the model."""
         model = cls.__new__(cls)
+        model.numerics = resolve_numerics(numerics)
         model.path, model.config, model.device, model.dtype = Path(path), config, device, dtype
         model.eos_token_ids = tuple(eos_token_ids)
         model.weights, model.checkpoint = weights, source
@@ -106,7 +111,7 @@ class Qwen2(GenerationMixin):
     def __repr__(self) -> str:
         c = self.config
         return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}, "
-                f"layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
+                f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
     # -- the cache ----------------------------------------------------------------
 
@@ -158,32 +163,32 @@ class Qwen2(GenerationMixin):
 
     def _attention(self, i: int, w: LayerWeights, ws: Workspace, cache: KVCache, positions, start: int,
                    end: int) -> None:
-        c, ops, n = self.config, llaisys.ops, end - start
+        c, ops, n, numerics = self.config, llaisys.ops, end - start, self.numerics
         key_slot, value_slot = cache.slot(i, start, end)
-        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps)
+        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         ops.linear(ws.q, ws.h, w.q_proj, w.q_bias)
         ops.linear(ws.k, ws.h, w.k_proj, w.k_bias)
         ops.linear(value_slot.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)  # values straight into the cache
-        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), positions, c.rope_theta)
-        ops.rope(key_slot, ws.k.view(n, c.num_key_value_heads, c.head_dim), positions, c.rope_theta)
+        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), positions, c.rope_theta, numerics)
+        ops.rope(key_slot, ws.k.view(n, c.num_key_value_heads, c.head_dim), positions, c.rope_theta, numerics)
         keys, values = cache.slot(i, 0, end)
-        ops.self_attention(ws.attn, ws.q_rot, keys, values, self.scale)
+        ops.self_attention(ws.attn, ws.q_rot, keys, values, self.scale, numerics)
         ops.linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         ops.add(ws.x, ws.x, ws.out)
 
     def _mlp(self, w: LayerWeights, ws: Workspace) -> None:
-        c, ops = self.config, llaisys.ops
-        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps)
+        c, ops, numerics = self.config, llaisys.ops, self.numerics
+        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps, numerics)
         ops.linear(ws.gate, ws.h, w.gate_proj, w.gate_bias)
         ops.linear(ws.up, ws.h, w.up_proj, w.up_bias)
-        ops.swiglu(ws.act, ws.gate, ws.up)
+        ops.swiglu(ws.act, ws.gate, ws.up, numerics)
         ops.linear(ws.out, ws.act, w.down_proj, w.down_bias)
         ops.add(ws.x, ws.x, ws.out)
 
     def _lm_head(self, x: llaisys.Tensor) -> llaisys.Tensor:
         c, n = self.config, x.shape[0]
         normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
-        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
         logits = llaisys.empty((n, c.vocab_size), self.dtype, self.device)
         llaisys.ops.linear(logits, normed, self.weights.lm_head)
         return logits

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
+from ops.test_numerics_hf import hf_rope
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
@@ -155,11 +156,48 @@ def test_rms_norm(dev, dtype, rows, dim):
     check(dev.download(dx), want, dtype)
 
 
-def test_hf_numerics_is_not_supported_yet(dev):
-    x = dev.upload(torch.ones(4, 8))
+# ---- numerics = hf: rms_norm, rope and swiglu round as HF's op sequence in the dtype does ----------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_ids.get)
+def test_hf_numerics(dev, dtype):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    hf = 1  # LLAISYS_NUMERICS_HF
+    x, w = randn((3, 67), dtype, 21, 2.0), randn((67,), dtype, 22)
+    out = dev.empty((3, 67), dtype)
+    dev.op("rms_norm", CODE[dtype], hf, 3, 67, 1e-6, out, dev.upload(x), dev.upload(w))
+    norm = Qwen2RMSNorm(67, eps=1e-6).to(dtype)
+    norm.weight.data.copy_(w)
+    with torch.no_grad():
+        assert torch.equal(dev.download(out), norm(x))
+
+    x, pos = randn((5, 3, 128), dtype, 23), torch.tensor([0, 7, 100000, 3, 65535], dtype=torch.int64)
+    out = dev.empty((5, 3, 128), dtype)
+    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1e6, out, dev.upload(x), dev.upload(pos))
+    assert torch.equal(dev.download(out), hf_rope(x, pos, 1e6))
+
+    g, u = randn(4097, dtype, 24, 3.0), randn(4097, dtype, 25)
+    out = dev.empty((4097,), dtype)
+    dev.op("swiglu", CODE[dtype], hf, 4097, out, dev.upload(g), dev.upload(u))
+    # expf here and torch's silu exp are both within ~1 f32 ulp: in f16 a rounding boundary is hit ~1 in 1e4
+    mismatched = int((dev.download(out) != torch.nn.functional.silu(g) * u).sum())
+    assert mismatched <= (0 if dtype == torch.bfloat16 else 2), f"{mismatched} of 4097 differ from HF's"
+
+
+def test_hf_numerics_attention(dev):
+    """HF's GPU attention rounding is not implemented in f16 / bf16 (NOT_SUPPORTED, saying so); in f32 the
+    hf mode is the exact mode."""
+    q, k = randn((1, 2, 16), torch.float32, 26), randn((9, 1, 16), torch.float32, 27)
+    outs = []
+    for numerics in (0, 1):
+        out = dev.empty((1, 2, 16), torch.float32)
+        dev.op("self_attention", 0, numerics, 1, 9, 2, 1, 16, 16, 0.25, out, dev.upload(q), dev.upload(k), dev.upload(k))
+        outs.append(dev.download(out))
+    assert torch.equal(outs[0], outs[1])
+    qh, kh = dev.upload(q.bfloat16()), dev.upload(k.bfloat16())
     with pytest.raises(SlotError) as info:
-        dev.op("rms_norm", 0, 1, 4, 8, 1e-6, x, x, dev.upload(torch.ones(8)))
-    assert info.value.status == 4 and "numerics" in info.value.message
+        dev.op("self_attention", 2, 1, 1, 9, 2, 1, 16, 16, 0.25, dev.empty((1, 2, 16), torch.bfloat16), qh, kh, kh)
+    assert info.value.status == 4 and "numerics=hf attention" in info.value.message
 
 
 # ---- rope ------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from .. import numerics
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -26,6 +28,7 @@ def register_serve(subparsers) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                    help="compute dtype (default: the dtype the weights are stored in)")
+    numerics.add_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
@@ -63,7 +66,7 @@ def run_serve(args) -> int:
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
     path = model_dir(args)
     tokenizer_path = args.tokenizer or path
-    model = load(path, device=args.device, dtype=args.dtype)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running, kv_slots=args.kv_slots,
                     prefix_reuse=not args.no_prefix_reuse)

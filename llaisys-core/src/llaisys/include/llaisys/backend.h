@@ -81,7 +81,7 @@ typedef enum llaisys_memcpy_kind {
 /* Where f16 / bf16 operators round (the `numerics` argument of the ops that take one). */
 typedef enum llaisys_numerics {
     LLAISYS_NUMERICS_EXACT = 0, /* compute in f32, round once to the output dtype */
-    LLAISYS_NUMERICS_HF = 1     /* round where HuggingFace transformers' eager forward rounds */
+    LLAISYS_NUMERICS_HF = 1     /* f16 / bf16: round where HuggingFace transformers' default (sdpa) forward rounds */
 } llaisys_numerics_t;
 
 /* Device attributes (device_attribute). */
