@@ -2,6 +2,8 @@
 // The algorithm is in self_attention.h; the AVX2 / AVX-512 paths in self_attention_avx2/_avx512.cpp.
 #include "self_attention.h"
 
+#include "paged_attention.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <new>
@@ -75,6 +77,20 @@ void run_portable(int dtype, const Problem& p) {
         case 0: attention<PV, 1, 4, 4, CvtPortable, float>(p); break;
         case 1: attention<PV, 1, 4, 4, CvtPortable, f16_t>(p); break;
         default: attention<PV, 1, 4, 4, CvtPortable, bf16_t>(p); break;
+    }
+}
+
+// Paged attention (paged_attention.h): one vector of 8 queries per tile.
+struct PagedShapesPortable {
+    static constexpr int kMaxMB = 1;
+    static constexpr int kr[3] = {4, 4, 4}, r[3] = {4, 4, 4};
+};
+
+void run_paged_portable(int dtype, const PagedProblem& p) {
+    switch (dtype) {
+        case 0: paged_attention<PV, PagedShapesPortable, CvtPortable, float>(p); break;
+        case 1: paged_attention<PV, PagedShapesPortable, CvtPortable, f16_t>(p); break;
+        default: paged_attention<PV, PagedShapesPortable, CvtPortable, bf16_t>(p); break;
     }
 }
 

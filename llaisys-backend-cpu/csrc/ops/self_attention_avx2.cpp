@@ -1,6 +1,7 @@
 // self_attention, AVX2 + FMA + F16C path (16 ymm registers: blocking sized to fit them).
 #include "self_attention.h"
 #include "self_attention_simd256.h"
+#include "paged_attention.h"
 
 namespace llaisys::cpu::attn {
 
@@ -24,6 +25,20 @@ void run_avx2(int dtype, const Problem& p) {
         case 0: go<float>(p); break;
         case 1: go<llaisys::f16_t>(p); break;
         default: go<llaisys::bf16_t>(p); break;
+    }
+}
+
+// Paged attention (paged_attention.h): 8-lane vectors, 1 or 2 per tile (16 ymm registers).
+struct PagedShapes256 {
+    static constexpr int kMaxMB = 2;
+    static constexpr int kr[3] = {12, 6, 6}, r[3] = {12, 6, 6};
+};
+
+void run_paged_avx2(int dtype, const PagedProblem& p) {
+    switch (dtype) {
+        case 0: paged_attention<V256, PagedShapes256, Cvt256, float>(p); break;
+        case 1: paged_attention<V256, PagedShapes256, Cvt256, llaisys::f16_t>(p); break;
+        default: paged_attention<V256, PagedShapes256, Cvt256, llaisys::bf16_t>(p); break;
     }
 }
 

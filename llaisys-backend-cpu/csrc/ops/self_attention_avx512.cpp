@@ -5,6 +5,7 @@
 
 #include "self_attention.h"
 #include "self_attention_simd256.h"
+#include "paged_attention.h"
 
 namespace {
 
@@ -101,6 +102,21 @@ void go(const Problem& p) {
         attention<V512, 2, 8, 12, Cvt512, T>(p);   // 32 queries per tile: 16 / 24 accumulators
 }
 }  // namespace
+
+// Paged attention (paged_attention.h): 8-lane vectors (as many FLOPs per cycle on Zen 4 as 16-lane ones,
+// and one vector type for every tile width keeps results batch-invariant), 1, 2 or 4 per tile, 32 registers.
+struct PagedShapes512 {
+    static constexpr int kMaxMB = 4;
+    static constexpr int kr[3] = {16, 12, 6}, r[3] = {24, 12, 6};
+};
+
+void run_paged_avx512(int dtype, const PagedProblem& p) {
+    switch (dtype) {
+        case 0: paged_attention<V256, PagedShapes512, Cvt512, float>(p); break;
+        case 1: paged_attention<V256, PagedShapes512, Cvt512, llaisys::f16_t>(p); break;
+        default: paged_attention<V256, PagedShapes512, Cvt512, llaisys::bf16_t>(p); break;
+    }
+}
 
 void run_avx512(int dtype, const Problem& p) {
     switch (dtype) {

@@ -67,6 +67,13 @@ OP_SIGNATURES: dict[str, list] = {
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
+    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
+    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+                        _p, _p, _p, _p, _p, _p, _p],
+    # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
+    "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
     # dtype, numerics, n, out, gate, up
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
@@ -101,6 +108,14 @@ _PACKERS = {
     "self_attention": lambda out, q, k, v, scale: (
         out.dtype.code, NUMERICS_EXACT, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()),
+    "paged_attention": lambda out, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: (
+        out.dtype.code, NUMERICS_EXACT, q.shape[0], block_tables.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
+        v_cache.shape[3], k_cache.shape[0], k_cache.shape[1], block_tables.shape[1], scale,
+        out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        seq_lens.data_ptr(), query_start.data_ptr()),
+    "paged_kv_write": lambda k_cache, v_cache, k, v, slot_mapping: (
+        k.dtype.code, k.shape[0], k.shape[1], k.shape[2], v.shape[2], k_cache.shape[0] * k_cache.shape[1],
+        k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slot_mapping.data_ptr()),
     "swiglu": lambda out, gate, up: (
         out.dtype.code, NUMERICS_EXACT, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
     "sample": lambda out_idx, logits, temperature, top_k, top_p, seed: (
