@@ -137,7 +137,7 @@ def chat_server(chat_model_dir, pytestconfig):
     from llaisys_models.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
-    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_slots=16)
+    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_memory=64 << 20)
     with ChatServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as server:
         yield server
 

@@ -66,9 +66,14 @@ def test_demo_greedy_equals_generate(client):
         assert r.choices[0].text == want and want.isdigit()
 
 
-@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--kv-slots", "-1")])
+@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--max-batch-tokens", "0"),
+                                         ("--block-size", "0"), ("--kv-memory", "lots"), ("--kv-memory", "0GiB")])
 def test_bad_command_line_values_are_refused(capsys, flag, value):
     from llaisys.cli import main
 
     assert main(["serve", flag, value]) == 2
-    assert f"{flag} = {value} is out of range" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    if flag == "--kv-memory":
+        assert f"{value!r}" in err and ("not a memory size" in err or "must be positive" in err)
+    else:
+        assert f"{flag} = {value} is out of range" in err

@@ -12,7 +12,7 @@ from pathlib import Path
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .generation import GenerationStats
-from .kv_cache import KVCache
+from .paged_kv import KVPool, KVShape, SequenceKV
 from .qwen2 import Llama, Qwen2
 from .safetensors import Checkpoint, SafetensorsFile
 
@@ -38,5 +38,5 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None) -> Qwen
     return cls(path, device=device, dtype=dtype, progress=progress)
 
 
-__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVCache", "Llama", "MODEL_CLASSES", "ModelConfig",
-           "ModelLoadError", "Qwen2", "SafetensorsFile", "load"]
+__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",
+           "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load"]

@@ -54,6 +54,18 @@ def _check_number(name, value, low, high=None, integer=False, low_open=False):
         raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
 
 
+def check_sampling(max_new_tokens, top_k, top_p, temperature, seed) -> int:
+    """Check generate's sampling arguments; returns the seed (a random one for None)."""
+    _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+    _check_number("top_k", top_k, 0, integer=True)
+    _check_number("top_p", top_p, 0, 1, low_open=True)
+    _check_number("temperature", temperature, 0)
+    if seed is None:
+        seed = secrets.randbits(63)
+    _check_number("seed", seed, 0, MASK64, integer=True)
+    return int(seed)
+
+
 class GenerationMixin:
     """``generate`` and ``stream_generate`` for a model with ``forward`` and a ``cache``."""
 
@@ -108,18 +120,22 @@ class GenerationMixin:
         """Yield each new token as soon as it is chosen (the EOS token included). Arguments are
         checked here, before the first token is asked for."""
         ids = self.check_input_ids(input_ids)
-        _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
-        _check_number("top_k", top_k, 0, integer=True)
-        _check_number("top_p", top_p, 0, 1, low_open=True)
-        _check_number("temperature", temperature, 0)
-        if seed is None:
-            seed = secrets.randbits(63)
-        _check_number("seed", seed, 0, MASK64, integer=True)
+        seed = check_sampling(max_new_tokens, top_k, top_p, temperature, seed)
         self.check_length(len(ids) + max_new_tokens)
         eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         greedy = top_k == 1 or temperature == 0
         return self._stream(ids, int(max_new_tokens), greedy, int(top_k), float(top_p), float(temperature),
                             int(seed), eos, reuse_cache)
+
+    def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
+                       temperature: float = 1.0, seed=None, **options) -> list[list[int]]:
+        """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
+        them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed`` may be one int or
+        one per prompt; options: ``eos_token_ids``, ``kv_memory`` (bytes), ``max_running``,
+        ``max_batch_tokens`` (see ``scheduler.generate_batch``)."""
+        from .scheduler import generate_batch
+
+        return generate_batch(self, prompts, max_new_tokens, top_k, top_p, temperature, seed, **options)
 
     def _stream(self, ids, max_new_tokens, greedy, top_k, top_p, temperature, seed, eos, reuse_cache):
         stats = self.last_stats = GenerationStats()
@@ -129,7 +145,7 @@ class GenerationMixin:
             self.truncate(_common_prefix(self.cache.tokens, ids, limit=len(ids) - 1))
         else:
             self.reset()
-        self.cache.reserve(len(ids) + max_new_tokens - 1)
+        self.reserve(self.cache, len(ids) + max_new_tokens - 1)
         pending = ids[len(self.cache):]
         for step in range(max_new_tokens):
             t0 = time.perf_counter()
