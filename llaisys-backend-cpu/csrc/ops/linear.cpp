@@ -16,7 +16,6 @@ namespace {
 struct Portable {
     struct vec { float v[8]; };
     static constexpr int W = 8;
-    static constexpr int kGemvAcc = 4;
 
     static inline vec zero() { vec r; for (int i = 0; i < W; ++i) r.v[i] = 0.0f; return r; }
     static inline vec set1(float f) { vec r; for (int i = 0; i < W; ++i) r.v[i] = f; return r; }

@@ -10,7 +10,6 @@ namespace {
 struct Avx2 {
     using vec = __m256;
     static constexpr int W = 8;
-    static constexpr int kGemvAcc = 8;
 
     static inline vec zero() { return _mm256_setzero_ps(); }
     static inline vec set1(float f) { return _mm256_set1_ps(f); }

@@ -16,7 +16,6 @@ namespace {
 struct Avx512 {
     using vec = __m512;
     static constexpr int W = 16;
-    static constexpr int kGemvAcc = 16;
 
     static inline vec zero() { return _mm512_setzero_ps(); }
     static inline vec set1(float f) { return _mm512_set1_ps(f); }
@@ -143,6 +142,54 @@ struct Bf16DotKernel {
     static void pack_a(const T* src, int64_t ld, int rows, int64_t kc, P* dst) {
         pack_pairs<MR>(src, ld, rows, kc, dst);
     }
+
+    // The GEMV in this kernel's arithmetic (see gemv in linear_impl.h): x as (k, k+1) pairs of bf16 (an odd
+    // K's last pair padded with 0, as pack_pairs does), 16 weight rows in the lanes, one vdpbf16ps per pair.
+    using GemvX = uint32_t;
+    static int64_t gemv_x_stride(int64_t K) { return ceil_div(K, 2); }
+    static const uint32_t* gemv_x(const bf16_t* x, int64_t M, int64_t K, uint32_t* buf) {
+        const int64_t ld = gemv_x_stride(K);
+        for (int64_t m = 0; m < M; ++m) {
+            buf[m * ld + ld - 1] = 0;  // the pad of an odd K
+            std::memcpy(buf + m * ld, x + m * K, sizeof(bf16_t) * size_t(K));
+        }
+        return buf;
+    }
+    template <int MM>
+    __attribute__((target("avx512bf16"))) static void gemv_block(const bf16_t* __restrict w, int64_t K, int rows,
+                                                                 const uint32_t* __restrict x, int64_t ldx,
+                                                                 __m512 (&total)[MM]) {
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = std::min<int64_t>(KC, K - k0), pairs = ceil_div(kc, 2);
+            __m512 acc[MM];
+#pragma GCC unroll 8
+            for (int m = 0; m < MM; ++m) acc[m] = _mm512_setzero_ps();
+            for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+                const int64_t n = std::min<int64_t>(16, pairs - p0), left = kc - 2 * p0;  // bf16 values left
+                const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
+                const bf16_t* wk = w + k0 + 2 * p0;
+                __m512 t[16];
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; ++j) {
+                    if (j < rows) {
+                        __builtin_prefetch(wk + j * K + 256);
+                        t[j] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, wk + j * K));
+                    } else {
+                        t[j] = _mm512_setzero_ps();
+                    }
+                }
+                Avx512::transpose(t);  // t[s]: pair s of the 16 rows
+                const uint32_t* xk = x + (k0 >> 1) + p0;
+                for (int64_t s = 0; s < n; ++s)
+#pragma GCC unroll 8
+                    for (int m = 0; m < MM; ++m)
+                        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(int(xk[m * ldx + s])),
+                                                  (__m512bh)t[s]);
+            }
+#pragma GCC unroll 8
+            for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : _mm512_add_ps(acc[m], total[m]);
+        }
+    }
     template <class T>
     static void pack_b(const T* src, int64_t ld, int rows, int64_t kc, P* dst) {
         pack_pairs<NR>(src, ld, rows, kc, dst);
@@ -150,65 +197,6 @@ struct Bf16DotKernel {
 };
 
 using Avx512Bf16Kernel = Bf16DotKernel<14, 1024, 128>;
-
-// GEMV row kernel for bf16: vdpbf16ps straight on bf16 weights and bf16 x: 32 values per instruction, no
-// expansion, and x at half the bytes of the f32 path, so x and the weight stream share L1 better
-// (measured 1.3-2.5x faster than shift + FMA at M = 1..8).
-struct Bf16DotGemv {
-    using T = bf16_t;
-    using X = bf16_t;
-    static constexpr int kAcc = 24;
-
-    template <int MM, int R, int U, int PF>
-    __attribute__((target("avx512bf16"))) static void dot(const bf16_t* __restrict w, int64_t ldw,
-                                                          const bf16_t* __restrict x, int64_t ldx, int64_t len,
-                                                          float (&res)[R][MM]) {
-        __m512 acc[U][R][MM];
-#pragma GCC unroll 4
-        for (int u = 0; u < U; ++u)
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-                for (int m = 0; m < MM; ++m) acc[u][r][m] = _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k + 32 * U <= len; k += 32 * U) {
-#pragma GCC unroll 4
-            for (int u = 0; u < U; ++u) {
-                const int64_t ku = k + 32 * u;
-                __m512bh wv[R];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    if constexpr (PF > 0) __builtin_prefetch(reinterpret_cast<const char*>(w + r * ldw + ku) + PF);
-                    wv[r] = (__m512bh)_mm512_loadu_si512(w + r * ldw + ku);
-                }
-#pragma GCC unroll 8
-                for (int m = 0; m < MM; ++m) {
-                    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * ldx + ku);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) acc[u][r][m] = _mm512_dpbf16_ps(acc[u][r][m], wv[r], xv);
-                }
-            }
-        }
-        for (; k < len; k += 32) {  // zero-filled tail: an odd last value pairs with 0
-            const __mmask32 mask = len - k >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << (len - k)) - 1);
-            for (int r = 0; r < R; ++r) {
-                const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * ldw + k);
-                for (int m = 0; m < MM; ++m)
-                    acc[0][r][m] = _mm512_dpbf16_ps(acc[0][r][m], wv,
-                                                    (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k));
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-            for (int m = 0; m < MM; ++m) {
-                __m512 t = acc[0][r][m];
-#pragma GCC unroll 4
-                for (int u = 1; u < U; ++u) t = _mm512_add_ps(t, acc[u][r][m]);
-                res[r][m] = Avx512::reduce(t);
-            }
-    }
-};
 
 bool has_avx512bf16() {
     static const bool has = [] {
@@ -226,7 +214,7 @@ void run_avx512(const Args& a) {
         case kF16: return run_typed<Avx512, Avx512Kernel, f16_t>(a);
         case kBF16:
             if (has_avx512bf16() && bf16dot_allowed())
-                return run_typed<Avx512, Avx512Bf16Kernel, bf16_t, Bf16DotGemv>(a);
+                return run_typed<Avx512, Avx512Bf16Kernel, bf16_t>(a);
             return run_typed<Avx512, Avx512Kernel, bf16_t>(a);
         default: unsupported_dtype(a.dtype);
     }

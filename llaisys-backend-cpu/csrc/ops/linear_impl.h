@@ -12,15 +12,16 @@
 //   store(float*|bf16_t*|f16_t*, vec) (round to nearest even), f16_to_f32(bits), f32_to_f16(f) -> bits,
 //   load_n(const T*, n) / store_n(T*, vec, n) for 0 < n < W (the first n lanes; the rest read as 0),
 //   transpose(vec (&v)[W])                               // in-register W x W transpose
-//   static constexpr int kGemvAcc;                       // accumulator registers the GEMV may use
 //
-// Decode (GEMV, M <= 8): memory bound, so every weight row is read exactly once for all M rows of x.
-// N is split over the threads in blocks of 8 contiguous rows (dynamic schedule: other processes may
-// hold a core). While the M rows of x plus one weight row fit in L1, the block is read one row at a time
-// with U unrolled accumulators per x row (one sequential stream, which the hardware prefetcher follows
-// best); otherwise R rows are interleaved so that each x vector (now an L1 miss) serves R weight vectors.
-// f16/bf16 weights are expanded to f32 in registers (bf16: a 16-bit shift), x is converted once; with
-// AVX512-BF16, bf16 instead runs vdpbf16ps on raw bf16 weights and x (see Bf16DotGemv).
+// Batch invariance: row m of out depends on row m of x only, never on M or on the other rows, so a
+// sequence's logits are the same whether it runs alone or batched with others (continuous batching) and
+// however a prompt is cut into chunks. Both algorithms below compute every output with the same
+// arithmetic, that of the GEMM kernel family in use: one f32 chain per output over k in order (one FMA per
+// k, or one vdpbf16ps per pair of k), restarted at every KC slice of k, the slices' sums added in order,
+// then the bias added and the result rounded once. Tiles, M, threads and prefetching change nothing of it.
+//
+// Decode (GEMV, M <= 8): memory bound, so every weight row is read exactly once for all M rows of x:
+// weight rows in the SIMD lanes, tiles transposed in registers (see gemv).
 //
 // Prefill (GEMM, M > 8): compute bound, Goto/BLIS blocking. x is packed once per block of rows into
 // micro-panels of MR rows ([k][MR]); threads take (N-block, M-block) tiles, pack their weight block per
@@ -186,164 +187,86 @@ struct ErrorSlot {
 };
 
 // ====================================== GEMV (decode) ================================================
+// M <= kGemvMaxRows: memory bound, every weight row is read once for all M rows of x. Weight rows sit in the
+// lanes (W rows per block, blocks shared among the threads); per chunk of W k-steps the W x W weight tile is
+// transposed in registers, and each row of x adds x[m][k] * w[rows][k], k in order: exactly the GEMM
+// micro-kernel's arithmetic (same chains, restarted at the same KC slices, slices added in the same order,
+// bias added and rounded by the same vector code), so the result does not depend on M (see above).
+// Kern provides: GemvX (the element type of x in the dot: f32, or bf16 pairs), gemv_x_stride(K),
+// gemv_x(x, M, K, buf) -> x in that form, and gemv_block<MM>(w, K, rows, x, ldx, total[MM]).
 
-// res[r][m] = dot(w row r, x row m) over [0, len): R weight rows (stride ldw) x MM rows of x (stride ldx),
-// each k range unrolled U times, so R*MM*U independent accumulator chains. PF > 0: software-prefetch each
-// weight row PF bytes ahead.
-template <class Isa, class T, int MM, int R, int U, int PF>
-LLAISYS_INLINE void dot_rows(const T* __restrict w, int64_t ldw, const float* __restrict x, int64_t ldx, int64_t len,
-                             float (&res)[R][MM]) {
+// The F32 family's block: weights widened to f32, one k per step, Isa::fma(x, w, acc) as in F32Kernel::micro.
+template <class Isa, int KC, int MM, class T>
+LLAISYS_INLINE void gemv_block_f32(const T* __restrict w, int64_t K, int rows, const float* __restrict x, int64_t ldx,
+                                   typename Isa::vec (&total)[MM]) {
     using V = typename Isa::vec;
     constexpr int W = Isa::W;
-    V acc[U][R][MM];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u)
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r)
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min<int64_t>(KC, K - k0);
+        V acc[MM];
 #pragma GCC unroll 8
-            for (int m = 0; m < MM; ++m) acc[u][r][m] = Isa::zero();
-    auto step = [&](int u, int64_t k) LLAISYS_ALWAYS_INLINE_LAMBDA {
-        V wv[R];
+        for (int m = 0; m < MM; ++m) acc[m] = Isa::zero();
+        for (int64_t kk = 0; kk < kc; kk += W) {
+            const int64_t n = std::min<int64_t>(W, kc - kk), k = k0 + kk;
+            V t[W];
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-            if constexpr (PF > 0) __builtin_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF);
-            wv[r] = Isa::load(w + r * ldw + k);
+            for (int j = 0; j < W; ++j) {
+                if (j < rows) {
+                    __builtin_prefetch(w + j * K + k + 8 * W);
+                    t[j] = load_n<Isa>(w + j * K + k, n);
+                } else {
+                    t[j] = Isa::zero();
+                }
+            }
+            Isa::transpose(t);  // t[s]: the weights at k + s of the W rows
+            for (int64_t s = 0; s < n; ++s)
+#pragma GCC unroll 8
+                for (int m = 0; m < MM; ++m) acc[m] = Isa::fma(Isa::set1(x[m * ldx + k + s]), t[s], acc[m]);
         }
 #pragma GCC unroll 8
-        for (int m = 0; m < MM; ++m) {
-            const V xv = Isa::load(x + m * ldx + k);
-#pragma GCC unroll 16
-            for (int r = 0; r < R; ++r) acc[u][r][m] = Isa::fma(wv[r], xv, acc[u][r][m]);
-        }
-    };
-    int64_t k = 0;
-    for (; k + U * W <= len; k += U * W) {
-#pragma GCC unroll 4
-        for (int u = 0; u < U; ++u) step(u, k + u * W);
+        for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : Isa::add(acc[m], total[m]);
     }
-    for (; k + W <= len; k += W) step(0, k);
-    if (k < len) {
-        const int64_t n = len - k;
-        for (int r = 0; r < R; ++r) {
-            const V wv = load_n<Isa>(w + r * ldw + k, n);
-            for (int m = 0; m < MM; ++m) acc[0][r][m] = Isa::fma(wv, load_n<Isa>(x + m * ldx + k, n), acc[0][r][m]);
-        }
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int m = 0; m < MM; ++m) {
-            V t = acc[0][r][m];
-#pragma GCC unroll 4
-            for (int u = 1; u < U; ++u) t = Isa::add(t, acc[u][r][m]);
-            res[r][m] = Isa::reduce(t);
-        }
 }
 
-// The default GEMV row kernel: x converted to f32 once, weights expanded to f32 in registers, FMA.
-template <class Isa, class T_>
-struct F32Dot {
-    using T = T_;
-    using X = float;
-    static constexpr int kAcc = Isa::kGemvAcc;
-    template <int MM, int R, int U, int PF>
-    static LLAISYS_INLINE void dot(const T* w, int64_t ldw, const X* x, int64_t ldx, int64_t len, float (&res)[R][MM]) {
-        dot_rows<Isa, T, MM, R, U, PF>(w, ldw, x, ldx, len, res);
-    }
-};
-
-// Interleaved rows: R * MM accumulators within the kernel's budget, at most 4 rows (streams) at once,
-// and a power of two so that R divides the 8-row blocks (left-over rows would run one at a time).
-template <class Dot, int MM>
-constexpr int gemv_rows_at_once() {
-    int r = Dot::kAcc / MM;
-    return r >= 4 ? 4 : r >= 2 ? 2 : 1;
-}
-
-// Single-row path: unroll k so that MM * U >= 4 chains cover the FMA latency.
-template <int MM>
-constexpr int gemv_unroll() { return MM == 1 ? 4 : MM == 2 ? 2 : 1; }
-
-constexpr int64_t kGemvBlockRows = 8;    // weight rows per scheduling unit (contiguous in memory)
-constexpr int kGemvPrefetch = 512;       // bytes ahead on each interleaved weight row
-constexpr int64_t kGemvL1Bytes = 24 << 10;
-
-// Rows [m0, m0 + MM) of the output; xg holds those rows of x in the kernel's format (stride K).
-template <class Isa, class Dot, int MM>
-void gemv_group(const Args& a, const typename Dot::X* xg, int64_t m0) {
-    using T = typename Dot::T;
-    constexpr int R = gemv_rows_at_once<Dot, MM>();
-    constexpr int U = gemv_unroll<MM>();
-    const int64_t N = a.N, K = a.K;
+template <class Isa, class Kern, class T>
+void gemv(const Args& a) {
+    using V = typename Isa::vec;
+    using X = typename Kern::GemvX;
+    constexpr int W = Isa::W;
+    const int64_t M = a.M, N = a.N, K = a.K, ldx = Kern::gemv_x_stride(K);
+    const X* xs = Kern::gemv_x(static_cast<const T*>(a.x), M, K, scratch(kSlotX).get<X>(size_t(M * ldx)));
     const T* w = static_cast<const T*>(a.weight);
     const T* bias = static_cast<const T*>(a.bias);
-    T* out = static_cast<T*>(a.out) + m0 * N;
-    const int64_t blocks = ceil_div(N, kGemvBlockRows);
+    T* out = static_cast<T*>(a.out);
+    const int64_t blocks = ceil_div(N, W);
     const int threads = omp_get_max_threads();
-    // Chunks of row blocks handed out dynamically (other processes share these cores), small enough
-    // that every thread gets several.
+    // Chunks of blocks handed out dynamically (other processes share these cores), several per thread.
     const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
-    const bool parallel = threads > 1 && N * K * MM >= (int64_t(1) << 16) && blocks > 1;
-    // While the x rows and one weight row fit in L1, read one weight row at a time: the weights are then
-    // one sequential stream, which the hardware prefetcher follows best. Beyond that, x vectors miss L1,
-    // so R rows are interleaved and each x vector serves R weight vectors.
-    const bool sequential = (MM * int64_t(sizeof(typename Dot::X)) + int64_t(sizeof(T))) * K <= kGemvL1Bytes;
+    const bool parallel = threads > 1 && N * K * M >= (int64_t(1) << 16) && blocks > 1;
 #pragma omp parallel for schedule(dynamic, chunk) if (parallel)
     for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * kGemvBlockRows, rows = std::min(kGemvBlockRows, N - n0);
-        float res[kGemvBlockRows][MM];
-        int64_t r = 0;
-        if (!sequential) {
-            for (; r + R <= rows; r += R) {
-                float part[R][MM];
-                Dot::template dot<MM, R, 1, kGemvPrefetch>(w + (n0 + r) * K, K, xg, K, K, part);
-                for (int q = 0; q < R; ++q)
-                    for (int m = 0; m < MM; ++m) res[r + q][m] = part[q][m];
+        const int64_t n0 = blk * W;
+        const int rows = int(std::min<int64_t>(W, N - n0));
+        const V b = bias ? load_n<Isa>(bias + n0, rows) : Isa::zero();
+        for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
+            auto group = [&](auto mm) {
+                constexpr int MM = decltype(mm)::value;
+                V total[MM];
+                for (int m = 0; m < MM; ++m) total[m] = Isa::zero();  // (set by gemv_block; K > 0 here)
+                Kern::template gemv_block<MM>(w + n0 * K, K, rows, xs + m0 * ldx, ldx, total);
+                for (int m = 0; m < MM; ++m)
+                    store_n<Isa>(out + (m0 + m) * N + n0, bias ? Isa::add(total[m], b) : total[m], rows);
+            };
+            switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
+                case 1: group(std::integral_constant<int, 1>{}); break;
+                case 2: group(std::integral_constant<int, 2>{}); break;
+                case 3: group(std::integral_constant<int, 3>{}); break;
+                case 4: group(std::integral_constant<int, 4>{}); break;
+                case 5: group(std::integral_constant<int, 5>{}); break;
+                case 6: group(std::integral_constant<int, 6>{}); break;
+                case 7: group(std::integral_constant<int, 7>{}); break;
+                default: group(std::integral_constant<int, 8>{}); break;
             }
-        }
-        for (; r < rows; ++r) {
-            float part[1][MM];
-            Dot::template dot<MM, 1, U, 0>(w + (n0 + r) * K, K, xg, K, K, part);
-            for (int m = 0; m < MM; ++m) res[r][m] = part[0][m];
-        }
-        for (r = 0; r < rows; ++r) {
-            const float b = bias ? scalar_load<Isa>(bias + n0 + r) : 0.0f;
-            for (int m = 0; m < MM; ++m) scalar_store<Isa>(out + m * N + n0 + r, res[r][m] + b);
-        }
-    }
-}
-
-// RawDot (or void): a row kernel that reads x in its own dtype (the AVX512-BF16 dot product for bf16);
-// without one, x is converted to f32 once and F32Dot runs.
-template <class Isa, class T, class RawDot>
-void gemv(const Args& a) {
-    const int64_t M = a.M, K = a.K;
-    const float* x32 = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-        x32 = static_cast<const float*>(a.x);
-    } else if constexpr (std::is_same_v<RawDot, void>) {
-        float* buf = scratch(kSlotX).get<float>(size_t(M * K));
-        convert_to_f32<Isa>(static_cast<const T*>(a.x), buf, M * K);
-        x32 = buf;
-    }
-    const T* xraw = static_cast<const T*>(a.x);
-    for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
-        auto group = [&](auto mm) {
-            constexpr int MM = decltype(mm)::value;
-            if constexpr (!std::is_same_v<RawDot, void>)
-                gemv_group<Isa, RawDot, MM>(a, xraw + m0 * K, m0);
-            else
-                gemv_group<Isa, F32Dot<Isa, T>, MM>(a, x32 + m0 * K, m0);
-        };
-        switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
-            case 1: group(std::integral_constant<int, 1>{}); break;
-            case 2: group(std::integral_constant<int, 2>{}); break;
-            case 3: group(std::integral_constant<int, 3>{}); break;
-            case 4: group(std::integral_constant<int, 4>{}); break;
-            case 5: group(std::integral_constant<int, 5>{}); break;
-            case 6: group(std::integral_constant<int, 6>{}); break;
-            case 7: group(std::integral_constant<int, 7>{}); break;
-            default: group(std::integral_constant<int, 8>{}); break;
         }
     }
 }
@@ -411,6 +334,24 @@ struct F32Kernel {
                 float* p = c + i * ldc + v * W;
                 Isa::store(p, accumulate ? Isa::add(acc[i][v], Isa::load(p)) : acc[i][v]);
             }
+    }
+
+    // The GEMV in this kernel's arithmetic (see gemv below): x as f32 rows.
+    using GemvX = float;
+    static int64_t gemv_x_stride(int64_t K) { return K; }
+    template <class T>
+    static const float* gemv_x(const T* x, int64_t M, int64_t K, float* buf) {
+        if constexpr (std::is_same_v<T, float>) {
+            return x;
+        } else {
+            convert_to_f32<Isa>(x, buf, M * K);
+            return buf;
+        }
+    }
+    template <int MM, class T>
+    static void gemv_block(const T* w, int64_t K, int rows, const float* x, int64_t ldx,
+                           typename Isa::vec (&total)[MM]) {
+        gemv_block_f32<Isa, KC, MM>(w, K, rows, x, ldx, total);
     }
 
     // dst [kc][MR]: rows [0, rows) of src (stride ld), k in [0, kc), as f32; missing rows are zero.
@@ -570,14 +511,14 @@ void empty_k(const Args& a) {
         for (int64_t n = 0; n < a.N; ++n) scalar_store<Isa>(out + m * a.N + n, bias ? scalar_load<Isa>(bias + n) : 0.0f);
 }
 
-// The whole op for one dtype: picks GEMV or GEMM by M (or the forced path).
-template <class Isa, class GemmKern, class T, class RawDot = void>
+// The whole op for one dtype: picks GEMV or GEMM by M (or the forced path); both run Kern's arithmetic.
+template <class Isa, class Kern, class T>
 void run_typed(const Args& a) {
     if (a.K == 0) return empty_k<Isa, T>(a);
     const int forced = forced_path();
     const bool use_gemv = forced == 1 || (forced == 0 && a.M <= kGemvMaxRows);
-    if (use_gemv) gemv<Isa, T, RawDot>(a);
-    else gemm<Isa, GemmKern, T>(a);
+    if (use_gemv) gemv<Isa, Kern, T>(a);
+    else gemm<Isa, Kern, T>(a);
 }
 
 #undef LLAISYS_INLINE
