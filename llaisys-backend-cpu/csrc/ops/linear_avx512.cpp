@@ -180,11 +180,20 @@ struct Bf16DotKernel {
                 }
                 Avx512::transpose(t);  // t[s]: pair s of the 16 rows
                 const uint32_t* xk = x + (k0 >> 1) + p0;
-                for (int64_t s = 0; s < n; ++s)
+                if (n == 16) {  // a whole tile: unrolled, so t stays in registers
+#pragma GCC unroll 16
+                    for (int s = 0; s < 16; ++s)
 #pragma GCC unroll 8
-                    for (int m = 0; m < MM; ++m)
-                        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(int(xk[m * ldx + s])),
-                                                  (__m512bh)t[s]);
+                        for (int m = 0; m < MM; ++m)
+                            acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(int(xk[m * ldx + s])),
+                                                      (__m512bh)t[s]);
+                } else {
+                    for (int s = 0; s < n; ++s)
+#pragma GCC unroll 8
+                        for (int m = 0; m < MM; ++m)
+                            acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(int(xk[m * ldx + s])),
+                                                      (__m512bh)t[s]);
+                }
             }
 #pragma GCC unroll 8
             for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : _mm512_add_ps(acc[m], total[m]);

@@ -219,9 +219,16 @@ LLAISYS_INLINE void gemv_block_f32(const T* __restrict w, int64_t K, int rows, c
                 }
             }
             Isa::transpose(t);  // t[s]: the weights at k + s of the W rows
-            for (int64_t s = 0; s < n; ++s)
+            auto step = [&](int s) LLAISYS_ALWAYS_INLINE_LAMBDA {
 #pragma GCC unroll 8
                 for (int m = 0; m < MM; ++m) acc[m] = Isa::fma(Isa::set1(x[m * ldx + k + s]), t[s], acc[m]);
+            };
+            if (n == W) {  // a whole tile: unrolled, so t stays in registers
+#pragma GCC unroll 16
+                for (int s = 0; s < W; ++s) step(s);
+            } else {
+                for (int s = 0; s < n; ++s) step(s);
+            }
         }
 #pragma GCC unroll 8
         for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : Isa::add(acc[m], total[m]);
