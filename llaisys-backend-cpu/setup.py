@@ -1,17 +1,26 @@
-"""Builds csrc/**/*.cpp into src/llaisys_backend_cpu/libllaisys_cpu.so (a plain C ABI, no CPython).
+"""Builds csrc/ into src/llaisys_backend_cpu/libllaisys_cpu.so (a plain C ABI, no CPython).
 
-Files named *_avx2.cpp / *_avx512.cpp are compiled with that instruction set; the rest
-for baseline x86-64, so the library runs on any x86-64 and picks a path at run time.
+Every op source in csrc/ops/ is compiled once per instruction set of ISAS (portable = baseline x86-64,
+avx2, avx512), with -DLLAISYS_ISA=<name> and that set's -m flags: its kernels land in namespace
+llaisys::cpu::<name>, so the builds share no symbol and the library picks one at run time (the exported
+entry points are compiled with the portable build). The rest (csrc/common, csrc/copy_ops, runtime.cpp) is
+compiled once, for baseline x86-64. Every avx2 / avx512 object is then checked to define code only in its
+own namespace: any other function it defined (an inline helper, a std:: template) could be the copy the
+linker keeps for the portable path too, and crash CPUs without that instruction set.
 Exports are named llaisys_cpu_<slot> (LLAISYS_PREFIX); the slots come from llaisys-core's
 llaisys/backend.h, found in the monorepo beside this package, in csrc/include (an sdist's copy)
-or through an installed llaisys-core (llaisys.get_include()).
-Environment: CXX (default g++), LLAISYS_CPU_CXXFLAGS (extra flags), LLAISYS_BUILD_JOBS.
+or through an installed llaisys-core (llaisys.get_include()). Only those names are exported (a version
+script keeps static libstdc++ and every other symbol local).
+Environment: CXX (default g++), LLAISYS_CPU_CXXFLAGS (extra flags, e.g. -Werror),
+LLAISYS_BUILD_JOBS (parallel compiles; default: every core this process may use).
 """
 
 import os
+import re
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,13 +29,16 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent.resolve()
+CSRC = ROOT / "csrc"
 LIBRARY = "libllaisys_cpu.so"
 PREFIX = "llaisys_cpu"
+# CPU time to compile every object, measured with g++ 12 on a Zen 4 core (for the estimate printed).
+CPU_SECONDS = 65
 
 
 def core_include_dir() -> Path:
     """The folder holding llaisys/backend.h."""
-    for candidate in (ROOT.parent / "llaisys-core" / "src" / "llaisys" / "include", ROOT / "csrc" / "include"):
+    for candidate in (ROOT.parent / "llaisys-core" / "src" / "llaisys" / "include", CSRC / "include"):
         if (candidate / "llaisys" / "backend.h").is_file():
             return candidate
     try:
@@ -38,50 +50,100 @@ def core_include_dir() -> Path:
 
 
 BASE_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-Wall", "-Wextra",
-              "-Wmissing-declarations", "-fno-math-errno",
-              f"-DLLAISYS_PREFIX={PREFIX}", f"-I{ROOT / 'csrc'}", f"-I{core_include_dir()}"]
-ISA_FLAGS = {
-    "_avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "_avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+              "-Wmissing-declarations", "-fno-math-errno", "-falign-functions=32", "-falign-loops=32",
+              f"-DLLAISYS_PREFIX={PREFIX}", f"-I{CSRC}", f"-I{core_include_dir()}"]
+ISAS = {
+    "portable": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
 }
+LINK_FLAGS = ["-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc", "-Wl,--no-undefined"]
+# Export llaisys_cpu_* only: static libstdc++ and the std:: templates our code instantiates stay local.
+VERSION_SCRIPT = f"{{ global: {PREFIX}_*; local: *; }};\n"
 
 
-def isa_flags(source: Path) -> list[str]:
-    for suffix, flags in ISA_FLAGS.items():
-        if source.stem.endswith(suffix):
-            return flags
-    return []
+class Unit:
+    """One compile: a source for one instruction set (isa None: compiled once, for the baseline)."""
+
+    def __init__(self, source: Path, isa: str | None, build_dir: Path):
+        self.source, self.isa = source, isa
+        name = source.relative_to(CSRC).as_posix().replace("/", "__")
+        self.obj = build_dir / (isa or "once") / (name + ".o")
+
+    def command(self, cxx: list[str], extra: list[str]) -> list[str]:
+        isa_flags = [f"-DLLAISYS_ISA={self.isa}", *ISAS[self.isa]] if self.isa else []
+        return [*cxx, *BASE_FLAGS, *isa_flags, *extra, "-c", str(self.source), "-o", str(self.obj)]
+
+    def up_to_date(self, command: list[str], headers_mtime: float) -> bool:
+        """The object exists, is newer than its source and every header, and was built by this command."""
+        recorded = self.obj.with_suffix(".cmd")
+        return (self.obj.exists() and recorded.exists() and recorded.read_text() == shlex.join(command)
+                and self.obj.stat().st_mtime > max(self.source.stat().st_mtime, headers_mtime))
+
+
+def units(build_dir: Path) -> list[Unit]:
+    per_isa = sorted((CSRC / "ops").glob("*.cpp"))
+    once = sorted(p for p in CSRC.rglob("*.cpp") if p.parent != CSRC / "ops")
+    return [Unit(s, isa, build_dir) for s in per_isa for isa in ISAS] + [Unit(s, None, build_dir) for s in once]
+
+
+def build_jobs() -> int:
+    if os.environ.get("LLAISYS_BUILD_JOBS"):
+        return max(1, int(os.environ["LLAISYS_BUILD_JOBS"]))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def foreign_code(unit: Unit) -> list[str]:
+    """Functions an avx2 / avx512 object defines outside namespace llaisys::cpu::<isa>."""
+    own = re.compile(rf"_Z(?:T[WH])?Z?N[rVKRO]*7llaisys3cpu{len(unit.isa)}{unit.isa}")
+    listing = subprocess.run(["nm", "--defined-only", "-P", str(unit.obj)], check=True, capture_output=True,
+                             text=True).stdout
+    code = (line.split()[0] for line in listing.splitlines() if line.split()[1] in ("T", "W", "i"))
+    return [name for name in code if not own.match(name)]
 
 
 def compile_library(out_dir: Path, build_dir: Path) -> Path:
     cxx = shlex.split(os.environ.get("CXX", "g++"))
     extra = shlex.split(os.environ.get("LLAISYS_CPU_CXXFLAGS", ""))
-    sources = sorted((ROOT / "csrc").rglob("*.cpp"))
-    headers = [*(ROOT / "csrc").rglob("*.h"), core_include_dir() / "llaisys" / "backend.h"]
+    todo = units(build_dir)
+    headers = [*CSRC.rglob("*.h"), core_include_dir() / "llaisys" / "backend.h"]
     headers_mtime = max(p.stat().st_mtime for p in headers)
-    build_dir.mkdir(parents=True, exist_ok=True)
+    stale = [u for u in todo if not u.up_to_date(u.command(cxx, extra), headers_mtime)]
+    jobs = min(build_jobs(), max(1, len(stale)))
+    if stale:
+        per_isa = len({u.source for u in todo if u.isa})
+        seconds = CPU_SECONDS * len(stale) / len(todo) / jobs
+        print(f"llaisys-backend-cpu: compiling {len(stale)} of {len(todo)} objects ({per_isa} op sources x "
+              f"{len(ISAS)} instruction sets ({', '.join(ISAS)}), the rest once) with {jobs} parallel jobs: "
+              f"about {seconds:.0f} s on an idle machine", file=sys.stderr, flush=True)
 
-    def compile_one(source: Path) -> Path:
-        obj = build_dir / (source.relative_to(ROOT / "csrc").as_posix().replace("/", "__") + ".o")
-        if obj.exists() and obj.stat().st_mtime > max(source.stat().st_mtime, headers_mtime):
-            return obj  # up to date
-        cmd = [*cxx, *BASE_FLAGS, *isa_flags(source), *extra, "-c", str(source), "-o", str(obj)]
-        print(" ".join(cmd), file=sys.stderr)
-        subprocess.run(cmd, check=True)
-        return obj
+    def compile_one(unit: Unit) -> None:
+        unit.obj.parent.mkdir(parents=True, exist_ok=True)
+        cmd = unit.command(cxx, extra)
+        if subprocess.run(cmd).returncode != 0:
+            raise RuntimeError(f"compiling {unit.source.relative_to(ROOT)} failed:\n{shlex.join(cmd)}")
+        unit.obj.with_suffix(".cmd").write_text(shlex.join(cmd))
 
-    # Baseline objects link first: an inline function emitted by several objects (std::to_string, ...)
-    # keeps the first copy the linker sees, which must not be one compiled with AVX instructions.
-    sources.sort(key=lambda source: bool(isa_flags(source)))
-    jobs = int(os.environ.get("LLAISYS_BUILD_JOBS", os.cpu_count() or 1))
+    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        objects = list(pool.map(compile_one, sources))
+        list(pool.map(compile_one, stale))
+    for unit in todo:
+        if unit.isa and unit.isa != "portable" and (foreign := foreign_code(unit)):
+            raise RuntimeError(f"{unit.obj.name} ({unit.isa}) defines code outside namespace llaisys::cpu::"
+                               f"{unit.isa}, which the linker could pick for other instruction sets: "
+                               f"{', '.join(foreign[:8])}")
     out_dir.mkdir(parents=True, exist_ok=True)
     library = out_dir / LIBRARY
-    cmd = [*cxx, "-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc", *extra,
-           *map(str, objects), "-o", str(library)]
-    print(" ".join(cmd), file=sys.stderr)
+    exports = build_dir / "exports.map"
+    exports.write_text(VERSION_SCRIPT)
+    cmd = [*cxx, *LINK_FLAGS, f"-Wl,--version-script={exports}", *extra, *(str(u.obj) for u in todo),
+           "-o", str(library)]
     subprocess.run(cmd, check=True)
+    if stale:
+        print(f"llaisys-backend-cpu: built {library.name} in {time.monotonic() - start:.0f} s", file=sys.stderr)
     return library
 
 

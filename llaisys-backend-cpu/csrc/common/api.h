@@ -10,8 +10,11 @@
 
 #include "llaisys/backend.h"
 
-// Exports that are not slots of the shared header (CPU-only introspection used by tests).
+// Exports that are not slots of the shared header (CPU-only introspection used by tests), named
+// LLAISYS_FN(name) like the slots.
 #define LLAISYS_EXPORT extern "C" __attribute__((visibility("default")))
+// The SIMD path the kernels take in this process: "portable", "avx2" or "avx512" (cpu_features.h).
+LLAISYS_EXPORT const char* LLAISYS_FN(simd_level)(void);
 
 namespace llaisys {
 
@@ -23,12 +26,6 @@ enum Status : int {
     kRuntimeError = LLAISYS_RUNTIME_ERROR,
     kOutOfMemory = LLAISYS_OUT_OF_MEMORY,
     kNotSupported = LLAISYS_NOT_SUPPORTED,
-};
-
-// dtype codes, as llaisys.DType.code
-enum DType : int {
-    kF32 = LLAISYS_F32, kF16 = LLAISYS_F16, kBF16 = LLAISYS_BF16, kF64 = LLAISYS_F64, kI8 = LLAISYS_I8,
-    kI32 = LLAISYS_I32, kI64 = LLAISYS_I64, kU8 = LLAISYS_U8, kBool = LLAISYS_BOOL,
 };
 
 // Thrown inside the library, turned into a status by LLAISYS_GUARD.
@@ -68,6 +65,11 @@ int guard(const char* where, F&& body) noexcept {
 
 [[noreturn]] inline void unsupported_dtype(int dtype) {
     throw NotSupported("unsupported dtype code " + std::to_string(dtype));
+}
+
+// The floating dtypes every op kernel implements (DESIGN: f32, f16, bf16); any other code is NOT_SUPPORTED.
+inline void require_float_dtype(int dtype) {
+    if (dtype != LLAISYS_F32 && dtype != LLAISYS_F16 && dtype != LLAISYS_BF16) unsupported_dtype(dtype);
 }
 
 // Only LLAISYS_NUMERICS_EXACT is implemented so far.

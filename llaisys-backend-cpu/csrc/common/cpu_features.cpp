@@ -1,5 +1,6 @@
 #include "cpu_features.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,11 +23,11 @@ static Simd detect() {
 static Simd from_env(Simd best) {
     const char* env = std::getenv("LLAISYS_CPU_SIMD");
     if (!env || !*env) return best;
-    Simd asked = best;
-    if (!std::strcmp(env, "portable")) asked = Simd::kPortable;
-    else if (!std::strcmp(env, "avx2")) asked = Simd::kAvx2;
-    else if (!std::strcmp(env, "avx512")) asked = Simd::kAvx512;
-    return int(asked) < int(best) ? asked : best;
+    for (Simd level : {Simd::kPortable, Simd::kAvx2, Simd::kAvx512})
+        if (!std::strcmp(env, simd_name(level))) return int(level) < int(best) ? level : best;
+    std::fprintf(stderr, "llaisys-backend-cpu: ignoring LLAISYS_CPU_SIMD=%s (valid: portable, avx2, avx512); using %s\n",
+                 env, simd_name(best));
+    return best;
 }
 
 Simd simd_level() {
@@ -42,8 +43,21 @@ const char* simd_name(Simd level) {
     }
 }
 
+bool has_feature(Feature feature) {
+#if defined(__x86_64__) || defined(__i386__)
+    static const bool avx512bf16 = [] { __builtin_cpu_init(); return __builtin_cpu_supports("avx512bf16") != 0; }();
+    static const bool avx512vnni = [] { __builtin_cpu_init(); return __builtin_cpu_supports("avx512vnni") != 0; }();
+    switch (feature) {
+        case Feature::kAvx512Bf16: return avx512bf16;
+        case Feature::kAvx512Vnni: return avx512vnni;
+    }
+#endif
+    (void)feature;
+    return false;
+}
+
 }  // namespace llaisys::cpu
 
-LLAISYS_EXPORT const char* llaisys_cpu_simd_level(void) {
+LLAISYS_EXPORT const char* LLAISYS_FN(simd_level)(void) {
     return llaisys::cpu::simd_name(llaisys::cpu::simd_level());
 }

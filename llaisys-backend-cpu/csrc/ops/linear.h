@@ -1,16 +1,26 @@
-// linear: out[M,N] = x[M,K] @ weight[N,K]^T + bias[N], the entry points of each instruction-set path.
+// linear: out[M, N] = x[M, K] @ weight[N, K]^T + bias[N] (f32 / f16 / bf16, f32 accumulation).
 //
-// linear.cpp holds the exported llaisys_cpu_linear (dispatch on simd_level()) and the portable path;
-// linear_avx2.cpp / linear_avx512.cpp hold the SIMD paths. All three instantiate the same
-// algorithm from linear_impl.h with their own vector traits.
+// linear.cpp: each build's configuration (vector type, register tiles) and the exported entry point;
+// linear_gemv.h: decode-shaped calls (M <= kGemvMaxRows), memory bound; linear_gemm.h: larger M, compute
+// bound; linear_bf16dot.h: bf16 with AVX512-BF16 dot products (vdpbf16ps). Both algorithms compute every
+// output in the same order (the GEMM kernel's), so a row of out never depends on the other rows of x.
+// Shared pieces are below.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <new>
 
-namespace llaisys::cpu::linear {
+#include "../simd/simd.h"
 
-struct Args {
-    int dtype;                 // kF32 / kF16 / kBF16
+namespace llaisys::cpu {
+
+struct LinearArgs {
+    int dtype;                 // LLAISYS_F32 / _F16 / _BF16
     int64_t M, N, K;
     void* out;                 // [M, N]
     const void* x;             // [M, K]
@@ -22,15 +32,88 @@ struct Args {
 // larger M runs the packed, register-tiled GEMM.
 constexpr int64_t kGemvMaxRows = 8;
 
-void run_portable(const Args& args);
-void run_avx2(const Args& args);
-void run_avx512(const Args& args);
-
 // Knobs read once per process from the environment (tests use them to reach every path):
 //   LLAISYS_CPU_LINEAR_BF16DOT=0   bf16 without AVX512-BF16 (vdpbf16ps) even where the CPU has it: the f32
-//                                  GEMM on expanded panels and the shift + FMA GEMV, as on older CPUs
+//                                  kernel on widened values, as on older CPUs
 //   LLAISYS_CPU_LINEAR_PATH=gemv|gemm   force one algorithm for every M (testing only)
-bool bf16dot_allowed();
-int forced_path();  // 0 = by shape, 1 = gemv, 2 = gemm
+bool linear_bf16dot_allowed();
+enum class LinearPath : int { kByShape, kGemv, kGemm };
+LinearPath linear_forced_path();
 
-}  // namespace llaisys::cpu::linear
+}  // namespace llaisys::cpu
+
+LLAISYS_DECLARE_PER_ISA(void linear(const LinearArgs& args))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// out[0, n) = round(acc[0, n) + bias[0, n)); bias may be null
+template <class V, class T>
+inline void store_row(T* out, const float* acc, const T* bias, int64_t n) {
+    int64_t j = 0;
+    for (; j + V::W <= n; j += V::W) {
+        V v = V::load(acc + j);
+        if (bias) v = v + V::load(bias + j);
+        v.store(out + j);
+    }
+    if (j < n) {
+        const int rest = int(n - j);
+        V v = V::load_partial(acc + j, rest);
+        if (bias) v = v + V::load_partial(bias + j, rest);
+        v.store_partial(out + j, rest);
+    }
+}
+
+// ---- per-thread scratch, kept between calls (no page faults per call) ---------------------------------
+
+class Scratch {
+  public:
+    Scratch() = default;
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch() { std::free(ptr_); }
+    template <class P>
+    P* get(size_t count) {
+        const size_t bytes = (count * sizeof(P) + 63) & ~size_t(63);
+        if (bytes > capacity_) {
+            std::free(ptr_);
+            capacity_ = 0;
+            ptr_ = std::aligned_alloc(64, bytes);
+            if (!ptr_) throw std::bad_alloc();
+            capacity_ = bytes;
+        }
+        return static_cast<P*>(ptr_);
+    }
+
+  private:
+    void* ptr_ = nullptr;
+    size_t capacity_ = 0;
+};
+
+// One scratch per (thread, purpose). Threads of the OpenMP pool persist, so this is allocated once.
+enum ScratchSlot { kSlotX = 0, kSlotA, kSlotB, kSlotC, kSlotCount };
+inline Scratch& scratch(ScratchSlot slot) {
+    static thread_local Scratch slots[kSlotCount];
+    return slots[slot];
+}
+
+// Exceptions must not leave an OpenMP region: capture the first one and rethrow after it.
+struct ErrorSlot {
+    std::exception_ptr error;
+    template <class F>
+    void run(F&& body) noexcept {
+        try {
+            body();
+        } catch (...) {
+#pragma omp critical(llaisys_linear_error)
+            if (!error) error = std::current_exception();
+        }
+    }
+    void rethrow() {
+        if (error) std::rethrow_exception(error);
+    }
+};
+
+}  // namespace llaisys::cpu::LLAISYS_ISA

@@ -1,15 +1,40 @@
-// paged_attention and paged_kv_write: the exported entry points. They check the index data the kernels
-// read (offsets, lengths, block ids, slots) before touching memory; the attention itself is in
-// paged_attention.h, instantiated per instruction set next to self_attention's.
+// paged_attention and paged_kv_write. Each build instantiates paged_attention.h with its tile shapes (8-lane
+// vectors everywhere: one vector type keeps results batch-invariant, and on Zen 4 ymm lanes give as many
+// FLOPs per cycle as zmm); the portable build also holds the exported entry points, which check the index
+// data the kernels read (offsets, lengths, block ids, slots) before touching memory.
 #include "paged_attention.h"
 
-#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "../common/api.h"
-#include "../common/cpu_features.h"
 
+namespace llaisys::cpu::LLAISYS_ISA {
+
+namespace {
+// Register tiles for MB = 1, 2, 4 vectors of queries (index log2 MB): KR keys x MB for the scores, R value
+// columns x MB for P V (see qk_tile / pv_tile in self_attention.h).
+struct PagedShapes {
+#if defined(LLAISYS_ISA_AVX512)
+    static constexpr int kMaxMB = 4;  // 32 registers: 24 accumulators + 4 query vectors + 1 broadcast
+    static constexpr int kr[3] = {16, 12, 6}, r[3] = {24, 12, 6};
+#elif defined(LLAISYS_ISA_AVX2)
+    static constexpr int kMaxMB = 2;  // 16 registers
+    static constexpr int kr[3] = {12, 6, 6}, r[3] = {12, 6, 6};
+#else
+    static constexpr int kMaxMB = 1;
+    static constexpr int kr[3] = {4, 4, 4}, r[3] = {4, 4, 4};
+#endif
+};
+}  // namespace
+
+void paged_attention(int dtype, const PagedProblem& p) {
+    with_float_type(dtype, [&](auto tag) { paged_attention_typed<Vec8, PagedShapes, decltype(tag)>(p); });
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
+
+#if defined(LLAISYS_ISA_PORTABLE)  // the exported entry points, compiled once
 namespace {
 
 using llaisys::InvalidArgument;
@@ -57,17 +82,13 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
     (void)device; (void)stream;
     return guard("paged_attention", [&] {
         require_exact_numerics(numerics);
-        if (dtype != kF32 && dtype != kF16 && dtype != kBF16) unsupported_dtype(dtype);
+        require_float_dtype(dtype);
         if (T == 0 || H == 0 || dv == 0) return;
         const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, float(scale),
                                         out, q, k_cache, v_cache, static_cast<const int32_t*>(block_tables),
                                         static_cast<const int32_t*>(seq_lens), static_cast<const int32_t*>(query_start)};
         check_batch(p);
-        switch (cpu::simd_level()) {
-            case cpu::Simd::kAvx512: cpu::attn::run_paged_avx512(dtype, p); break;
-            case cpu::Simd::kAvx2: cpu::attn::run_paged_avx2(dtype, p); break;
-            default: cpu::attn::run_paged_portable(dtype, p); break;
-        }
+        LLAISYS_PER_ISA(paged_attention)(dtype, p);
     });
 }
 
@@ -76,12 +97,12 @@ int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, i
                                const void* slot_mapping) {
     (void)device; (void)stream;
     return guard("paged_kv_write", [&] {
-        if (dtype != kF32 && dtype != kF16 && dtype != kBF16) unsupported_dtype(dtype);
+        require_float_dtype(dtype);
         const int64_t* slots = static_cast<const int64_t*>(slot_mapping);
         for (int64_t t = 0; t < T; ++t)
             need(slots[t] < num_slots, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
                                            " is past the cache's " + std::to_string(num_slots) + " slots");
-        const size_t elem = dtype == kF32 ? 4 : 2;
+        const size_t elem = dtype == LLAISYS_F32 ? 4 : 2;
         const size_t krow = size_t(Hkv * d) * elem, vrow = size_t(Hkv * dv) * elem;
         char* kc = static_cast<char*>(k_cache);
         char* vc = static_cast<char*>(v_cache);
@@ -95,3 +116,4 @@ int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, i
         }
     });
 }
+#endif

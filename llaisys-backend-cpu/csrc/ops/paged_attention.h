@@ -19,8 +19,8 @@
 //   * one vector type per build (V), and no row form (its dot products would sum in another order).
 // Threads share (tile, chunk range) items, so the result never depends on the thread count either.
 //
-// ODR: as self_attention.h, everything here is a template over the per-TU traits (or static), so each
-// instruction-set file gets its own internal copy.
+// Compiled once per instruction set (see simd/simd.h): the templates land in namespace
+// llaisys::cpu::<isa>; paged_attention.cpp picks each build's tile shapes.
 #pragma once
 
 #include <type_traits>
@@ -41,14 +41,6 @@ struct PagedProblem {
     const int32_t* query_start;  // [num_seqs + 1]
 };
 
-// Keys are merged in chunks of this many positions (a multiple of kBlockKeys), see above.
-constexpr int64_t kChunkKeys = 512;
-static_assert(kChunkKeys % kBlockKeys == 0, "a chunk holds whole key blocks");
-
-void run_paged_portable(int dtype, const PagedProblem& p);
-void run_paged_avx2(int dtype, const PagedProblem& p);
-void run_paged_avx512(int dtype, const PagedProblem& p);
-
 // One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1). `part` is where the
 // chunk partials go when the tile's chunks are shared among several items (-1: the item merges them itself).
 struct PagedItem {
@@ -58,9 +50,23 @@ struct PagedItem {
     int64_t part;
 };
 
+}  // namespace llaisys::cpu::attn
+
+// The paged attention of each build (dtype: LLAISYS_F32, _F16 or _BF16).
+LLAISYS_DECLARE_PER_ISA(void paged_attention(int dtype, const attn::PagedProblem& p))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+using attn::PagedItem;
+using attn::PagedProblem;
+
+// Keys are merged in chunks of this many positions (a multiple of kBlockKeys), see above.
+constexpr int64_t kChunkKeys = 512;
+static_assert(kChunkKeys % kBlockKeys == 0, "a chunk holds whole key blocks");
+
 // Keys [kb, kb + nb) of kv head g of one sequence (block table bt) as f32 rows: read in place when f32 and
 // inside one cache block, else gathered (and widened) into Kc / Vc.
-template <class Cvt, class T>
+template <class T>
 static inline void paged_kv_block(const T* kc, const T* vc, const int32_t* bt, int64_t bs, int64_t kb, int64_t nb,
                                   int64_t Hkv, int64_t g, int64_t d, int64_t dv, float* Kc, float* Vc,
                                   const float*& Kp, int64_t& kstride, const float*& Vp, int64_t& vstride) {
@@ -75,8 +81,8 @@ static inline void paged_kv_block(const T* kc, const T* vc, const int32_t* bt, i
     }
     for (int64_t j = 0; j < nb; ++j) {
         const int64_t pos = kb + j, row = int64_t(bt[pos / bs]) * bs + pos % bs;
-        Cvt::load_row(kc + (row * Hkv + g) * d, Kc + j * d, d);
-        Cvt::load_row(vc + (row * Hkv + g) * dv, Vc + j * dv, dv);
+        convert(kc + (row * Hkv + g) * d, Kc + j * d, d);
+        convert(vc + (row * Hkv + g) * dv, Vc + j * dv, dv);
     }
     Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
 }
@@ -85,24 +91,23 @@ static inline void paged_kv_block(const T* kc, const T* vc, const int32_t* bt, i
 // M = max m_s, w_s = exp(m_s - M), l = sum w_s l_s, OT = sum w_s OT_s (each an FMA chain over s).
 template <class V, int MB>
 static inline void merge_chunks(const float* parts, int64_t n, int64_t stride, int64_t dv, float* OT, float* l) {
-    using vec = typename V::vec;
     constexpr int W = V::W, LANES = MB * W;
     for (int b = 0; b < MB; ++b) {
-        vec mmax = V::set1(-__builtin_inff());
-        for (int64_t s = 0; s < n; ++s) mmax = V::max(mmax, V::load(parts + s * stride + b * W));
-        vec lsum = V::zero();
-        for (int64_t c = 0; c < dv; ++c) V::store(OT + c * LANES + b * W, V::zero());
+        V mmax = V::set1(-__builtin_inff());
+        for (int64_t s = 0; s < n; ++s) mmax = vmax(mmax, V::load(parts + s * stride + b * W));
+        V lsum = V::zero();
+        for (int64_t c = 0; c < dv; ++c) V::zero().store(OT + c * LANES + b * W);
         for (int64_t s = 0; s < n; ++s) {
             const float* part = parts + s * stride;
-            const vec w = vexp<V>(V::sub(V::load(part + b * W), mmax));
-            lsum = V::fma(w, V::load(part + LANES + b * W), lsum);
+            const V w = vexp(V::load(part + b * W) - mmax);
+            lsum = fmadd(w, V::load(part + LANES + b * W), lsum);
             const float* ot = part + 2 * LANES;
             for (int64_t c = 0; c < dv; ++c) {
                 float* o = OT + c * LANES + b * W;
-                V::store(o, V::fma(w, V::load(ot + c * LANES + b * W), V::load(o)));
+                fmadd(w, V::load(ot + c * LANES + b * W), V::load(o)).store(o);
             }
         }
-        V::store(l + b * W, lsum);
+        lsum.store(l + b * W);
     }
 }
 
@@ -110,9 +115,8 @@ static inline void merge_chunks(const float* parts, int64_t n, int64_t stride, i
 // P V) for MB = 1, 2, 4 vectors of queries; MB up to kMaxMB.
 //   struct Shapes { static constexpr int kMaxMB; static constexpr int kr[3], r[3]; };  // index log2(MB)
 
-template <class V, class Shapes, class Cvt, class T>
+template <class V, class Shapes, class T>
 struct Paged {
-    using vec = typename V::vec;
     static constexpr int W = V::W, BK = kBlockKeys, kMaxLanes = Shapes::kMaxMB * W;
 
     // Per-thread scratch layout (floats), sized for the widest tile.
@@ -169,7 +173,7 @@ struct Paged {
             const int64_t f = f0 + lane, i = q0 + f / G, h = it.g * G + f % G;
             const float inv = 1.0f / l[lane];
             for (int64_t c = 0; c < p.dv; ++c) s.row[c] = OT[c * LANES + lane] * inv;
-            Cvt::store_row(s.row, out + (i * p.H + h) * p.dv, p.dv);
+            convert(s.row, out + (i * p.H + h) * p.dv, p.dv);
         }
     }
 
@@ -187,12 +191,12 @@ struct Paged {
         const T* vc = static_cast<const T*>(p.v_cache);
         int64_t f0;
         const int64_t n = tile_queries(it, f0), off = S - L;
-        const vec neg_inf = V::set1(-__builtin_inff());
+        const V neg_inf = V::set1(-__builtin_inff());
 
         for (int64_t lane = 0; lane < LANES; ++lane) {
             if (lane < n) {
                 const int64_t f = f0 + lane, i = f / G, h = it.g * G + f % G;
-                Cvt::load_row(q + ((q0 + i) * H + h) * d, s.row, d);
+                convert(q + ((q0 + i) * H + h) * d, s.row, d);
                 for (int64_t c = 0; c < d; ++c) s.QT[c * LANES + lane] = s.row[c] * p.scale;
                 s.end[lane] = float(i + off + 1);
             } else {
@@ -214,7 +218,7 @@ struct Paged {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                paged_kv_block<Cvt>(kc, vc, bt, p.block_size, kb, nb, Hkv, it.g, d, dv, s.Kc, s.Vc, Kp, kstride, Vp,
+                paged_kv_block(kc, vc, bt, p.block_size, kb, nb, Hkv, it.g, d, dv, s.Kc, s.Vc, Kp, kstride, Vp,
                                     vstride);
                 int64_t j = 0;
                 for (; j + KR <= nb; j += KR) qk_tile<V, MB, KR>(s.QT, Kp + j * kstride, kstride, d, s.ST + j * LANES);
@@ -222,31 +226,31 @@ struct Paged {
 
                 if (kb + nb > min_end) {  // causal mask where the block crosses some query's end
                     for (int b = 0; b < MB; ++b) {
-                        const vec e = V::load(s.end + b * W);
+                        const V e = V::load(s.end + b * W);
                         for (int64_t jj = 0; jj < nb; ++jj) {
                             float* sp = s.ST + jj * LANES + b * W;
-                            V::store(sp, V::select_lt(V::set1(float(kb + jj)), e, V::load(sp), neg_inf));
+                            select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
                         }
                     }
                 }
 
-                vec alpha[MB];
+                V alpha[MB];
                 for (int b = 0; b < MB; ++b) {  // online softmax, per lane
-                    vec bmax = neg_inf;
-                    for (int64_t jj = 0; jj < nb; ++jj) bmax = V::max(bmax, V::load(s.ST + jj * LANES + b * W));
-                    const vec mold = V::load(s.m + b * W);
-                    const vec mnew = V::max(mold, bmax);
-                    const vec msafe = V::select_lt(mnew, V::set1(-3.0e38f), V::zero(), mnew);  // no inf - inf
-                    alpha[b] = vexp<V>(V::sub(mold, msafe));
-                    vec sum = V::zero();
+                    V bmax = neg_inf;
+                    for (int64_t jj = 0; jj < nb; ++jj) bmax = vmax(bmax, V::load(s.ST + jj * LANES + b * W));
+                    const V mold = V::load(s.m + b * W);
+                    const V mnew = vmax(mold, bmax);
+                    const V msafe = select(lt_mask(mnew, V::set1(-3.0e38f)), V::zero(), mnew);  // no inf - inf
+                    alpha[b] = vexp(mold - msafe);
+                    V sum = V::zero();
                     for (int64_t jj = 0; jj < nb; ++jj) {
                         float* sp = s.ST + jj * LANES + b * W;
-                        const vec e = vexp<V>(V::sub(V::load(sp), msafe));
-                        V::store(sp, e);
-                        sum = V::add(sum, e);
+                        const V e = vexp(V::load(sp) - msafe);
+                        e.store(sp);
+                        sum = sum + e;
                     }
-                    V::store(s.l + b * W, V::fma(V::load(s.l + b * W), alpha[b], sum));
-                    V::store(s.m + b * W, mnew);
+                    fmadd(V::load(s.l + b * W), alpha[b], sum).store(s.l + b * W);
+                    mnew.store(s.m + b * W);
                 }
 
                 int64_t c = 0;
@@ -384,10 +388,10 @@ struct Paged {
     float* global_parts = nullptr;
 };
 
-template <class V, class Shapes, class Cvt, class T>
-void paged_attention(const PagedProblem& p) {
-    Paged<V, Shapes, Cvt, T> paged{p, 0, 0, 0};
+template <class V, class Shapes, class T>
+void paged_attention_typed(const PagedProblem& p) {
+    Paged<V, Shapes, T> paged{p, 0, 0, 0};
     paged.run();
 }
 
-}  // namespace llaisys::cpu::attn
+}  // namespace llaisys::cpu::LLAISYS_ISA

@@ -1,22 +1,85 @@
-// rms_norm: per row, out = x * weight / sqrt(mean(x^2) + eps), HF Qwen2RMSNorm numerics (see
-// rms_norm_kernel.h). Portable path and the exported entry point, which picks the AVX-512 / AVX2 /
-// portable build at run time.
-#include "rms_norm_kernel.h"
+// rms_norm: per row of x [rows, dim], out = x * weight / sqrt(mean(x^2) + eps).
+//
+// Numerics follow HF transformers' Qwen2RMSNorm / LlamaRMSNorm exactly, so models match HF token for token:
+//     h = x.to(f32); var = h.pow(2).mean(-1); h = h * rsqrt(var + eps); return weight * h.to(input_dtype)
+// i.e. in f32: sum of squares, divided by dim, plus (float)eps, r = 1 / sqrt(.), y = x * r ROUNDED TO THE
+// INPUT DTYPE, and only then out = weight * y, rounded again (for f32 both roundings are no-ops, and
+// the two products stay separate multiplies, no FMA). The double rounding costs at most ~1 ulp against
+// the exact result, well inside the DESIGN §6 tolerances. Only the summation order of the squares
+// differs from torch (4 x W f32 lanes here), i.e. ~1 f32 ulp in the variance.
+#include <cmath>
 
-namespace llaisys::cpu::portable {
-void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const void* x, const void* weight) {
-    rms_norm_kernel(dtype, rows, dim, eps, out, x, weight);
+#include "../common/api.h"
+#include "../simd/simd.h"
+
+LLAISYS_DECLARE_PER_ISA(void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const void* x,
+                                      const void* weight))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+// The squares rounded to f32 and summed (x.pow(2).sum() in torch), in 4 x W lanes.
+template <class T>
+static float sum_of_squares(const T* x, int64_t dim) {
+    constexpr int W = Vec::W;
+    Vec a0 = Vec::zero(), a1 = Vec::zero(), a2 = Vec::zero(), a3 = Vec::zero();
+    int64_t i = 0;
+    for (; i + 4 * W <= dim; i += 4 * W) {
+        Vec v0 = Vec::load(x + i), v1 = Vec::load(x + i + W), v2 = Vec::load(x + i + 2 * W), v3 = Vec::load(x + i + 3 * W);
+        a0 = a0 + mul_unfused(v0, v0);
+        a1 = a1 + mul_unfused(v1, v1);
+        a2 = a2 + mul_unfused(v2, v2);
+        a3 = a3 + mul_unfused(v3, v3);
+    }
+    for (; i + W <= dim; i += W) {
+        Vec v = Vec::load(x + i);
+        a0 = a0 + mul_unfused(v, v);
+    }
+    if (i < dim) {
+        Vec v = Vec::load_partial(x + i, int(dim - i));
+        a1 = a1 + mul_unfused(v, v);
+    }
+    return reduce_add((a0 + a1) + (a2 + a3));
 }
-}  // namespace llaisys::cpu::portable
 
-int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim, double eps,
-                         void* out, const void* x, const void* weight) {
-    (void)device; (void)stream;
-    return llaisys::guard("rms_norm", [&] {
-        llaisys::require_exact_numerics(numerics);
-        llaisys::cpu::require_float_dtype(dtype);
-        if (rows < 0 || dim <= 0) throw llaisys::InvalidArgument("rows and dim must be positive");
-        if (!(eps >= 0)) throw llaisys::InvalidArgument("eps must be >= 0, got " + std::to_string(eps));
-        LLAISYS_CALL_PER_ISA(rms_norm, dtype, rows, dim, eps, out, x, weight);
+template <class T>
+static void rms_norm_row(int64_t dim, float eps, T* out, const T* x, const T* weight) {
+    constexpr int W = Vec::W;
+    const float variance = sum_of_squares(x, dim) / float(dim);
+    const Vec r = Vec::set1(1.0f / std::sqrt(variance + eps));
+    int64_t i = 0;
+    for (; i + W <= dim; i += W) {
+        Vec y = (Vec::load(x + i) * r).template round_to<T>();
+        (Vec::load(weight + i) * y).store(out + i);
+    }
+    if (i < dim) {
+        const int rest = int(dim - i);
+        Vec y = (Vec::load_partial(x + i, rest) * r).template round_to<T>();
+        (Vec::load_partial(weight + i, rest) * y).store_partial(out + i, rest);
+    }
+}
+
+void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const void* x, const void* weight) {
+    const float eps_f = float(eps);  // torch adds the Python float to an f32 tensor in f32
+    with_float_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* o = static_cast<T*>(out);
+        const T* xs = static_cast<const T*>(x);
+        const T* w = static_cast<const T*>(weight);
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= kParallelGrain)
+        for (int64_t row = 0; row < rows; ++row) rms_norm_row(dim, eps_f, o + row * dim, xs + row * dim, w);
     });
 }
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
+
+#if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
+int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim, double eps,
+                         void* out, const void* x, const void* weight) {
+    (void)device, (void)stream;
+    return llaisys::guard("rms_norm", [&] {
+        llaisys::require_exact_numerics(numerics);
+        llaisys::require_float_dtype(dtype);
+        LLAISYS_PER_ISA(rms_norm)(dtype, rows, dim, eps, out, x, weight);
+    });
+}
+#endif

@@ -1,25 +1,124 @@
-// rope: rotary position embedding (half-split layout) on x [seq, heads, head_dim] with int64 positions.
-// This file holds the portable build of rope_kernel.h and the exported entry point: it computes HF's
-// f32 inv_freq, gets the cos/sin table (see rope_kernel.h) and runs the rotation for the run-time SIMD
-// level. The table depends only on (theta, head_dim, positions); a model applies rope to q and k of every
-// layer with the same positions, so the last table is kept per thread and reused when those match
-// (HF likewise computes cos/sin once per forward).
+// rope: rotary position embedding, half-split (rotate_half) layout, on x [seq, heads, d] with int64 positions:
+//     for j < d/2:  out[j]       = x[j] cos(a) - x[j + d/2] sin(a)
+//                   out[j + d/2] = x[j + d/2] cos(a) + x[j] sin(a),      a = pos * inv_freq[j]
+// The cos/sin table is built once per call for each (position, j), shared by all heads, with the angle
+// computed the way HF transformers does (Qwen2RotaryEmbedding) so that models match HF: inv_freq =
+// 1 / theta^((2j)/d) rounded to f32, a = float(pos) * inv_freq in f32. cos/sin of that f32 angle are
+// evaluated in double and rounded to f32 (HF: Sleef f32, within 1 ulp).
+// The rotation is done in f32 with the two products rounded separately (no FMA, as torch's
+// x * cos + rotate_half(x) * sin does in f32) and one final rounding to the dtype. For f16 / bf16, HF
+// also rounds cos/sin and each product to the model dtype; we do not, because that costs up to ~3 ulp
+// against the exact result, beyond the DESIGN §6 tolerance (measured: 0.031 abs in bf16 at Qwen2
+// shapes), while a single rounding stays within it.
+//
+// The table depends only on (theta, head_dim, positions); a model applies rope to q and k of every layer
+// with the same positions, so the entry point keeps the last table per thread and reuses it when those
+// match (HF likewise computes cos/sin once per forward).
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <vector>
 
-#include "rope_kernel.h"
+#include "../common/api.h"
+#include "../simd/simd.h"
 
-namespace llaisys::cpu::portable {
+// table: [seq][2][d/2] f32, cos then sin for each position.
+LLAISYS_DECLARE_PER_ISA(void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids,
+                                        float* table))
+LLAISYS_DECLARE_PER_ISA(void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table,
+                                  void* out, const void* x))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+// |angle| below this is reduced exactly by the two-part pi/2 of sincos_row (|k| < 2^20).
+constexpr double kRopeFastAngle = 1.6e6;
+
+// cos and sin of the f32 angles p * inv_freq[j] (f32 product, as HF), evaluated in double and rounded
+// to f32: correctly rounded but for ~1e-9 of the cases. Branch-free so that the compiler vectorises it
+// (8 doubles per AVX-512 register): reduction by k * pi/2 with pi/2 split into a 33-bit head and a tail
+// (exact for |angle| < kRopeFastAngle; rope_table redoes larger angles with the C library), then
+// fdlibm's minimax polynomials on [-pi/4, pi/4].
+static void sincos_row(float p, const float* inv_freq, int64_t half, float* cos_out, float* sin_out) {
+#pragma omp simd
+    for (int64_t j = 0; j < half; ++j) {
+        const double x = double(p * inv_freq[j]);
+        // t = x 2/pi + 1.5 * 2^52 holds k = rint(x 2/pi) in its low mantissa bits (two's complement)
+        const double t = x * 6.36619772367581382433e-01 + 6755399441055744.0;
+        const double k = t - 6755399441055744.0;
+        const double r = (x - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11;
+        uint64_t t_bits;
+        std::memcpy(&t_bits, &t, sizeof(t_bits));
+        const uint64_t q = t_bits & 3;  // k mod 4
+        const double z = r * r;
+        const double sin_r = r + r * z * (-1.66666666666666324348e-01 +
+            z * (8.33333333332248946124e-03 + z * (-1.98412698298579493134e-04 + z * (2.75573137070700676789e-06 +
+            z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10)))));
+        const double cos_r = 1.0 - (0.5 * z - z * z * (4.16666666666666019037e-02 +
+            z * (-1.38888888888741095749e-03 + z * (2.48015872894767294178e-05 + z * (-2.75573143513906633035e-07 +
+            z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11))))));
+        // quadrant q = k mod 4: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s)
+        const double s = (q & 1) ? cos_r : sin_r, c = (q & 1) ? sin_r : cos_r;
+        const double sin_sign = (q & 2) ? -1.0 : 1.0, cos_sign = ((q + 1) & 2) ? -1.0 : 1.0;
+        sin_out[j] = float(s * sin_sign);
+        cos_out[j] = float(c * cos_sign);
+    }
+}
+
 void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids, float* table) {
-    rope_table_kernel(seq, half, inv_freq, pos_ids, table);
+#pragma omp parallel for schedule(static) if (seq > 1 && seq * half >= 8192)
+    for (int64_t s = 0; s < seq; ++s) {
+        const float p = float(pos_ids[s]);  // position_ids.float()
+        float* c = table + s * 2 * half;
+        sincos_row(p, inv_freq, half, c, c + half);
+        for (int64_t j = 0; j < half; ++j) {
+            const double x = double(p * inv_freq[j]);
+            if (!(std::fabs(x) < kRopeFastAngle)) {  // huge, inf or NaN: the C library reduces exactly
+                c[j] = float(std::cos(x));
+                c[half + j] = float(std::sin(x));
+            }
+        }
+    }
 }
-void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out, const void* x) {
-    rope_kernel(dtype, seq, heads, head_dim, table, out, x);
-}
-}  // namespace llaisys::cpu::portable
 
+template <class T>
+static void rope_row(int64_t half, const float* cos_row, const float* sin_row, T* out, const T* x) {
+    constexpr int W = Vec::W;
+    int64_t j = 0;
+    for (; j + W <= half; j += W) {
+        Vec x1 = Vec::load(x + j), x2 = Vec::load(x + half + j);
+        Vec c = Vec::load(cos_row + j), s = Vec::load(sin_row + j);
+        // products rounded separately (torch: x * cos + rotate_half(x) * sin); both halves are read before
+        // either is written, so out may alias x
+        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        o1.store(out + j);
+        o2.store(out + half + j);
+    }
+    if (j < half) {
+        const int rest = int(half - j);
+        Vec x1 = Vec::load_partial(x + j, rest), x2 = Vec::load_partial(x + half + j, rest);
+        Vec c = Vec::load_partial(cos_row + j, rest), s = Vec::load_partial(sin_row + j, rest);
+        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        o1.store_partial(out + j, rest);
+        o2.store_partial(out + half + j, rest);
+    }
+}
+
+void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out, const void* x) {
+    const int64_t half = head_dim / 2, rows = seq * heads;
+    with_float_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* o = static_cast<T*>(out);
+        const T* xs = static_cast<const T*>(x);
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * head_dim >= kParallelGrain)
+        for (int64_t row = 0; row < rows; ++row) {
+            const float* cos_row = table + (row / heads) * 2 * half;
+            rope_row(half, cos_row, cos_row + half, o + row * head_dim, xs + row * head_dim);
+        }
+    });
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
+
+#if defined(LLAISYS_ISA_PORTABLE)  // the table cache and the exported entry point, compiled once
 namespace {
 
 struct RopeTable {
@@ -55,7 +154,7 @@ const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const in
         const std::vector<float> inv_freq = inverse_frequencies(head_dim, theta);
         cache.head_dim = -1;  // invalid until filled (an exception below leaves it so)
         cache.table.resize(size_t(seq) * size_t(head_dim));
-        LLAISYS_CALL_PER_ISA(rope_table, seq, head_dim / 2, inv_freq.data(), pos_ids, cache.table.data());
+        LLAISYS_PER_ISA(rope_table)(seq, head_dim / 2, inv_freq.data(), pos_ids, cache.table.data());
         cache.positions.assign(pos_ids, pos_ids + seq);
         cache.theta = theta;
         cache.head_dim = head_dim;
@@ -66,19 +165,14 @@ const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const in
 }  // namespace
 
 int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads, int64_t head_dim,
-                     double theta, void* out, const void* x, const void* pos_ids_ptr) {
-    (void)device; (void)stream;
-    const auto* pos_ids = static_cast<const int64_t*>(pos_ids_ptr);
+                     double theta, void* out, const void* x, const void* pos_ids) {
+    (void)device, (void)stream;
     return llaisys::guard("rope", [&] {
         llaisys::require_exact_numerics(numerics);
-        llaisys::cpu::require_float_dtype(dtype);
-        if (seq < 0 || heads < 0 || head_dim < 0 || head_dim % 2)
-            throw llaisys::InvalidArgument("bad shape [" + std::to_string(seq) + ", " + std::to_string(heads) + ", " +
-                                           std::to_string(head_dim) + "]: the head dim must be even");
-        if (!(theta > 0) || !std::isfinite(theta))
-            throw llaisys::InvalidArgument("theta must be a positive finite number, got " + std::to_string(theta));
-        if (seq == 0 || heads == 0 || head_dim == 0) return;
-        const float* table = cos_sin_table(seq, head_dim, theta, pos_ids);
-        LLAISYS_CALL_PER_ISA(rope, dtype, seq, heads, head_dim, table, out, x);
+        llaisys::require_float_dtype(dtype);
+        if (seq == 0 || heads == 0 || head_dim == 0) return;  // nothing to rotate
+        const float* table = cos_sin_table(seq, head_dim, theta, static_cast<const int64_t*>(pos_ids));
+        LLAISYS_PER_ISA(rope)(dtype, seq, heads, head_dim, table, out, x);
     });
 }
+#endif

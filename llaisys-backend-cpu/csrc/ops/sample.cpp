@@ -16,16 +16,97 @@
 // NaN logits are an error (InvalidArgument naming the position), as are logits that are all -inf; +inf
 // logits share all the probability.
 #include <algorithm>
-#include <cmath>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "argmax_kernel.h"
-#include "sample_instances.h"  // the portable vector passes
+#include "../common/api.h"
+#include "../simd/simd.h"
+#include "argmax.h"
 
+// Elements per block of sample_exp's partial sums (fixed, so the sums do not depend on the thread count).
+constexpr int64_t kSampleBlock = 2048;
+
+// dst[i] = float(src[i]) for an f32 / f16 / bf16 src.
+LLAISYS_DECLARE_PER_ISA(void sample_widen(int dtype, int64_t n, const void* src, float* dst))
+// p[i] = exp((v[i] - max) / temperature) in f32; block_sums[b] = sum of p over block b (ceil(n / kSampleBlock)).
+LLAISYS_DECLARE_PER_ISA(void sample_exp(int64_t n, const float* v, float max, float temperature, float* p,
+                                        double* block_sums))
+// Writes base + i for every i in [0, n) with v[i] > threshold (>= if inclusive), in order; returns the count.
+LLAISYS_DECLARE_PER_ISA(int64_t sample_select(int64_t n, const float* v, float threshold, bool inclusive,
+                                              int64_t base, int64_t* out))
+// Sum of the p[i] >= threshold.
+LLAISYS_DECLARE_PER_ISA(double sample_sum_at_least(int64_t n, const float* p, float threshold))
+
+// ---- the vector passes, one build per instruction set -------------------------------------------------
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+void sample_widen(int dtype, int64_t n, const void* src, float* dst) {
+    with_float_type(dtype, [&](auto tag) { convert(static_cast<const decltype(tag)*>(src), dst, n); });
+}
+
+void sample_exp(int64_t n, const float* v, float max, float temperature, float* p, double* block_sums) {
+    const int64_t blocks = (n + kSampleBlock - 1) / kSampleBlock;
+    const Vec m = Vec::set1(max), t = Vec::set1(temperature);
+#pragma omp parallel for schedule(static) if (n >= 4 * kParallelGrain)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t begin = b * kSampleBlock, end = begin + kSampleBlock < n ? begin + kSampleBlock : n;
+        Vec acc = Vec::zero();
+        int64_t i = begin;
+        for (; i + Vec::W <= end; i += Vec::W) {
+            Vec e = vexp((Vec::load(v + i) - m) / t);
+            e.store(p + i);
+            acc = acc + e;
+        }
+        if (i < end) {
+            const int rest = int(end - i);
+            Vec e = select(Vec::first(rest), vexp((Vec::load_partial(v + i, rest) - m) / t), Vec::zero());
+            e.store_partial(p + i, rest);
+            acc = acc + e;
+        }
+        block_sums[b] = double(reduce_add(acc));
+    }
+}
+
+int64_t sample_select(int64_t n, const float* v, float threshold, bool inclusive, int64_t base, int64_t* out) {
+    const Vec t = Vec::set1(threshold);
+    int64_t count = 0, i = 0;
+    for (; i + Vec::W <= n; i += Vec::W) {
+        const Vec a = Vec::load(v + i);
+        for (uint32_t m = bits(inclusive ? ge_mask(a, t) : gt_mask(a, t)); m; m &= m - 1)
+            out[count++] = base + i + __builtin_ctz(m);
+    }
+    for (; i < n; ++i)
+        if (inclusive ? v[i] >= threshold : v[i] > threshold) out[count++] = base + i;
+    return count;
+}
+
+double sample_sum_at_least(int64_t n, const float* p, float threshold) {
+    const Vec t = Vec::set1(threshold);
+    double total = 0.0;
+    for (int64_t begin = 0; begin < n; begin += kSampleBlock) {
+        const int64_t end = begin + kSampleBlock < n ? begin + kSampleBlock : n;
+        Vec acc = Vec::zero();
+        int64_t i = begin;
+        for (; i + Vec::W <= end; i += Vec::W) {
+            const Vec a = Vec::load(p + i);
+            acc = acc + select(ge_mask(a, t), a, Vec::zero());
+        }
+        float tail = 0.0f;
+        for (; i < end; ++i) tail += p[i] >= threshold ? p[i] : 0.0f;
+        total += double(reduce_add(acc)) + double(tail);
+    }
+    return total;
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
+
+// ---- the algorithm and the exported entry point, compiled once --------------------------------------------
+#if defined(LLAISYS_ISA_PORTABLE)
 namespace {
 
 using llaisys::InvalidArgument;
@@ -120,19 +201,16 @@ struct Better {
     bool operator()(int64_t a, int64_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
 };
 
-void sample_widen(int dtype, int64_t n, const void* src, float* dst) { LLAISYS_CALL_PER_ISA(sample_widen, dtype, n, src, dst); }
-void sample_exp(int64_t n, const float* v, float max, float t, float* p, double* sums) {
-    LLAISYS_CALL_PER_ISA(sample_exp, n, v, max, t, p, sums);
+// The vector passes of the build this process runs.
+void widen(int dtype, int64_t n, const void* src, float* dst) { LLAISYS_PER_ISA(sample_widen)(dtype, n, src, dst); }
+void exp_pass(int64_t n, const float* v, float max, float t, float* p, double* sums) {
+    LLAISYS_PER_ISA(sample_exp)(n, v, max, t, p, sums);
 }
-int64_t sample_select(int64_t n, const float* v, float threshold, bool inclusive, int64_t base, int64_t* out) {
-    int64_t count = 0;
-    LLAISYS_ASSIGN_PER_ISA(count, sample_select, n, v, threshold, inclusive, base, out);
-    return count;
+int64_t select_pass(int64_t n, const float* v, float threshold, bool inclusive, int64_t base, int64_t* out) {
+    return LLAISYS_PER_ISA(sample_select)(n, v, threshold, inclusive, base, out);
 }
-double sample_sum_at_least(int64_t n, const float* p, float threshold) {
-    double sum = 0;
-    LLAISYS_ASSIGN_PER_ISA(sum, sample_sum_at_least, n, p, threshold);
-    return sum;
+double sum_at_least(int64_t n, const float* p, float threshold) {
+    return LLAISYS_PER_ISA(sample_sum_at_least)(n, p, threshold);
 }
 
 // The k best indices (Better order) into ws.cand, sorted best first if `sorted`. 0 < k < n.
@@ -146,8 +224,8 @@ void top_k_candidates(const float* v, int64_t n, int64_t k, bool sorted, Workspa
             const int64_t len = std::min<int64_t>(kSampleBlock, n - begin);
             const bool full = int64_t(heap.size()) == k;
             // once k are kept, only logits above the worst kept one can enter (later indices lose ties)
-            const int64_t hits = full ? sample_select(len, v + begin, v[heap.front()], false, begin, ws.scratch.data())
-                                      : sample_select(len, v + begin, -INFINITY, true, begin, ws.scratch.data());
+            const int64_t hits = full ? select_pass(len, v + begin, v[heap.front()], false, begin, ws.scratch.data())
+                                      : select_pass(len, v + begin, -INFINITY, true, begin, ws.scratch.data());
             for (int64_t h = 0; h < hits; ++h) {
                 const int64_t i = ws.scratch[size_t(h)];
                 if (int64_t(heap.size()) < k) {
@@ -164,7 +242,7 @@ void top_k_candidates(const float* v, int64_t n, int64_t k, bool sorted, Workspa
         // the k-th largest value; everything above it and, in index order, as many equal to it as fit
         const float kth = kth_largest(v, n, k, ws);
         heap.resize(size_t(n));
-        heap.resize(size_t(sample_select(n, v, kth, true, 0, heap.data())));
+        heap.resize(size_t(select_pass(n, v, kth, true, 0, heap.data())));
         int64_t above = 0;
         for (int64_t i : heap) above += v[i] > kth;
         int64_t equal_room = k - above;
@@ -183,7 +261,7 @@ double candidate_probs(const float* v, float max, float temperature, Workspace& 
     for (int64_t c = 0; c < k; ++c) ws.cand_values[size_t(c)] = v[ws.cand[size_t(c)]];
     ws.cand_probs.resize(size_t(k));
     ws.block_sums.resize(size_t((k + kSampleBlock - 1) / kSampleBlock));
-    sample_exp(k, ws.cand_values.data(), max, temperature, ws.cand_probs.data(), ws.block_sums.data());
+    exp_pass(k, ws.cand_values.data(), max, temperature, ws.cand_probs.data(), ws.block_sums.data());
     double total = 0;
     for (double s : ws.block_sums) total += s;
     return total;
@@ -214,16 +292,15 @@ int64_t draw(const float* p, int64_t k, double r) {
 
 int64_t sample_token(int dtype, int64_t n, const void* logits, double temperature, int64_t top_k, double top_p,
                      uint64_t seed) {
-    int64_t arg = 0;
-    LLAISYS_ASSIGN_PER_ISA(arg, argmax, dtype, n, logits);
+    const int64_t arg = LLAISYS_PER_ISA(argmax)(dtype, n, logits);
     // temperature 0 (or one that underflows f32: the distribution is a point mass) is greedy
     if (temperature < double(FLT_MIN) || top_k == 1) return arg;
 
     thread_local Workspace ws;
     const float* v = static_cast<const float*>(logits);
-    if (dtype != llaisys::kF32) {
+    if (dtype != LLAISYS_F32) {
         ws.values.resize(size_t(n));
-        sample_widen(dtype, n, logits, ws.values.data());
+        widen(dtype, n, logits, ws.values.data());
         v = ws.values.data();
     }
     float max = v[arg];
@@ -257,7 +334,7 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
     ws.probs.resize(size_t(n));
     const int64_t blocks = (n + kSampleBlock - 1) / kSampleBlock;
     ws.block_sums.resize(size_t(blocks));
-    sample_exp(n, v, max, t, ws.probs.data(), ws.block_sums.data());
+    exp_pass(n, v, max, t, ws.probs.data(), ws.block_sums.data());
     double total = 0;
     for (double s : ws.block_sums) total += s;
 
@@ -283,12 +360,12 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
     // then sort only those (the nucleus is a prefix of them)
     const double target = top_p * total;
     float threshold = 1.0f / 256.0f;  // probabilities are relative to the max token's 1
-    while (threshold > 0.0f && sample_sum_at_least(n, ws.probs.data(), threshold) < target) {
+    while (threshold > 0.0f && sum_at_least(n, ws.probs.data(), threshold) < target) {
         threshold *= 1.0f / 256.0f;
         if (threshold < 1e-30f) threshold = 0.0f;
     }
     ws.cand.resize(size_t(n));
-    const int64_t count = sample_select(n, ws.probs.data(), threshold, true, 0, ws.cand.data());
+    const int64_t count = select_pass(n, ws.probs.data(), threshold, true, 0, ws.cand.data());
     ws.cand.resize(size_t(count));
     sort_best_first(ws.cand, v, ws);
     ws.cand_probs.resize(size_t(count));
@@ -302,17 +379,15 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
 }  // namespace
 
 int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out_idx, const void* logits,
-                                      double temperature, int64_t top_k, double top_p, uint64_t seed) {
-    (void)device; (void)stream;
+                       double temperature, int64_t top_k, double top_p, uint64_t seed) {
+    (void)device, (void)stream;
     return llaisys::guard("sample", [&] {
-        llaisys::cpu::require_float_dtype(dtype);
-        if (n <= 0) throw InvalidArgument("logits is empty");
-        if (n >= (int64_t(1) << 32)) throw InvalidArgument("more than 2^32 - 1 logits (" + std::to_string(n) + ")");
-        if (!(temperature >= 0) || !std::isfinite(temperature))
-            throw InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(temperature));
-        if (top_k < 0) throw InvalidArgument("top_k must be >= 0, got " + std::to_string(top_k));
-        if (!(top_p > 0 && top_p <= 1)) throw InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
+        llaisys::require_float_dtype(dtype);
+        // candidates are sorted by 64-bit keys of (logit, 32-bit index)
+        if (n >= (int64_t(1) << 32))
+            throw llaisys::NotSupported("more than 2^32 - 1 logits (" + std::to_string(n) + ")");
         const int64_t token = sample_token(dtype, n, logits, temperature, top_k, top_p, seed);
         std::memcpy(out_idx, &token, sizeof(token));
     });
 }
+#endif

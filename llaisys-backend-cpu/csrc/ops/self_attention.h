@@ -18,16 +18,16 @@
 //     attention_rows below puts the lanes along the head dim instead (dot products finished by a
 //     transpose-add of W accumulators); same blocks, online softmax, splits and merge.
 //
-// ODR note: this header is compiled into TUs with different -m flags. Every function here is a
-// template over the per-TU traits types, which live in anonymous namespaces, so each TU gets its
-// own internal-linkage instantiations. Do not call non-template inline functions (dtype.h, std::
-// containers) from here: a COMDAT copy built with AVX-512 could be picked by the linker for the
-// baseline path.
+// The templates are over the vector type V (Vec8 or Vec16, see simd/simd.h) and the element type T; each
+// build of self_attention.cpp picks the tile shapes for its registers.
 #pragma once
+
+#include <omp.h>
 
 #include <cstdint>
 #include <cstring>
-#include <omp.h>
+
+#include "../simd/simd.h"
 
 namespace llaisys::cpu::attn {
 
@@ -41,81 +41,63 @@ struct Problem {
 };
 
 // Per calling thread, a cached buffer of at least `floats` floats (64-byte aligned); throws bad_alloc.
-// Defined in self_attention.cpp (baseline code). Never call it inside an OpenMP region.
+// Defined once (self_attention.cpp, portable build). Never call it inside an OpenMP region.
 float* scratch(int slot, int64_t floats);
 
-// ISA entry points (dtype: 0 f32, 1 f16, 2 bf16).
-void run_portable(int dtype, const Problem& p);
-void run_avx2(int dtype, const Problem& p);
-void run_avx512(int dtype, const Problem& p);
+}  // namespace llaisys::cpu::attn
 
+// The attention of each build (dtype: LLAISYS_F32, _F16 or _BF16).
+LLAISYS_DECLARE_PER_ISA(void self_attention(int dtype, const attn::Problem& p))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+using attn::Problem;
+using attn::scratch;
 constexpr int kBlockKeys = 64;
 
 #define LLAISYS_UNROLL _Pragma("GCC unroll 32")
-
-// exp(x) for a vector, Cephes-style (about 1 ulp): exact 0 below -87 (so exp(-inf) == 0).
-template <class V>
-static inline typename V::vec vexp(typename V::vec x) {
-    using vec = typename V::vec;
-    const vec hi = V::set1(88.3762626647949f), lo = V::set1(-87.0f);
-    vec xc = V::max(lo, V::min(hi, x));  // operand order lets NaN through (x86 min/max return the 2nd)
-    vec n = V::round(V::mul(xc, V::set1(1.44269504088896341f)));
-    vec r = V::fma(n, V::set1(-0.693359375f), xc);
-    r = V::fma(n, V::set1(2.12194440e-4f), r);
-    vec p = V::set1(1.9875691500e-4f);
-    p = V::fma(p, r, V::set1(1.3981999507e-3f));
-    p = V::fma(p, r, V::set1(8.3334519073e-3f));
-    p = V::fma(p, r, V::set1(4.1665795894e-2f));
-    p = V::fma(p, r, V::set1(1.6666665459e-1f));
-    p = V::fma(p, r, V::set1(5.0000001201e-1f));
-    vec y = V::fma(V::mul(p, r), r, V::add(r, V::set1(1.0f)));
-    y = V::mul(y, V::pow2(n));
-    return V::select_lt(x, lo, V::zero(), y);
-}
 
 // ST[r][lane] = sum_c K[r][c] * QT[c][lane] for KR keys.
 template <class V, int MB, int KR>
 static inline void qk_tile(const float* __restrict QT, const float* __restrict K, int64_t kstride, int64_t d,
                            float* __restrict ST) {
-    using vec = typename V::vec;
     constexpr int W = V::W, LANES = MB * W;
-    vec acc[KR][MB];
+    V acc[KR][MB];
     LLAISYS_UNROLL for (int r = 0; r < KR; ++r)
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = V::zero();
     for (int64_t c = 0; c < d; ++c) {
-        vec qv[MB];
+        V qv[MB];
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) qv[b] = V::load(QT + c * LANES + b * W);
         LLAISYS_UNROLL for (int r = 0; r < KR; ++r) {
-            vec kv = V::bcast(K + r * kstride + c);
-            LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = V::fma(kv, qv[b], acc[r][b]);
+            V kv = V::broadcast(K + r * kstride + c);
+            LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = fmadd(kv, qv[b], acc[r][b]);
         }
     }
     LLAISYS_UNROLL for (int r = 0; r < KR; ++r)
-        LLAISYS_UNROLL for (int b = 0; b < MB; ++b) V::store(ST + r * LANES + b * W, acc[r][b]);
+        LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b].store(ST + r * LANES + b * W);
 }
 
 // OT[c0 + r][lane] = alpha[lane] * OT[c0 + r][lane] + sum_j V[j][c0 + r] * P[j][lane] for R columns.
 template <class V, int MB, int R>
 static inline void pv_tile(float* __restrict OT, const float* __restrict P, int64_t nb,
                            const float* __restrict Vp, int64_t vstride, int64_t c0,
-                           const typename V::vec* alpha) {
-    using vec = typename V::vec;
+                           const V* alpha) {
     constexpr int W = V::W, LANES = MB * W;
-    vec acc[R][MB];
+    V acc[R][MB];
     LLAISYS_UNROLL for (int r = 0; r < R; ++r)
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b)
-            acc[r][b] = V::mul(V::load(OT + (c0 + r) * LANES + b * W), alpha[b]);
+            acc[r][b] = V::load(OT + (c0 + r) * LANES + b * W) * alpha[b];
     const float* vrow = Vp + c0;
     for (int64_t j = 0; j < nb; ++j, vrow += vstride) {
-        vec pv[MB];
+        V pv[MB];
         LLAISYS_UNROLL for (int b = 0; b < MB; ++b) pv[b] = V::load(P + j * LANES + b * W);
         LLAISYS_UNROLL for (int r = 0; r < R; ++r) {
-            vec x = V::bcast(vrow + r);
-            LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = V::fma(x, pv[b], acc[r][b]);
+            V x = V::broadcast(vrow + r);
+            LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b] = fmadd(x, pv[b], acc[r][b]);
         }
     }
     LLAISYS_UNROLL for (int r = 0; r < R; ++r)
-        LLAISYS_UNROLL for (int b = 0; b < MB; ++b) V::store(OT + (c0 + r) * LANES + b * W, acc[r][b]);
+        LLAISYS_UNROLL for (int b = 0; b < MB; ++b) acc[r][b].store(OT + (c0 + r) * LANES + b * W);
 }
 
 // Keys [ks, ke) of split s of nsplit over the first kend keys, in whole blocks of BK keys.
@@ -130,7 +112,7 @@ static inline void split_keys(int64_t kend, int64_t nsplit, int64_t s, int64_t& 
 }
 
 // K and V rows [kb, kb + nb) of kv head g as f32: read in place for f32, else widened into Kc / Vc.
-template <class Cvt, class T>
+template <class T>
 static inline void kv_block(const T* k, const T* v, int64_t kb, int64_t nb, int64_t Hkv, int64_t g, int64_t d,
                             int64_t dv, float* Kc, float* Vc, const float*& Kp, int64_t& kstride,
                             const float*& Vp, int64_t& vstride) {
@@ -139,17 +121,15 @@ static inline void kv_block(const T* k, const T* v, int64_t kb, int64_t nb, int6
         Vp = reinterpret_cast<const float*>(v) + (kb * Hkv + g) * dv, vstride = Hkv * dv;
     } else {
         for (int64_t j = 0; j < nb; ++j) {
-            Cvt::load_row(k + ((kb + j) * Hkv + g) * d, Kc + j * d, d);
-            Cvt::load_row(v + ((kb + j) * Hkv + g) * dv, Vc + j * dv, dv);
+            convert(k + ((kb + j) * Hkv + g) * d, Kc + j * d, d);
+            convert(v + ((kb + j) * Hkv + g) * dv, Vc + j * dv, dv);
         }
         Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
     }
 }
 
-// Cvt: load_row(const T*, float*, n) and store_row(const float*, T*, n) for the element type T.
-template <class V, int MB, int KR, int R, class Cvt, class T>
+template <class V, int MB, int KR, int R, class T>
 void attention(const Problem& p) {
-    using vec = typename V::vec;
     constexpr int W = V::W, LANES = MB * W, BK = kBlockKeys;
     constexpr bool kF32 = sizeof(T) == 4;
     const int64_t L = p.L, S = p.S, H = p.H, Hkv = p.Hkv, d = p.d, dv = p.dv;
@@ -188,7 +168,7 @@ void attention(const Problem& p) {
     const int64_t part_floats = nsplit > 1 ? items * part_stride : 0;
     float* const base = scratch(0, per_thread * threads + part_floats);
     float* const partial = base + per_thread * threads;
-    const vec neg_inf = V::set1(-__builtin_inff());
+    const V neg_inf = V::set1(-__builtin_inff());
 
 #pragma omp parallel num_threads(threads) if (parallel)
     {
@@ -209,7 +189,7 @@ void attention(const Problem& p) {
                 const int64_t f = f0 + lane, i = f / G, h = g * G + f % G;
                 const float inv = 1.0f / l[lane];
                 for (int64_t c = 0; c < dv; ++c) row[c] = ot[c * LANES + lane] * inv;
-                Cvt::store_row(row, out + (i * H + h) * dv, dv);
+                convert(row, out + (i * H + h) * dv, dv);
             }
         };
 
@@ -223,7 +203,7 @@ void attention(const Problem& p) {
             for (int64_t lane = 0; lane < LANES; ++lane) {
                 if (lane < n) {
                     const int64_t f = f0 + lane, i = f / G, h = g * G + f % G;
-                    Cvt::load_row(q + (i * H + h) * d, row, d);
+                    convert(q + (i * H + h) * d, row, d);
                     for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = row[c] * scale;
                     endv[lane] = float(i + off + 1);
                 } else {
@@ -244,7 +224,7 @@ void attention(const Problem& p) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                kv_block<Cvt>(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
+                kv_block(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
 
                 // scores
                 int64_t j = 0;
@@ -254,33 +234,33 @@ void attention(const Problem& p) {
                 // causal mask where the block crosses some row's end
                 if (kb + nb > min_end) {
                     for (int b = 0; b < MB; ++b) {
-                        const vec e = V::load(endv + b * W);
+                        const V e = V::load(endv + b * W);
                         for (int64_t jj = 0; jj < nb; ++jj) {
                             float* sp = ST + jj * LANES + b * W;
-                            V::store(sp, V::select_lt(V::set1(float(kb + jj)), e, V::load(sp), neg_inf));
+                            select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
                         }
                     }
                 }
 
                 // online softmax
-                vec alpha[MB];
+                V alpha[MB];
                 for (int b = 0; b < MB; ++b) {
-                    vec bmax = neg_inf;
-                    for (int64_t jj = 0; jj < nb; ++jj) bmax = V::max(bmax, V::load(ST + jj * LANES + b * W));
-                    const vec mold = V::load(mrun + b * W);
-                    const vec mnew = V::max(mold, bmax);
+                    V bmax = neg_inf;
+                    for (int64_t jj = 0; jj < nb; ++jj) bmax = vmax(bmax, V::load(ST + jj * LANES + b * W));
+                    const V mold = V::load(mrun + b * W);
+                    const V mnew = vmax(mold, bmax);
                     // a lane that has seen no key yet keeps m = -inf; subtract 0 instead (no inf - inf)
-                    const vec msafe = V::select_lt(mnew, V::set1(-3.0e38f), V::zero(), mnew);
-                    alpha[b] = vexp<V>(V::sub(mold, msafe));
-                    vec sum = V::zero();
+                    const V msafe = select(lt_mask(mnew, V::set1(-3.0e38f)), V::zero(), mnew);
+                    alpha[b] = vexp(mold - msafe);
+                    V sum = V::zero();
                     for (int64_t jj = 0; jj < nb; ++jj) {
                         float* sp = ST + jj * LANES + b * W;
-                        const vec e = vexp<V>(V::sub(V::load(sp), msafe));
-                        V::store(sp, e);
-                        sum = V::add(sum, e);
+                        const V e = vexp(V::load(sp) - msafe);
+                        e.store(sp);
+                        sum = sum + e;
                     }
-                    V::store(lrun + b * W, V::fma(V::load(lrun + b * W), alpha[b], sum));
-                    V::store(mrun + b * W, mnew);
+                    fmadd(V::load(lrun + b * W), alpha[b], sum).store(lrun + b * W);
+                    mnew.store(mrun + b * W);
                 }
 
                 // OT = alpha * OT + P^T V
@@ -308,24 +288,24 @@ void attention(const Problem& p) {
                 const int64_t f0 = t * LANES, n = (M - f0) < LANES ? (M - f0) : LANES;
                 const float* parts = partial + gt * nsplit * part_stride;
                 for (int b = 0; b < MB; ++b) {
-                    vec mmax = neg_inf;
-                    for (int64_t s = 0; s < nsplit; ++s) mmax = V::max(mmax, V::load(parts + s * part_stride + b * W));
-                    vec l = V::zero();
+                    V mmax = neg_inf;
+                    for (int64_t s = 0; s < nsplit; ++s) mmax = vmax(mmax, V::load(parts + s * part_stride + b * W));
+                    V l = V::zero();
                     for (int64_t s = 0; s < nsplit; ++s) {
                         const float* part = parts + s * part_stride;
-                        const vec w = vexp<V>(V::sub(V::load(part + b * W), mmax));
-                        V::store(ST + s * LANES + b * W, w);  // weight of split s
-                        l = V::fma(w, V::load(part + LANES + b * W), l);
+                        const V w = vexp(V::load(part + b * W) - mmax);
+                        w.store(ST + s * LANES + b * W);  // weight of split s
+                        l = fmadd(w, V::load(part + LANES + b * W), l);
                     }
-                    V::store(lrun + b * W, l);
+                    l.store(lrun + b * W);
                 }
                 for (int64_t c = 0; c < dv; ++c) {
                     for (int b = 0; b < MB; ++b) {
-                        vec acc = V::zero();
+                        V acc = V::zero();
                         for (int64_t s = 0; s < nsplit; ++s)
-                            acc = V::fma(V::load(ST + s * LANES + b * W),
-                                         V::load(parts + s * part_stride + 2 * LANES + c * LANES + b * W), acc);
-                        V::store(OT + c * LANES + b * W, acc);
+                            acc = fmadd(V::load(ST + s * LANES + b * W),
+                                        V::load(parts + s * part_stride + 2 * LANES + c * LANES + b * W), acc);
+                        acc.store(OT + c * LANES + b * W);
                     }
                 }
                 finish(g, f0, n, OT, lrun);
@@ -338,52 +318,45 @@ void attention(const Problem& p) {
 // ---------------------------------------------------------------------------------------------------
 // Row form, for few queries per kv head (decode): lanes run along the head dim instead of across
 // queries, so no lane idles when a kv head has 1..8 queries. Needs d % W == 0 and dv % W == 0.
-//   scores of W keys for one query: W accumulators over d, then V::hsum (transpose-add) -> one vector
+//   scores of W keys for one query: W accumulators over d, then reduce_add_each (transpose-add) -> one vector
 //   softmax over the keys of a block (vectors of W keys), O[a] = alpha * O[a] + sum_j p[a][j] V[j]
 // Work items are (kv head, key split); each K/V row is read (and converted) once per item.
 
 // ST[j] = q . K[j] for W keys (rows beyond `count` point at a zero row).
 template <class V>
 static inline void qk_row(const float* __restrict qrow, const float* const* krows, int64_t d, float* __restrict ST) {
-    using vec = typename V::vec;
     constexpr int W = V::W;
-    vec acc[W];
+    V acc[W];
     LLAISYS_UNROLL for (int r = 0; r < W; ++r) acc[r] = V::zero();
     for (int64_t c = 0; c < d; c += W) {
-        const vec qv = V::load(qrow + c);
-        LLAISYS_UNROLL for (int r = 0; r < W; ++r) acc[r] = V::fma(qv, V::load(krows[r] + c), acc[r]);
+        const V qv = V::load(qrow + c);
+        LLAISYS_UNROLL for (int r = 0; r < W; ++r) acc[r] = fmadd(qv, V::load(krows[r] + c), acc[r]);
     }
-    V::store(ST, V::hsum(acc));
+    (reduce_add_each(acc)).store(ST);
 }
 
 // O[c0 .. c0 + CR*W) = alpha * O + sum_j p[j] V[j][c0 ..]
 template <class V, int CR>
 static inline void pv_row(float* __restrict O, const float* __restrict P, int64_t nb, const float* __restrict Vp,
                           int64_t vstride, int64_t c0, float alpha) {
-    using vec = typename V::vec;
     constexpr int W = V::W;
-    vec acc[CR];
-    const vec a = V::set1(alpha);
-    LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = V::mul(V::load(O + c0 + r * W), a);
+    V acc[CR];
+    const V a = V::set1(alpha);
+    LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = V::load(O + c0 + r * W) * a;
     const float* vrow = Vp + c0;
     for (int64_t j = 0; j < nb; ++j, vrow += vstride) {
-        const vec pj = V::bcast(P + j);
-        LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = V::fma(pj, V::load(vrow + r * W), acc[r]);
+        const V pj = V::broadcast(P + j);
+        LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r] = fmadd(pj, V::load(vrow + r * W), acc[r]);
     }
-    LLAISYS_UNROLL for (int r = 0; r < CR; ++r) V::store(O + c0 + r * W, acc[r]);
+    LLAISYS_UNROLL for (int r = 0; r < CR; ++r) acc[r].store(O + c0 + r * W);
 }
 
 template <class V>
-static inline float vexp1(float x) {
-    float tmp[V::W];
-    V::store(tmp, vexp<V>(V::set1(x)));
-    return tmp[0];
-}
+static inline float vexp1(float x) { return lane0(vexp(V::set1(x))); }
 
 // Few queries per kv head: M = L * H / Hkv <= MQ.
-template <class V, int MQ, class Cvt, class T>
+template <class V, int MQ, class T>
 void attention_rows(const Problem& p) {
-    using vec = typename V::vec;
     constexpr int W = V::W, BK = kBlockKeys;
     static_assert(BK % W == 0, "a block holds whole vectors of keys");
     constexpr bool kF32 = sizeof(T) == 4;
@@ -439,7 +412,7 @@ void attention_rows(const Problem& p) {
                 const int64_t i = a / G, h = g * G + a % G;
                 const float inv = 1.0f / l[a];
                 for (int64_t c = 0; c < dv; ++c) row[c] = o[a * dv + c] * inv;
-                Cvt::store_row(row, out + (i * H + h) * dv, dv);
+                convert(row, out + (i * H + h) * dv, dv);
             }
         };
 
@@ -448,7 +421,7 @@ void attention_rows(const Problem& p) {
             const int64_t g = item / nsplit, s = item % nsplit;
             for (int64_t a = 0; a < M; ++a) {
                 const int64_t i = a / G, h = g * G + a % G;
-                Cvt::load_row(q + (i * H + h) * d, row, d);
+                convert(q + (i * H + h) * d, row, d);
                 for (int64_t c = 0; c < d; ++c) Q[a * d + c] = row[c] * scale;
                 endq[a] = i + off + 1;
                 mrun[a] = -__builtin_inff();
@@ -463,7 +436,7 @@ void attention_rows(const Problem& p) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                kv_block<Cvt>(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
+                kv_block(k, v, kb, nb, Hkv, g, d, dv, Kc, Vc, Kp, kstride, Vp, vstride);
                 const int64_t nbp = (nb + W - 1) / W * W;
                 const float* krows[BK];
                 for (int64_t j = 0; j < nbp; ++j) krows[j] = j < nb ? Kp + j * kstride : zero_row;
@@ -475,23 +448,23 @@ void attention_rows(const Problem& p) {
                     valid = valid < 0 ? 0 : (valid > nb ? nb : valid);
                     for (int64_t j = valid; j < nbp; ++j) st[j] = -__builtin_inff();
 
-                    vec bmax = V::set1(-__builtin_inff());
-                    for (int64_t j = 0; j < nbp; j += W) bmax = V::max(bmax, V::load(st + j));
+                    V bmax = V::set1(-__builtin_inff());
+                    for (int64_t j = 0; j < nbp; j += W) bmax = vmax(bmax, V::load(st + j));
                     float tmp[W];
-                    V::store(tmp, bmax);
+                    bmax.store(tmp);
                     float mb = tmp[0];
                     for (int x = 1; x < W; ++x) mb = tmp[x] > mb ? tmp[x] : mb;
                     const float mold = mrun[a], mnew = mold > mb ? mold : mb;
                     const float msafe = mnew == -__builtin_inff() ? 0.0f : mnew;
                     const float alpha = vexp1<V>(mold - msafe);
-                    const vec mv = V::set1(msafe);
-                    vec sum = V::zero();
+                    const V mv = V::set1(msafe);
+                    V sum = V::zero();
                     for (int64_t j = 0; j < nbp; j += W) {
-                        const vec e = vexp<V>(V::sub(V::load(st + j), mv));
-                        V::store(st + j, e);
-                        sum = V::add(sum, e);
+                        const V e = vexp(V::load(st + j) - mv);
+                        e.store(st + j);
+                        sum = sum + e;
                     }
-                    V::store(tmp, sum);
+                    sum.store(tmp);
                     float total = 0.0f;
                     for (int x = 0; x < W; ++x) total += tmp[x];
                     lrun[a] = lrun[a] * alpha + total;
@@ -533,8 +506,8 @@ void attention_rows(const Problem& p) {
                         const float w = vexp1<V>(part[a] - mmax);
                         l += w * part[MQ + a];
                         const float* po = part + 2 * MQ + a * dv;
-                        const vec wv = V::set1(w);
-                        for (int64_t c = 0; c < dv; c += W) V::store(o + c, V::fma(wv, V::load(po + c), V::load(o + c)));
+                        const V wv = V::set1(w);
+                        for (int64_t c = 0; c < dv; c += W) fmadd(wv, V::load(po + c), V::load(o + c)).store(o + c);
                     }
                     lrun[a] = l;
                 }
@@ -544,4 +517,4 @@ void attention_rows(const Problem& p) {
     }
 }
 
-}  // namespace llaisys::cpu::attn
+}  // namespace llaisys::cpu::LLAISYS_ISA

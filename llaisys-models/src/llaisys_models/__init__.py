@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import gguf
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .generation import GenerationStats
@@ -23,11 +24,14 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None) -> Qwen2:
-    """The model in the HuggingFace directory ``path``, its class picked by config.json's architectures.
+    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's architectures.
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
+    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
     path = Path(path)
+    if gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+        return gguf.load(path, device=device, dtype=dtype, progress=progress)
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
     config = ModelConfig.from_file(path)

@@ -16,7 +16,8 @@ DEFAULT_PROMPT = "12+34="
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None,
-                        help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+                        help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
+                             "llaisys-models)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")

@@ -195,10 +195,13 @@ def load_hf(path, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from . import gguf
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    where, kwargs = gguf.hf_from_pretrained_args(path) if gguf.is_gguf(path) else (str(path), {})  # hook: issue 15
     with quiet_transformers():
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+        return AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs).eval()
 
 
 def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int] = (),

@@ -29,13 +29,11 @@ from .errors import ModelLoadError
 from .generation import GenerationMixin
 from .paged_kv import KVPool, KVShape, SequenceKV, StepInputs
 from .safetensors import Checkpoint
-from .weights import FLOAT_WEIGHTS, LayerWeights, default_dtype, load_weights
+from .weights import FLOAT_WEIGHTS, LayerWeights, Weights, default_dtype, load_weights
 
 
 class Workspace:
     """Activations for a forward pass over ``n`` token rows (views of a buffer kept between forwards)."""
-
-    FIELDS = ("x", "h", "q", "q_rot", "k", "v", "attn", "out", "gate", "up", "act")
 
     def __init__(self, config: ModelConfig, n: int, dtype, device, base: Workspace | None = None):
         c = config
@@ -85,6 +83,23 @@ class Qwen2(GenerationMixin):
         self.eos_token_ids = _eos_token_ids(self.path, config)
         self.weights = load_weights(checkpoint, config, self.dtype, self.device, progress=progress)
         self.checkpoint = checkpoint  # keeps the memory maps the weights may point into
+        self._prepare()
+
+    @classmethod
+    def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
+                     dtype: llaisys.DType, eos_token_ids, source=None) -> "Qwen2":
+        """A model over weights already placed on ``device`` in ``dtype``, read from a source other
+        than a HuggingFace directory (a GGUF file); ``source`` stays alive as long as the model."""
+        model = cls.__new__(cls)
+        model.path, model.config, model.device, model.dtype = Path(path), config, device, dtype
+        model.eos_token_ids = tuple(eos_token_ids)
+        model.weights, model.checkpoint = weights, source
+        model._prepare()
+        return model
+
+    def _prepare(self) -> None:
+        """The KV cache and decode state, once config, device, dtype and weights are set."""
+        config = self.config
         self._kv_pool: KVPool | None = None  # the model's own, made on first use
         self._cache: SequenceKV | None = None
         self.scale = config.head_dim ** -0.5

@@ -9,7 +9,11 @@ from .errors import ModelLoadError
 
 
 def load_tokenizer(path):
-    """``transformers.AutoTokenizer`` from the model directory."""
+    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file)."""
+    from . import gguf
+
+    if gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+        return gguf.load_tokenizer(path)
     # only tokenizers are used: keep transformers' "PyTorch was not found" advisory off the console
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:

@@ -20,7 +20,8 @@ def register_serve(subparsers) -> None:
         description="Serve a model over OpenAI's chat/completions API (streaming included) with a web chat "
                     "page at /. Binds to 127.0.0.1 unless --host says otherwise.")
     p.add_argument("--model", type=Path, default=None,
-                   help="HuggingFace model directory (default: the demo model shipped with llaisys-models)")
+                   help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
+                        "llaisys-models)")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],

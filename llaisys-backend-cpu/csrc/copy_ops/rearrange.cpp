@@ -1,4 +1,5 @@
-// rearrange: out[i...] = x[i...] for any shape and strides (in elements) of either side.
+// rearrange: out[i...] = x[i...] for any shape and strides (in elements) of either side; a byte copy, no
+// SIMD paths.
 #include <cstring>
 #include <vector>
 
@@ -60,10 +61,9 @@ template <int N> struct Bytes { char b[N]; };
 
 }  // namespace
 
-int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape,
-                                         void* dst, const int64_t* dst_strides, const void* src,
-                                         const int64_t* src_strides) {
-    (void)device; (void)stream;
+int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape, void* dst,
+                          const int64_t* dst_strides, const void* src, const int64_t* src_strides) {
+    (void)device, (void)stream;
     return guard("rearrange", [&] {
         auto dims = coalesce(ndim, shape, dst_strides, src_strides);
         auto* d = static_cast<char*>(dst);
@@ -74,7 +74,7 @@ int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, con
             case 4: copy_rows<uint32_t>(dims, d, s); break;
             case 8: copy_rows<uint64_t>(dims, d, s); break;
             case 16: copy_rows<Bytes<16>>(dims, d, s); break;
-            default: throw InvalidArgument("unsupported element size " + std::to_string(elem_size));
+            default: throw NotSupported("element size " + std::to_string(elem_size) + " bytes");
         }
     });
 }

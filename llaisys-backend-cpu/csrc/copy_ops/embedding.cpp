@@ -1,19 +1,21 @@
 // embedding: out[i, :] = weight[index[i], :] for int64 index [n], weight [vocab, dim], out [n, dim].
-// Every index is checked against [0, vocab) before anything is copied: a bad one throws
-// InvalidArgument naming its value and position, and out is left untouched. Rows are memcpy'd
-// (in parallel when there is enough to copy); any element size works, so no SIMD paths are needed.
+// Every index is checked against [0, vocab) before anything is copied (the one check a kernel keeps: core
+// cannot see the data): a bad one is INVALID_ARGUMENT naming its value and position, and out is left
+// untouched. Rows are memcpy'd, in parallel when there is enough to copy.
 #include <cstring>
 #include <string>
 
-#include "vec.h"
+#include "../common/api.h"
 
 namespace {
 
+constexpr int64_t kParallelElements = int64_t(1) << 17;  // below this, waking threads costs more
+
 size_t element_size(int dtype) {
     switch (dtype) {
-        case llaisys::kF32: return 4;
-        case llaisys::kF16:
-        case llaisys::kBF16: return 2;
+        case LLAISYS_F32: return 4;
+        case LLAISYS_F16:
+        case LLAISYS_BF16: return 2;
         default: llaisys::unsupported_dtype(dtype);
     }
 }
@@ -22,21 +24,20 @@ size_t element_size(int dtype) {
 
 int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, int64_t dim, int64_t vocab,
                           void* out, const void* index_ptr, const void* weight) {
-    (void)device; (void)stream;
+    (void)device, (void)stream;
     const auto* index = static_cast<const int64_t*>(index_ptr);
     return llaisys::guard("embedding", [&] {
-        const size_t elem = element_size(dtype);
-        if (n_index < 0 || dim < 0 || vocab < 0) throw llaisys::InvalidArgument("negative size");
+        const size_t row_bytes = element_size(dtype) * size_t(dim);
         for (int64_t i = 0; i < n_index; ++i) {
             if (index[i] < 0 || index[i] >= vocab)
                 throw llaisys::InvalidArgument("index value " + std::to_string(index[i]) + " at position " +
                                                std::to_string(i) + " is out of range [0, " + std::to_string(vocab) +
                                                ") for a weight of " + std::to_string(vocab) + " rows");
         }
-        const size_t row_bytes = elem * size_t(dim);
         auto* dst = static_cast<char*>(out);
         const auto* src = static_cast<const char*>(weight);
-#pragma omp parallel for schedule(static) if (n_index > 1 && n_index * dim >= 4 * llaisys::cpu::portable::kParallelGrain)
-        for (int64_t i = 0; i < n_index; ++i) std::memcpy(dst + size_t(i) * row_bytes, src + size_t(index[i]) * row_bytes, row_bytes);
+#pragma omp parallel for schedule(static) if (n_index > 1 && n_index * dim >= kParallelElements)
+        for (int64_t i = 0; i < n_index; ++i)
+            std::memcpy(dst + size_t(i) * row_bytes, src + size_t(index[i]) * row_bytes, row_bytes);
     });
 }

@@ -1,2 +1,0 @@
-// The vector passes of sample compiled for this file's instruction set.
-#include "sample_instances.h"

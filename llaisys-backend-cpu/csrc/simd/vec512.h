@@ -1,0 +1,154 @@
+// Vec16 (16 f32 lanes in a zmm register) and Vec16i (16 x 32-bit integer lanes), avx512 build only.
+// Masks are k-registers; partial loads and stores are masked (never touch memory past the n lanes).
+// With AVX512-BF16 (checked at run time, see has_feature), dot_bf16_pairs multiplies bf16 pairs.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "scalar.h"
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+struct Vec16i {
+    __m512i r;
+    Vec16i() = default;
+    Vec16i(__m512i x) : r(x) {}
+    explicit Vec16i(uint32_t c) : r(_mm512_set1_epi32(int(c))) {}
+    static Vec16i load(const void* p) { return _mm512_loadu_si512(p); }  // 64 bytes
+    // the first n (<= 32) 16-bit values at p, the rest 0 (lane i holds values 2i and 2i + 1)
+    static Vec16i load_halves_partial(const void* p, int n) {
+        return _mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << n) - 1), p);
+    }
+};
+inline Vec16i operator+(Vec16i a, Vec16i b) { return _mm512_add_epi32(a.r, b.r); }
+inline Vec16i operator&(Vec16i a, Vec16i b) { return _mm512_and_si512(a.r, b.r); }
+inline Vec16i operator|(Vec16i a, Vec16i b) { return _mm512_or_si512(a.r, b.r); }
+inline Vec16i operator>>(Vec16i a, int n) { return _mm512_srli_epi32(a.r, unsigned(n)); }  // logical
+inline Vec16i operator<<(Vec16i a, int n) { return _mm512_slli_epi32(a.r, unsigned(n)); }
+
+struct Vec16;
+inline Vec16 as_f32(Vec16i a);  // (declared ahead: Vec16's members use it)
+
+struct Vec16 {
+    static constexpr int W = 16;
+    using Mask = __mmask16;
+    using Int = Vec16i;
+    __m512 r;
+
+    Vec16() = default;
+    Vec16(__m512 x) : r(x) {}
+    static Vec16 zero() { return _mm512_setzero_ps(); }
+    static Vec16 set1(float x) { return _mm512_set1_ps(x); }
+    static Vec16 broadcast(const float* p) { return _mm512_set1_ps(*p); }  // every lane = *p
+    static Mask first(int n) { return Mask((1u << n) - 1u); }  // lanes [0, n), 0 <= n <= W
+
+    static Vec16 load(const float* p) { return _mm512_loadu_ps(p); }
+    template <class T> static Vec16 load(const T* p) {
+        return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p);
+    }
+    // lanes [0, n) from p, the rest 0; nothing past p + n is read
+    static Vec16 load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
+    template <class T> static Vec16 load_partial(const T* p, int n) {
+        return widen(_mm256_maskz_loadu_epi16(first(n), p), p);
+    }
+
+    void store(float* p) const { _mm512_storeu_ps(p, r); }
+    template <class T> void store(T* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(p)); }
+    void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, first(n), r); }
+    template <class T> void store_partial(T* p, int n) const { _mm256_mask_storeu_epi16(p, first(n), narrow(p)); }
+
+    // the value after a round trip through T (round to nearest even), still in f32 lanes
+    template <class T> Vec16 round_to() const;
+
+    // 16 16-bit values (bf16 or f16 bits) <-> f32 lanes
+    static Vec16 widen(__m256i h, const bf16_t*) { return widen_bf16(Vec16i(_mm512_cvtepu16_epi32(h))); }
+    static Vec16 widen(__m256i h, const f16_t*) { return _mm512_cvtph_ps(h); }
+    __m256i narrow(const bf16_t*) const;
+    __m256i narrow(const f16_t*) const { return _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+};
+
+inline Vec16i bits_of(Vec16 a) { return _mm512_castps_si512(a.r); }
+inline Vec16 as_f32(Vec16i a) { return _mm512_castsi512_ps(a.r); }
+
+inline Vec16 operator+(Vec16 a, Vec16 b) { return _mm512_add_ps(a.r, b.r); }
+inline Vec16 operator-(Vec16 a, Vec16 b) { return _mm512_sub_ps(a.r, b.r); }
+inline Vec16 operator*(Vec16 a, Vec16 b) { return _mm512_mul_ps(a.r, b.r); }
+inline Vec16 operator/(Vec16 a, Vec16 b) { return _mm512_div_ps(a.r, b.r); }
+inline Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) { return _mm512_fmadd_ps(a.r, b.r, c.r); }    // a * b + c
+inline Vec16 fnmadd(Vec16 a, Vec16 b, Vec16 c) { return _mm512_fnmadd_ps(a.r, b.r, c.r); }  // c - a * b
+// a * b rounded to f32 even when an add follows (see vec256.h)
+inline Vec16 mul_unfused(Vec16 a, Vec16 b) {
+    __m512 p = _mm512_mul_ps(a.r, b.r);
+    __asm__("" : "+v"(p));
+    return p;
+}
+inline Vec16 vmin(Vec16 a, Vec16 b) { return _mm512_min_ps(a.r, b.r); }  // b if either is NaN
+inline Vec16 vmax(Vec16 a, Vec16 b) { return _mm512_max_ps(a.r, b.r); }  // b if either is NaN
+inline Vec16 vsqrt(Vec16 a) { return _mm512_sqrt_ps(a.r); }
+inline Vec16 round_nearest(Vec16 a) { return _mm512_roundscale_ps(a.r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// a * 2^n for integral n held in f32 lanes (vscalefps), rounded once: overflows to inf, underflows
+// gradually (subnormals) to 0
+inline Vec16 mul_pow2(Vec16 a, Vec16 n) { return _mm512_scalef_ps(a.r, n.r); }
+inline float reduce_add(Vec16 a) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.r), 1));
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.r), hi);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float reduce_max(Vec16 a) { return _mm512_reduce_max_ps(a.r); }
+inline float lane0(Vec16 a) { return _mm512_cvtss_f32(a.r); }
+
+inline __mmask16 isnan_mask(Vec16 a) { return _mm512_cmp_ps_mask(a.r, a.r, _CMP_UNORD_Q); }
+inline __mmask16 eq_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_EQ_OQ); }
+inline __mmask16 lt_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_LT_OQ); }
+inline __mmask16 gt_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GT_OQ); }
+inline __mmask16 ge_mask(Vec16 a, Vec16 b) { return _mm512_cmp_ps_mask(a.r, b.r, _CMP_GE_OQ); }
+inline Vec16 select(__mmask16 m, Vec16 if_true, Vec16 if_false) { return _mm512_mask_blend_ps(m, if_false.r, if_true.r); }
+inline Vec16i select(__mmask16 m, Vec16i if_true, Vec16i if_false) {
+    return _mm512_mask_blend_epi32(m, if_false.r, if_true.r);
+}
+
+inline __m256i Vec16::narrow(const bf16_t*) const { return _mm512_cvtepi32_epi16(bf16_bits(*this).r); }
+template <class T> inline Vec16 Vec16::round_to() const {
+    if constexpr (std::is_same_v<T, bf16_t>) return widen_bf16(bf16_bits(*this));
+    else if constexpr (std::is_same_v<T, f16_t>) return _mm512_cvtph_ps(narrow(static_cast<const f16_t*>(nullptr)));
+    else return *this;
+}
+
+// In-register 16 x 16 transpose (r[i] lane j becomes r[j] lane i): 2x2 blocks (unpack), 4x4 blocks
+// (shuffle_ps), then 128-bit lanes (two shuffle_f32x4 rounds).
+inline void transpose(Vec16 (&r)[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i].r, r[2 * i + 1].r);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].r, r[2 * i + 1].r);
+    }
+    for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512 a0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), a1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 a2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 a3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_f32x4(a0, a2, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(a0, a2, 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(a1, a3, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(a1, a3, 0xdd);
+    }
+}
+
+// acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1] in f32 lane i, for a and b holding 16 pairs of bf16 values
+// (vdpbf16ps: exact products, f32 sums; like every AVX512-BF16 op it reads bf16 subnormals as zero).
+// Only for CPUs with AVX512-BF16 (has_feature(Feature::kAvx512Bf16)); the caller carries
+// LLAISYS_TARGET_AVX512BF16 too.
+LLAISYS_TARGET_AVX512BF16 inline Vec16 dot_bf16_pairs(Vec16 acc, Vec16i a, Vec16i b) {
+    return _mm512_dpbf16_ps(acc.r, (__m512bh)a.r, (__m512bh)b.r);
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA

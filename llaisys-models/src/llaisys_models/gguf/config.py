@@ -1,0 +1,121 @@
+"""A GGUF file's hyper-parameters as a ``ModelConfig``.
+
+llama.cpp's converter writes ``config.json`` fields under its own keys, prefixed with the
+architecture (``qwen2.block_count``, ...). They are translated back to the ``config.json``
+names, so ``ModelConfig.from_dict`` checks them exactly as it checks a HuggingFace
+directory; what a GGUF file says through its tensors instead (tied output, biases) is read
+from the tensor table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import ModelConfig
+from ..errors import ModelLoadError
+from .reader import GGUFFile
+
+# GGUF architecture -> the HuggingFace class that runs it
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+# config.json field <- GGUF key (after "{arch}."), and whether the file must have it
+HYPERPARAMETERS = {
+    "hidden_size": ("embedding_length", True),
+    "intermediate_size": ("feed_forward_length", True),
+    "num_hidden_layers": ("block_count", True),
+    "num_attention_heads": ("attention.head_count", True),
+    "num_key_value_heads": ("attention.head_count_kv", False),
+    "head_dim": ("attention.key_length", False),
+    "rms_norm_eps": ("attention.layer_norm_rms_epsilon", True),
+    "rope_theta": ("rope.freq_base", False),
+    "max_position_embeddings": ("context_length", True),
+}
+
+
+def architecture(f: GGUFFile) -> str:
+    """The file's ``general.architecture``, if llaisys runs it (else a ModelLoadError naming it)."""
+    arch = f.architecture
+    if arch not in ARCHITECTURES:
+        found = repr(arch) if arch is not None else "no general.architecture"
+        raise ModelLoadError(f"{f.path}: GGUF architecture {found} is not supported; llaisys runs "
+                             f"{', '.join(sorted(ARCHITECTURES))}")
+    return arch
+
+
+def model_config(f: GGUFFile) -> ModelConfig:
+    arch = architecture(f)
+    meta = f.metadata
+    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": arch, "hidden_act": "silu"}
+    for field, (key, required) in HYPERPARAMETERS.items():
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            if required:
+                raise ModelLoadError(f"{f.path}: metadata key {arch}.{key} ({field}) is missing")
+            continue
+        if isinstance(value, list):
+            raise ModelLoadError(f"{f.path}: {arch}.{key} varies per layer ({value[:4]}...), which llaisys does "
+                                 f"not support")
+        raw[field] = value
+    _check_attention_and_rope(f, arch, raw)
+
+    embed = f.tensors.get("token_embd.weight")
+    if embed is None:
+        raise ModelLoadError(f"{f.path}: tensor 'token_embd.weight' is missing")
+    raw["vocab_size"] = meta.get(f"{arch}.vocab_size", embed.shape[0])
+    raw["tie_word_embeddings"] = "output.weight" not in f.tensors
+    raw["eos_token_id"] = eos_token_ids(f)
+    raw["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
+    try:
+        config = ModelConfig.from_dict(raw)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{f.path}: {e}") from None
+    # biases are whatever tensors the file has (the layer-0 set is required of every layer)
+    return dataclasses.replace(
+        config,
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        o_bias="blk.0.attn_output.bias" in f.tensors,
+        mlp_bias="blk.0.ffn_gate.bias" in f.tensors,
+        dtype_name=_file_type(meta.get("general.file_type")),
+    )
+
+
+def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
+    """Refuse what the decoder does not compute: a value width other than the key width, a
+    partial rotary dimension, rope scaling (llama3-style frequency factors included)."""
+    meta = f.metadata
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+    value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ModelLoadError(f"{f.path}: value head size {value_dim} differs from key head size {head_dim}, which "
+                             f"llaisys does not support")
+    rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        raise ModelLoadError(f"{f.path}: rope covers {rope_dims} of {head_dim} head dimensions; llaisys supports "
+                             f"full rotary embeddings only")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
+    if (scaling != "none" and factor not in (0.0, 1.0)) or "rope_freqs.weight" in f.tensors:
+        kind = scaling if scaling != "none" else "llama3 (rope_freqs.weight)"
+        raise ModelLoadError(f"{f.path}: rope scaling of type {kind!r} is not supported (only the default rotary "
+                             f"embedding)")
+
+
+def eos_token_ids(f: GGUFFile) -> list[int]:
+    """The ids that end generation: EOS, and end-of-turn / end-of-message where the file names them
+    (llama.cpp stops at all of these)."""
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = f.metadata.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+            ids.append(value)
+    return ids
+
+
+def _file_type(value) -> str | None:
+    """general.file_type as llama.cpp names it ("MOSTLY_Q4_K_M", ...), for information."""
+    from gguf import LlamaFileType
+
+    try:
+        return LlamaFileType(value).name if value is not None else None
+    except ValueError:
+        return str(value)

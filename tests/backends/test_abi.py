@@ -1,0 +1,233 @@
+"""ABI probes: what every compiled backend library answers at its C boundary (llaisys/backend.h), called
+directly with ctypes, below core's checks. Each native backend (abi.NATIVE_BACKENDS) runs the same probes.
+
+Kernels trust core's validation (the header's contract), so there are no probes of bad shapes or
+parameters here: only what the header says a library must still answer itself (identity, error
+reporting, device indices, allocation failure, memcpy kinds, unknown dtype / numerics codes, and data only
+a kernel sees, such as embedding indices).
+"""
+
+import ctypes
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+from abi import CODES, INVALID_ARGUMENT, NOT_SUPPORTED, OK, OUT_OF_MEMORY, SLOTS, DeviceBuffers
+
+OPS = sorted(name for name, slot in SLOTS.items() if slot.kind == "OP")
+F32 = CODES["LLAISYS_F32"]
+UNKNOWN_DTYPE = 99
+UNKNOWN_NUMERICS = 7
+
+
+def test_every_required_slot_is_exported(native):
+    missing = [name for name, slot in SLOTS.items() if slot.kind == "REQUIRED" and not native.has(name)]
+    assert not missing, f"{native.path.name} lacks required slots {missing}"
+
+
+def test_ops_exported(native):
+    missing = [op for op in OPS if not native.has(op)]
+    if native.backend.all_ops:
+        assert not missing, f"{native.path.name} lacks op slots {missing}"
+
+
+def test_exports_only_prefixed_names(native):
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("needs nm (binutils) to list the dynamic symbol table")
+    listing = subprocess.run([nm, "-D", "--defined-only", str(native.path)], capture_output=True, text=True,
+                             check=True).stdout
+    names = [line.split()[-1] for line in listing.splitlines() if line.strip()]
+    foreign = [n for n in names if not n.startswith(native.backend.prefix + "_")]
+    assert not foreign, f"{native.path.name} exports names outside {native.backend.prefix}_*: {foreign[:10]}"
+
+
+def test_api_version_matches_the_header(native):
+    assert native("api_version") == CODES["LLAISYS_API_VERSION"]
+
+
+def test_last_error_names_the_call_and_is_per_thread(native):
+    count = native.device_count()
+    message = native.expect(native("malloc", count, 16, ctypes.byref(ctypes.c_void_p())), INVALID_ARGUMENT, "malloc")
+    other = []
+    thread = threading.Thread(target=lambda: other.append(native.last_error()))
+    thread.start()
+    thread.join()
+    assert other == [""], "last_error must be per thread: a fresh thread has no error"
+    assert native.last_error() == message
+
+
+@pytest.mark.parametrize("bad", ["count", "-1"])
+def test_device_index_out_of_range(native, bad):
+    count = native.device_count()
+    index = count if bad == "count" else -1
+    ptr = ctypes.c_void_p()
+    native.expect(native("malloc", index, 16, ctypes.byref(ptr)), INVALID_ARGUMENT, str(index))
+    native.expect(native("device_synchronize", index), INVALID_ARGUMENT, str(index))
+    if native.has("device_attribute"):
+        value = ctypes.c_int64()
+        status = native("device_attribute", index, CODES["LLAISYS_ATTR_WARP_SIZE"], ctypes.byref(value))
+        native.expect(status, INVALID_ARGUMENT, str(index))
+
+
+def test_malloc_of_an_absurd_size_is_out_of_memory(on_device):
+    nbytes = 1 << 60
+    ptr = ctypes.c_void_p()
+    on_device.expect(on_device("malloc", 0, nbytes, ctypes.byref(ptr)), OUT_OF_MEMORY, str(nbytes))
+
+
+def test_malloc_zero_and_free_null(on_device):
+    ptr = ctypes.c_void_p()
+    on_device.check("malloc", 0, 0, ctypes.byref(ptr))
+    on_device.check("free", 0, ptr)
+    on_device.check("free", 0, None)
+
+
+@pytest.mark.parametrize("kind", [-1, 4, 99])
+def test_memcpy_kind_invalid(on_device, kind):
+    src = np.arange(4, dtype=np.float32)
+    dst = np.zeros_like(src)
+    on_device.expect(on_device("memcpy", 0, dst.ctypes.data, src.ctypes.data, src.nbytes, kind), INVALID_ARGUMENT,
+                     str(kind))
+    status = on_device("memcpy_async", 0, dst.ctypes.data, src.ctypes.data, src.nbytes, kind, None)
+    on_device.expect(status, INVALID_ARGUMENT, str(kind))
+    assert not dst.any(), "a refused copy must not write"
+
+
+# -- ops: unknown codes, and the data only a kernel sees -------------------------------------------------
+
+def _op_args(buffers, op, dtype, numerics):
+    """Arguments (after device, stream) for a small valid call of `op` with the given dtype / numerics codes;
+    the data is f32 (a kernel must refuse an unknown code before reading it)."""
+    f = lambda *shape: buffers.upload(np.random.default_rng(0).standard_normal(shape).astype(np.float32))  # noqa: E731
+    index = buffers.upload(np.array([0, 1], dtype=np.int64))
+    return {
+        "add": lambda: (dtype, 8, f(8), f(8), f(8)),
+        "argmax": lambda: (dtype, 8, index, f(1), f(8)),
+        "embedding": lambda: (dtype, 2, 4, 3, f(2, 4), index, f(3, 4)),
+        "linear": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), f(3, 4), None),
+        "rms_norm": lambda: (dtype, numerics, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
+        "rope": lambda: (dtype, numerics, 2, 1, 8, 1e4, f(2, 1, 8), f(2, 1, 8), index),
+        "self_attention": lambda: (dtype, numerics, 2, 2, 2, 1, 8, 8, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 1, 8),
+                                   f(2, 1, 8)),
+        "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
+        "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
+    }[op]()
+
+
+DTYPE_OPS = [op for op in OPS if SLOTS[op].argtypes[2] is ctypes.c_int and op != "rearrange"]
+NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu"]
+
+
+@pytest.mark.parametrize("op", DTYPE_OPS)
+def test_unknown_dtype_code_is_not_supported(on_device, op):
+    if not on_device.has(op):
+        pytest.skip(f"{on_device.backend.name} does not implement {op}")
+    with DeviceBuffers(on_device) as buffers:
+        args = _op_args(buffers, op, UNKNOWN_DTYPE, CODES["LLAISYS_NUMERICS_EXACT"])
+        status = on_device.finish(on_device(op, 0, None, *args))
+        on_device.expect(status, NOT_SUPPORTED, str(UNKNOWN_DTYPE))
+
+
+@pytest.mark.parametrize("op", NUMERICS_OPS)
+def test_numerics_modes(on_device, op):
+    """numerics=HF runs or is NOT_SUPPORTED saying so; an unknown numerics code is always NOT_SUPPORTED."""
+    assert SLOTS[op].argtypes[3] is ctypes.c_int, f"{op} takes numerics after dtype"
+    if not on_device.has(op):
+        pytest.skip(f"{on_device.backend.name} does not implement {op}")
+    with DeviceBuffers(on_device) as buffers:
+        status = on_device.finish(on_device(op, 0, None, *_op_args(buffers, op, F32, CODES["LLAISYS_NUMERICS_HF"])))
+        if status != OK:
+            on_device.expect(status, NOT_SUPPORTED, "numerics")
+        status = on_device.finish(on_device(op, 0, None, *_op_args(buffers, op, F32, UNKNOWN_NUMERICS)))
+        on_device.expect(status, NOT_SUPPORTED, "numerics", str(UNKNOWN_NUMERICS))
+
+
+@pytest.mark.parametrize("bad", [3, -1, 1 << 40])
+def test_embedding_index_out_of_range_names_it(on_device, bad):
+    if not on_device.has("embedding"):
+        pytest.skip(f"{on_device.backend.name} does not implement embedding")
+    vocab, dim = 3, 4
+    weight = np.arange(vocab * dim, dtype=np.float32).reshape(vocab, dim)
+    with DeviceBuffers(on_device) as buffers:
+        index = buffers.upload(np.array([0, 2, bad], dtype=np.int64))
+        status = on_device("embedding", 0, None, F32, 3, dim, vocab, buffers.alloc(3 * dim * 4), index,
+                           buffers.upload(weight))
+        on_device.expect(on_device.finish(status), INVALID_ARGUMENT, str(bad), "position 2")
+
+
+def test_a_valid_call_passes(on_device):
+    """The probes' arguments are well formed: with known codes every op runs."""
+    with DeviceBuffers(on_device) as buffers:
+        for op in DTYPE_OPS:
+            if on_device.has(op):
+                args = _op_args(buffers, op, F32, CODES["LLAISYS_NUMERICS_EXACT"])
+                on_device.check(op, 0, None, *args)
+        on_device.check("device_synchronize", 0)
+
+
+# -- optional slots: absent is fine, present must keep the header's promises ----------------------------
+
+def test_optional_device_queries(native):
+    if native.has("build_info"):
+        assert native("build_info"), "build_info returns one line"
+    if native.device_count() < 1:
+        return
+    if native.has("device_attribute"):
+        value = ctypes.c_int64(-1)
+        native.check("device_attribute", 0, CODES["LLAISYS_ATTR_HOST_ADDRESSABLE"], ctypes.byref(value))
+        assert value.value in (0, 1)
+        native.check("device_attribute", 0, CODES["LLAISYS_ATTR_WARP_SIZE"], ctypes.byref(value))
+        assert value.value >= 1
+        native.expect(native("device_attribute", 0, 999, ctypes.byref(value)), NOT_SUPPORTED, "999")
+    if native.has("device_name"):
+        full = ctypes.create_string_buffer(256)
+        native.check("device_name", 0, full, 256)
+        assert full.value, "a device has a name"
+        short = ctypes.create_string_buffer(b"x" * 8)
+        native.check("device_name", 0, short, 4)
+        assert short.raw[3:4] == b"\0" and short.raw[4:8] == b"xxxx", "the name is cut to `size` bytes with its NUL"
+        untouched = ctypes.create_string_buffer(b"x" * 8)
+        native.check("device_name", 0, untouched, 0)
+        assert untouched.raw == b"x" * 8 + b"\0"
+    if native.has("mem_info"):
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        native.check("mem_info", 0, ctypes.byref(free), ctypes.byref(total))
+        assert 0 < free.value <= total.value
+
+
+def test_optional_host_memory(native):
+    if not (native.has("malloc_host") and native.has("free_host")):
+        pytest.skip(f"{native.backend.name} has no pinned host memory (optional)")
+    ptr = ctypes.c_void_p()
+    native.check("malloc_host", 64, ctypes.byref(ptr))
+    ctypes.memset(ptr, 7, 64)  # host memory: writable from the host
+    native.check("free_host", ptr)
+    native.check("free_host", None)
+
+
+def test_optional_events(on_device):
+    names = ["event_create", "event_destroy", "event_record", "event_synchronize"]
+    if not all(on_device.has(n) for n in names):
+        pytest.skip(f"{on_device.backend.name} has no events (optional)")
+    stream, start, end = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    on_device.check("stream_create", 0, ctypes.byref(stream))
+    on_device.check("event_create", 0, ctypes.byref(start))
+    on_device.check("event_create", 0, ctypes.byref(end))
+    on_device.check("event_record", 0, start, stream)
+    on_device.check("event_record", 0, end, stream)
+    on_device.check("event_synchronize", 0, end)
+    if on_device.has("event_elapsed_ms"):
+        ms = ctypes.c_float(-1.0)
+        status = on_device("event_elapsed_ms", 0, start, end, ctypes.byref(ms))
+        if status != NOT_SUPPORTED:
+            on_device.expect(status, OK)
+            assert ms.value >= 0.0
+    if on_device.has("stream_wait_event"):
+        on_device.check("stream_wait_event", 0, stream, end)
+    on_device.check("stream_synchronize", 0, stream)
+    for event in (start, end):
+        on_device.check("event_destroy", 0, event)
+    on_device.check("stream_destroy", 0, stream)

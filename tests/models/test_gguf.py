@@ -1,0 +1,204 @@
+"""GGUF models: llaisys against HF transformers loading the same GGUF file, per quantization type.
+
+Tiny random Qwen2 and Llama checkpoints are written as GGUF files (gguf_files.py), one per type,
+and both sides read the same bytes. In float32 both hold the exact dequantized weights, so the
+logits must agree as closely as with a safetensors checkpoint and greedy decoding must follow
+HF's tokens (near-ties as in test_parity, DESIGN §6). Also: the tokenizer built from the
+metadata against transformers' own, the CLI on a GGUF file, the progress bar, default dtypes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+import llaisys_models
+from gguf_files import write_gguf
+from llaisys_models.gguf import quants
+from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
+from tiny_models import EOS_ID, Reference, Spec, make_checkpoint, prompt
+
+# rows of 256 values, so every k-quant fits: hidden, intermediate and q width multiples of 256
+SPECS = {
+    "qwen2": Spec(arch="qwen2", vocab=384, hidden=256, inter=512, layers=2, heads=4, kv_heads=2, seed=21),
+    "llama": Spec(arch="llama", vocab=320, hidden=256, inter=512, layers=2, heads=4, kv_heads=1, tie=True,
+                  seed=22),
+}
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# every type on qwen2; on llama (un-permuted Q/K rows, no biases, tied output) one of each kind of path:
+# plain floats, a legacy block type, a k-quant
+CASES = [("qwen2", t) for t in TYPES] + [("llama", t) for t in (Q.F32, Q.F16, Q.Q8_0, Q.Q4_K)]
+PROMPT_LENGTH = 13
+# The forward pass is test_parity's (40 steps per checkpoint); what a GGUF file adds is the weights,
+# the config and the Q/K order, which wrong would part ways at once: 16 steps per type suffice.
+NEW_TOKENS = 16
+
+
+class GGUFModels:
+    """HF checkpoints, their GGUF files per type and HF's models read back from those files."""
+
+    def __init__(self, root):
+        self.root = root
+        self._hf, self._files, self._refs = {}, {}, {}
+
+    def hf(self, arch: str):
+        from transformers import AutoModelForCausalLM
+
+        if arch not in self._hf:
+            directory = self.root / arch
+            directory.mkdir()
+            make_checkpoint(directory, SPECS[arch])
+            self._hf[arch] = (directory, AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval())
+        return self._hf[arch]
+
+    def file(self, arch: str, qtype: Q):
+        if (arch, qtype) not in self._files:
+            directory, hf = self.hf(arch)
+            self._files[arch, qtype] = write_gguf(hf, directory, self.root / f"{arch}-{qtype.name}.gguf", qtype)
+        return self._files[arch, qtype]
+
+    def reference(self, arch: str, qtype: Q) -> Reference:
+        """HF's greedy tokens and logits (float32 and exact float64) from the GGUF file."""
+        from transformers import AutoModelForCausalLM
+
+        if (arch, qtype) not in self._refs:
+            path = self.file(arch, qtype)
+            hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+            ids = prompt(arch, PROMPT_LENGTH, SPECS[arch].vocab)
+            with torch.no_grad():
+                x = torch.tensor([ids])
+                tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                     min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)[0].tolist()
+                seq = torch.tensor([tokens[:-1]])
+                logits = hf(seq).logits[0].numpy()
+                exact = copy.deepcopy(hf).to(torch.float64)(seq).logits[0].numpy()
+            self._refs[arch, qtype] = Reference(ids, tokens, logits, exact)
+        return self._refs[arch, qtype]
+
+
+@pytest.fixture(scope="module")
+def gguf_models(tmp_path_factory) -> GGUFModels:
+    return GGUFModels(tmp_path_factory.mktemp("gguf_models"))
+
+
+@pytest.mark.parametrize("arch,qtype", CASES, ids=lambda v: getattr(v, "name", v))
+def test_greedy_matches_hf_reading_the_same_file(gguf_models, arch, qtype, device):
+    model = llaisys_models.load(gguf_models.file(arch, qtype), device=device, dtype="float32")
+    assert type(model).__name__ == {"qwen2": "Qwen2", "llama": "Llama"}[arch]
+    ties = check_against_reference(model, gguf_models.reference(arch, qtype), "f32")
+    assert len(ties) <= max(1, MAX_NEAR_TIE_RATE["f32"] * NEW_TOKENS), f"near-ties at steps {ties}"
+
+
+def test_the_file_holds_the_checkpoint(gguf_models, device):
+    """An F32 GGUF file is the HF checkpoint itself: the same logits as the safetensors directory
+    (this checks the Llama Q/K un-permutation against the original weights, not against HF's)."""
+    for arch in SPECS:
+        directory, _ = gguf_models.hf(arch)
+        ids = prompt(arch, PROMPT_LENGTH, SPECS[arch].vocab)
+        from_gguf = llaisys_models.load(gguf_models.file(arch, Q.F32), device=device).logits(ids)
+        from_dir = llaisys_models.load(directory, device=device).logits(ids)
+        np.testing.assert_array_equal(from_gguf, from_dir)
+
+
+@pytest.mark.parametrize("qtype,dtype", [(Q.F32, "float32"), (Q.F16, "float16"), (Q.BF16, "bfloat16"),
+                                         (Q.Q8_0, "bfloat16"), (Q.Q4_K, "bfloat16")], ids=lambda v: str(v))
+def test_default_dtype(gguf_models, qtype, dtype):
+    """The stored float type; bfloat16 for quantized weights."""
+    model = llaisys_models.load(gguf_models.file("qwen2", qtype), device="cpu")
+    assert model.dtype.name == dtype
+    want = quants.dequantize(gguf_models_raw(gguf_models, qtype), qtype, np.empty((384, 256), np.float32))
+    np.testing.assert_array_equal(model.weights.embed_tokens.numpy().astype(np.float32),
+                                  want.astype(model.dtype.numpy).astype(np.float32))
+
+
+def gguf_models_raw(gguf_models, qtype):
+    from llaisys_models.gguf.reader import GGUFFile
+
+    return GGUFFile(gguf_models.file("qwen2", qtype)).raw("token_embd.weight")
+
+
+def test_eos_and_config(gguf_models):
+    model = llaisys_models.load(gguf_models.file("llama", Q.Q8_0), device="cpu")
+    c = model.config
+    assert model.eos_token_ids == (EOS_ID,)
+    assert (c.tie_word_embeddings, c.num_key_value_heads, c.head_dim, c.qkv_bias) == (True, 1, 64, False)
+    assert model.weights.lm_head is model.weights.embed_tokens
+    qwen = llaisys_models.load(gguf_models.file("qwen2", Q.Q8_0), device="cpu").config
+    assert (qwen.tie_word_embeddings, qwen.qkv_bias, qwen.rope_theta, qwen.max_position_embeddings) == (
+        False, True, 10000.0, 512)
+
+
+def test_progress_bar_covers_every_weight(gguf_models, monkeypatch):
+    from llaisys_models.gguf import weights
+
+    seen = []
+
+    class Recorder(weights.Progress):
+        def __init__(self, total, label, enabled=None, **kw):
+            super().__init__(total, label, enabled=False, **kw)
+            seen.append(self)
+
+    monkeypatch.setattr(weights, "Progress", Recorder)
+    model = llaisys_models.load(gguf_models.file("qwen2", Q.Q4_K), device="cpu", progress=True)
+    (bar,) = seen
+    assert bar.label == "loading qwen2-Q4_K.gguf" and bar.done == bar.total
+    assert bar.total == sum(t.nbytes for t in _all_weights(model))
+
+
+def _all_weights(model):
+    w = model.weights
+    yield from (w.embed_tokens, w.norm, w.lm_head)
+    for layer in w.layers:
+        yield from (t for t in vars(layer).values() if t is not None)
+
+
+# -- the tokenizer from the metadata ---------------------------------------------------------------
+
+TEXTS = ["Hello, world!", "12+34=", "  spaces\tand\nnewlines  ", "ünïcödé ✓ 中文 🙂", "<|endoftext|> inside"]
+
+
+@pytest.mark.parametrize("arch", list(SPECS))
+def test_tokenizer_matches_transformers_gguf_tokenizer(gguf_models, arch):
+    from transformers import AutoTokenizer
+
+    from llaisys_models.tokenizer import encode, load_tokenizer
+
+    path = gguf_models.file(arch, Q.Q8_0)
+    ours = load_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    original = AutoTokenizer.from_pretrained(gguf_models.hf(arch)[0])
+    for text in TEXTS:
+        ids = ours(text).input_ids
+        assert ids == theirs(text).input_ids == original(text).input_ids, text
+        assert ours.decode(ids) == theirs.decode(ids) == text
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "12+34="}]
+    assert ours.chat_template == original.chat_template
+    assert encode(ours, messages) == encode(original, messages)
+    assert ours.eos_token == "<|endoftext|>"
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+
+def test_cli_generate_and_infer_test_on_a_gguf_file(gguf_models, capsys):
+    from llaisys.cli import main
+    from llaisys_models.tokenizer import encode, load_tokenizer
+
+    path = gguf_models.file("qwen2", Q.Q8_0)
+    assert main(["generate", "--model", str(path), "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    tokenizer = load_tokenizer(path)
+    ids = encode(tokenizer, "Hi")
+    model = llaisys_models.load(path, device="cpu")
+    assert out == tokenizer.decode(model.generate(ids, 8)[len(ids):], skip_special_tokens=True) + "\n"
+    assert f"loaded {path} on cpu:0 as bfloat16" in err
+
+    # infer --test runs HF transformers on the same file: identical tokens in float32
+    assert main(["infer", "--model", str(path), "--device", "cpu", "--dtype", "float32", "--prompt", "Hi",
+                 "--max-new-tokens", "8", "--test"]) == 0, capsys.readouterr().out
+    assert "PASS: identical" in capsys.readouterr().out

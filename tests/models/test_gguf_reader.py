@@ -1,0 +1,190 @@
+"""Reading GGUF files: the header parser against the gguf package's GGUFReader, and one clear line
+for every kind of bad file (truncated, bad magic or version, unknown or unsupported types, an
+architecture llaisys does not run, missing tensors or tokenizer, unsupported rope)."""
+
+from __future__ import annotations
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as V
+
+import llaisys_models
+from gguf_files import write_gguf
+from llaisys_models import ModelLoadError
+from llaisys_models.gguf.reader import GGUFFile
+
+MODEL = "f32_gqa2_hd32"  # qwen2, hidden 128: rows of legacy (32-value) blocks
+
+METADATA = [  # (key, value, type, array item type) of every value type GGUF has
+    ("t.u8", 200, V.UINT8, None), ("t.i8", -100, V.INT8, None), ("t.u16", 60000, V.UINT16, None),
+    ("t.i16", -30000, V.INT16, None), ("t.u32", 4_000_000_000, V.UINT32, None), ("t.i32", -2_000_000_000, V.INT32, None),
+    ("t.u64", 2 ** 63 + 5, V.UINT64, None), ("t.i64", -(2 ** 62), V.INT64, None), ("t.f32", 0.5, V.FLOAT32, None),
+    ("t.f64", 1e-300, V.FLOAT64, None), ("t.bool", True, V.BOOL, None), ("t.str", "héllo ✓", V.STRING, None),
+    ("t.ints", [1, -2, 3], V.ARRAY, V.INT32), ("t.floats", [0.25, -1.5], V.ARRAY, V.FLOAT32),
+    ("t.strs", ["a", "", "ü ü"], V.ARRAY, V.STRING), ("t.nested", [[1, 2], [3]], V.ARRAY, V.ARRAY),
+]
+TENSORS = [("vec", Q.F32, (7,)), ("half", Q.F16, (2, 3, 5)), ("bf", Q.BF16, (4, 6)), ("q8", Q.Q8_0, (3, 64)),
+           ("q4k", Q.Q4_K, (2, 256)), ("q6k", Q.Q6_K, (1, 2, 512))]
+
+
+def write_synthetic(path, alignment: int | None = None):
+    writer = gguf.GGUFWriter(path, "test")
+    if alignment:
+        writer.add_custom_alignment(alignment)
+    for key, value, vtype, sub in METADATA:
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    rng = np.random.default_rng(0)
+    for name, qtype, shape in TENSORS:
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        data = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // block * type_size), dtype=np.uint8)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_header_matches_ggufreader(tmp_path, alignment):
+    path = write_synthetic(tmp_path / "t.gguf", alignment)
+    ours, theirs = GGUFFile(path), gguf.GGUFReader(path)
+    # GGUFReader flattens nested arrays (a FIXME of its own); every other value must be equal
+    want_meta = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert want_meta.pop("t.nested") == [1, 2, 3] and ours.metadata.pop("t.nested") == [[1, 2], [3]]
+    assert ours.metadata == want_meta
+    for key, value, vtype, _ in METADATA[:-1]:
+        assert ours.metadata[key] == (pytest.approx(value) if vtype == V.FLOAT32 else value)
+    assert list(ours.tensors) == [t.name for t in theirs.tensors]
+    for t in theirs.tensors:
+        info = ours.tensors[t.name]
+        assert (info.type, info.shape, info.offset, info.nbytes) == (
+            t.tensor_type, tuple(reversed(t.shape.tolist())), t.data_offset, t.n_bytes)
+        assert ours.raw(t.name).tobytes() == t.data.tobytes()
+    assert dict((n, s) for n, _, s in TENSORS) == {n: i.shape for n, i in ours.tensors.items()}
+
+
+# -- bad files: each a ModelLoadError of one line ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_file(tiny_models, tmp_path_factory):
+    """A valid Q8_0 qwen2 file with its tokenizer."""
+    path = tmp_path_factory.mktemp("gguf_good") / "model.gguf"
+    return write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), path, Q.Q8_0)
+
+
+def load_error(path, match: str) -> str:
+    with pytest.raises(ModelLoadError, match=match) as e:
+        llaisys_models.load(path, device="cpu")
+    message = str(e.value)
+    assert "\n" not in message and str(path.name) in message
+    return message
+
+
+def test_the_good_file_loads(good_file):
+    model = llaisys_models.load(good_file, device="cpu")
+    assert type(model).__name__ == "Qwen2" and model.config.num_hidden_layers == 2
+
+
+def bytes_of(path) -> bytearray:
+    return bytearray(path.read_bytes())
+
+
+def test_bad_magic(tmp_path, good_file):
+    data = bytes_of(good_file)
+    data[:4] = b"GGML"
+    (bad := tmp_path / "bad.gguf").write_bytes(data)
+    load_error(bad, "not a GGUF file: it starts with b'GGML'")
+    (short := tmp_path / "short.gguf").write_bytes(b"GGU")
+    load_error(short, "not a GGUF file: it holds only 3 bytes")
+
+
+@pytest.mark.parametrize("version,match", [(1, "GGUF version 1; llaisys reads versions 2 and 3"),
+                                           (4, "GGUF version 4"), (3 << 24, "big-endian")])
+def test_bad_version(tmp_path, good_file, version, match):
+    data = bytes_of(good_file)
+    data[4:8] = version.to_bytes(4, "little")
+    (bad := tmp_path / "bad.gguf").write_bytes(data)
+    load_error(bad, match)
+
+
+@pytest.mark.parametrize("where", ["counts", "metadata", "tensor table", "data"])
+def test_truncated(tmp_path, good_file, where):
+    data = bytes_of(good_file)
+    header = gguf.GGUFReader(good_file)
+    cut = {"counts": 12, "metadata": header.fields["tokenizer.ggml.tokens"].offset + 40,
+           "tensor table": header.tensors[1].field.offset + 5, "data": len(data) - 100}[where]
+    (bad := tmp_path / "cut.gguf").write_bytes(data[:cut])
+    message = load_error(bad, "truncated")
+    if where == "data":
+        last = header.tensors[-1].name
+        assert f"tensor {last!r}" in message and f"the file ends at {cut}" in message
+
+
+def test_unknown_type_id(tmp_path, good_file):
+    header = gguf.GGUFReader(good_file)
+    t = header.tensors[3]
+    type_at = t.field.offset + sum(int(p.nbytes) for p in t.field.parts[:4])  # after name and dims
+    data = bytes_of(good_file)
+    assert int.from_bytes(data[type_at:type_at + 4], "little") == t.tensor_type
+    data[type_at:type_at + 4] = (250).to_bytes(4, "little")
+    (bad := tmp_path / "bad.gguf").write_bytes(data)
+    load_error(bad, f"tensor '{t.name}' has ggml type id 250")
+
+
+def test_unsupported_quant_type_names_it_and_the_tensor(tiny_models, tmp_path):
+    path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "iq.gguf", Q.Q8_0,
+                      types={"blk.1.ffn_up.weight": Q.IQ4_NL})
+    load_error(path, "tensor 'blk.1.ffn_up.weight' is stored as IQ4_NL, which llaisys cannot dequantize "
+                     r"\(supported: F32, F16, BF16, Q8_0")
+
+
+def test_unsupported_architecture(tiny_models, tmp_path):
+    path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "g.gguf", Q.F32,
+                      arch="gemma")
+    load_error(path, "GGUF architecture 'gemma' is not supported; llaisys runs llama, qwen2")
+
+
+def test_missing_tensor(tiny_models, tmp_path):
+    path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "m.gguf", Q.F32,
+                      skip=("blk.1.ffn_down.weight",))
+    load_error(path, "tensor 'blk.1.ffn_down.weight' is missing")
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0}, "rope scaling of type 'yarn'"),
+    ({"qwen2.rope.dimension_count": 16}, "rope covers 16 of 32 head dimensions"),
+])
+def test_unsupported_rope(tiny_models, tmp_path, extra, match):
+    path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "r.gguf", Q.F32,
+                      extra=extra)
+    load_error(path, match)
+
+
+def test_missing_tokenizer(tiny_models, tmp_path):
+    path = write_gguf(tiny_models.hf(MODEL, "f32"), None, tmp_path / "t.gguf", Q.F32, tokenizer=False)
+    llaisys_models.load(path, device="cpu")  # the model needs no tokenizer: token ids in, token ids out
+    from llaisys_models.tokenizer import load_tokenizer
+
+    with pytest.raises(ModelLoadError, match="has no tokenizer in its metadata") as e:
+        load_tokenizer(path)
+    assert "\n" not in str(e.value)
+
+
+def test_not_a_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        llaisys_models.load(tmp_path / "absent.gguf")
+    (d := tmp_path / "dir.gguf").mkdir()
+    with pytest.raises(ModelLoadError, match="is a directory, not a GGUF file"):
+        llaisys_models.load(d)
+
+
+def test_renamed_file_is_recognised_by_its_magic(tmp_path, good_file):
+    renamed = tmp_path / "model.bin"
+    shutil.copy(good_file, renamed)
+    assert type(llaisys_models.load(renamed, device="cpu")).__name__ == "Qwen2"
