@@ -130,3 +130,19 @@ def test_shared_prefix_blocks_are_freed_exactly_once(models, device):
     del scheduler, pool, first, rest
     gc.collect()
     assert llaisys.memory_stats(device)["allocated_bytes"] == baseline - 64 * 16 * model.kv_shape.bytes_per_token
+
+
+def test_a_backend_without_the_paged_kernels_is_refused_when_the_model_loads(tiny_models, monkeypatch):
+    """A backend that lacks paged_attention / paged_kv_write (CUDA before it has them) is named at load,
+    and device=None passes over it; never a failure in the middle of a forward."""
+    registry = llaisys.plugins.registry()
+    cpu = registry.backend("cpu")
+    real = cpu.kernel
+    monkeypatch.setattr(cpu, "kernel", lambda op: None if op.startswith("paged_") else real(op))
+    monkeypatch.setattr(registry, "_kernels", {})  # resolve again, through the patched backend
+    path = tiny_models.path("f32_gqa2_hd32")
+    with pytest.raises(llaisys.BackendUnavailableError,
+                       match="'cpu' backend does not implement paged_kv_write, paged_attention, which the model"):
+        llaisys_models.load(path, device="cpu")
+    with pytest.raises(llaisys.BackendUnavailableError, match="does not implement paged_kv_write"):
+        llaisys_models.load(path)  # no device can run it

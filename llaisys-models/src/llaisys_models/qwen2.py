@@ -271,16 +271,33 @@ def _all_model_classes():
     return (Qwen2, Llama)
 
 
+# Every op a forward, the paged KV cache and sampling call: a device whose backend lacks one cannot run the
+# model (there is no second, unpaged code path), which is said when the model loads.
+KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_attention", "swiglu", "add",
+           "rearrange", "argmax", "sample")
+
+
+def _missing_kernels(device: llaisys.Device) -> list[str]:
+    return [op for op in KERNELS if not llaisys.ops.implemented(op, device)]
+
+
 def _pick_device(device) -> llaisys.Device:
+    """The device asked for, or (None) the best available one whose backend runs every op of KERNELS."""
     if device is None:
         devices = llaisys.available_devices()
         if not devices:
             rows = "; ".join(f"{r.name}: {r.status} {r.reason}".strip() for r in llaisys.backend_report())
             raise llaisys.BackendUnavailableError(f"no llaisys device is available (backends: {rows or 'none'}); "
                                                   f"install one, e.g. pip install llaisys-backend-cpu")
-        return devices[0]
+        able = [d for d in devices if not _missing_kernels(d)]
+        device = able[0] if able else devices[0]  # none able: the best one's error below
     device = as_device(device)
     llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
+    missing = _missing_kernels(device)
+    if missing:
+        raise llaisys.BackendUnavailableError(
+            f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs (its KV "
+            f"cache is paged); run it on another device (e.g. device='cpu', --device cpu)")
     return device
 
 
