@@ -143,8 +143,20 @@ def chat_server(chat_model_dir, pytestconfig):
 
 
 @pytest.fixture(scope="session")
-def demo_server(tmp_path_factory, pytestconfig):
-    """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY."""
+def demo_server(demo_server_process):
+    """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY: its base URL."""
+    return demo_server_process[0]
+
+
+@pytest.fixture(scope="session")
+def demo_server_log(demo_server_process) -> Path:
+    """What the demo server printed (start-up lines first)."""
+    return demo_server_process[1]
+
+
+@pytest.fixture(scope="session")
+def demo_server_process(tmp_path_factory, pytestconfig):
+    """(base URL, log file) of ``llaisys serve`` on the demo model."""
     exe = Path(sys.executable).parent / "llaisys"  # this environment's command, else the one on PATH
     exe = str(exe) if exe.exists() else shutil.which("llaisys")
     if exe is None:
@@ -168,7 +180,7 @@ def demo_server(tmp_path_factory, pytestconfig):
             if time.monotonic() > deadline:
                 pytest.fail("llaisys serve did not answer /health within 120 s")
             time.sleep(0.2)
-        yield base_url
+        yield base_url, log_path
     finally:
         proc.terminate()
         try:

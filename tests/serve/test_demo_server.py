@@ -3,6 +3,8 @@ from LLAISYS_API_KEY: the key guards every endpoint but /health and the page; th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from serve_helpers import API_KEY, http_request, require_serving
 
@@ -28,6 +30,12 @@ def test_endpoints_need_the_key(demo_server, path, key):
     assert r.status == 401
     assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
     assert http_request(demo_server, "GET", path, headers={"Authorization": f"Bearer {API_KEY}"}).status == 200
+
+
+def test_start_up_reports_the_kv_cache(demo_server, demo_server_log):
+    """The KV budget (--kv-memory, or its default) is said at start-up: bytes, blocks, tokens."""
+    line = next(line for line in demo_server_log.read_text().splitlines() if "KV cache" in line)
+    assert re.search(r"KV cache \d+\.\d\d GiB: \d+ blocks of 16 positions \(\d+ tokens, \d+ bytes each\)", line), line
 
 
 def test_completions_need_the_key(demo_server):
