@@ -20,9 +20,15 @@ import torch
 from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
-from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, skip_without_kernels, to_torch
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _device_has_the_kernels(request):
+    if "device" in request.fixturenames:
+        skip_without_kernels(request.getfixturevalue("device"), ("paged_attention", "paged_kv_write"), "this test")
 
 
 def reference(q, k, v, scale):

@@ -30,6 +30,8 @@ from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys
 import llaisys_models
+from helpers import skip_without_kernels
+from llaisys_models.qwen2 import KERNELS
 
 # fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
@@ -62,6 +64,7 @@ def serve_device(config) -> str | None:
     devices = [d for d in llaisys.available_devices() if d.type == wanted]
     if not devices:
         pytest.skip(f"no '{wanted}' device available")
+    skip_without_kernels(devices[0], KERNELS, "serving a model")
     return str(devices[0])
 
 
