@@ -14,8 +14,10 @@ between a stream's text chunks, all streams pooled), p50 and p99. The table ends
 targets: at 8 streams, >= 4x the single-stream aggregate tokens/s with p50 inter-token latency <= 2x the
 single-stream one.
 
-The model directory needs no tokenizer: serve_ttft.py's character-level one is written to a temporary
-directory (one token = one character, so one streamed chunk per token).
+The model directory needs no tokenizer: without one, serve_ttft.py's character-level one is written to a
+temporary directory (one token = one character, so one streamed chunk per token). With one (the demo
+model: ``--model llaisys-models/src/llaisys_models/demo``), prompts are drawn from its one-character
+tokens; such a model may end a stream early at its EOS, so compare the tok/s columns, not token counts.
 """
 
 from __future__ import annotations
@@ -84,9 +86,18 @@ def serve(args, tokenizer_dir: Path, extra: list[str]):
         log.close()
 
 
-def prompt_text(seed: int, length: int) -> str:
+def prompt_text(seed: int, length: int, alphabet: str) -> str:
     rng = random.Random(seed)
-    return "".join(rng.choices(string.ascii_letters + " ", k=length))
+    return "".join(rng.choices(alphabet, k=length))
+
+
+def one_character_tokens(tokenizer_dir: Path) -> str:
+    """The characters that are tokens of their own in the model's tokenizer (no special tokens)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    special = set(tokenizer.all_special_tokens)
+    return "".join(sorted(t for t in tokenizer.get_vocab() if len(t) == 1 and t not in special))
 
 
 def one_stream(client, text: str, max_tokens: int, start: threading.Barrier, out: dict) -> None:
@@ -107,7 +118,8 @@ def load(base: str, n: int, args, seed: int) -> dict:
     clients = [openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=3600) for _ in range(n)]
     results = [{} for _ in range(n)]
     start = threading.Barrier(n)
-    threads = [threading.Thread(target=one_stream, args=(clients[i], prompt_text(seed + i, args.prompt_tokens),
+    threads = [threading.Thread(target=one_stream, args=(clients[i], prompt_text(seed + i, args.prompt_tokens,
+                                                                                 args.alphabet),
                                                          args.max_tokens, start, results[i])) for i in range(n)]
     for t in threads:
         t.start()
@@ -140,11 +152,17 @@ def main() -> int:
     config = json.loads((args.model / "config.json").read_text())
     rows: dict[str, dict[int, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        write_tokenizer(Path(tmp), config["vocab_size"])
+        if (args.model / "tokenizer.json").exists() or (args.model / "tokenizer_config.json").exists():
+            tokenizer_dir = args.model
+            args.alphabet = one_character_tokens(tokenizer_dir)
+        else:
+            tokenizer_dir = Path(tmp)
+            write_tokenizer(tokenizer_dir, config["vocab_size"])
+            args.alphabet = string.ascii_letters + " "
         for name in engines:
             print(f"{name}: starting llaisys serve {' '.join(ENGINES[name])}", file=sys.stderr, flush=True)
-            with serve(args, Path(tmp), ENGINES[name]) as base:
-                load(base, 1, argparse.Namespace(prompt_tokens=8, max_tokens=4), seed=1)  # warm-up
+            with serve(args, tokenizer_dir, ENGINES[name]) as base:
+                load(base, 1, argparse.Namespace(prompt_tokens=8, max_tokens=4, alphabet=args.alphabet), seed=1)
                 rows[name] = {}
                 for n in args.clients:
                     r = rows[name][n] = load(base, n, args, seed=1000 * n)
