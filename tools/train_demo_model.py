@@ -46,10 +46,13 @@ VOCAB[EOS] = len(VOCAB)
 EOS_ID = VOCAB[EOS]
 VOCAB_SIZE = 16  # embedding rows (ids 13..15 are unused padding rows)
 
-# Renders the conversation as the bare concatenation of the message contents:
-# [{"role": "user", "content": "12+34="}] -> "12+34=". The generation prompt
-# adds nothing, so the model sees exactly the text it was trained on.
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# Renders only the last user message, as is: [{"role": "user", "content":
+# "12+34="}] -> "12+34=". The model was trained on single problems, so a chat's
+# earlier turns are not shown to it (joined together they would make a prompt
+# such as "12+30=4299+1=" that it never saw); the generation prompt adds
+# nothing, so the model sees exactly the text it was trained on.
+CHAT_TEMPLATE = ("{% for message in messages if message['role'] == 'user' %}"
+                 "{% if loop.last %}{{ message['content'] }}{% endif %}{% endfor %}")
 
 MAX_DIGITS = 4
 
@@ -499,7 +502,8 @@ BOS token is added. `tokenizer.json` is a byte-level BPE with no merges and
 Qwen2's pre-tokenizer, i.e. exactly what transformers' `Qwen2Tokenizer` (which
 `AutoTokenizer` picks for a qwen2 config) builds from it, so every character
 is one token and characters outside the vocabulary (spaces) are dropped. The
-chat template renders the message contents only, so
+chat template renders the last user message only (the model answers one
+problem at a time, so a chat's earlier turns are left out), so
 `[{{"role": "user", "content": "12+34="}}]` with `add_generation_prompt=True`
 gives `12+34=` -> ids `{encode("12+34=")}`.
 

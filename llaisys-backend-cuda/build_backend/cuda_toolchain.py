@@ -91,6 +91,16 @@ def missing_build_wheels() -> list[str]:
     return wanted
 
 
+def find_cuda_root() -> Path | None:
+    """A CUDA tree with the runtime headers (include/cuda_runtime.h), cuBLAS or not: a toolkit, else NVIDIA's
+    wheels. Enough for compile-only checks that bring their own cuBLAS declarations (CoreX's, in the tests)."""
+    toolkit = _toolkit_from_environment()
+    for root in ([toolkit] if toolkit else []) + _wheel_roots():
+        if (root / "include" / "cuda_runtime.h").is_file():
+            return root
+    return None
+
+
 def find_toolchain() -> Toolchain:
     toolkit = _toolkit_from_environment()
     wheels = _wheel_roots()

@@ -2,9 +2,11 @@
 //   * NVIDIA: nvcc (or clang in CUDA mode) against the CUDA toolkit; warps of 32 threads.
 //   * Iluvatar CoreX: CoreX's clang (`-x ivcore`, defines __ILUVATAR__); warps of 64 threads, cuBLAS
 //     without cublasComputeType_t (shared code passes CUDA_R_32F, which CUDA's cuBLAS also accepts from
-//     C++), no cublasSetWorkspace, the CUDA 11 graph-instantiate signature.
+//     C++), no cublasSetWorkspace, the CUDA 11 graph-instantiate signature, architectures named ivcoreNN,
+//     /dev/iluvatar* and ixsmi in the "no device" reasons.
 //     LLAISYS_COREX_CONFIG selects the same branch on any compiler, so that Debian's clang in CUDA mode
-//     can check the CoreX configuration against the CUDA headers (everything but CoreX-only headers).
+//     can check the CoreX configuration against the CUDA headers (everything but CoreX-only headers),
+//     and host execution at warp 64 runs it.
 //   * Host execution (LLAISYS_HOST_EXEC, tests only): g++ compiles the same sources against a header
 //     that runs kernel bodies on CPU threads (tests/backends/cuda/host_exec/llaisys_host_exec.h).
 // Kernel sources include this header and never a CUDA header directly. Rules for them (DESIGN §4): lane
@@ -67,9 +69,10 @@ inline cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) {
 }
 
 // cuBLAS workspace given by the caller (so that graph capture never makes cuBLAS allocate). CoreX's
-// cuBLAS is not known to have cublasSetWorkspace: there cuBLAS keeps its own.
+// cuBLAS follows CUDA 10.2's API (libcublas.so.10.2 in CoreX 4.4), which has no cublasSetWorkspace: there
+// cuBLAS keeps its own.
 inline cublasStatus_t set_cublas_workspace(cublasHandle_t handle, void* workspace, size_t bytes) {
-#if defined(__ILUVATAR__)
+#if defined(LLAISYS_COREX_CONFIG)
     (void)handle; (void)workspace; (void)bytes;
     return CUBLAS_STATUS_SUCCESS;
 #else
@@ -77,13 +80,34 @@ inline cublasStatus_t set_cublas_workspace(cublasHandle_t handle, void* workspac
 #endif
 }
 
-// Words for the "no device" reasons (backend.h: device_count leaves the reason in last_error).
+// Words for the "no device" reasons (backend.h: device_count leaves the reason in last_error) and the
+// build's architecture option.
 #if defined(LLAISYS_COREX_CONFIG)
 constexpr const char* kVendor = "Iluvatar CoreX";
-constexpr const char* kDriverHint = "check that /dev/iluvatar* exists and that ixsmi lists the GPU";
+constexpr const char* kDeviceNodes = "/dev/iluvatar*";  // one per GPU, made by the kernel driver
+constexpr const char* kListTool = "ixsmi";               // lists the GPUs the driver sees
+constexpr const char* kArchOption = "LLAISYS_ILUVATAR_ARCH";
+
+// CoreX's clang builds for a named architecture (--cuda-gpu-arch=ivcoreNN) and runs nothing else; a device
+// reports a compute capability instead: 7.0 = ivcore10 (BI-V100), 7.1 = ivcore11 (BI-V150, MR-V100),
+// 8.0 = ivcore20 (the mapping of Iluvatar's Triton backend). nullptr: a capability this table does not know.
+inline const char* corex_arch_of(int capability) {
+    switch (capability) {
+        case 70: return "ivcore10";
+        case 71: return "ivcore11";
+        case 80: return "ivcore20";
+        default: return nullptr;
+    }
+}
 #else
 constexpr const char* kVendor = "NVIDIA";
-constexpr const char* kDriverHint = "install the NVIDIA driver (nvidia-smi should list the GPU)";
+constexpr const char* kDeviceNodes = "/dev/nvidia[0-9]*";
+constexpr const char* kListTool = "nvidia-smi";
+constexpr const char* kArchOption = "LLAISYS_CUDA_ARCHS";
 #endif
+
+// The largest fixed block any kernel launches; a device allowing fewer threads per block is refused (the
+// kernels whose block size adapts, argmax and sample, stay within the device's limit).
+constexpr int kMinBlockThreads = 256;
 
 }  // namespace llaisys::cuda

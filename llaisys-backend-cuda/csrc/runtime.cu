@@ -40,7 +40,7 @@ const char* LLAISYS_FN(build_info)(void) {
     static const std::string info = [] {
         int runtime = 0;
         (void)cudaRuntimeGetVersion(&runtime);
-        return std::string("llaisys CUDA kernels for ") + built_architectures() + ", warp " +
+        return std::string("llaisys ") + kVendor + " kernels for " + built_architectures() + ", warp " +
                std::to_string(WARP_SIZE) + ", CUDA runtime " + std::to_string(runtime / 1000) + "." +
                std::to_string((runtime % 1000) / 10) + ", cuBLAS";
     }();
@@ -259,6 +259,8 @@ int LLAISYS_FN(stream_wait_event)(int device, void* stream, void* event) {
 }
 
 // ---- graphs ------------------------------------------------------------------------------------------
+// Optional slots: a runtime that lacks graph capture (some CoreX releases) answers cudaErrorNotSupported,
+// which these slots report as LLAISYS_NOT_SUPPORTED (check.cu), as they do for stream_wait_event.
 
 int LLAISYS_FN(graph_begin_capture)(int device, void* stream) {
     return guard("graph_begin_capture", [&] {

@@ -33,6 +33,7 @@ class LibrarySpec:
 # One line per native backend package (a new backend adds its own).
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu", all_ops=True),
+    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", all_ops=True),
 ]
 
 

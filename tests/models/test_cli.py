@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -79,3 +85,193 @@ def test_infer_test_matches_hf(tiny_models, device, capsys):
 def test_bad_model_dir_is_a_clean_error(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path), "--prompt", "x"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+# -- first contact (issue 9): what a new user tries on the demo ------------------------
+
+DEMO = llaisys_models.DEMO_MODEL_DIR
+
+
+@pytest.fixture
+def demo():
+    if not (DEMO / "config.json").is_file():
+        pytest.skip("the demo model is not in this checkout yet")
+    return DEMO
+
+
+def chat(monkeypatch, capsys, stdin: bytes, *args) -> tuple[int, str, str]:
+    """``llaisys generate --chat`` on the demo with ``stdin`` as the user's lines."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    rc = main(["generate", "--chat", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def answers(out: str) -> list[str]:
+    """The replies printed after each '> ' prompt."""
+    return [line.strip() for line in out.split("> ") if line.strip()]
+
+
+def test_demo_chat_answers_every_turn(demo, monkeypatch, capsys):
+    """Each turn is a new problem for the demo (its template shows only the last message), so the
+    answers are those of the problems asked alone."""
+    problems = ["12+30=", "99+1=", "1234+5678=", "7+8="]
+    rc, out, err = chat(monkeypatch, capsys, "\n".join(problems).encode() + b"\n")
+    assert rc == 0, err
+    alone = []
+    for p in problems:
+        assert main(["generate", "--prompt", p]) == 0
+        alone.append(capsys.readouterr().out.strip())
+    assert answers(out) == alone
+    assert alone == [str(eval(p[:-1])) for p in problems]  # the demo does add these
+    assert err.count("prefill:") == len(problems)
+
+
+def test_chat_survives_any_message(demo, monkeypatch, capsys):
+    """Too long for the context, no token in the vocabulary, not UTF-8: each is said in one line and
+    the chat goes on."""
+    lines = [b"1" * 304, b"hello", b"\xff1+1=", b"12+34="]
+    rc, out, err = chat(monkeypatch, capsys, b"\n".join(lines) + b"\n")
+    assert rc == 0, err
+    assert answers(out) == ["46"]
+    notes = [line for line in err.splitlines() if line.startswith("llaisys:")]
+    assert len(notes) == 3, err
+    assert "too long" in notes[0] and "304-token" in notes[0] and "256 positions" in notes[0]
+    assert "'hello'" in notes[1] and "tokenizer" in notes[1] and str(DEMO) in notes[1]
+    assert "not valid UTF-8" in notes[2] and "0xff" in notes[2]
+    assert "Traceback" not in err and "max_new_tokens" not in err
+
+
+def test_chat_drops_the_oldest_exchanges_to_fit(tiny_models, device, monkeypatch, capsys):
+    """A model whose template shows the whole conversation: it grows past the context, the oldest
+    exchanges go, and every turn is still answered."""
+    path = tiny_models.path(F32)  # 512 positions; each line below is ~100 tokens with the template
+    lines = [f"message {i}: " + "word " * 18 for i in range(8)]
+    rc, out, err = chat(monkeypatch, capsys, "\n".join(lines).encode() + b"\n", "--model", str(path), "--device",
+                        str(device), "--max-new-tokens", "24")
+    assert rc == 0, err
+    assert err.count("prefill:") == len(lines)
+    assert "oldest exchange" in err and "were dropped" in err
+
+
+def test_chat_history_keeps_room_for_the_reply(tiny_models):
+    from llaisys_models.chat import ChatHistory, TurnTooLong
+    from llaisys_models.tokenizer import encode, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_models.path(F32))
+    history = ChatHistory(tokenizer, context_length=120, max_new_tokens=20)
+    for i in range(5):
+        message = f"question {i} " + "x" * 20
+        turn = history.turn(message)
+        kept = history.exchanges[turn.dropped:]
+        messages = [m for u, a in kept for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})]
+        assert turn.ids == encode(tokenizer, messages + [{"role": "user", "content": message}])
+        assert len(turn.ids) + turn.max_new_tokens <= 120 and turn.max_new_tokens == 20
+        history.add(turn, message, "y" * 15)
+    assert len(history.exchanges) < 5, "the history never shrank"
+    # one message that leaves less than the budget but some room: the budget shrinks
+    turn = history.turn("z" * 95)
+    assert turn.dropped == len(history.exchanges) and 1 <= turn.max_new_tokens < 20
+    before = list(history.exchanges)
+    with pytest.raises(TurnTooLong, match="too long"):
+        history.turn("z" * 200)
+    assert history.exchanges == before
+
+
+def test_chat_with_no_new_tokens_is_refused_up_front(demo, monkeypatch, capsys):
+    rc, out, err = chat(monkeypatch, capsys, b"1+1=\n", "--max-new-tokens", "0")
+    assert rc == 2 and "--chat needs --max-new-tokens of at least 1" in err and "loaded" not in err
+
+
+def test_generate_shrinks_the_default_budget_to_the_context(demo, capsys):
+    prompt = "1" * 129  # 129 tokens; the demo has 256 positions: the default 128 does not fit
+    assert main(["generate", "--prompt", prompt]) == 0, capsys.readouterr().err
+    assert "new tokens" in capsys.readouterr().err
+    assert main(["generate", "--prompt", prompt, "--max-new-tokens", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "129 tokens" in err and "256" in err and "at most 127 new tokens fit" in err
+    assert main(["generate", "--prompt", "1" * 300]) == 2
+    assert "300 tokens" in capsys.readouterr().err
+
+
+def test_max_new_tokens_zero_runs_nothing(demo, capsys):
+    assert main(["generate", "--prompt", "12+34=", "--max-new-tokens", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "prefill" not in err and "nothing to generate (the prompt is 6 tokens)" in err
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-new-tokens N most new tokens per answer (default: 128" in text
+    for flag, default in (("--temperature", "1.0"), ("--top-p", "1.0"), ("--seed", "random"), ("--prompt", "12+34=")):
+        assert re.search(rf"{flag} \S+ .*?\(default: '?{re.escape(default)}", text), flag
+    with pytest.raises(SystemExit):
+        main(["infer", "--help"])
+    assert "(default: 64)" in capsys.readouterr().out
+
+
+def test_model_path_that_is_a_file(demo, capsys):
+    assert main(["generate", "--model", str(demo / "config.json")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is a file" in err and f"pass the directory that holds it: {demo}" in err
+    assert "does not exist" not in err
+
+
+def test_model_directory_without_tokenizer_names_the_files(demo, tmp_path, capsys):
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(demo / name, tmp_path / name)
+    assert main(["generate", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no tokenizer files" in err and "tokenizer.json" in err and "input_ids" not in err
+
+
+def test_prompt_without_tokens_names_prompt_and_tokenizer(demo, capsys):
+    assert main(["generate", "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "'hello'" in err and f"tokenizer from {demo}" in err and "input_ids" not in err
+
+
+def test_prompt_that_is_not_utf8(demo, capsys):
+    """Python hands undecodable command-line bytes over as lone surrogates."""
+    assert main(["generate", "--prompt", b"1\xff+2=".decode("utf-8", "surrogateescape")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "llaisys: error: --prompt is not valid UTF-8 text: byte 0xff at character 1"
+
+
+@pytest.mark.parametrize("flag, value", [("--temperature", "inf"), ("--temperature", "nan"), ("--top-p", "2"),
+                                         ("--top-k", "-1"), ("--seed", str(2**64))])
+def test_bad_sampling_flags_fail_before_loading(demo, capsys, flag, value):
+    assert main(["generate", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"llaisys: error: {flag} must be") and "loaded" not in err
+
+
+def test_ctrl_c_during_start_up_exits_quietly(demo, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(llaisys_models, "load", interrupted)
+    try:
+        rc = main(["generate", "--prompt", "1+1="])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped the command as a KeyboardInterrupt (a traceback for the user)")
+    assert rc == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
+    """A real SIGINT to a running ``llaisys generate --chat`` waiting for input."""
+    proc = subprocess.Popen([sys.executable, "-m", "llaisys.cli", "generate", "--chat"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"12+34=\n")
+        proc.stdin.flush()
+        assert proc.stdout.read(len("> 46")) == b"> 46"  # answered; the next input() is on its way
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from llaisys_models import ModelConfig, ModelLoadError
@@ -70,7 +72,37 @@ def test_tie_word_embeddings_and_sliding_window():
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}), "partial"),
     (dict(eos_token_id="x"), "eos_token_id"),
     (dict(hidden_size=-4), "hidden_size"),
+    # values a careless writer (or a hostile file) puts where another type belongs
+    (dict(architectures=5), "'architectures' must be a list of class names, got 5"),
+    (dict(architectures=[5]), "architectures"),
+    (dict(model_type=["qwen2"]), "model_type"),
+    (dict(tie_word_embeddings="false"), "'tie_word_embeddings' must be true or false, got 'false'"),
+    (dict(attention_bias=1), "attention_bias"),
+    (dict(use_sliding_window="true"), "use_sliding_window"),
+    (dict(use_sliding_window=True, max_window_layers="2"), "max_window_layers"),
+    (dict(rope_theta=float("inf")), "'rope_theta' must be a finite positive number, got inf"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": float("nan")}), "rope_theta"),
+    (dict(rms_norm_eps=float("inf")), "rms_norm_eps"),
 ])
 def test_bad_configs(changes, match):
     with pytest.raises(ModelLoadError, match=match):
         config(**changes)
+
+
+def write(tmp_path, text: str):
+    (tmp_path / "config.json").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text, match", [
+    (json.dumps(dict(BASE, rope_theta=float("inf"))), "rope_theta.*inf"),  # the file says Infinity: json reads it
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
+    ('{"vocab_size": ' + "9" * 5000 + "}", "not valid JSON.*digits"),
+    ("[1, 2]", "must hold a JSON object"),
+    (b"\xff\xfe{".decode("latin-1"), "not"),
+])
+def test_bad_config_files_name_the_file(tmp_path, text, match):
+    path = write(tmp_path, text)
+    with pytest.raises(ModelLoadError, match=match) as e:
+        ModelConfig.from_file(path)
+    assert str(path / "config.json") in str(e.value)

@@ -162,3 +162,34 @@ def test_input_ids_forms(f32_path, device):
     assert model.generate(np.array(ids, dtype=np.int32), 4, eos_token_ids=()) == want
     assert model.generate(tuple(ids), 4, eos_token_ids=()) == want
     assert model.generate(llaisys.from_numpy(np.array(ids, dtype=np.int64)), 4, eos_token_ids=()) == want
+
+
+def test_huge_top_k_means_every_token_and_never_wraps(f32_path, device):
+    """top_k beyond the vocabulary is the whole vocabulary (as in HF), never a wrapped C integer:
+    2**64 + 1 would become 1 (greedy) and 2**63 a negative count."""
+    model = llaisys_models.load(f32_path, device=device)
+    ids = prompt(F32, 13, SPECS[F32].vocab)
+    kwargs = dict(temperature=1.5, seed=11, eos_token_ids=())
+    every = model.generate(ids, 24, top_k=0, **kwargs)
+    assert every != model.generate(ids, 24, top_k=1, **kwargs), "sampling drew the greedy tokens"
+    for top_k in (2**64 + 1, 2**63, SPECS[F32].vocab, np.int64(2**62)):
+        assert model.generate(ids, 24, top_k=top_k, **kwargs) == every, top_k
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(seed=-1), "seed must be >= 0"),
+    (dict(seed=2**64), "seed must be >= 0 and <= 18446744073709551615"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_k=1.5), "top_k must be an integer"),
+    (dict(temperature=float("inf")), "temperature must be a finite number, got inf"),
+    (dict(temperature=float("nan")), "temperature must be a finite number"),
+    (dict(top_p=float("nan")), "top_p must be a finite number"),
+    (dict(max_new_tokens=2**64), "max_position_embeddings"),
+    (dict(max_new_tokens=2**64 + 3), "max_position_embeddings"),
+])
+def test_bad_generate_arguments_fail_before_the_prefill(f32_path, device, kwargs, match):
+    model = llaisys_models.load(f32_path, device=device)
+    kwargs = dict(dict(max_new_tokens=4), **kwargs)
+    with pytest.raises(llaisys.LlaisysValueError, match=match):
+        model.generate([1, 2, 3], **kwargs)
+    assert model.last_stats is None and len(model.cache) == 0, "the prefill ran before the check"

@@ -120,7 +120,7 @@ def edit_config(path, **changes):
 
 
 def test_missing_directory(tmp_path):
-    expect_load_error(tmp_path / "nope", "does not exist")
+    expect_load_error(tmp_path / "nope", "does not exist: a model is a directory .* or a GGUF file")
 
 
 def test_missing_config(broken):
@@ -232,3 +232,74 @@ def test_bad_prompts(tiny_models, device):
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.forward([1] * (limit + 1))
     assert len(model.generate(prompt(F32, 10, vocab), 3)) <= 13  # still usable after the errors
+
+
+def test_model_path_that_is_a_file(tiny_models):
+    config = tiny_models.path(F32) / "config.json"
+    with pytest.raises(ModelLoadError, match=r"config\.json is a file.*directory.*pass the directory"):
+        llaisys_models.load(config, device="cpu")
+    with pytest.raises(ModelLoadError, match="is a file"):
+        llaisys_models.Qwen2(tiny_models.path(F32) / "model.safetensors", "cpu")
+
+
+def test_layer_count_is_checked_against_the_checkpoint_first(broken):
+    """A corrupt count (10**9 took 28 s, then MemoryError) must not build a plan per layer before the
+    tensors are counted. 10**5 here: should this regress, the test fails on the message, not on memory."""
+    path = broken()
+    edit_config(path, num_hidden_layers=10**5)
+    expect_load_error(path, rf"num_hidden_layers = {10**5}.*{SPECS[F32].layers} layers; layer "
+                            rf"{SPECS[F32].layers} is missing")
+
+
+def rewrite_header(path, edit):
+    """Replace the safetensors header of ``path`` by ``edit(header) -> bytes`` (data unchanged)."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    raw = edit(json.loads(data[8:8 + n]))
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda h: b'{"a": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    (lambda h: json.dumps(h).replace('"data_offsets": [0,', '"data_offsets": [' + "9" * 5000 + ",", 1).encode(),
+     "not valid JSON.*digits"),
+    (lambda h: b"\xff" + json.dumps(h).encode()[1:], "not UTF-8"),
+])
+def test_hostile_safetensors_header(broken, edit, match):
+    path = broken()
+    rewrite_header(path / "model.safetensors", edit)
+    expect_load_error(path, match)
+
+
+@pytest.mark.parametrize("shard", ["{outside}", "../outside.safetensors", "sub/../../outside.safetensors", 7])
+def test_index_never_names_a_file_outside_the_model_directory(broken, shard):
+    """An index pointing at a valid checkpoint outside the directory is refused, not opened."""
+    path = broken()
+    outside = path.parent / "outside.safetensors"
+    shutil.copy(path / "model.safetensors", outside)
+    names = load_file(str(path / "model.safetensors")).keys()
+    shard = str(outside) if shard == "{outside}" else shard
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
+    expect_load_error(path, "not a file name inside the model directory")
+
+
+def test_mmap_false_copies_the_weights(broken, cpu):
+    """mmap=False reads the files into memory: rewriting a file afterwards leaves the model intact."""
+    path = broken()
+    ids = prompt(F32, 9, SPECS[F32].vocab)
+    mapped = llaisys_models.load(path, device=cpu)
+    want = mapped.generate(ids, 8, eos_token_ids=())
+    del mapped
+    gc.collect()
+    model = llaisys_models.load(path, device=cpu, mmap=False)
+    assert all(f.mapping is None for f in model.checkpoint.files)
+    assert not any(t.storage.readonly for _, t in all_weights(model))
+    (path / "model.safetensors").write_bytes(b"\0" * 64)  # truncated in place: a mapped model would crash
+    assert model.generate(ids, 8, eos_token_ids=()) == want
+
+
+def test_mapped_weights_are_exported_read_only(tiny_models, cpu):
+    """Weights that live in the (read-only) mapping say so through DLPack (numpy honours the flag)."""
+    model = llaisys_models.load(tiny_models.path(F32), device=cpu)
+    array = np.from_dlpack(model.weights.layers[0].q_proj)
+    assert not array.flags.writeable

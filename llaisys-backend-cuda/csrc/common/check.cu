@@ -6,6 +6,9 @@ void throw_cuda_error(cudaError_t err, const char* call) {
     (void)cudaGetLastError();  // clear a sticky-free error so that the next call starts clean
     std::string message = std::string(call) + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     if (err == cudaErrorMemoryAllocation) throw OutOfMemory(message);
+    // An operation this runtime or device does not offer (CoreX: graph capture on some of its runtimes):
+    // the optional slots that reach it report LLAISYS_NOT_SUPPORTED rather than a failure.
+    if (err == cudaErrorNotSupported) throw NotSupported(message);
     throw std::runtime_error(message);
 }
 

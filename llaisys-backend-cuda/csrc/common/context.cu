@@ -1,6 +1,7 @@
 #include "context.h"
 
 #include <dlfcn.h>
+#include <glob.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -18,18 +19,45 @@ namespace llaisys::cuda {
 #ifndef LLAISYS_CUDA_PTX
 #define LLAISYS_CUDA_PTX ""  // compute capabilities with PTX (JIT-compiled for newer GPUs)
 #endif
+#ifndef LLAISYS_COREX_ARCHS
+#define LLAISYS_COREX_ARCHS ""  // CoreX: comma-separated architectures, e.g. "ivcore11,ivcore20"
+#endif
 
 namespace {
 
-std::vector<int> parse_list(const char* text) {
-    std::vector<int> values;
+std::vector<std::string> split_list(const char* text) {
+    std::vector<std::string> items;
     std::stringstream in(text);
     std::string item;
     while (std::getline(in, item, ','))
-        if (!item.empty()) values.push_back(std::stoi(item));
+        if (!item.empty()) items.push_back(item);
+    return items;
+}
+
+std::vector<int> parse_list(const char* text) {
+    std::vector<int> values;
+    for (const std::string& item : split_list(text)) values.push_back(std::stoi(item));
     return values;
 }
 
+#if defined(LLAISYS_COREX_CONFIG)
+// CoreX code runs on its own architecture only. A capability compat.h cannot name is let through (the first
+// launch then says whether the code runs), as is a build that did not record its architectures.
+bool runs_on(int capability) {
+    const std::vector<std::string> archs = split_list(LLAISYS_COREX_ARCHS);
+    const char* arch = corex_arch_of(capability);
+    if (archs.empty() || !arch) return true;
+    for (const std::string& a : archs)
+        if (a == arch) return true;
+    return false;
+}
+
+// The value of kArchOption that builds code for a device of this capability.
+std::string arch_option_for(int capability) {
+    const char* arch = corex_arch_of(capability);
+    return arch ? arch : "?";
+}
+#else
 // Machine code for sm_XY runs on sm_XZ with Z >= Y; PTX for compute_XY is compiled for any newer GPU.
 bool runs_on(int capability) {
     const std::vector<int> sass = parse_list(LLAISYS_CUDA_SASS), ptx = parse_list(LLAISYS_CUDA_PTX);
@@ -41,13 +69,34 @@ bool runs_on(int capability) {
     return false;
 }
 
+std::string arch_option_for(int capability) { return std::to_string(capability); }
+#endif
+
+// What the kernel driver's device nodes say when the runtime sees no GPU: none at all (the driver is not
+// loaded, or a container was started without the devices), or some although the runtime counts none.
+std::string device_node_note() {
+    glob_t found{};
+    std::string first;
+    if (glob(kDeviceNodes, 0, nullptr, &found) == 0 && found.gl_pathc > 0) first = found.gl_pathv[0];
+    globfree(&found);
+    if (first.empty())
+        return std::string(" and there is no ") + kDeviceNodes + " device node: the " + kVendor +
+               " kernel driver is not loaded, or this container was started without the GPUs (" + kListTool +
+               " lists the GPUs the driver sees)";
+    return " although " + first + " exists: " + kListTool + " lists the GPUs the driver sees";
+}
+
+std::string no_gpu_reason() { return std::string("no ") + kVendor + " GPU: the runtime reports none" + device_node_note(); }
+
 // Why cudaGetDeviceCount failed, in words a user can act on.
 std::string describe_count_error(cudaError_t err) {
-    if (err == cudaErrorNoDevice) return std::string("no ") + kVendor + " GPU: the driver reports none";
+    if (err == cudaErrorNoDevice) return no_gpu_reason();
     if (err == cudaErrorInsufficientDriver) {
         // The runtime says this when there is no driver at all, too: look for it ourselves.
         void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-        if (!driver) return std::string("no ") + kVendor + " driver (libcuda.so.1 cannot be loaded): " + kDriverHint;
+        if (!driver)
+            return std::string("no ") + kVendor + " driver (libcuda.so.1 cannot be loaded): install the " + kVendor +
+                   " driver (" + kListTool + " should list the GPU)";
         using GetVersion = int (*)(int*);
         int version = 0;
         auto get_version = reinterpret_cast<GetVersion>(dlsym(driver, "cuDriverGetVersion"));
@@ -70,6 +119,8 @@ struct DeviceList {
     std::string reason;  // why some or all devices are not usable ("" if every one is)
 };
 
+// A device is usable when this build's kernels run on it: the warp size they were written for, an
+// architecture the build has code for, and blocks of kMinBlockThreads (the device reports the other limits).
 DeviceList probe_devices() {
     DeviceList list;
     int count = 0;  // cudaGetDeviceCount leaves it untouched on failure
@@ -79,27 +130,32 @@ DeviceList probe_devices() {
         list.reason = describe_count_error(err);
         return list;
     }
-    if (count == 0) list.reason = std::string("no ") + kVendor + " GPU: the driver reports none";
+    if (count == 0) list.reason = no_gpu_reason();
     for (int ordinal = 0; ordinal < count; ++ordinal) {
-        int warp = 0, major = 0, minor = 0;
+        int warp = 0, major = 0, minor = 0, max_threads = 0;
         cudaDeviceProp props;
         std::memset(&props, 0, sizeof(props));
         if (cudaDeviceGetAttribute(&warp, cudaDevAttrWarpSize, ordinal) != cudaSuccess ||
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) != cudaSuccess ||
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) != cudaSuccess ||
+            cudaDeviceGetAttribute(&max_threads, cudaDevAttrMaxThreadsPerBlock, ordinal) != cudaSuccess ||
             cudaGetDeviceProperties(&props, ordinal) != cudaSuccess) {
             (void)cudaGetLastError();
             list.reason += "device " + std::to_string(ordinal) + " cannot be queried; ";
             continue;
         }
-        const std::string name = std::string("device ") + std::to_string(ordinal) + " (" + props.name + ", sm_" +
-                                 std::to_string(major * 10 + minor) + ")";
+        const int capability = major * 10 + minor;
+        const std::string name = std::string("device ") + std::to_string(ordinal) + " (" + props.name +
+                                 ", compute capability " + std::to_string(major) + "." + std::to_string(minor) + ")";
         if (warp != WARP_SIZE) {
             list.reason += name + " has warps of " + std::to_string(warp) + " threads, this build's kernels assume " +
                            std::to_string(WARP_SIZE) + "; ";
-        } else if (!runs_on(major * 10 + minor)) {
+        } else if (!runs_on(capability)) {
             list.reason += name + " is not among this build's architectures (" + built_architectures() +
-                           "): rebuild with LLAISYS_CUDA_ARCHS=" + std::to_string(major * 10 + minor) + "; ";
+                           "): rebuild with " + kArchOption + "=" + arch_option_for(capability) + "; ";
+        } else if (max_threads < kMinBlockThreads) {
+            list.reason += name + " allows " + std::to_string(max_threads) + " threads per block, the kernels need " +
+                           std::to_string(kMinBlockThreads) + "; ";
         } else {
             list.ordinals.push_back(ordinal);
         }
@@ -217,6 +273,7 @@ const std::string& usable_devices_reason() { return device_list().reason; }
 const char* built_architectures() {
     static const std::string text = [] {
         std::string s;
+        for (const std::string& a : split_list(LLAISYS_COREX_ARCHS)) s += (s.empty() ? "" : " ") + a;
         for (int a : parse_list(LLAISYS_CUDA_SASS)) s += (s.empty() ? "sm_" : " sm_") + std::to_string(a);
         for (int a : parse_list(LLAISYS_CUDA_PTX)) s += (s.empty() ? "compute_" : " compute_") + std::to_string(a);
         return s.empty() ? std::string("unrecorded") : s;

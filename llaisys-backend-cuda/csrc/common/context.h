@@ -90,7 +90,8 @@ void destroy_stream_context(StreamContext* ctx);
 // After a synchronizing call: throws InvalidArgument for an error a kernel recorded (and clears it).
 void check_kernel_errors(DeviceContext& ctx);
 
-// The build's architectures, e.g. "sm_80 sm_86 ... compute_120" (from LLAISYS_CUDA_ARCH_LIST).
+// The build's architectures, e.g. "sm_80 sm_86 ... compute_120" (LLAISYS_CUDA_SASS / _PTX) or "ivcore20"
+// (CoreX: LLAISYS_COREX_ARCHS).
 const char* built_architectures();
 
 }  // namespace llaisys::cuda

@@ -7,15 +7,25 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 from . import gguf
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .files import is_gguf, model_directory
 from .generation import GenerationStats
+from .locking import ModelBusyError
 from .paged_kv import KVPool, KVShape, SequenceKV
 from .qwen2 import Llama, Qwen2
 from .safetensors import Checkpoint, SafetensorsFile
+from .tokenizer import load_tokenizer
+
+if importlib.util.find_spec("torch") is None:
+    # llaisys needs transformers only for tokenizers, which work without torch: keep its "PyTorch was
+    # not found" advisory off the console (advisories only; real warnings still show)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 __version__ = "0.1.0"
 
@@ -23,24 +33,26 @@ MODEL_CLASSES = {arch: cls for cls in (Qwen2, Llama) for arch in cls.architectur
 DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
-def load(path, device=None, dtype=None, *, progress: bool | None = None) -> Qwen2:
-    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's architectures.
+def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True) -> Qwen2:
+    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's
+    architectures.
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
+    ``mmap`` True maps the safetensors files (zero copy on CPU: a file truncated or rewritten while
+    the model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
-    path = Path(path)
-    if gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+    if is_gguf(path):  # hook: GGUF files (issue 15)
         return gguf.load(path, device=device, dtype=dtype, progress=progress)
-    if not path.is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist")
+    path = model_directory(path)
     config = ModelConfig.from_file(path)
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
                              f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
-    return cls(path, device=device, dtype=dtype, progress=progress)
+    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap)
 
 
 __all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",
-           "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load"]
+           "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load",
+           "load_tokenizer"]

@@ -1,46 +1,76 @@
 """``llaisys generate`` and ``llaisys infer``: subcommands of the core ``llaisys`` command.
 
 Registered through the entry-point group ``llaisys.commands``; each ``register_*`` adds a
-parser whose ``func(args) -> int`` runs the command.
+parser whose ``func(args) -> int`` runs the command. Errors are one line (core prints a
+LlaisysError as ``llaisys: error: ...``, exit 2); Ctrl-C anywhere ends a command quietly
+with exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 import time
 from pathlib import Path
 
 DEFAULT_PROMPT = "12+34="
+DEFAULT_NEW_TOKENS = 128  # generate's reply budget, shrunk to what the model's context leaves
 
 
-def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None,
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
+def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> None:
+    parser.add_argument("--model", type=Path, default=None, metavar="PATH",
                         help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
                              "llaisys-models)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=_count, default=None, metavar="N", help=new_tokens_help)
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt text as is, without the tokenizer's chat template")
+
+
+def _command(func):
+    """A subcommand that Ctrl-C ends quietly, with the status a shell gives SIGINT (128 + 2)."""
+    @functools.wraps(func)
+    def run(args) -> int:
+        try:
+            return func(args)
+        except KeyboardInterrupt:
+            sys.stderr.write("\n")
+            return 130
+    return run
 
 
 def register_generate(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with a model, streaming tokens as they come",
                               description="Generate text, printing it as it is produced, then the prefill "
                                           "and decode speed.")
-    _common_arguments(p)
+    _common_arguments(p, f"most new tokens per answer (default: {DEFAULT_NEW_TOKENS}, or fewer when the "
+                         f"prompt leaves less room in the model's context; 0 generates nothing)")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", default=None, help=f"the prompt (default {DEFAULT_PROMPT!r})")
-    source.add_argument("--chat", action="store_true", help="an interactive chat on stdin (/exit or EOF ends it)")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    source.add_argument("--prompt", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
+    source.add_argument("--chat", action="store_true",
+                        help="an interactive chat on stdin (/exit or end of input ends it); the oldest exchanges "
+                             "are dropped when the conversation outgrows the model's context")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None,
                    help="sample among the k most likely tokens; 1 is greedy (default: 1, or 0 = all tokens when "
                         "--temperature or --top-p asks for sampling)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default 1.0)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    p.set_defaults(func=run_generate)
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default: 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 to 2**64-1 (default: random)")
+    p.set_defaults(func=_command(run_generate))
 
 
 def register_infer(subparsers) -> None:
@@ -51,13 +81,13 @@ def register_infer(subparsers) -> None:
                                           "same weights in float64): a near-tie when both choices are within the "
                                           "rounding error HF itself shows of the exact maximum, else a mismatch. "
                                           "Exit status 0 when every divergence is a near-tie, 1 on any mismatch.")
-    _common_arguments(p)
+    _common_arguments(p, "most new tokens (default: %(default)s)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default {DEFAULT_PROMPT!r})")
     p.add_argument("--test", action="store_true",
                    help="also run HF transformers (needs torch) and classify every divergence; the exact "
                         "reference holds the weights in float64 (8 bytes per parameter)")
     p.add_argument("--strict", action="store_true", help="--test, and require identical tokens (near-ties fail too)")
-    p.set_defaults(func=run_infer, max_new_tokens=64)
+    p.set_defaults(func=_command(run_infer), max_new_tokens=64)
 
 
 def model_dir(args) -> Path:
@@ -76,26 +106,46 @@ def _load(args):
     from . import load
     from .tokenizer import load_tokenizer
 
+    _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
     model = load(path, device=args.device, dtype=args.dtype)
     elapsed = time.perf_counter() - t0
+    tokenizer = load_tokenizer(path)
     print(f"loaded {path} on {model.device} as {model.dtype.name} in {elapsed:.2f}s", file=sys.stderr)
-    return model, load_tokenizer(path), elapsed
+    return model, tokenizer, elapsed
+
+
+def _quiet_transformers() -> None:
+    """Keep transformers' notices (advisories, "sequence longer than model_max_length", ...) off the
+    console: the command says what matters itself, in one line."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+    if "transformers" in sys.modules:  # already imported (main() called from Python): tell it directly
+        sys.modules["transformers"].logging.set_verbosity_error()
 
 
 def _sampling(args) -> dict:
+    from llaisys import LlaisysValueError
+
+    from .generation import check_sampling
+
     sampling = args.temperature not in (None, 0.0) or args.top_p not in (None, 1.0)
     top_k = args.top_k if args.top_k is not None else (0 if sampling else 1)
-    return dict(top_k=top_k, top_p=1.0 if args.top_p is None else args.top_p,
-                temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed)
+    chosen = dict(top_k=top_k, top_p=1.0 if args.top_p is None else args.top_p,
+                  temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed)
+    try:  # before the model loads: a bad flag fails at once, not after the prefill
+        check_sampling(**chosen)
+    except LlaisysValueError as e:  # "top_k must be ..." -> "--top-k must be ..."
+        name, _, rest = str(e).partition(" ")
+        raise LlaisysValueError(f"--{name.replace('_', '-')} {rest}") from None
+    return chosen
 
 
-def _stream(model, tokenizer, ids, args, sampling, reuse_cache=False) -> list[int]:
+def _stream(model, tokenizer, ids, max_new_tokens, sampling, reuse_cache=False) -> list[int]:
     from .tokenizer import IncrementalDecoder
 
     decoder = IncrementalDecoder(tokenizer)
-    for token in model.stream_generate(ids, args.max_new_tokens, reuse_cache=reuse_cache, **sampling):
+    for token in model.stream_generate(ids, max_new_tokens, reuse_cache=reuse_cache, **sampling):
         sys.stdout.write(decoder.push(token))
         sys.stdout.flush()
     sys.stdout.write(decoder.finish() + "\n")
@@ -105,38 +155,76 @@ def _stream(model, tokenizer, ids, args, sampling, reuse_cache=False) -> list[in
     return decoder.tokens
 
 
-def run_generate(args) -> int:
-    from .tokenizer import encode
+def _new_tokens(requested: int | None, prompt_tokens: int, context: int) -> int:
+    """generate's budget: the default shrinks to fit the context; an explicit count must fit."""
+    from llaisys import LlaisysValueError
 
-    model, tokenizer, _ = _load(args)
-    sampling = _sampling(args)
+    room = context - prompt_tokens
+    if room < 1 and requested != 0:
+        raise LlaisysValueError(f"the prompt is {prompt_tokens} tokens, which leaves no room for new tokens in the "
+                                f"model's context of {context} positions; shorten it")
+    if requested is None:
+        return min(DEFAULT_NEW_TOKENS, room)
+    if requested > room:
+        raise LlaisysValueError(f"the prompt ({prompt_tokens} tokens) and --max-new-tokens {requested} need "
+                                f"{prompt_tokens + requested} positions, more than the model's context of "
+                                f"{context}; at most {room} new tokens fit")
+    return requested
+
+
+def run_generate(args) -> int:
+    from llaisys import LlaisysValueError
+
+    from .tokenizer import check_text, encode
+
+    if args.chat and args.max_new_tokens == 0:
+        raise LlaisysValueError("--chat needs --max-new-tokens of at least 1 to answer anything")
+    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     if not args.chat:
-        ids = encode(tokenizer, args.prompt if args.prompt is not None else DEFAULT_PROMPT, chat=not args.raw)
-        _stream(model, tokenizer, ids, args, sampling)
+        check_text(prompt, "--prompt")
+    sampling = _sampling(args)
+    model, tokenizer, _ = _load(args)
+    if args.chat:
+        return _chat(model, tokenizer, args, sampling)
+    ids = encode(tokenizer, prompt, chat=not args.raw)
+    max_new_tokens = _new_tokens(args.max_new_tokens, len(ids), model.context_length)
+    if max_new_tokens == 0:
+        print(f"--max-new-tokens 0: nothing to generate (the prompt is {len(ids)} tokens)", file=sys.stderr)
         return 0
-    messages = []
+    _stream(model, tokenizer, ids, max_new_tokens, sampling)
+    return 0
+
+
+def _chat(model, tokenizer, args, sampling) -> int:
+    from llaisys import LlaisysValueError
+
+    from .chat import ChatHistory
+
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach check_text (one message), not input()
+        sys.stdin.reconfigure(errors="surrogateescape")
+    budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+    history = ChatHistory(tokenizer, model.context_length, budget)
     print("chat: type a message, /exit or end of input to stop", file=sys.stderr)
     while True:
         try:
             line = input("> ")
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             print(file=sys.stderr)
             return 0
         if line.strip() in ("/exit", "/quit"):
             return 0
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
-        ids = encode(tokenizer, messages)
-        budget = min(args.max_new_tokens, model.config.max_position_embeddings - len(ids))
-        if budget <= 0:
-            print("the conversation is longer than the model's context; starting over", file=sys.stderr)
-            messages = [messages[-1]]
-            ids = encode(tokenizer, messages)
-            budget = min(args.max_new_tokens, model.config.max_position_embeddings - len(ids))
-        reply = _stream(model, tokenizer, ids, argparse.Namespace(max_new_tokens=budget), sampling,
-                        reuse_cache=True)
-        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+        try:
+            turn = history.turn(line)
+        except LlaisysValueError as e:  # this message cannot be answered; the chat goes on
+            print(f"llaisys: {e}", file=sys.stderr)
+            continue
+        if turn.dropped:
+            print(f"(the {turn.dropped} oldest exchange{'s' * (turn.dropped > 1)} no longer fit in the model's "
+                  f"context of {model.context_length} positions and were dropped)", file=sys.stderr)
+        reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling, reuse_cache=True)
+        history.add(turn, line, tokenizer.decode(reply, skip_special_tokens=True))
 
 
 def run_infer(args) -> int:

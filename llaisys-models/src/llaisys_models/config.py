@@ -10,10 +10,11 @@ and anything the forward pass cannot honour is refused with a message naming it.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 from pathlib import Path
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, shown
+from .files import read_json_object
 
 DEFAULT_ROPE_THETA = 10000.0
 
@@ -46,14 +47,9 @@ class ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
+        if not path.exists():
             raise ModelLoadError(f"{path} does not exist: a model directory needs a HuggingFace config.json")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ModelLoadError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+        raw = read_json_object(path)
         try:
             return cls.from_dict(raw)
         except ModelLoadError as e:
@@ -61,10 +57,16 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
-        architectures = raw.get("architectures") or []
-        if isinstance(architectures, str):
+        architectures = raw.get("architectures")
+        if architectures is None:
+            architectures = []
+        elif isinstance(architectures, str):
             architectures = [architectures]
-        model_type = str(raw.get("model_type", ""))
+        if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+            raise ModelLoadError(f"config field 'architectures' must be a list of class names, got {shown(architectures)}")
+        model_type = raw.get("model_type", "")
+        if not isinstance(model_type, str):
+            raise ModelLoadError(f"config field 'model_type' must be a string, got {shown(model_type)}")
         architecture = architectures[0] if architectures else _DEFAULT_ARCH.get(model_type, "")
 
         hidden = _int(raw, "hidden_size")
@@ -83,11 +85,12 @@ class ModelConfig:
             raise ModelLoadError(f"head_dim {head_dim} must be even for rotary embeddings")
         act = raw.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
-            raise ModelLoadError(f"hidden_act {act!r} is not supported (only silu / SwiGLU MLPs)")
+            raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
 
         rope_theta = _rope_theta(raw)
         is_qwen2 = model_type == "qwen2" or architecture.startswith("Qwen2")
         layers = _int(raw, "num_hidden_layers")
+        attention_bias = _bool(raw, "attention_bias")
         return cls(
             architecture=architecture,
             model_type=model_type,
@@ -101,15 +104,15 @@ class ModelConfig:
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
             eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
             bos_token_id=(token_ids(raw.get("bos_token_id"), "bos_token_id") or (None,))[0],
             # Qwen2 always has q/k/v biases and no o_proj bias; Llama has all four or none.
-            qkv_bias=is_qwen2 or bool(raw.get("attention_bias", False)),
-            o_bias=not is_qwen2 and bool(raw.get("attention_bias", False)),
-            mlp_bias=bool(raw.get("mlp_bias", False)),
+            qkv_bias=is_qwen2 or attention_bias,
+            o_bias=not is_qwen2 and attention_bias,
+            mlp_bias=_bool(raw, "mlp_bias"),
             sliding_window=_sliding_window(raw, layers),
-            dtype_name=raw.get("dtype") or raw.get("torch_dtype"),
+            dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
         )
 
     @property
@@ -131,7 +134,7 @@ def token_ids(value, name: str) -> tuple[int, ...]:
     values = value if isinstance(value, (list, tuple)) else [value]
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ModelLoadError(f"{name} must be a token id or a list of them, got {value!r}")
+            raise ModelLoadError(f"{name} must be a token id or a list of them, got {shown(value)}")
     return tuple(values)
 
 
@@ -144,20 +147,37 @@ def _int(raw: dict, key: str, default=None) -> int:
 
 def _positive(key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelLoadError(f"config field {key!r} must be a positive integer, got {value!r}")
+        raise ModelLoadError(f"config field {key!r} must be a positive integer, got {shown(value)}")
     return value
 
 
 def _float(raw: dict, key: str, default: float) -> float:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ModelLoadError(f"config field {key!r} must be a non-negative number, got {value!r}")
+    if not _finite(value) or value < 0:
+        raise ModelLoadError(f"config field {key!r} must be a finite non-negative number, got {shown(value)}")
     return float(value)
+
+
+def _finite(value) -> bool:
+    """A JSON number that is finite (JSON files may hold Infinity and NaN; json reads them)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _bool(raw: dict, key: str, default: bool = False) -> bool:
+    """A true/false field; a string such as "false" is refused rather than read as true."""
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ModelLoadError(f"config field {key!r} must be true or false, got {shown(value)}")
+    return value
 
 
 def _rope_theta(raw: dict) -> float:
     """rope_theta from ``rope_parameters`` (transformers >= 5) or the top level (older writers)."""
     params = raw.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ModelLoadError(f"config field 'rope_parameters' must be an object, got {shown(params)}")
     if isinstance(params, dict) and "rope_theta" not in params and "rope_type" not in params:
         # one set per layer type: {"full_attention": {...}, "sliding_attention": {...}}
         params = params.get("full_attention") or next(iter(params.values()), None)
@@ -167,14 +187,14 @@ def _rope_theta(raw: dict) -> float:
     for source in (params, scaling if isinstance(scaling, dict) else {}):
         kind = source.get("rope_type", source.get("type", "default"))
         if kind not in (None, "default"):
-            raise ModelLoadError(f"rope scaling of type {kind!r} is not supported (only the default rotary "
+            raise ModelLoadError(f"rope scaling of type {shown(kind)} is not supported (only the default rotary "
                                  f"embedding)")
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
-        raise ModelLoadError(f"partial_rotary_factor {partial!r} is not supported")
+        raise ModelLoadError(f"partial_rotary_factor {shown(partial)} is not supported")
     theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-        raise ModelLoadError(f"rope_theta must be a positive number, got {theta!r}")
+    if not _finite(theta) or theta <= 0:
+        raise ModelLoadError(f"config field 'rope_theta' must be a finite positive number, got {shown(theta)}")
     return float(theta)
 
 
@@ -182,10 +202,15 @@ def _sliding_window(raw: dict, layers: int) -> int | None:
     """The window of sliding-window layers, if any layer has one (generation refuses longer sequences)."""
     window = raw.get("sliding_window")
     layer_types = raw.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        raise ModelLoadError(f"config field 'layer_types' must be a list of layer kinds, got {shown(layer_types)}")
     if isinstance(layer_types, list):
         sliding = any(t == "sliding_attention" for t in layer_types)
     else:
-        sliding = bool(raw.get("use_sliding_window", False)) and raw.get("max_window_layers", layers) < layers
+        max_window_layers = raw.get("max_window_layers", layers)
+        if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int):
+            raise ModelLoadError(f"config field 'max_window_layers' must be an integer, got {shown(max_window_layers)}")
+        sliding = _bool(raw, "use_sliding_window") and max_window_layers < layers
     if sliding and isinstance(window, int) and window > 0:
         return window
     return None

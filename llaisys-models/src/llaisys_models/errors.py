@@ -8,3 +8,9 @@ class ModelLoadError(LlaisysValueError):
 
     Raised before the model object exists, so nothing is ever half-loaded.
     """
+
+
+def shown(value) -> str:
+    """repr() of a value read from a file, cut short: a hostile file must not make a megabyte message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,7 +1,8 @@
 """Token generation on top of a model's ``forward``: prefill the prompt once, then one token per step.
 
-The model provides ``forward(ids) -> logits [1, vocab]`` (appending to its KV cache),
-``cache``, ``config``, ``device`` and ``eos_token_ids``. Greedy decoding (top_k=1 or
+The model provides ``_forward(ids) -> logits [1, vocab]`` (appending to its KV cache; the
+caller holds ``lock``), ``lock`` (a ModelLock), ``cache``, ``config``, ``device`` and
+``eos_token_ids``. Greedy decoding (top_k=1 or
 temperature=0) takes ``argmax``; anything else goes through the ``sample`` op with a
 seed derived from (seed, step), so a seeded run repeats exactly on every device.
 """
@@ -9,6 +10,7 @@ seed derived from (seed, step), so a seeded run repeats exactly on every device.
 from __future__ import annotations
 
 import dataclasses
+import math
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -47,23 +49,26 @@ def step_seed(seed: int, step: int) -> int:
 
 def _check_number(name, value, low, high=None, integer=False, low_open=False):
     kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value != value:
-        raise llaisys.LlaisysValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, kinds) or not (integer or math.isfinite(value)):
+        what = "an integer" if integer else "a finite number"
+        raise llaisys.LlaisysValueError(f"{name} must be {what}, got {value!r}")
     if value < low or (low_open and value == low) or (high is not None and value > high):
         bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
         raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
 
 
-def check_sampling(max_new_tokens, top_k, top_p, temperature, seed) -> int:
-    """Check generate's sampling arguments; returns the seed (a random one for None)."""
+def check_max_new_tokens(max_new_tokens) -> None:
     _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+
+
+def check_sampling(top_k, top_p, temperature, seed) -> None:
+    """The sampling arguments of ``generate`` (seed None = random), checked in Python before any of them
+    reaches a C type: a huge top_k must not wrap to greedy, an infinite temperature fails here."""
     _check_number("top_k", top_k, 0, integer=True)
     _check_number("top_p", top_p, 0, 1, low_open=True)
     _check_number("temperature", temperature, 0)
-    if seed is None:
-        seed = secrets.randbits(63)
-    _check_number("seed", seed, 0, MASK64, integer=True)
-    return int(seed)
+    if seed is not None:
+        _check_number("seed", seed, 0, MASK64, integer=True)
 
 
 class GenerationMixin:
@@ -91,6 +96,12 @@ class GenerationMixin:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
                 raise llaisys.LlaisysValueError(f"input_ids[{i}] = {t!r} is not a token id in [0, {vocab})")
         return [int(t) for t in ids]
+
+    @property
+    def context_length(self) -> int:
+        """The most positions (prompt + new tokens) one sequence may take."""
+        window = self.config.sliding_window
+        return min(self.config.max_position_embeddings, window or self.config.max_position_embeddings)
 
     def check_length(self, total: int) -> None:
         limit = self.config.max_position_embeddings
@@ -120,7 +131,10 @@ class GenerationMixin:
         """Yield each new token as soon as it is chosen (the EOS token included). Arguments are
         checked here, before the first token is asked for."""
         ids = self.check_input_ids(input_ids)
-        seed = check_sampling(max_new_tokens, top_k, top_p, temperature, seed)
+        check_max_new_tokens(max_new_tokens)
+        check_sampling(top_k, top_p, temperature, seed)
+        if seed is None:
+            seed = secrets.randbits(63)
         self.check_length(len(ids) + max_new_tokens)
         eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
         greedy = top_k == 1 or temperature == 0
@@ -138,41 +152,44 @@ class GenerationMixin:
         return generate_batch(self, prompts, max_new_tokens, top_k, top_p, temperature, seed, **options)
 
     def _stream(self, ids, max_new_tokens, greedy, top_k, top_p, temperature, seed, eos, reuse_cache):
-        stats = self.last_stats = GenerationStats()
         if max_new_tokens == 0:
+            self.last_stats = GenerationStats()
             return
-        if reuse_cache:
-            self.truncate(_common_prefix(self.cache.tokens, ids, limit=len(ids) - 1))
-        else:
-            self.reset()
-        self.reserve(self.cache, len(ids) + max_new_tokens - 1)
-        pending = ids[len(self.cache):]
-        for step in range(max_new_tokens):
-            t0 = time.perf_counter()
-            logits = self.forward(pending)
-            token = self.select(logits.view(logits.shape[-1]), greedy, top_k, top_p, temperature,
-                                step_seed(seed, step))
-            elapsed = time.perf_counter() - t0
-            if step == 0:
-                stats.prompt_tokens, stats.prefill_seconds = len(pending), elapsed
+        with self.lock.hold("stream_generate"):  # until the last token, or until the stream is closed
+            stats = self.last_stats = GenerationStats()
+            if reuse_cache:
+                self.cache.truncate(_common_prefix(self.cache.tokens, ids, limit=len(ids) - 1))
             else:
-                stats.decode_seconds += elapsed
-            stats.new_tokens += 1
-            yield token
-            if token in eos:
-                return
-            pending = [token]
+                self.cache.release()
+            self.reserve(self.cache, len(ids) + max_new_tokens - 1)
+            pending = ids[len(self.cache):]
+            for step in range(max_new_tokens):
+                t0 = time.perf_counter()
+                logits = self._forward(pending)
+                token = self.select(logits.view(logits.shape[-1]), greedy, top_k, top_p, temperature,
+                                    step_seed(seed, step))
+                elapsed = time.perf_counter() - t0
+                if step == 0:
+                    stats.prompt_tokens, stats.prefill_seconds = len(pending), elapsed
+                else:
+                    stats.decode_seconds += elapsed
+                stats.new_tokens += 1
+                yield token
+                if token in eos:
+                    return
+                pending = [token]
 
     def select(self, logits: llaisys.Tensor, greedy: bool, top_k: int, top_p: float, temperature: float,
                seed: int) -> int:
-        """The next token from 1-D logits: argmax when greedy, else the sample op."""
+        """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
+        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold)."""
         if self._chosen is None:
             self._chosen = llaisys.empty((1,), llaisys.int64, self.device)
             self._chosen_value = llaisys.empty((1,), self.dtype, self.device)
         if greedy:
             llaisys.ops.argmax(self._chosen, self._chosen_value, logits)
         else:
-            llaisys.ops.sample(self._chosen, logits, temperature, top_k, top_p, seed)
+            llaisys.ops.sample(self._chosen, logits, temperature, min(top_k, logits.shape[0]), top_p, seed)
         return int(self._chosen.numpy()[0])
 
     _chosen: llaisys.Tensor | None = None

@@ -15,7 +15,6 @@ sequence (``generate``) is the batch of one: one code path.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,9 @@ from llaisys.dtype import as_dtype
 
 from .config import ModelConfig, token_ids
 from .errors import ModelLoadError
+from .files import model_directory, read_json
 from .generation import GenerationMixin
+from .locking import ModelLock
 from .paged_kv import KVPool, KVShape, SequenceKV, StepInputs
 from .safetensors import Checkpoint
 from .weights import FLOAT_WEIGHTS, LayerWeights, Weights, default_dtype, load_weights
@@ -60,15 +61,20 @@ class Qwen2(GenerationMixin):
     """A Qwen2-architecture causal LM on one llaisys device.
 
     ``Qwen2(path, device=None, dtype=None)``: ``device`` None picks the best available
-    device; ``dtype`` None computes in the dtype the weights are stored in.
+    device; ``dtype`` None computes in the dtype the weights are stored in. ``mmap=False``
+    reads the weights into memory instead of mapping the files (a file changed on disk
+    then cannot affect, or crash, the loaded model).
+
+    One model holds one KV cache, so it runs one generation at a time: calls from several
+    threads take turns (``forward``, ``generate``, a ``stream_generate`` until it finishes
+    or is closed); the same thread starting a second one while its stream is open gets a
+    ``ModelBusyError``. To serve many users at once, use ``llaisys serve``'s engine.
     """
 
     architectures = ("Qwen2ForCausalLM",)
 
-    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None):
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise ModelLoadError(f"model directory {self.path} does not exist")
+    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True):
+        self.path = model_directory(path)
         config = ModelConfig.from_file(self.path)
         supported = {a for cls in _all_model_classes() for a in cls.architectures}
         if config.architecture not in supported:
@@ -76,7 +82,7 @@ class Qwen2(GenerationMixin):
                                  f"not supported; llaisys_models runs {', '.join(sorted(supported))}")
         self.config = config
         self.device = _pick_device(device)
-        checkpoint = Checkpoint(self.path)
+        checkpoint = Checkpoint(self.path, mapped=mmap)
         self.dtype = default_dtype(checkpoint, config) if dtype is None else as_dtype(dtype)
         if self.dtype not in FLOAT_WEIGHTS:
             raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
@@ -105,6 +111,7 @@ class Qwen2(GenerationMixin):
         self.scale = config.head_dim ** -0.5
         self._workspace_base: Workspace | None = None
         self._workspaces: dict[int, Workspace] = {}
+        self.lock = ModelLock()
 
     def __repr__(self) -> str:
         c = self.config
@@ -160,11 +167,13 @@ class Qwen2(GenerationMixin):
 
     def reset(self) -> None:
         """Forget the cached tokens (their blocks go back to the pool, which keeps its memory)."""
-        self.cache.release()
+        with self.lock.hold("reset"):
+            self.cache.release()
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens; the next forward continues from there."""
-        self.cache.truncate(length)
+        with self.lock.hold("truncate"):
+            self.cache.truncate(length)
 
     def reserve(self, cache: SequenceKV, length: int) -> None:
         """Blocks for ``length`` positions in ``cache``; the model's own pool grows when it must."""
@@ -183,12 +192,17 @@ class Qwen2(GenerationMixin):
         """Run ``input_ids`` at the positions after the cached ones, append them to the cache and
         return the logits of the last position ([1, vocab]), or of every position ([n, vocab]).
 
-        ``cache`` (a sequence from ``new_cache`` or a pool of ``new_kv_pool``) replaces the model's own."""
+        ``cache`` (a sequence from ``new_cache`` or a pool of ``new_kv_pool``) replaces the model's own for
+        this call (the work buffers are still the model's: calls take turns, see the class docstring)."""
+        with self.lock.hold("forward"):
+            return self._forward(input_ids, all_logits, cache=cache)
+
+    def _forward(self, input_ids, all_logits: bool = False, *, cache: SequenceKV | None = None) -> llaisys.Tensor:
         ids = self.check_input_ids(input_ids)
         cache = self.cache if cache is None else cache
         self.check_length(len(cache) + len(ids))
         self.reserve(cache, len(cache) + len(ids))
-        return self.forward_batch([(cache, ids)], None if all_logits else [True])
+        return self._forward_batch([(cache, ids)], None if all_logits else [True])
 
     def forward_batch(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None = None
                       ) -> llaisys.Tensor:
@@ -196,6 +210,11 @@ class Qwen2(GenerationMixin):
         its new length) with its new token ids. Appends them and returns the logits of the last new row
         of each sequence whose ``logits_of`` entry is true ([R, vocab], in batch order), or of every
         row when ``logits_of`` is None."""
+        with self.lock.hold("forward_batch"):
+            return self._forward_batch(batch, logits_of)
+
+    def _forward_batch(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None
+                       ) -> llaisys.Tensor:
         pool = batch[0][0].pool
         step = pool.step_inputs(batch, logits_of)
         ws = self._workspace(step.num_tokens)
@@ -257,8 +276,9 @@ class Qwen2(GenerationMixin):
 
     def logits(self, input_ids) -> np.ndarray:
         """Float32 logits [n, vocab] of every position of ``input_ids``, from an empty cache."""
-        self.reset()
-        return self.forward(input_ids, all_logits=True).numpy().astype(np.float32)
+        with self.lock.hold("logits"):
+            self.cache.release()
+            return self._forward(input_ids, all_logits=True).numpy().astype(np.float32)
 
 
 class Llama(Qwen2):
@@ -305,11 +325,11 @@ def _eos_token_ids(path: Path, config: ModelConfig) -> tuple[int, ...]:
     """EOS ids from config.json and generation_config.json (HF generate stops at either)."""
     ids = list(config.eos_token_ids)
     gen_path = path / "generation_config.json"
-    if gen_path.is_file():
-        try:
-            gen = json.loads(gen_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"{gen_path} is not valid JSON: {e}") from None
+    if gen_path.exists():
+        gen = read_json(gen_path)
         if isinstance(gen, dict):
-            ids += [i for i in token_ids(gen.get("eos_token_id"), "eos_token_id") if i not in ids]
+            try:
+                ids += [i for i in token_ids(gen.get("eos_token_id"), "eos_token_id") if i not in ids]
+            except ModelLoadError as e:
+                raise ModelLoadError(f"{gen_path}: {e}") from None
     return tuple(ids)

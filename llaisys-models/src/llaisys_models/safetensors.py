@@ -1,4 +1,5 @@
-"""Safetensors files read by memory-mapping them: no torch, no safetensors library.
+"""Safetensors files read by memory-mapping them (or, on request, by plain reads): no torch, no
+safetensors library.
 
 Format: an 8-byte little-endian header length N, N bytes of JSON
 (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``),
@@ -9,16 +10,19 @@ with a message instead of a wild read.
 
 from __future__ import annotations
 
-import json
 import math
 import mmap
+import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+
+import numpy as np
 
 import llaisys
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, shown
+from .files import check_regular, open_regular, parse_json, read_json_object
 
 DTYPES = {"F32": llaisys.float32, "F16": llaisys.float16, "BF16": llaisys.bfloat16, "F64": llaisys.float64,
           "I64": llaisys.int64, "I32": llaisys.int32, "I8": llaisys.int8, "U8": llaisys.uint8,
@@ -38,31 +42,32 @@ class TensorInfo:
 
 
 class SafetensorsFile:
-    """One mapped ``.safetensors`` file: ``infos`` from the header, ``tensor(name)`` zero-copy."""
+    """One ``.safetensors`` file: ``infos`` from the header; tensors zero-copy from a memory map, or,
+    with ``mapped=False``, read into memory when asked for (the file is not kept open)."""
 
-    def __init__(self, path):
+    def __init__(self, path, mapped: bool = True):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                size = self._size = f.seek(0, 2)
+        self.mapped = mapped
+        self._map: mmap.mmap | None = None
+        with open_regular(self.path) as f:
+            try:
+                size = os.fstat(f.fileno()).st_size
                 if size < 8:
                     raise ModelLoadError(f"{self.path} is truncated: {size} bytes, no safetensors header")
-                f.seek(0)
                 (header_len,) = struct.unpack("<Q", f.read(8))
                 if header_len < 2 or header_len > MAX_HEADER or 8 + header_len > size:
                     raise ModelLoadError(f"{self.path} has a corrupt or truncated safetensors header "
                                          f"(header length {header_len}, file size {size})")
                 header_bytes = f.read(header_len)
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as e:
-            raise ModelLoadError(f"cannot read {self.path}: {e}") from None
-        try:
-            header = json.loads(header_bytes.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"{self.path} has a corrupt safetensors header: {e}") from None
+                if mapped:
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as e:
+                raise ModelLoadError(f"cannot read {self.path}: {e}") from None
+        header = parse_json(header_bytes, f"the safetensors header of {self.path}")
         if not isinstance(header, dict):
             raise ModelLoadError(f"{self.path} has a corrupt safetensors header: not a JSON object")
         self.metadata = header.pop("__metadata__", None) or {}
+        self._size = size
         data_start = 8 + header_len
         data_size = size - data_start
         self.infos: dict[str, TensorInfo] = {}
@@ -70,7 +75,7 @@ class SafetensorsFile:
             self.infos[name] = self._parse(name, entry, data_start, data_size)
 
     def _parse(self, name, entry, data_start, data_size) -> TensorInfo:
-        where = f"{self.path}: tensor {name!r}"
+        where = f"{self.path}: tensor {shown(name)}"
         if not isinstance(entry, dict):
             raise ModelLoadError(f"{where} has a corrupt header entry")
         dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -78,10 +83,10 @@ class SafetensorsFile:
             raise ModelLoadError(f"{where} has no dtype")
         if (not isinstance(shape, list)
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
-            raise ModelLoadError(f"{where} has an invalid shape {shape!r}")
+            raise ModelLoadError(f"{where} has an invalid shape {shown(shape)}")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise ModelLoadError(f"{where} has invalid data_offsets {offsets!r}")
+            raise ModelLoadError(f"{where} has invalid data_offsets {shown(offsets)}")
         begin, end = offsets
         if not 0 <= begin <= end or end > data_size:
             raise ModelLoadError(f"{where} lies at bytes [{begin}, {end}) but the file holds {data_size} data "
@@ -92,16 +97,42 @@ class SafetensorsFile:
         return TensorInfo(name, dtype, dtype_name, tuple(shape), data_start + begin, end - begin, self)
 
     def tensor(self, name: str) -> llaisys.Tensor:
-        """A read-only CPU tensor pointing into the mapping (no copy)."""
+        """A read-only CPU tensor pointing into the mapping (no copy); a copy when not mapped."""
+        info = self._known(name)
+        if self._map is None:
+            return llaisys.from_numpy(self.array(info))
+        return llaisys.from_buffer(self._map, info.dtype, info.shape, offset=info.offset)
+
+    def array(self, info: TensorInfo) -> np.ndarray:
+        """The stored values of ``info`` as a host numpy array: a read-only view of the mapping, or
+        the bytes read from the file now."""
+        info = self._known(info.name)
+        count = math.prod(info.shape)
+        if self._map is not None:
+            return np.frombuffer(self._map, dtype=info.dtype.numpy, count=count, offset=info.offset).reshape(info.shape)
+        data = np.empty(info.nbytes, dtype=np.uint8)
+        with open_regular(self.path) as f:
+            try:
+                f.seek(info.offset)
+                got = f.readinto(memoryview(data))
+            except OSError as e:
+                raise ModelLoadError(f"cannot read {self.path}: {e}") from None
+        if got != info.nbytes:
+            raise ModelLoadError(f"{self.path} changed while loading: tensor {info.name!r} is cut short "
+                                 f"({got} of {info.nbytes} bytes)")
+        return data.view(info.dtype.numpy).reshape(info.shape)
+
+    @property
+    def mapping(self) -> mmap.mmap | None:
+        """The file's memory map (None when loaded with ``mapped=False``)."""
+        return self._map
+
+    def _known(self, name: str) -> TensorInfo:
         info = self.infos[name]
         if info.dtype is None:
             raise ModelLoadError(f"{self.path}: tensor {name!r} has dtype {info.dtype_name}, which llaisys "
                                  f"does not support")
-        return llaisys.from_buffer(self._map, info.dtype, info.shape, offset=info.offset)
-
-    @property
-    def mapping(self) -> mmap.mmap:
-        return self._map
+        return info
 
     def release_pages(self, offset: int, nbytes: int) -> None:
         """Drop the pages of [offset, offset + nbytes) from this process's resident set once their
@@ -122,27 +153,25 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 class Checkpoint:
-    """The tensors of a HuggingFace safetensors directory: one file, or shards named by an index."""
+    """The tensors of a HuggingFace safetensors directory: one file, or shards named by an index.
 
-    def __init__(self, directory):
+    Only files inside ``directory`` are opened: an index may name shards by bare file name only.
+    ``mapped=False`` reads tensors into memory instead of mapping the files (see SafetensorsFile).
+    """
+
+    def __init__(self, directory, mapped: bool = True):
         self.directory = Path(directory)
         index_path = self.directory / INDEX_FILE
         self.files: list[SafetensorsFile] = []
         self.infos: dict[str, TensorInfo] = {}
-        if index_path.is_file():
-            try:
-                index = json.loads(index_path.read_text(encoding="utf-8"))
-                weight_map = index["weight_map"]
-                if not isinstance(weight_map, dict):
-                    raise TypeError("weight_map is not an object")
-            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-                raise ModelLoadError(f"{index_path} is not a valid safetensors index: {e!r}") from None
-            shards = {}
+        if index_path.exists():
+            shards: dict[str, SafetensorsFile] = {}
+            weight_map = _weight_map(index_path)
             for shard in sorted(set(weight_map.values())):
-                shard_path = self.directory / str(shard)
-                if not shard_path.is_file():
+                shard_path = self.directory / shard
+                if not shard_path.exists():
                     raise ModelLoadError(f"{index_path} names the shard {shard!r}, which does not exist")
-                shards[shard] = SafetensorsFile(shard_path)
+                shards[shard] = SafetensorsFile(shard_path, mapped)
             self.files = list(shards.values())
             for name, shard in weight_map.items():
                 info = shards[shard].infos.get(name)
@@ -155,7 +184,9 @@ class Checkpoint:
                 raise ModelLoadError(f"no weights in {self.directory}: expected model.safetensors or shards "
                                      f"with {INDEX_FILE}")
             for path in paths:
-                f = SafetensorsFile(path)
+                check_regular(path)  # before any is opened: a FIFO among them must not block the others
+            for path in paths:
+                f = SafetensorsFile(path, mapped)
                 self.files.append(f)
                 for name, info in f.infos.items():
                     if name in self.infos:
@@ -179,3 +210,21 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         return sum(i.nbytes for i in self.infos.values())
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    """The index's {tensor name: shard file name}, each shard a bare file name in the same directory."""
+    index = read_json_object(index_path)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ModelLoadError(f"{index_path} is not a valid safetensors index: 'weight_map' is not an object")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not _is_bare_file_name(shard):
+            raise ModelLoadError(f"{index_path}: weight_map places {shown(name)} in {shown(shard)}, which is not a file "
+                                 f"name inside the model directory")
+    return weight_map
+
+
+def _is_bare_file_name(name: str) -> bool:
+    """'model-00001-of-00002.safetensors' yes; '/etc/passwd', '../x', 'a/b', '' no."""
+    return name not in ("", ".", "..") and PurePath(name).name == name and "\\" not in name and "\0" not in name

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import secrets
 import time
 
 import llaisys
@@ -240,7 +241,7 @@ def generate_batch(model, prompts, max_new_tokens: int, top_k: int = 1, top_p: f
     ``kv_memory``: the KV pool's bytes (None: room for every sequence at full length; less makes the
     scheduler preempt and recompute, with the same results).
     """
-    from .generation import MASK64, check_sampling
+    from .generation import MASK64, check_max_new_tokens, check_sampling
 
     prompts = [model.check_input_ids(p) for p in prompts]
     if isinstance(seed, (list, tuple)):
@@ -249,7 +250,10 @@ def generate_batch(model, prompts, max_new_tokens: int, top_k: int = 1, top_p: f
         seeds = list(seed)
     else:
         seeds = [seed] * len(prompts)
-    seeds = [check_sampling(max_new_tokens, top_k, top_p, temperature, s) for s in seeds]
+    check_max_new_tokens(max_new_tokens)
+    for s in seeds:
+        check_sampling(top_k, top_p, temperature, s)
+    seeds = [secrets.randbits(63) if s is None else int(s) for s in seeds]
     if not prompts or max_new_tokens == 0:
         return [list(p) for p in prompts]
     eos = set(model.eos_token_ids if eos_token_ids is None else eos_token_ids)

@@ -2,41 +2,88 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from llaisys import LlaisysValueError
+
 from .errors import ModelLoadError
+from .files import check_regular, is_gguf
+
+# The files a HuggingFace tokenizer's vocabulary comes from (one of them must be there: given only
+# tokenizer_config.json, transformers quietly builds a tokenizer with an empty vocabulary).
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model")
+# Everything AutoTokenizer may open: each must be a regular file, or the load could block on a FIFO.
+TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 
 def load_tokenizer(path):
     """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file)."""
     from . import gguf
 
-    if gguf.is_gguf(path):  # hook: GGUF files (issue 15)
+    path = Path(path)
+    if is_gguf(path):  # hook: GGUF files (issue 15)
         return gguf.load_tokenizer(path)
-    # only tokenizers are used: keep transformers' "PyTorch was not found" advisory off the console
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    present = [name for name in TOKENIZER_FILES if (path / name).exists()]
+    for name in present:
+        check_regular(path / name)
+    if not any(name in present for name in VOCABULARY_FILES):
+        raise ModelLoadError(f"{path} has no tokenizer files: expected tokenizer.json (or tokenizer.model, or "
+                             f"vocab.json + merges.txt); copy them from the model's original directory")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # a dependency of llaisys-models, but say so if it is gone
         raise ModelLoadError(f"the tokenizer needs transformers ({e}); pip install transformers") from None
     try:
-        return AutoTokenizer.from_pretrained(str(Path(path)))
+        return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {type(e).__name__}: {e}") from None
 
 
+def check_text(text: str, what: str = "the prompt") -> None:
+    """A LlaisysValueError unless ``text`` is valid Unicode (text read with errors="surrogateescape",
+    as Python reads command-line arguments, carries each undecodable byte as a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(text[e.start])
+        byte = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        raise LlaisysValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start}") from None
+
+
 def encode(tokenizer, messages_or_text, chat: bool = True) -> list[int]:
     """Token ids of a prompt: a list of chat messages, or a text wrapped as one user message when
-    ``chat`` and the tokenizer has a chat template (else the bare text)."""
+    ``chat`` and the tokenizer has a chat template (else the bare text). A prompt that is not valid
+    text, or that the tokenizer turns into no tokens at all, is a LlaisysValueError naming it."""
     if isinstance(messages_or_text, str):
+        text = messages_or_text
+        check_text(text)
         if not (chat and getattr(tokenizer, "chat_template", None)):
-            return list(tokenizer(messages_or_text).input_ids)
-        messages = [{"role": "user", "content": messages_or_text}]
+            return _nonempty(list(tokenizer(text).input_ids), text, tokenizer)
+        messages = [{"role": "user", "content": text}]
     else:
         messages = messages_or_text
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+        for m in messages:
+            check_text(str(m.get("content", "")), f"the {m.get('role', 'chat')} message")
+        text = str(messages[-1].get("content", "")) if messages else ""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)
+
+
+class EmptyPromptError(LlaisysValueError):
+    """A prompt that gives no tokens: an empty text, or one whose every character the tokenizer drops."""
+
+
+def _nonempty(ids: list[int], text: str, tokenizer) -> list[int]:
+    if not ids and not text:
+        raise EmptyPromptError("the prompt is empty: it needs at least one token")
+    if not ids:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise EmptyPromptError(f"the prompt {shown!r} has no tokens in the vocabulary of the tokenizer from "
+                                f"{tokenizer.name_or_path} ({len(tokenizer)} tokens): it drops every character "
+                                f"of it")
+    return ids
 
 
 class IncrementalDecoder:

@@ -9,8 +9,7 @@ once on the host (numpy / ml_dtypes) and copied to the device.
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
+import re
 
 import llaisys
 
@@ -48,6 +47,21 @@ class Weights:
     layers: list[LayerWeights]
     norm: llaisys.Tensor
     lm_head: llaisys.Tensor  # the embedding itself when tie_word_embeddings
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_layer_count(checkpoint: Checkpoint, config: ModelConfig) -> None:
+    """config.json's layer count against the layers the checkpoint holds, before anything per layer is
+    built (a corrupt count such as 10**9 would otherwise cost minutes and then memory)."""
+    present = {int(m.group(1)) for name in checkpoint.infos if (m := _LAYER.match(name))}
+    layers = config.num_hidden_layers
+    if layers > len(present) or any(i not in present for i in range(layers)):
+        have = f"layers 0..{max(present)}" if present else "no decoder layers"
+        missing = next(i for i in range(layers) if i not in present)
+        raise ModelLoadError(f"{checkpoint.directory / 'config.json'} says num_hidden_layers = {layers}, but the "
+                             f"checkpoint has {have} ({len(present)} layers; layer {missing} is missing)")
 
 
 def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
@@ -109,22 +123,22 @@ def default_dtype(checkpoint: Checkpoint, config: ModelConfig) -> llaisys.DType:
 
 
 def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
-    """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both."""
-    if info.dtype == dtype:
+    """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both and mapped."""
+    if info.dtype == dtype and info.file.mapping is not None:
         mapped = info.file.tensor(info.name)
         if mapped.device == device:
             return mapped  # zero copy: the weight lives in the mapping
         tensor = mapped.to(device)
     else:
-        host = np.frombuffer(info.file.mapping, dtype=info.dtype.numpy, count=int(np.prod(info.shape)),
-                             offset=info.offset).reshape(info.shape)
-        tensor = llaisys.from_numpy(host.astype(dtype.numpy), device)
+        host = info.file.array(info)  # a view of the mapping, or the bytes just read
+        tensor = llaisys.from_numpy(host if info.dtype == dtype else host.astype(dtype.numpy), device)
     info.file.release_pages(info.offset, info.nbytes)  # copied: the mapped pages need not stay resident
     return tensor
 
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
                  progress: bool | None = None) -> Weights:
+    check_layer_count(checkpoint, config)
     top, layers = plan(config)
     infos = check(checkpoint, top, layers)
     cache: dict[str, llaisys.Tensor] = {}

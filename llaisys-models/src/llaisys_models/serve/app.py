@@ -22,7 +22,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..tokenizer import encode
+from llaisys import LlaisysValueError
+
+from ..tokenizer import EmptyPromptError, encode
 from . import metrics, schemas
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
 from .errors import APIError, error_body, invalid
@@ -88,13 +90,19 @@ class Server:
             raise invalid("this model's tokenizer has no chat template; use /v1/completions", "messages",
                           "no_chat_template")
 
+        param = "messages" if chat else "prompt"
+
         def run() -> list[int]:
             with self._tokenizer_lock:
-                if not chat:
-                    return encode(self.tokenizer, prompt, chat=False)
                 try:
-                    return encode(self.tokenizer, prompt)
+                    return encode(self.tokenizer, prompt, chat=chat)
+                except EmptyPromptError as e:  # says which text and which tokenizer
+                    raise invalid(str(e), param, "empty_prompt") from None
+                except LlaisysValueError as e:  # text that is not valid Unicode (a lone surrogate)
+                    raise invalid(str(e), param, "invalid_text") from None
                 except Exception as e:  # a template that rejects these messages (e.g. their order)
+                    if not chat:
+                        raise
                     raise invalid(f"the chat template cannot render these messages: {e}", "messages",
                                   "template_error") from None
         return await asyncio.to_thread(run)

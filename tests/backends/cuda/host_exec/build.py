@@ -29,11 +29,18 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++")
 
 
+# Each warp size is one real configuration: 32 as NVIDIA's (built for sm_80), 64 as Iluvatar CoreX's
+# (LLAISYS_COREX_CONFIG: compat.h's CoreX branch, built for ivcore20, which a compute capability 8.0 device is).
+CONFIGS = {
+    32: ['-DLLAISYS_CUDA_SASS="80"', '-DLLAISYS_CUDA_PTX=""'],
+    64: ["-DLLAISYS_COREX_CONFIG", '-DLLAISYS_COREX_ARCHS="ivcore20"'],
+}
+
+
 def flags(warp: int) -> list[str]:
     return ["-x", "c++", "-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror",
             "-Wno-unused-parameter", "-Wno-unknown-pragmas", "-DLLAISYS_HOST_EXEC", f"-DLLAISYS_WARP_SIZE={warp}",
-            f"-DLLAISYS_PREFIX={PREFIX}", '-DLLAISYS_CUDA_SASS="80"', '-DLLAISYS_CUDA_PTX=""',  # as if built for sm_80
-            f"-I{HERE}", f"-I{CSRC}", f"-I{CORE_INCLUDE}", *SANITIZERS]
+            f"-DLLAISYS_PREFIX={PREFIX}", *CONFIGS[warp], f"-I{HERE}", f"-I{CSRC}", f"-I{CORE_INCLUDE}", *SANITIZERS]
 
 
 def sources() -> list[Path]:

@@ -99,6 +99,10 @@ class HostExecDevice:
             raise SlotError(slot, status, message)
         return status, message, values
 
+    def string(self, slot: str) -> str:
+        """A slot that returns a string (build_info)."""
+        return self._request(("string", slot))[2]
+
     def op(self, name: str, *args):
         """An operator on the default stream: op(name, dtype-or-other args..., tensors as DevTensor)."""
         return self.call(name, 0, None, *(a.ptr if isinstance(a, DevTensor) else a for a in args))

@@ -257,6 +257,7 @@ enum cudaError_t {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorNotSupported = 801,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
 };
@@ -391,6 +392,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
         case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
         case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorNotSupported: return "cudaErrorNotSupported";
         default: return "cudaError";
     }
 }
@@ -402,23 +405,36 @@ inline cudaError_t cudaGetLastError() {
     llaisys_host_exec::state().last_error = cudaSuccess;
     return e;
 }
-inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = 13000; return cudaSuccess; }
-inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
-inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 namespace llaisys_host_exec {
-// The emulated device's warp size and compute capability; the tests change them (through the
-// environment) to see devices this build must refuse.
+// The emulated machine; the tests change it through the environment to see what the backend makes of
+// devices it must refuse and of runtimes that lack a feature:
+//   LLAISYS_HOST_EXEC_DEVICES=0          no device: cudaGetDeviceCount fails with cudaErrorNoDevice (what
+//                                        CoreX's runtime does without /dev/iluvatar* nodes)
+//   LLAISYS_HOST_EXEC_WARP, _CC          the device's warp size and compute capability (x10)
+//   LLAISYS_HOST_EXEC_MAX_THREADS        its threads-per-block limit
+//   LLAISYS_HOST_EXEC_UNSUPPORTED        "graphs", "wait_event": those calls answer cudaErrorNotSupported
 inline int env_int(const char* name, int fallback) {
     const char* text = std::getenv(name);
     return text && *text ? std::atoi(text) : fallback;
 }
+inline bool unsupported(const char* feature) {
+    const char* text = std::getenv("LLAISYS_HOST_EXEC_UNSUPPORTED");
+    return text && std::strstr(text, feature);
+}
 }  // namespace llaisys_host_exec
+inline cudaError_t cudaRuntimeGetVersion(int* v) { *v = 13000; return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* count) {
+    if (llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_DEVICES", 1) == 0) return cudaErrorNoDevice;
+    *count = 1;
+    return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
     if (device != 0) return cudaErrorInvalidDevice;
     const int capability = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_CC", 80);
     switch (attr) {
-        case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+        case cudaDevAttrMaxThreadsPerBlock: *value = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_MAX_THREADS", 1024); break;
         case cudaDevAttrMaxSharedMemoryPerBlock: *value = llaisys_host_exec::kSharedPerBlock; break;
         case cudaDevAttrWarpSize: *value = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_WARP", LLAISYS_WARP_SIZE); break;
         case cudaDevAttrMultiProcessorCount: *value = llaisys_host_exec::kSmCount; break;
@@ -486,8 +502,11 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
     *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
     return cudaSuccess;
 }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+    return llaisys_host_exec::unsupported("wait_event") ? cudaErrorNotSupported : cudaSuccess;
+}
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    if (llaisys_host_exec::unsupported("graphs")) return cudaErrorNotSupported;
     auto& st = llaisys_host_exec::state();
     if (!s || st.capturing) return cudaErrorStreamCaptureUnsupported;
     s->capturing = true;

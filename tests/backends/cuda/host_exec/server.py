@@ -4,7 +4,8 @@ Started by HostExecDevice (device.py) as ``python server.py LIBRARY PREFIX`` wit
 preloaded. Requests and replies are pickled tuples, each framed by an 8-byte length, on stdin / stdout.
 A request is (slot, args): args are ints, floats or None, lists of ints (passed as int64 arrays: the host
 arrays of rearrange) or an OUT marker (an output pointer whose value is returned). Two helper requests
-move bytes: ("upload", data) -> device pointer, ("download", ptr, nbytes) -> (status, data, error).
+move bytes: ("upload", data) -> device pointer, ("download", ptr, nbytes) -> (status, data, error);
+("string", slot) calls a slot that returns a string (build_info).
 The reply to a slot call is (status, last_error, outputs).
 """
 
@@ -94,6 +95,10 @@ def main(library: str, prefix: str):
                 buf = ctypes.create_string_buffer(data, len(data))
                 status, error, _ = call("memcpy", [0, ptr, ctypes.addressof(buf), len(data), 1])
             write_message(stdout, (status, error, ptr))
+        elif kind == "string":  # a slot that returns a string (build_info)
+            fn = getattr(lib, f"{prefix}_{request[1]}")
+            fn.restype, fn.argtypes = c_char_p, []
+            write_message(stdout, (0, "", fn().decode()))
         elif kind == "download":
             _, ptr, nbytes = request
             buf = ctypes.create_string_buffer(max(nbytes, 1))

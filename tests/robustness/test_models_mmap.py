@@ -1,0 +1,70 @@
+"""The documented limit of memory-mapped weights (README "Limits"), each case in a child process.
+
+Weights stored in the compute dtype are used straight from the mapped file. A file
+truncated in place under a loaded model then ends the process with SIGBUS at the next read
+of a lost page; ``load(..., mmap=False)`` copies the weights and is immune.
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import llaisys_models
+
+DEMO = llaisys_models.DEMO_MODEL_DIR
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    import llaisys_models
+    path, mmap = sys.argv[1], sys.argv[2] == "mmap"
+    model = llaisys_models.load(path, device="cpu", mmap=mmap)
+    before = model.generate([1, 2, 10, 3, 4, 11], 4)
+    os.truncate(os.path.join(path, "model.safetensors"), 0)  # rewritten in place, as `cp new old` does
+    after = model.generate([1, 2, 10, 3, 4, 11], 4)
+    print("same" if after == before else "different", flush=True)
+""")
+
+
+def no_core_dump():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+@pytest.mark.parametrize("mode", ["mmap", "copy"])
+def test_truncating_the_weights_under_a_loaded_model(tmp_path, mode):
+    if not (DEMO / "config.json").is_file():
+        pytest.skip("the demo model is not in this checkout yet")
+    path = shutil.copytree(DEMO, tmp_path / "demo")
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True,
+                          timeout=120, preexec_fn=no_core_dump)
+    if mode == "mmap":
+        assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-2000:]
+
+
+TORCH_WRITE = textwrap.dedent("""
+    import llaisys_models, torch
+    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu")
+    weight = torch.from_dlpack(model.weights.layers[0].q_proj)  # exported read-only; torch ignores the flag
+    weight.zero_()
+    print("written", flush=True)
+""")
+
+
+def test_torch_ignores_the_read_only_flag_of_mapped_weights():
+    """README "Limits": writing a mapped weight through torch.from_dlpack is a segfault (the pages are
+    read-only), since torch does not honour DLPack's read-only flag. If torch starts refusing the write,
+    this test fails: update the README."""
+    pytest.importorskip("torch")
+    if not (DEMO / "config.json").is_file():
+        pytest.skip("the demo model is not in this checkout yet")
+    proc = subprocess.run([sys.executable, "-c", TORCH_WRITE], capture_output=True, text=True, timeout=120,
+                          preexec_fn=no_core_dump)
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr[-2000:])
