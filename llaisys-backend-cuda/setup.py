@@ -114,8 +114,12 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     library = out_dir / LIBRARY
     runpath = ":".join([f"$ORIGIN/../{WHEEL_SUBDIR.as_posix()}/lib", *map(str, toolchain.system_lib_dirs)])
     cxx = os.environ.get("CXX", "g++")
+    # export llaisys_cuda_* only: -fvisibility=hidden alone still exports copies of std:: templates
+    exports_map = build_dir / "exports.map"
+    exports_map.write_text(f"{{ global: {PREFIX}_*; local: *; }};\n")
     cmd = [cxx, "-shared", "-static-libstdc++", "-static-libgcc", "-Wl,-z,defs", "-Wl,--enable-new-dtags",
-           f"-Wl,-rpath,{runpath}", *map(str, objects), *(f"-L{d}" for d in toolchain.library_dirs),
+           f"-Wl,-rpath,{runpath}", f"-Wl,--version-script={exports_map}", *map(str, objects),
+           *(f"-L{d}" for d in toolchain.library_dirs),
            "-l:libcudart.so.13", "-l:libcublas.so.13", "-ldl", "-lpthread", "-o", str(library)]
     print(" ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True)

@@ -44,18 +44,32 @@ def nan_filled(shape, dtype, device) -> llaisys.Tensor:
 
 
 def assert_close(actual: llaisys.Tensor, expected: torch.Tensor, tol: float | None = None):
-    """|actual - expected| <= tol + tol * |expected|, with expected rounded to actual's dtype."""
+    """|actual - expected| <= tol + tol * |expected|, with expected rounded to actual's dtype.
+
+    Non-finite values must match exactly: NaN where (and only where) the reference has NaN, so an
+    unwritten element of a NaN-filled output still shows when the reference holds NaN elsewhere;
+    +-inf only where the reference has the same infinity.
+    """
     tol = TOLERANCE[actual.dtype] if tol is None else tol
     got = to_torch(actual).to(torch.float64)
     want = expected.to(TORCH_DTYPES[actual.dtype]).to(torch.float64)
     assert got.shape == want.shape, f"shape {tuple(got.shape)} != expected {tuple(want.shape)}"
-    assert not torch.isnan(got).any() or torch.isnan(want).any(), "output has NaN (unwritten elements?)"
-    bad = (got - want).abs() > tol + tol * want.abs()
+    nan_mismatch = torch.isnan(got) != torch.isnan(want)
+    if nan_mismatch.any():
+        idx = tuple(int(i) for i in nan_mismatch.nonzero()[0])
+        raise AssertionError(f"{int(nan_mismatch.sum())} of {got.numel()} elements are NaN where the reference is "
+                             f"not, or the other way round (unwritten elements?); first at {idx}: got "
+                             f"{got[idx].item()}, expected {want[idx].item()}")
+    finite = torch.isfinite(want)
+    # where the reference is finite: within tolerance (an inf or NaN there fails the <=);
+    # where it is +-inf: exactly that infinity
+    bad = torch.where(finite, ~((got - want).abs() <= tol + tol * want.abs()), got != want) & ~torch.isnan(want)
     if bad.any():
         idx = tuple(int(i) for i in bad.nonzero()[0])
+        err = (got - want)[finite].abs()
         raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements differ beyond tol={tol}; "
                              f"first at {idx}: got {got[idx].item()}, expected {want[idx].item()}; "
-                             f"max abs err {(got - want).abs().max().item():.3g}")
+                             f"max abs err {err.max().item() if err.numel() else float('nan'):.3g}")
 
 
 def skip_without_kernels(device, ops, what: str) -> None:

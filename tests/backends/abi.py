@@ -1,23 +1,21 @@
-"""A backend's shared library bound straight from llaisys/backend.h, for the ABI probes.
+"""A backend's shared library bound straight from the ABI tables, for the ABI probes.
 
 The probes call the exported C functions with ctypes, below core's Python layer, so they see exactly what
-a library answers. Signatures, slot kinds ([required] / [optional] / [op]) and the codes come from parsing
-the header that core ships; nothing here restates the ABI by hand.
+a library answers. Signatures, slot kinds ([required] / [optional] / [op]) and the codes come from
+``llaisys.abi``, the Python mirror of llaisys/backend.h that tests/core/test_abi_header.py checks against
+the header (the one parser of the header); nothing here restates the ABI by hand.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-import llaisys
-
-HEADER = Path(llaisys.get_include()) / "llaisys" / "backend.h"
+from llaisys import abi
 
 
 @dataclass(frozen=True)
@@ -33,6 +31,7 @@ class LibrarySpec:
 # One line per native backend package (a new backend adds its own).
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu", all_ops=True),
+    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", all_ops=True),
     LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", all_ops=True),
 ]
 
@@ -44,43 +43,26 @@ class Slot:
     argtypes: tuple
 
 
-def _ctype(c_type: str):
-    c_type = " ".join(c_type.replace("const ", "").split())
-    if c_type.endswith("*"):
-        return ctypes.c_char_p if c_type == "char*" else ctypes.c_void_p
-    return {"int": ctypes.c_int, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "size_t": ctypes.c_size_t,
-            "double": ctypes.c_double, "float": ctypes.c_float}[c_type]
-
-
-def _parse_header() -> tuple[dict[str, Slot], dict[str, int]]:
-    text = HEADER.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    slots = {}
-    for kind, ret, name, args in re.findall(r"LLAISYS_(REQUIRED|OPTIONAL|OP)\s+([\w\s\*]+?)\s*LLAISYS_FN\((\w+)\)"
-                                            r"\s*\(([^)]*)\)\s*;", text):
-        params = [] if args.strip() == "void" else [a.strip() for a in args.split(",")]
-        argtypes = tuple(_ctype(re.sub(r"\w+$", "", p).strip()) for p in params)
-        ret = " ".join(ret.split())
-        restype = ctypes.c_char_p if ret == "const char*" else _ctype(ret)
-        slots[name] = Slot(kind, restype, argtypes)
-    codes = {name: int(value) for name, value in re.findall(r"\b(LLAISYS_[A-Z0-9_]+)\s*=\s*(\d+)", text)}
-    codes["LLAISYS_API_VERSION"] = int(re.search(r"#define LLAISYS_API_VERSION (\d+)", text).group(1))
+def _tables() -> tuple[dict[str, Slot], dict[str, int]]:
+    slots = {name: Slot(kind.name, restype, tuple(args)) for name, (kind, restype, args) in abi.RUNTIME_SLOTS.items()}
+    for op, args in abi.OP_SLOTS.items():
+        slots[op] = Slot("OP", ctypes.c_int, (*abi.OP_LEADING_ARGS, *args))
+    codes = {prefix + member.name: int(member) for _, enum, prefix in abi.ENUMS for member in enum}
+    codes["LLAISYS_API_VERSION"] = abi.API_VERSION
     return slots, codes
 
 
-SLOTS, CODES = _parse_header()
+SLOTS, CODES = _tables()
 OK, INVALID_ARGUMENT, RUNTIME_ERROR, OUT_OF_MEMORY, NOT_SUPPORTED = (
-    CODES[f"LLAISYS_{s}"] for s in ("OK", "INVALID_ARGUMENT", "RUNTIME_ERROR", "OUT_OF_MEMORY", "NOT_SUPPORTED"))
+    abi.Status.OK, abi.Status.INVALID_ARGUMENT, abi.Status.RUNTIME_ERROR, abi.Status.OUT_OF_MEMORY, abi.Status.NOT_SUPPORTED)
 
 
 def status_name(status: int) -> str:
-    names = {v: k for k, v in CODES.items() if k in ("LLAISYS_OK", "LLAISYS_INVALID_ARGUMENT", "LLAISYS_RUNTIME_ERROR",
-                                                     "LLAISYS_OUT_OF_MEMORY", "LLAISYS_NOT_SUPPORTED")}
-    return names.get(status, f"status {status}")
+    return f"LLAISYS_{abi.Status(status).name}" if status in abi.Status._value2member_map_ else f"status {status}"
 
 
 class Library:
-    """The exports of one backend library, typed from the header."""
+    """The exports of one backend library, typed from the ABI tables."""
 
     def __init__(self, backend: LibrarySpec):
         package = importlib.import_module(backend.package)

@@ -3,7 +3,8 @@
 import pytest
 
 import llaisys
-from llaisys.plugins import Registry, format_backend_report
+from llaisys.cli import format_backend_report
+from llaisys.plugins import Registry
 
 
 class FakeBackend(llaisys.Backend):
@@ -102,7 +103,7 @@ def test_missing_backend_error_text():
     with pytest.raises(llaisys.BackendUnavailableError) as e:
         reg.backend("cuda:1")
     assert str(e.value) == ("No llaisys backend provides 'cuda'. Installed: cpu. "
-                            "Install: pip install llaisys-backend-cuda")
+                            "Install it from the llaisys source tree: pip install ./llaisys-backend-cuda")
     with pytest.raises(llaisys.BackendUnavailableError, match="cpu:2 does not exist"):
         reg.backend("cpu:2")
 
@@ -112,9 +113,39 @@ def test_env_filter_restricts_loading():
     reg = registry(FakeEntryPoint("cpu", plugin("cpu", calls=calls)),
                    FakeEntryPoint("cuda", plugin("cuda", calls=calls)), env="cpu")
     assert calls == ["cpu"]
-    assert status(reg)[("cuda", "llaisys-backend-cuda")][0] == "disabled"
-    with pytest.raises(llaisys.BackendUnavailableError, match="LLAISYS_BACKENDS"):
+    assert status(reg)[("cuda", "llaisys-backend-cuda")] == ("disabled", "disabled by LLAISYS_BACKENDS=cpu")
+    with pytest.raises(llaisys.BackendUnavailableError) as e:
         reg.backend("cuda")
+    assert "installed but disabled by LLAISYS_BACKENDS=cpu; add 'cuda' to LLAISYS_BACKENDS" in str(e.value)
+    assert "pip install" not in str(e.value)  # it is installed: no install hint
+
+
+def test_install_hints_name_only_real_packages():
+    with pytest.warns(llaisys.LlaisysWarning, match="names 'cuda'"):
+        reg = registry(FakeEntryPoint("cpu", plugin("cpu")), env="cuda")
+    with pytest.raises(llaisys.BackendUnavailableError) as e:
+        reg.backend("nonsense")
+    assert str(e.value) == ("No llaisys backend provides 'nonsense'. Installed: none (cpu disabled by "
+                            "LLAISYS_BACKENDS=cuda). No llaisys package provides it (backend packages exist for "
+                            "cpu, cuda, iluvatar)")
+    with pytest.raises(llaisys.BackendUnavailableError, match=r"pip install \./llaisys-backend-iluvatar"):
+        reg.backend("iluvatar")
+
+
+def test_why_no_device_names_each_plugins_state():
+    assert registry().why_no_device() == ("no llaisys backend is installed. Install it from the llaisys source "
+                                          "tree: pip install ./llaisys-backend-cpu")
+    reg = registry(FakeEntryPoint("cpu", plugin("cpu")), FakeEntryPoint("cuda", plugin("cuda", devices=0)), env="cuda")
+    assert reg.available_devices() == []
+    assert reg.why_no_device() == ("no llaisys device is available: 'cpu' (llaisys-backend-cpu) disabled by "
+                                   "LLAISYS_BACKENDS=cuda; 'cuda' (llaisys-backend-cuda) no device: the runtime "
+                                   "reports 0 devices")
+
+
+def test_unknown_names_in_env_filter_warn_naming_the_installed_ones():
+    with pytest.warns(llaisys.LlaisysWarning, match=r"LLAISYS_BACKENDS=cpu,cdua names 'cdua'.*installed backends: "
+                                                    r"cpu, cuda"):
+        registry(FakeEntryPoint("cpu", plugin("cpu")), FakeEntryPoint("cuda", plugin("cuda")), env="cpu,cdua")
 
 
 def test_accelerators_come_first():
@@ -190,6 +221,15 @@ def test_report_table_lists_every_plugin():
     assert lines[0].split() == ["backend", "package", "version", "status", "devices", "details"]
     assert any(line.startswith("broken") and "failed" in line and "no module named foo" in line for line in lines)
     assert any(line.startswith("cpu") and "loaded" in line for line in lines)
+
+
+def test_cli_devices_names_each_device(capsys):
+    from llaisys.cli import main
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    cpu_line = next(line for line in out.splitlines() if line.strip().startswith("cpu:0"))
+    assert llaisys.plugins.registry().backend("cpu").device_name(0) in cpu_line
+    assert "threads" in cpu_line  # the CPU's name says its SIMD path and thread count
 
 
 def test_real_cpu_backend_is_discovered():

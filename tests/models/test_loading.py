@@ -216,6 +216,17 @@ def test_bad_dtype_and_device(tiny_models):
         llaisys_models.load(tiny_models.path(F32), device="nosuchdevice")
 
 
+def test_no_device_says_why(tiny_models, monkeypatch):
+    """With every backend disabled, load() says so (core's why_no_device), not "install llaisys-backend-cpu"."""
+    with pytest.warns(llaisys.LlaisysWarning, match="nosuchbackend"):  # an unknown name in LLAISYS_BACKENDS
+        registry = llaisys.plugins.Registry(env_filter="nosuchbackend")
+    monkeypatch.setattr(llaisys.plugins, "_registry", registry)
+    with pytest.raises(llaisys.BackendUnavailableError) as e:
+        llaisys_models.load(tiny_models.path(F32))
+    assert "disabled by LLAISYS_BACKENDS=nosuchbackend" in str(e.value), str(e.value)
+    assert "pip install llaisys-backend" not in str(e.value), "every backend is installed: none to install"
+
+
 def test_bad_prompts(tiny_models, device):
     model = llaisys_models.load(tiny_models.path(F32), device=device)
     vocab, limit = SPECS[F32].vocab, SPECS[F32].max_pos

@@ -285,7 +285,7 @@ def test_frontend_checks(device):
     fails("scale must be finite", scale=float("inf"))
     fails("must be contiguous", q=llaisys.zeros((2, 3, 8), f32, device).permute(1, 0, 2))
     args = _attention_args(device)
-    fails("out overlaps k_cache", out=args["k_cache"].view(12, 1, 8).slice(0, 0, 3).view(3, 1, 8),
+    fails("out and k_cache overlap", out=args["k_cache"].view(12, 1, 8).slice(0, 0, 3).view(3, 1, 8),
           q=llaisys.zeros((3, 1, 8), f32, device), k_cache=args["k_cache"],
           v_cache=llaisys.zeros((3, 4, 1, 8), f32, device), block_tables=args["block_tables"])
     # out may be q itself
@@ -302,7 +302,7 @@ def test_kv_write_frontend_checks(device):
     with pytest.raises(llaisys.LlaisysValueError, match="slot_mapping has dtype int32"):
         llaisys.ops.paged_kv_write(cache, llaisys.zeros((2, 4, 1, 8), f32, device), k, k, slots32)
     slots = llaisys.zeros((2,), llaisys.int64, device)
-    with pytest.raises(llaisys.LlaisysValueError, match="k_cache overlaps v_cache"):
+    with pytest.raises(llaisys.LlaisysValueError, match="k_cache and v_cache overlap"):
         llaisys.ops.paged_kv_write(cache, cache, k, k, slots)
     with pytest.raises(llaisys.LlaisysValueError, match="v has shape"):
         llaisys.ops.paged_kv_write(cache, llaisys.zeros((2, 4, 1, 8), f32, device), k,

@@ -1,22 +1,30 @@
 """llaisys: a plugin-based LLM inference SDK. Core: tensors, devices, ops and backend discovery."""
 
 from . import ops
-from .backend import Backend, NativeBackend
+from .abi import API_VERSION
+from .backend import Backend
 from .device import Device, as_device
 from .dlpack import from_dlpack
 from .dtype import DType, as_dtype, bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8
-from .errors import BackendUnavailableError, LlaisysError, LlaisysValueError
-from .memory import empty_cache, memory_stats, reset_peak_memory_stats
-from .native import get_include
-from .plugins import API_VERSION, BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
+from .errors import (
+    BackendUnavailableError,
+    LlaisysError,
+    LlaisysValueError,
+    LlaisysWarning,
+    NotSupportedError,
+    OutOfMemoryError,
+)
+from .memory import empty_cache, memory_stats, reset_peak_memory_stats, set_cache_limit
+from .native import NativeBackend, get_include
+from .plugins import BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
 from .stream import Stream, stream, synchronize
 from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 
 __all__ = [
     "API_VERSION", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "KernelOverride",
-    "LlaisysError", "LlaisysValueError", "NativeBackend", "Stream", "Tensor", "as_device", "as_dtype",
-    "available_devices",
-    "backend_report", "bfloat16", "bool_", "empty", "empty_cache", "float16", "float32", "float64",
-    "from_buffer", "from_dlpack", "from_numpy", "get_include", "hookimpl", "hookspec", "int8", "int32", "int64",
-    "memory_stats", "ops", "reset_peak_memory_stats", "stream", "synchronize", "uint8", "zeros",
+    "LlaisysError", "LlaisysValueError", "LlaisysWarning", "NativeBackend", "NotSupportedError", "OutOfMemoryError",
+    "Stream", "Tensor", "as_device", "as_dtype", "available_devices", "backend_report", "bfloat16", "bool_", "empty",
+    "empty_cache", "float16", "float32", "float64", "from_buffer", "from_dlpack", "from_numpy", "get_include",
+    "hookimpl", "hookspec", "int8", "int32", "int64", "memory_stats", "ops", "reset_peak_memory_stats",
+    "set_cache_limit", "stream", "synchronize", "uint8", "zeros",
 ]

@@ -1,11 +1,13 @@
-"""What a backend plugin provides: a device runtime and kernels, behind one object."""
+"""What a backend plugin provides: a device runtime, its capabilities and kernels, behind one object.
+
+This is the abstract interface only; ``llaisys.native.NativeBackend`` implements it over a
+compiled library, and a pure-Python backend may implement it directly.
+"""
 
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
-
-from .native import MemcpyKind, NativeLibrary
+from .abi import CAPABILITIES, DeviceAttr, MemcpyKind
+from .errors import LlaisysError, NotSupportedError
 
 DLPACK_CPU = 1
 DLPACK_CUDA = 2
@@ -14,20 +16,26 @@ DLPACK_CUDA = 2
 class Backend:
     """Base class of the object a ``BackendSpec.load()`` returns.
 
-    Device pointers, host pointers and stream handles are plain ints; ``stream=None``
-    is the default stream. ``kernel(op)`` returns ``fn(device_index, stream, *op_args)``
-    (op args exactly as the ``llaisys.ops`` frontend received them, already validated)
-    or None when the backend does not implement ``op``.
+    Device pointers, host pointers and stream/event/graph handles are plain ints; ``stream=None``
+    is the default stream. ``kernel(op)`` returns a callable with the op's C ABI signature
+    (``llaisys.abi.OP_SLOTS``): ``fn(device_index, stream, *c_args) -> status``, where the op
+    arguments are what the ``llaisys.ops`` frontend has validated and packed (dtype codes, sizes,
+    data pointers); or None when the backend does not implement ``op``. A non-zero status is
+    turned into an exception by ``raise_status``.
+
+    Optional capabilities (``llaisys.abi.CAPABILITIES``: events, graphs, pinned host memory,
+    peer copy, memory info, device attributes, ...) are reported by ``supports(name)``; the
+    methods of one that is not supported raise NotSupportedError.
     """
 
     name: str = "?"
     dlpack_device_type: int = DLPACK_CUDA
 
+    # -- required runtime ----------------------------------------------------------------------
+
     def device_count(self) -> int: raise NotImplementedError
     def malloc(self, device_index: int, nbytes: int) -> int: raise NotImplementedError
     def free(self, device_index: int, ptr: int) -> None: raise NotImplementedError
-    def malloc_host(self, nbytes: int) -> int: raise NotImplementedError
-    def free_host(self, ptr: int) -> None: raise NotImplementedError
     def memset(self, device_index: int, ptr: int, value: int, nbytes: int, stream=None) -> None:
         raise NotImplementedError
     def memcpy(self, device_index: int, dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
@@ -40,59 +48,60 @@ class Backend:
     def synchronize(self, device_index: int) -> None: raise NotImplementedError
     def kernel(self, op: str): return None
 
+    def raise_status(self, status: int, what: str):
+        """Raise the exception for a kernel's non-zero ``status`` (the backend's own message where it has one)."""
+        raise LlaisysError(f"{what} failed with status {status}")
 
-class NativeBackend(Backend):
-    """A backend whose runtime and kernels live in one shared library (see ``llaisys.native``)."""
+    def no_device_reason(self) -> str:
+        """Why ``device_count()`` returned 0 (e.g. "no NVIDIA driver"), or ""."""
+        return ""
 
-    def __init__(self, name: str, library: str | Path, prefix: str, dlpack_device_type: int = DLPACK_CUDA):
-        self.name = name
-        self.dlpack_device_type = dlpack_device_type
-        self.lib = NativeLibrary(library, prefix)
-        self.api_version = self.lib.api_version
+    # -- optional capabilities -------------------------------------------------------------------
 
-    def device_count(self) -> int:
-        count = ctypes.c_int(0)
-        self.lib.call("device_count", ctypes.byref(count))
-        return count.value
+    def supports(self, capability: str) -> bool:
+        """Whether the optional ``capability`` (a key of ``llaisys.abi.CAPABILITIES``) is available."""
+        if capability not in CAPABILITIES:
+            raise LlaisysError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
+        return False
 
-    def malloc(self, device_index, nbytes):
-        ptr = ctypes.c_void_p()
-        self.lib.call("malloc", device_index, nbytes, ctypes.byref(ptr))
-        return ptr.value or 0
+    def capabilities(self) -> dict[str, bool]:
+        return {name: self.supports(name) for name in CAPABILITIES}
 
-    def free(self, device_index, ptr):
-        self.lib.call("free", device_index, ptr)
+    def _unsupported(self, capability: str):
+        raise NotSupportedError(f"the '{self.name}' backend does not support {capability.replace('_', ' ')}")
 
-    def malloc_host(self, nbytes):
-        ptr = ctypes.c_void_p()
-        self.lib.call("malloc_host", nbytes, ctypes.byref(ptr))
-        return ptr.value or 0
+    def device_attribute(self, device_index: int, attr: DeviceAttr) -> int | None:
+        """The attribute's value, or None where the backend does not know it."""
+        return None
 
-    def free_host(self, ptr):
-        self.lib.call("free_host", ptr)
+    def host_addressable(self, device_index: int) -> bool:
+        """True if the host reads and writes this device's pointers directly (the CPU): copies are memmove."""
+        return self.device_attribute(device_index, DeviceAttr.HOST_ADDRESSABLE) == 1
 
-    def memset(self, device_index, ptr, value, nbytes, stream=None):
-        self.lib.call("memset", device_index, ptr, value, nbytes, stream)
+    def device_name(self, device_index: int) -> str:
+        return f"{self.name}:{device_index}"
 
-    def memcpy(self, device_index, dst, src, nbytes, kind):
-        self.lib.call("memcpy", device_index, dst, src, nbytes, int(kind))
+    def mem_info(self, device_index: int) -> tuple[int, int] | None:
+        """(free bytes, total bytes) as the driver sees them now, or None."""
+        return None
 
-    def memcpy_async(self, device_index, dst, src, nbytes, kind, stream):
-        self.lib.call("memcpy_async", device_index, dst, src, nbytes, int(kind), stream)
+    def build_info(self) -> str:
+        return ""
 
-    def stream_create(self, device_index):
-        stream = ctypes.c_void_p()
-        self.lib.call("stream_create", device_index, ctypes.byref(stream))
-        return stream.value or 0
+    def malloc_host(self, nbytes: int) -> int: self._unsupported("pinned_host")
+    def free_host(self, ptr: int) -> None: self._unsupported("pinned_host")
 
-    def stream_destroy(self, device_index, stream):
-        self.lib.call("stream_destroy", device_index, stream)
+    def memcpy_peer(self, dst_device: int, dst: int, src_device: int, src: int, nbytes: int, stream=None) -> None:
+        self._unsupported("peer_copy")
 
-    def stream_synchronize(self, device_index, stream):
-        self.lib.call("stream_synchronize", device_index, stream)
+    def event_create(self, device_index: int) -> int: self._unsupported("events")
+    def event_destroy(self, device_index: int, event: int) -> None: self._unsupported("events")
+    def event_record(self, device_index: int, event: int, stream=None) -> None: self._unsupported("events")
+    def event_synchronize(self, device_index: int, event: int) -> None: self._unsupported("events")
+    def stream_wait_event(self, device_index: int, stream, event: int) -> None: self._unsupported("events")
+    def event_elapsed_ms(self, device_index: int, start: int, end: int) -> float: self._unsupported("event_timing")
 
-    def synchronize(self, device_index):
-        self.lib.call("device_synchronize", device_index)
-
-    def kernel(self, op):
-        return self.lib.kernel(op)
+    def graph_begin_capture(self, device_index: int, stream) -> None: self._unsupported("graphs")
+    def graph_end_capture(self, device_index: int, stream) -> int: self._unsupported("graphs")
+    def graph_launch(self, device_index: int, graph: int, stream=None) -> None: self._unsupported("graphs")
+    def graph_destroy(self, device_index: int, graph: int) -> None: self._unsupported("graphs")

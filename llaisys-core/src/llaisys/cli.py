@@ -7,14 +7,45 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+import warnings
 
 COMMANDS_GROUP = "llaisys.commands"
 
 
+def format_backend_report(records) -> str:
+    """``backend_report()`` as a table: one row per plugin, the reason last."""
+    rows = [("backend", "package", "version", "status", "devices", "details")]
+    rows += [(r.name, r.package, r.version, r.status, str(r.devices), r.reason) for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5] for row in rows]
+    if not records:
+        lines.append("(no llaisys backend installed: pip install ./llaisys-backend-cpu from the llaisys source tree)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_devices(records) -> str:
+    """Each available device with the name its backend gives it (the CPU's names its SIMD path and threads)."""
+    lines = []
+    for r in records:
+        if r.status != "loaded":
+            continue
+        for index in range(r.devices):
+            try:
+                name = r.backend.device_name(index)
+            except Exception as e:  # a listing must not fail because one backend cannot name its device
+                name = f"(no name: {e})"
+            lines.append(f"  {r.name}:{index}  {name}")
+    return "\n".join(lines)
+
+
 def _devices(args) -> int:
-    from .plugins import available_devices, backend_report, format_backend_report
-    print(format_backend_report(backend_report()))
-    print(f"\navailable devices: {', '.join(map(str, available_devices())) or 'none'}")
+    from .plugins import available_devices, backend_report
+    records = backend_report()
+    print(format_backend_report(records))
+    devices = available_devices()
+    print(f"\navailable devices: {', '.join(map(str, devices)) or 'none'}")
+    if devices:
+        print(format_devices(records))
     return 0
 
 
@@ -31,7 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings() -> None:
+    """Show llaisys' own warnings as one line ("llaisys: warning: ..."), without a source line."""
+    from .errors import LlaisysWarning
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if issubclass(category, LlaisysWarning):
+            return f"llaisys: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+    warnings.formatwarning = format_warning
+
+
 def main(argv=None) -> int:
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

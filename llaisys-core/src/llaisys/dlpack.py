@@ -11,6 +11,7 @@ import itertools
 import math
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
+from .abi import INT64_MAX
 from .backend import DLPACK_CPU, DLPACK_CUDA
 from .device import Device
 from .dtype import from_dlpack_code
@@ -20,6 +21,7 @@ from .storage import Storage
 
 DLPACK_CUDA_HOST = 3
 FLAG_READ_ONLY = 1
+MAX_NDIM = 64
 
 
 class DLDevice(Structure):
@@ -143,7 +145,7 @@ class _ImportedMemory:
 
 def from_dlpack(obj):
     """A llaisys tensor sharing memory with ``obj`` (torch, numpy, ... or a DLPack capsule)."""
-    from .tensor import Tensor
+    from .tensor import Tensor, contiguous_strides
 
     if hasattr(obj, "__dlpack__"):
         try:
@@ -170,19 +172,26 @@ def from_dlpack(obj):
 
     dl = managed.dl_tensor
     dtype = from_dlpack_code(dl.dtype.code, dl.dtype.bits, dl.dtype.lanes)
+    if not 0 <= dl.ndim <= MAX_NDIM:
+        raise LlaisysValueError(f"from_dlpack: ndim {dl.ndim} is outside [0, {MAX_NDIM}]")
     shape = tuple(dl.shape[i] for i in range(dl.ndim))
-    if dl.strides:
-        strides = tuple(dl.strides[i] for i in range(dl.ndim))
-    else:
-        from .tensor import contiguous_strides
-        strides = contiguous_strides(shape)
+    if any(s < 0 for s in shape):
+        raise LlaisysValueError(f"from_dlpack: negative sizes in shape {shape}")
+    strides = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else contiguous_strides(shape)
     if any(s < 0 for s in strides):
         raise LlaisysValueError(f"from_dlpack: negative strides {strides} are not supported; pass a copy")
     device = _device_from_dlpack(dl.device.device_type, dl.device.device_id)
     numel = math.prod(shape)
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if numel else 0
-    storage = Storage.external((dl.data or 0) + dl.byte_offset, extent * dtype.itemsize, device, owner,
-                               readonly=readonly)
+    nbytes = extent * dtype.itemsize
+    if numel > INT64_MAX or nbytes > INT64_MAX:
+        raise LlaisysValueError(f"from_dlpack: shape {shape} with strides {strides} spans {nbytes} bytes, "
+                                f"beyond the int64 limit")
+    if numel and not dl.data:
+        raise LlaisysValueError(f"from_dlpack: a tensor of shape {shape} has a null data pointer")
+    host = dl.device.device_type in (DLPACK_CPU, DLPACK_CUDA_HOST)
+    storage = Storage.external((dl.data or 0) + dl.byte_offset, nbytes, device, owner, readonly=readonly,
+                               host=True if host else None)
     return Tensor(storage, shape, strides, dtype)
 
 

@@ -7,24 +7,29 @@ import enum
 import ml_dtypes
 import numpy as np
 
+from .abi import DTypeCode
 from .errors import LlaisysValueError
 
 
 class DType(enum.Enum):
     # value = (code passed to kernels, itemsize, numpy dtype, DLPack (code, bits))
-    float32 = (0, 4, np.dtype(np.float32), (2, 32))
-    float16 = (1, 2, np.dtype(np.float16), (2, 16))
-    bfloat16 = (2, 2, np.dtype(ml_dtypes.bfloat16), (4, 16))
-    float64 = (3, 8, np.dtype(np.float64), (2, 64))
-    int8 = (4, 1, np.dtype(np.int8), (0, 8))
-    int32 = (5, 4, np.dtype(np.int32), (0, 32))
-    int64 = (6, 8, np.dtype(np.int64), (0, 64))
-    uint8 = (7, 1, np.dtype(np.uint8), (1, 8))
-    bool_ = (8, 1, np.dtype(np.bool_), (6, 8))
+    float32 = (DTypeCode.F32, 4, np.dtype(np.float32), (2, 32))
+    float16 = (DTypeCode.F16, 2, np.dtype(np.float16), (2, 16))
+    bfloat16 = (DTypeCode.BF16, 2, np.dtype(ml_dtypes.bfloat16), (4, 16))
+    float64 = (DTypeCode.F64, 8, np.dtype(np.float64), (2, 64))
+    int8 = (DTypeCode.I8, 1, np.dtype(np.int8), (0, 8))
+    int32 = (DTypeCode.I32, 4, np.dtype(np.int32), (0, 32))
+    int64 = (DTypeCode.I64, 8, np.dtype(np.int64), (0, 64))
+    uint8 = (DTypeCode.U8, 1, np.dtype(np.uint8), (1, 8))
+    bool_ = (DTypeCode.BOOL, 1, np.dtype(np.bool_), (6, 8))
+
+    # Members are singletons compared by identity: hash them by identity too (C speed, unlike Enum's).
+    __hash__ = object.__hash__
 
     @property
     def code(self) -> int:
-        return self.value[0]
+        """The llaisys_dtype_t code of ``llaisys/backend.h``."""
+        return int(self.value[0])
 
     @property
     def itemsize(self) -> int:

@@ -11,3 +11,15 @@ class LlaisysValueError(LlaisysError, ValueError):
 
 class BackendUnavailableError(LlaisysError, RuntimeError):
     """A device was asked for whose backend is missing, broken or has no device."""
+
+
+class OutOfMemoryError(LlaisysError, MemoryError):
+    """A device allocation failed; the message says how many bytes were asked for."""
+
+
+class NotSupportedError(LlaisysError):
+    """A backend does not implement an optional capability (events, graphs, peer copy, ...)."""
+
+
+class LlaisysWarning(UserWarning):
+    """Something llaisys works around but the user should fix (e.g. an unknown name in LLAISYS_BACKENDS)."""

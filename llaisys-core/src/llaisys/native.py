@@ -1,45 +1,25 @@
-"""The C ABI every compiled backend exports, bound once with ctypes.
+"""Compiled backends: a shared library bound with ctypes from the tables of ``llaisys.abi``.
 
-The ABI is defined in one place, the C header ``llaisys/backend.h`` that core ships
-(``llaisys.get_include()``): status codes, dtype codes, memcpy kinds, the API version and
-every slot with its contract. The tables below mirror it for ctypes, and
-``tests/core/test_abi_header.py`` checks that they do. A backend library exports
-``<prefix>_<slot>``; ops are ``int <prefix>_<op>(int device, void* stream, ...)`` with the
-arguments of ``OP_SIGNATURES``. An operator whose symbol is missing is reported as not
-implemented by that backend.
+A backend library exports ``<prefix>_<slot>`` for the slots of ``llaisys/backend.h`` (the C
+header core ships: ``get_include()``). Required slots must all be there or the library does
+not load; a missing optional slot makes its capability "not supported"; a missing operator
+is reported as not implemented when it is first used.
 """
 
 from __future__ import annotations
 
 import ctypes
-import enum
-from ctypes import c_char_p, c_double, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import c_int, c_int64, c_size_t, c_void_p
 from pathlib import Path
 
-from .errors import LlaisysError, LlaisysValueError
+from .abi import CAPABILITIES, OP_LEADING_ARGS, OP_SLOTS, REQUIRED, RUNTIME_SLOTS, DeviceAttr, MemcpyKind, Numerics, Status
+from .backend import DLPACK_CUDA, Backend
+from .errors import LlaisysError, LlaisysValueError, NotSupportedError, OutOfMemoryError
 
+__all__ = ["MemcpyKind", "NativeBackend", "NativeLibrary", "Numerics", "Status", "get_include"]
 
-class Status(enum.IntEnum):
-    OK = 0
-    INVALID_ARGUMENT = 1  # raised as LlaisysValueError
-    RUNTIME_ERROR = 2
-    OUT_OF_MEMORY = 3
-    NOT_SUPPORTED = 4
-
-
-class MemcpyKind(enum.IntEnum):
-    H2H = 0
-    H2D = 1
-    D2H = 2
-    D2D = 3
-
-
-class Numerics(enum.IntEnum):
-    EXACT = 0  # f32 inside, one rounding to the output dtype
-    HF = 1  # round where HF transformers' eager forward rounds
-
-
-NUMERICS_EXACT = int(Numerics.EXACT)
+_STATUS_ERRORS = {Status.INVALID_ARGUMENT: LlaisysValueError, Status.OUT_OF_MEMORY: OutOfMemoryError,
+                  Status.NOT_SUPPORTED: NotSupportedError}
 
 
 def get_include() -> str:
@@ -47,86 +27,8 @@ def get_include() -> str:
     return str(Path(__file__).with_name("include"))
 
 
-_p = c_void_p
-_i64 = c_int64
-# op name -> argument types after (int device, void* stream)
-OP_SIGNATURES: dict[str, list] = {
-    # dtype, n, c, a, b
-    "add": [c_int, _i64, _p, _p, _p],
-    # dtype, n, max_idx (int64*), max_val, vals
-    "argmax": [c_int, _i64, _p, _p, _p],
-    # dtype, n_index, dim, vocab, out [n,dim], index int64 [n], weight [vocab,dim]
-    "embedding": [c_int, _i64, _i64, _i64, _p, _p, _p],
-    # dtype, M, N, K, out [M,N], x [M,K], weight [N,K], bias [N] or NULL
-    "linear": [c_int, _i64, _i64, _i64, _p, _p, _p, _p],
-    # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
-    "rearrange": [c_int, c_int, _p, _p, _p, _p, _p],
-    # dtype, numerics, rows, dim, eps, out, x, weight
-    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
-    # dtype, numerics, seq, heads, head_dim, theta, out, x, pos_ids int64 [seq]
-    "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
-    # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
-    "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
-    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
-    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
-    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
-    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
-                        _p, _p, _p, _p, _p, _p, _p],
-    # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
-    "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
-    # dtype, numerics, n, out, gate, up
-    "swiglu": [c_int, c_int, _i64, _p, _p, _p],
-    # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
-    "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
-}
-
-
-def _shape_array(values) -> ctypes.Array:
-    return (c_int64 * len(values))(*values)
-
-
-# op name -> packer(*op args) -> C arguments after (device, stream)
-_PACKERS = {
-    "add": lambda c, a, b: (c.dtype.code, c.numel(), c.data_ptr(), a.data_ptr(), b.data_ptr()),
-    "argmax": lambda max_idx, max_val, vals: (
-        vals.dtype.code, vals.numel(), max_idx.data_ptr(), max_val.data_ptr(), vals.data_ptr()),
-    "embedding": lambda out, index, weight: (
-        out.dtype.code, index.shape[0], weight.shape[1], weight.shape[0],
-        out.data_ptr(), index.data_ptr(), weight.data_ptr()),
-    "linear": lambda out, x, weight, bias: (
-        out.dtype.code, x.shape[0], weight.shape[0], weight.shape[1],
-        out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None),
-    "rearrange": lambda out, x: (
-        out.dtype.itemsize, out.ndim, _shape_array(out.shape),
-        out.data_ptr(), _shape_array(out.strides), x.data_ptr(), _shape_array(x.strides)),
-    "rms_norm": lambda out, x, weight, eps: (
-        out.dtype.code, NUMERICS_EXACT, x.numel() // x.shape[-1], x.shape[-1], eps,
-        out.data_ptr(), x.data_ptr(), weight.data_ptr()),
-    "rope": lambda out, x, pos_ids, theta: (
-        out.dtype.code, NUMERICS_EXACT, x.shape[0], x.shape[1], x.shape[2], theta,
-        out.data_ptr(), x.data_ptr(), pos_ids.data_ptr()),
-    "self_attention": lambda out, q, k, v, scale: (
-        out.dtype.code, NUMERICS_EXACT, q.shape[0], k.shape[0], q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
-        out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()),
-    "paged_attention": lambda out, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: (
-        out.dtype.code, NUMERICS_EXACT, q.shape[0], block_tables.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
-        v_cache.shape[3], k_cache.shape[0], k_cache.shape[1], block_tables.shape[1], scale,
-        out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-        seq_lens.data_ptr(), query_start.data_ptr()),
-    "paged_kv_write": lambda k_cache, v_cache, k, v, slot_mapping: (
-        k.dtype.code, k.shape[0], k.shape[1], k.shape[2], v.shape[2], k_cache.shape[0] * k_cache.shape[1],
-        k_cache.data_ptr(), v_cache.data_ptr(), k.data_ptr(), v.data_ptr(), slot_mapping.data_ptr()),
-    "swiglu": lambda out, gate, up: (
-        out.dtype.code, NUMERICS_EXACT, out.numel(), out.data_ptr(), gate.data_ptr(), up.data_ptr()),
-    "sample": lambda out_idx, logits, temperature, top_k, top_p, seed: (
-        logits.dtype.code, logits.numel(), out_idx.data_ptr(), logits.data_ptr(),
-        temperature, top_k, top_p, seed),
-}
-assert _PACKERS.keys() == OP_SIGNATURES.keys()
-
-
 class NativeLibrary:
-    """A backend's shared library with its exports bound and its status codes checked."""
+    """A backend's shared library with its runtime slots bound and its status codes turned into exceptions."""
 
     def __init__(self, path: str | Path, prefix: str):
         self.path = str(path)
@@ -135,54 +37,187 @@ class NativeLibrary:
             self._lib = ctypes.CDLL(self.path)
         except OSError as e:
             raise LlaisysError(f"cannot load native library {self.path}: {e}") from e
-        self._last_error = self._bind("last_error", c_char_p, [])
-        self.api_version = self._bind("api_version", c_int, [])()
-        sigs = {
-            "device_count": [_p],
-            "malloc": [c_int, c_size_t, _p], "free": [c_int, _p],
-            "malloc_host": [c_size_t, _p], "free_host": [_p],
-            "memset": [c_int, _p, c_int, c_size_t, _p],
-            "memcpy": [c_int, _p, _p, c_size_t, c_int],
-            "memcpy_async": [c_int, _p, _p, c_size_t, c_int, _p],
-            "stream_create": [c_int, _p], "stream_destroy": [c_int, _p],
-            "stream_synchronize": [c_int, _p], "device_synchronize": [c_int],
-        }
-        self._rt = {name: self._bind(name, c_int, argtypes) for name, argtypes in sigs.items()}
+        self.slots = {name: self._bind(name, restype, argtypes) for name, (_, restype, argtypes) in RUNTIME_SLOTS.items()}
+        missing = [f"{prefix}_{name}" for name, (kind, _, _) in RUNTIME_SLOTS.items()
+                   if kind is REQUIRED and self.slots[name] is None]
+        if missing:
+            raise LlaisysError(f"{self.path} does not export the required slot(s) {', '.join(missing)} "
+                               f"of llaisys/backend.h (built for another llaisys API version or another prefix?)")
+        self.api_version = self.slots["api_version"]()
 
-    def _bind(self, name: str, restype, argtypes, required: bool = True):
-        symbol = f"{self.prefix}_{name}"
-        fn = getattr(self._lib, symbol, None)
-        if fn is None:
-            if required:
-                raise LlaisysError(f"{self.path} does not export {symbol}")
-            return None
-        fn.restype = restype
-        fn.argtypes = argtypes
+    def _bind(self, name: str, restype, argtypes):
+        fn = getattr(self._lib, f"{self.prefix}_{name}", None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
         return fn
 
-    def raise_status(self, status: int, what: str):
-        message = (self._last_error() or b"").decode(errors="replace") or "no message"
-        cls = LlaisysValueError if status == Status.INVALID_ARGUMENT else LlaisysError
-        raise cls(f"{what}: {message}")
+    def exports(self, slot: str) -> bool:
+        return self.slots.get(slot) is not None
 
-    def call(self, name: str, *args):
-        status = self._rt[name](*args)
+    def last_error(self) -> str:
+        return (self.slots["last_error"]() or b"").decode(errors="replace")
+
+    def raise_status(self, status: int, what: str):
+        cls = _STATUS_ERRORS.get(status, LlaisysError)
+        raise cls(f"{what}: {self.last_error() or f'failed with status {status}'}")
+
+    def call(self, slot: str, *args) -> None:
+        status = self.slots[slot](*args)
         if status:
-            self.raise_status(status, f"{self.prefix}_{name}")
+            self.raise_status(status, f"{self.prefix}_{slot}")
 
     def kernel(self, op: str):
-        """A callable ``kernel(device_index, stream, *op_args)`` or None if not exported."""
-        fn = self._bind(op, c_int, [c_int, c_void_p, *OP_SIGNATURES[op]], required=False)
-        if fn is None:
+        """The operator's export with its argument types set, or None if the library lacks it."""
+        return self._bind(op, c_int, [*OP_LEADING_ARGS, *OP_SLOTS[op]])
+
+
+class NativeBackend(Backend):
+    """A backend whose runtime and kernels live in one shared library exporting ``<prefix>_<slot>``."""
+
+    def __init__(self, name: str, library: str | Path, prefix: str, dlpack_device_type: int = DLPACK_CUDA):
+        self.name = name
+        self.dlpack_device_type = dlpack_device_type
+        self.lib = NativeLibrary(library, prefix)
+        self.api_version = self.lib.api_version
+        self._attributes: dict[tuple[int, int], int | None] = {}
+
+    # -- required runtime ----------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        count = c_int(0)
+        self.lib.call("device_count", ctypes.byref(count))
+        return count.value
+
+    def no_device_reason(self) -> str:
+        return self.lib.last_error()
+
+    def malloc(self, device_index, nbytes):
+        ptr = c_void_p()
+        self.lib.call("malloc", device_index, nbytes, ctypes.byref(ptr))
+        return ptr.value or 0
+
+    def free(self, device_index, ptr):
+        self.lib.call("free", device_index, ptr)
+
+    def memset(self, device_index, ptr, value, nbytes, stream=None):
+        self.lib.call("memset", device_index, ptr, value, nbytes, stream)
+
+    def memcpy(self, device_index, dst, src, nbytes, kind):
+        self.lib.call("memcpy", device_index, dst, src, nbytes, int(kind))
+
+    def memcpy_async(self, device_index, dst, src, nbytes, kind, stream):
+        self.lib.call("memcpy_async", device_index, dst, src, nbytes, int(kind), stream)
+
+    def stream_create(self, device_index):
+        return self._create("stream_create", device_index)
+
+    def stream_destroy(self, device_index, stream):
+        self.lib.call("stream_destroy", device_index, stream)
+
+    def stream_synchronize(self, device_index, stream):
+        self.lib.call("stream_synchronize", device_index, stream)
+
+    def synchronize(self, device_index):
+        self.lib.call("device_synchronize", device_index)
+
+    def kernel(self, op):
+        return self.lib.kernel(op)
+
+    def raise_status(self, status, what):
+        self.lib.raise_status(status, f"{self.lib.prefix}_{what}")
+
+    def _create(self, slot: str, *args) -> int:
+        handle = c_void_p()
+        self.lib.call(slot, *args, ctypes.byref(handle))
+        return handle.value or 0
+
+    # -- optional capabilities -------------------------------------------------------------------
+
+    def supports(self, capability):
+        super().supports(capability)  # rejects unknown names
+        return all(self.lib.exports(slot) for slot in CAPABILITIES[capability])
+
+    def _optional(self, capability: str, slot: str, *args) -> None:
+        if not self.supports(capability):
+            self._unsupported(capability)
+        self.lib.call(slot, *args)
+
+    def device_attribute(self, device_index, attr):
+        key = (device_index, int(attr))
+        if key not in self._attributes:  # attributes do not change while the process runs
+            value = None
+            if self.supports("device_attributes"):
+                out = c_int64(0)
+                status = self.lib.slots["device_attribute"](device_index, int(attr), ctypes.byref(out))
+                if status == Status.OK:
+                    value = out.value
+                elif status != Status.NOT_SUPPORTED:
+                    self.lib.raise_status(status, f"{self.lib.prefix}_device_attribute({DeviceAttr(attr).name})")
+            self._attributes[key] = value
+        return self._attributes[key]
+
+    def device_name(self, device_index):
+        if not self.supports("device_name"):
+            return super().device_name(device_index)
+        buf = ctypes.create_string_buffer(256)
+        self.lib.call("device_name", device_index, buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def mem_info(self, device_index):
+        if not self.supports("mem_info"):
             return None
-        pack = _PACKERS[op]
-        raise_status = self.raise_status
-        what = f"{self.prefix}_{op}"
+        free, total = c_size_t(0), c_size_t(0)
+        self.lib.call("mem_info", device_index, ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
 
-        def call(device_index, stream, *args):
-            status = fn(device_index, stream, *pack(*args))
-            if status:
-                raise_status(status, what)
+    def build_info(self):
+        return (self.lib.slots["build_info"]() or b"").decode(errors="replace") if self.supports("build_info") else ""
 
-        call.__name__ = what
-        return call
+    def malloc_host(self, nbytes):
+        if not self.supports("pinned_host"):
+            self._unsupported("pinned_host")
+        return self._create("malloc_host", nbytes)
+
+    def free_host(self, ptr):
+        self._optional("pinned_host", "free_host", ptr)
+
+    def memcpy_peer(self, dst_device, dst, src_device, src, nbytes, stream=None):
+        self._optional("peer_copy", "memcpy_peer", dst_device, dst, src_device, src, nbytes, stream)
+
+    def event_create(self, device_index):
+        if not self.supports("events"):
+            self._unsupported("events")
+        return self._create("event_create", device_index)
+
+    def event_destroy(self, device_index, event):
+        self._optional("events", "event_destroy", device_index, event)
+
+    def event_record(self, device_index, event, stream=None):
+        self._optional("events", "event_record", device_index, event, stream)
+
+    def event_synchronize(self, device_index, event):
+        self._optional("events", "event_synchronize", device_index, event)
+
+    def stream_wait_event(self, device_index, stream, event):
+        self._optional("events", "stream_wait_event", device_index, stream, event)
+
+    def event_elapsed_ms(self, device_index, start, end):
+        ms = ctypes.c_float(0.0)
+        self._optional("event_timing", "event_elapsed_ms", device_index, start, end, ctypes.byref(ms))
+        return ms.value
+
+    def graph_begin_capture(self, device_index, stream):
+        self._optional("graphs", "graph_begin_capture", device_index, stream)
+
+    def graph_end_capture(self, device_index, stream):
+        if not self.supports("graphs"):
+            self._unsupported("graphs")
+        return self._create("graph_end_capture", device_index, stream)
+
+    def graph_launch(self, device_index, graph, stream=None):
+        self._optional("graphs", "graph_launch", device_index, graph, stream)
+
+    def graph_destroy(self, device_index, graph):
+        self._optional("graphs", "graph_destroy", device_index, graph)
+

@@ -10,18 +10,21 @@ import dataclasses
 import importlib.metadata
 import os
 import threading
+import warnings
 from collections.abc import Callable
 
 import pluggy
 
+from .abi import API_VERSION
 from .backend import Backend
 from .device import Device, as_device
-from .errors import BackendUnavailableError, LlaisysError
+from .errors import BackendUnavailableError, LlaisysError, LlaisysWarning
 
-API_VERSION = 2  # LLAISYS_API_VERSION of include/llaisys/backend.h
 PROJECT = "llaisys"
 ENTRY_POINT_GROUP = "llaisys.backends"
 ENV_FILTER = "LLAISYS_BACKENDS"
+# Device types with a llaisys backend package (installed from its folder of the llaisys source tree)
+KNOWN_PACKAGES = {"cpu": "llaisys-backend-cpu", "cuda": "llaisys-backend-cuda", "iluvatar": "llaisys-backend-iluvatar"}
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -43,7 +46,7 @@ class KernelOverride:
 
     op: str
     device_type: str
-    kernel: Callable  # kernel(device_index, stream, *op_args)
+    kernel: Callable  # kernel(device_index, stream, *c_args) -> status, the op's C ABI (llaisys.abi.OP_SLOTS)
     priority: int = 0
 
 
@@ -72,7 +75,11 @@ class BackendRecord:
 
 
 def _install_hint(device_type: str) -> str:
-    return f"pip install llaisys-backend-{device_type}"
+    """How to get a backend for ``device_type``, naming only packages that exist."""
+    package = KNOWN_PACKAGES.get(device_type)
+    if package is None:
+        return f"No llaisys package provides it (backend packages exist for {', '.join(KNOWN_PACKAGES)})"
+    return f"Install it from the llaisys source tree: pip install ./{package}"
 
 
 class Registry:
@@ -85,15 +92,25 @@ class Registry:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         if env_filter is None:
             env_filter = os.environ.get(ENV_FILTER, "")
+        self.env_filter = env_filter.strip()
         self.allowed = {n.strip() for n in env_filter.split(",") if n.strip()} or None
         self.records: list[BackendRecord] = []
         self.backends: dict[str, BackendRecord] = {}
         self._overrides: dict[tuple[str, str], KernelOverride] = {}
-        self._kernels: dict[tuple[str, str], Callable] = {}
+        self._kernels: dict[tuple[str, str], tuple[Callable, Callable]] = {}  # the one kernel cache
         self._allocators: dict[Device, object] = {}
         self._lock = threading.Lock()
+        entry_points = list(entry_points)
         for ep in entry_points:
             self._load_entry_point(ep)
+        self._warn_unknown_filter_names({ep.name for ep in entry_points})
+
+    def _warn_unknown_filter_names(self, installed: set[str]) -> None:
+        unknown = sorted((self.allowed or set()) - installed)
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            warnings.warn(f"{ENV_FILTER}={self.env_filter} names {names}, which no installed backend provides; "
+                          f"installed backends: {', '.join(sorted(installed)) or 'none'}", LlaisysWarning, stacklevel=2)
 
     # -- discovery -----------------------------------------------------------------
 
@@ -101,7 +118,7 @@ class Registry:
         package, version = _distribution_of(ep)
         if self.allowed is not None and ep.name not in self.allowed:
             self.records.append(BackendRecord(ep.name, package, version, "disabled",
-                                              f"not in {ENV_FILTER}={','.join(sorted(self.allowed))}"))
+                                              f"disabled by {ENV_FILTER}={self.env_filter}"))
             return
         try:
             plugin = ep.load()
@@ -148,7 +165,9 @@ class Registry:
             return
         record.backend = backend
         if record.devices == 0:
-            record.status, record.reason = "no device", "installed, but the runtime reports 0 devices"
+            why = _no_device_reason(backend)
+            record.status = "no device"
+            record.reason = f"the runtime reports 0 devices: {why}" if why else "the runtime reports 0 devices"
             return
         record.status = "loaded"
         current = self.backends.get(spec.name)
@@ -165,6 +184,17 @@ class Registry:
         ordered = sorted(self.backends.values(), key=lambda r: (r.name == "cpu", -r.priority, r.name))
         return [Device(r.name, i) for r in ordered for i in range(r.devices)]
 
+    def why_no_device(self) -> str:
+        """One line on why ``available_devices()`` is empty: each plugin's state, or what to install."""
+        if not self.records:
+            return f"no llaisys backend is installed. {_install_hint('cpu')}"
+        def state(r: BackendRecord) -> str:
+            if not r.reason or r.reason.startswith(r.status):
+                return r.reason or r.status
+            return f"{r.status}: {r.reason}"
+        return "no llaisys device is available: " + "; ".join(f"'{r.name}' ({r.package}) {state(r)}"
+                                                              for r in self.records)
+
     def backend(self, device) -> Backend:
         """The backend that serves ``device``, or an error that says why none does."""
         device = as_device(device)
@@ -179,30 +209,52 @@ class Registry:
 
     def _why_missing(self, device_type: str) -> str:
         found = [r for r in self.records if r.name == device_type]
-        loaded = sorted(self.backends) or ["none"]
         if not found:
-            return (f"No llaisys backend provides '{device_type}'. Installed: {', '.join(loaded)}. "
-                    f"Install: {_install_hint(device_type)}")
+            installed = ", ".join(sorted(self.backends)) or "none"
+            disabled = [r.name for r in self.records if r.status == "disabled"]
+            if disabled:
+                installed += f" ({', '.join(disabled)} disabled by {ENV_FILTER}={self.env_filter})"
+            return f"No llaisys backend provides '{device_type}'. Installed: {installed}. {_install_hint(device_type)}"
         r = found[-1]
         if r.status == "disabled":
-            return f"the '{device_type}' backend ({r.package}) is {r.reason}; add it to {ENV_FILTER}"
+            return (f"the '{device_type}' backend ({r.package}) is installed but {r.reason}; "
+                    f"add '{device_type}' to {ENV_FILTER} to use it")
         if r.status == "no device":
             return (f"the '{device_type}' backend ({r.package} {r.version}) is installed but found no "
-                    f"device: check that the hardware and its driver are present")
+                    f"device ({r.reason}): check that the hardware and its driver are present")
         return f"the '{device_type}' backend ({r.package} {r.version}) failed to load: {r.reason}"
 
+    def host_addressable(self, device) -> bool:
+        """Whether the host reads and writes ``device``'s memory directly (its backend's capability)."""
+        device = as_device(device)
+        return self.backend(device).host_addressable(device.index)
+
     def kernel(self, op: str, device_type: str):
-        """Resolved once per (op, device type), then served from a dict."""
+        """The kernel for (op, device type): a plugin's override, else the backend's; resolved once."""
+        return self.launcher(op, device_type)[0]
+
+    def launcher(self, op: str, device_type: str) -> tuple[Callable, Callable]:
+        """(kernel, fail): ``kernel(device_index, stream, *c_args) -> status`` and ``fail(status)``, which
+        raises the error for a non-zero status. Resolved once per (op, device type): the one kernel cache."""
         key = (op, device_type)
-        fn = self._kernels.get(key)
-        if fn is None:
+        found = self._kernels.get(key)
+        if found is None:
             override = self._overrides.get(key)
-            fn = override.kernel if override else self.backend(Device(device_type)).kernel(op)
-            if fn is None:
-                raise LlaisysError(f"op '{op}' is not implemented by the '{device_type}' backend "
-                                   f"({self.backends[device_type].package})")
-            self._kernels[key] = fn
-        return fn
+            if override is not None:
+                found = (override.kernel, _override_failure(op, device_type))
+            else:
+                backend = self.backend(Device(device_type))
+                fn = backend.kernel(op)
+                if fn is None:
+                    raise LlaisysError(f"op '{op}' is not implemented by the '{device_type}' backend "
+                                       f"({self.backends[device_type].package})")
+                found = (fn, _backend_failure(backend, op))
+            self._kernels[key] = found
+        return found
+
+    def clear_kernels(self) -> None:
+        """Forget the resolved kernels (``llaisys.ops`` drops its plans too: ``llaisys.ops.clear_plans``)."""
+        self._kernels.clear()
 
     def allocator(self, device: Device):
         allocator = self._allocators.get(device)
@@ -234,6 +286,25 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _no_device_reason(backend: Backend) -> str:
+    try:
+        return backend.no_device_reason().strip()
+    except Exception as e:  # a report must not fail because a backend cannot say why
+        return _describe(e)
+
+
+def _backend_failure(backend: Backend, op: str) -> Callable[[int], None]:
+    def fail(status: int) -> None:
+        backend.raise_status(status, op)
+    return fail
+
+
+def _override_failure(op: str, device_type: str) -> Callable[[int], None]:
+    def fail(status: int) -> None:
+        raise LlaisysError(f"the kernel override of '{op}' on '{device_type}' failed with status {status}")
+    return fail
+
+
 _registry: Registry | None = None
 _registry_lock = threading.Lock()
 
@@ -253,16 +324,11 @@ def available_devices() -> list[Device]:
     return registry().available_devices()
 
 
+def why_no_device() -> str:
+    """Why no device is available, in one line naming each plugin's state (for a "no device" error)."""
+    return registry().why_no_device()
+
+
 def backend_report() -> list[BackendRecord]:
     """One row per discovered plugin: loaded, no device, failed (with why), disabled or shadowed."""
     return list(registry().records)
-
-
-def format_backend_report(records: list[BackendRecord]) -> str:
-    rows = [("backend", "package", "version", "status", "devices", "details")]
-    rows += [(r.name, r.package, r.version, r.status, str(r.devices), r.reason) for r in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5] for row in rows]
-    if not records:
-        lines.append("(no llaisys backend installed: pip install llaisys-backend-cpu)")
-    return "\n".join(line.rstrip() for line in lines)

@@ -9,6 +9,8 @@ from .device import Device, as_device
 from .plugins import registry
 
 _local = threading.local()
+_count_lock = threading.Lock()
+active = 0  # stream contexts entered and not left, in any thread: while 0, every op uses the default stream
 
 
 def _current() -> dict:
@@ -20,10 +22,9 @@ def _current() -> dict:
 
 def current_stream_handle(device: Device):
     """The native handle ops on ``device`` are queued on (None: the default stream)."""
-    streams = getattr(_local, "streams", None)
-    if not streams:
+    if not active:
         return None
-    stream = streams.get(device)
+    stream = getattr(_local, "streams", {}).get(device)
     return stream.handle if stream is not None else None
 
 
@@ -53,12 +54,17 @@ class Stream:
 @contextlib.contextmanager
 def stream(s: Stream):
     """Run the ops of this block on ``s`` (for its device)."""
+    global active
     streams = _current()
     previous = streams.get(s.device)
     streams[s.device] = s
+    with _count_lock:
+        active += 1
     try:
         yield s
     finally:
+        with _count_lock:
+            active -= 1
         if previous is None:
             streams.pop(s.device, None)
         else:

@@ -305,10 +305,8 @@ def _pick_device(device) -> llaisys.Device:
     """The device asked for, or (None) the best available one whose backend runs every op of KERNELS."""
     if device is None:
         devices = llaisys.available_devices()
-        if not devices:
-            rows = "; ".join(f"{r.name}: {r.status} {r.reason}".strip() for r in llaisys.backend_report())
-            raise llaisys.BackendUnavailableError(f"no llaisys device is available (backends: {rows or 'none'}); "
-                                                  f"install one, e.g. pip install llaisys-backend-cpu")
+        if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
+            raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
         able = [d for d in devices if not _missing_kernels(d)]
         device = able[0] if able else devices[0]  # none able: the best one's error below
     device = as_device(device)

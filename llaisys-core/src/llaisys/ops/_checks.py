@@ -1,7 +1,15 @@
-"""Argument validation shared by every op frontend: each failure names the op and the argument."""
+"""Argument validation shared by every op frontend: each failure names the op and the argument.
+
+These run when a frontend meets a new combination of argument layouts (see ``_dispatch``);
+what must be checked on every call (pointer overlap, scalars) is a few comparisons inline in
+the frontend, which calls in here only to raise.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..abi import INT64_MAX
 from ..dtype import DType, bfloat16, float16, float32, int64
 from ..errors import LlaisysValueError
 from ..tensor import Tensor
@@ -23,7 +31,7 @@ def tensors(op: str, **named: Tensor | None):
             fail(op, f"{name} must be a llaisys.Tensor, got {type(t).__name__}")
         if device is None:
             device, first = t.device, name
-        elif t.device != device:
+        elif t.device is not device:
             fail(op, f"{name} is on {t.device} but {first} is on {device}; all tensors must share a device")
     return device
 
@@ -67,12 +75,28 @@ def index_tensor(op: str, name: str, t: Tensor, expected_shape: tuple | None = N
 
 
 def number(op: str, name: str, value, low=None, high=None, integer=False, low_open=False):
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    """``value`` as a Python int (``integer``) or float, within [low, high] (or (low, high]); else raise."""
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds):
         fail(op, f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
+    value = int(value) if integer else float(value)
     if value != value:  # NaN
         fail(op, f"{name} must not be NaN")
     if low is not None and (value < low or (low_open and value == low)):
         fail(op, f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
     if high is not None and value > high:
         fail(op, f"{name} must be <= {high}, got {value!r}")
+    return value
+
+
+def size(op: str, name: str, value) -> int:
+    """A count that a kernel receives as int64."""
+    return number(op, name, value, low=0, high=INT64_MAX, integer=True)
+
+
+def overlap(op: str, out_name: str, in_name: str, exact_allowed: bool = False):
+    """Raise for an output that shares memory with an input (called once the frontend's pointer test hit)."""
+    if exact_allowed:
+        fail(op, f"{out_name} and {in_name} overlap in memory; {out_name} may be {in_name} itself (the same "
+                 f"elements) for an in-place update, or must share no memory with it")
+    fail(op, f"{out_name} and {in_name} overlap in memory; {out_name} must share no memory with {in_name}")

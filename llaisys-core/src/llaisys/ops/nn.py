@@ -1,13 +1,34 @@
-"""The layers of a transformer block."""
+"""The layers of a transformer block (frontends as in ``elementwise``: plan, overlap test, kernel)."""
 
 from __future__ import annotations
 
 from . import _checks as check
-from ._dispatch import run
+from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
+from .elementwise import EXACT
+
+_embedding = new_plans()
 
 
 def embedding(out, index, weight) -> None:
-    """out[i] = weight[index[i]]; an index outside [0, vocab) raises, never reads wild memory."""
+    """out[i] = weight[index[i]]; an index outside [0, vocab) raises, never reads wild memory.
+
+    out must share no memory with index or weight.
+    """
+    try:
+        kernel, fail, device, code, n, dim, vocab = _embedding[out._layout, index._layout, weight._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, n, dim, vocab = _plan_embedding(out, index, weight)
+    o_ptr, o_end, i_ptr, w_ptr = out._ptr, out._end, index._ptr, weight._ptr
+    if i_ptr < o_end and o_ptr < index._end:
+        check.overlap("embedding", "out", "index")
+    if w_ptr < o_end and o_ptr < weight._end:
+        check.overlap("embedding", "out", "weight")
+    status = kernel(device.index, current_stream_handle(device), code, n, dim, vocab, o_ptr, i_ptr, w_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_embedding(out, index, weight):
     op = "embedding"
     device = check.tensors(op, out=out, index=index, weight=weight)
     check.ndim(op, "index", index, 1)
@@ -18,12 +39,42 @@ def embedding(out, index, weight) -> None:
     check.shape(op, "out", out, (index.shape[0], weight.shape[1]))
     check.contiguous(op, out=out, index=index, weight=weight)
     check.writable(op, "out", out)
-    if out.numel() or index.numel():
-        run(op, device, out, index, weight)
+    runs = out.numel() > 0 or index.numel() > 0  # (an index into an empty vocab still gets its error)
+    return remember(_embedding, (out._layout, index._layout, weight._layout),
+                    (*kernel_for(op, device, runs), device, out.dtype.code, index.shape[0], weight.shape[1],
+                     weight.shape[0]))
+
+
+_linear = new_plans()
 
 
 def linear(out, x, weight, bias=None) -> None:
-    """out = x @ weight.T + bias; x [M, K], weight [N, K], bias [N] or None, out [M, N]."""
+    """out = x @ weight.T + bias; x [M, K], weight [N, K], bias [N] or None, out [M, N].
+
+    out must share no memory with x, weight or bias.
+    """
+    try:
+        kernel, fail, device, code, m, n, k = _linear[out._layout, x._layout, weight._layout,
+                                                      None if bias is None else bias._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, n, k = _plan_linear(out, x, weight, bias)
+    o_ptr, o_end, x_ptr, w_ptr = out._ptr, out._end, x._ptr, weight._ptr
+    if x_ptr < o_end and o_ptr < x._end:
+        check.overlap("linear", "out", "x")
+    if w_ptr < o_end and o_ptr < weight._end:
+        check.overlap("linear", "out", "weight")
+    if bias is None:
+        b_ptr = None
+    else:
+        b_ptr = bias._ptr
+        if b_ptr < o_end and o_ptr < bias._end:
+            check.overlap("linear", "out", "bias")
+    status = kernel(device.index, current_stream_handle(device), code, m, n, k, o_ptr, x_ptr, w_ptr, b_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_linear(out, x, weight, bias):
     op = "linear"
     device = check.tensors(op, out=out, x=x, weight=weight, bias=bias)
     check.dtype(op, "out", out, check.FLOATS)
@@ -37,12 +88,32 @@ def linear(out, x, weight, bias=None) -> None:
     check.shape(op, "out", out, (m, n))
     check.contiguous(op, out=out, x=x, weight=weight, bias=bias)
     check.writable(op, "out", out)
-    if out.numel():
-        run(op, device, out, x, weight, bias)
+    key = (out._layout, x._layout, weight._layout, None if bias is None else bias._layout)
+    return remember(_linear, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, n, k))
+
+
+_rms_norm = new_plans()
 
 
 def rms_norm(out, x, weight, eps: float) -> None:
-    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps)."""
+    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps). out may be x itself; no other overlap."""
+    try:
+        kernel, fail, device, code, rows, dim = _rms_norm[out._layout, x._layout, weight._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, rows, dim = _plan_rms_norm(out, x, weight)
+    if eps.__class__ is not float or not eps >= 0.0:
+        eps = check.number("rms_norm", "eps", eps, low=0)
+    o_ptr, o_end, x_ptr, w_ptr = out._ptr, out._end, x._ptr, weight._ptr
+    if x_ptr < o_end and o_ptr < x._end and x_ptr != o_ptr:
+        check.overlap("rms_norm", "out", "x", exact_allowed=True)
+    if w_ptr < o_end and o_ptr < weight._end:
+        check.overlap("rms_norm", "out", "weight")
+    status = kernel(device.index, current_stream_handle(device), code, EXACT, rows, dim, eps, o_ptr, x_ptr, w_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_rms_norm(out, x, weight):
     op = "rms_norm"
     device = check.tensors(op, out=out, x=x, weight=weight)
     check.dtype(op, "out", out, check.FLOATS)
@@ -51,15 +122,39 @@ def rms_norm(out, x, weight, eps: float) -> None:
         check.fail(op, "x must have at least one dimension")
     check.shape(op, "weight", weight, (x.shape[-1],))
     check.shape(op, "out", out, x.shape)
-    check.number(op, "eps", eps, low=0)
     check.contiguous(op, out=out, x=x, weight=weight)
     check.writable(op, "out", out)
-    if out.numel():
-        run(op, device, out, x, weight, float(eps))
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    return remember(_rms_norm, (out._layout, x._layout, weight._layout),
+                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, rows, dim))
+
+
+_rope = new_plans()
 
 
 def rope(out, x, pos_ids, theta: float) -> None:
-    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq]."""
+    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq].
+
+    out may be x itself; no other overlap.
+    """
+    try:
+        kernel, fail, device, code, seq, heads, d = _rope[out._layout, x._layout, pos_ids._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, seq, heads, d = _plan_rope(out, x, pos_ids)
+    if theta.__class__ is not float or not theta > 0.0:
+        theta = check.number("rope", "theta", theta, low=0, low_open=True)
+    o_ptr, o_end, x_ptr, p_ptr = out._ptr, out._end, x._ptr, pos_ids._ptr
+    if x_ptr < o_end and o_ptr < x._end and x_ptr != o_ptr:
+        check.overlap("rope", "out", "x", exact_allowed=True)
+    if p_ptr < o_end and o_ptr < pos_ids._end:
+        check.overlap("rope", "out", "pos_ids")
+    status = kernel(device.index, current_stream_handle(device), code, EXACT, seq, heads, d, theta, o_ptr, x_ptr, p_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_rope(out, x, pos_ids):
     op = "rope"
     device = check.tensors(op, out=out, x=x, pos_ids=pos_ids)
     check.dtype(op, "out", out, check.FLOATS)
@@ -69,18 +164,40 @@ def rope(out, x, pos_ids, theta: float) -> None:
         check.fail(op, f"the head dim of x must be even, got {x.shape[2]}")
     check.shape(op, "out", out, x.shape)
     check.index_tensor(op, "pos_ids", pos_ids, (x.shape[0],))
-    check.number(op, "theta", theta, low=0, low_open=True)
     check.contiguous(op, out=out, x=x, pos_ids=pos_ids)
     check.writable(op, "out", out)
-    if out.numel():
-        run(op, device, out, x, pos_ids, float(theta))
+    return remember(_rope, (out._layout, x._layout, pos_ids._layout),
+                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, *x.shape))
+
+
+_attention = new_plans()
 
 
 def self_attention(out, q, k, v, scale: float) -> None:
     """Causal GQA attention, mask aligned bottom-right (query i sees key j iff j <= i + S - L).
 
     q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv]; head h reads kv head h // (H / Hkv).
+    out may be q or v itself (same elements, so same shape); no other overlap.
     """
+    try:
+        kernel, fail, device, code, sizes = _attention[out._layout, q._layout, k._layout, v._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, sizes = _plan_self_attention(out, q, k, v)
+    if scale.__class__ is not float or scale != scale:
+        scale = check.number("self_attention", "scale", scale)
+    o_ptr, o_end, q_ptr, k_ptr, v_ptr = out._ptr, out._end, q._ptr, k._ptr, v._ptr
+    if q_ptr < o_end and o_ptr < q._end and not (q_ptr == o_ptr and q._shape == out._shape):
+        check.overlap("self_attention", "out", "q", exact_allowed=True)
+    if k_ptr < o_end and o_ptr < k._end:
+        check.overlap("self_attention", "out", "k")
+    if v_ptr < o_end and o_ptr < v._end and not (v_ptr == o_ptr and v._shape == out._shape):
+        check.overlap("self_attention", "out", "v", exact_allowed=True)
+    status = kernel(device.index, current_stream_handle(device), code, EXACT, *sizes, scale, o_ptr, q_ptr, k_ptr, v_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_self_attention(out, q, k, v):
     op = "self_attention"
     device = check.tensors(op, out=out, q=q, k=k, v=v)
     check.dtype(op, "out", out, check.FLOATS)
@@ -95,8 +212,10 @@ def self_attention(out, q, k, v, scale: float) -> None:
         check.fail(op, f"the {heads} query heads must be a multiple of the {kv_heads} kv heads")
     if seq_k < seq_q:
         check.fail(op, f"k has {seq_k} positions, fewer than the {seq_q} queries")
-    check.number(op, "scale", scale)
+    if d == 0 and out.numel():
+        check.fail(op, "the head dim d of q and k is 0: attention needs d >= 1")
     check.contiguous(op, out=out, q=q, k=k, v=v)
     check.writable(op, "out", out)
-    if out.numel():
-        run(op, device, out, q, k, v, float(scale))
+    sizes = (seq_q, seq_k, heads, kv_heads, d, v.shape[2])
+    return remember(_attention, (out._layout, q._layout, k._layout, v._layout),
+                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, sizes))

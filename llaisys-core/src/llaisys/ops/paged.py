@@ -13,7 +13,10 @@ import math
 
 from ..dtype import int32
 from . import _checks as check
-from ._dispatch import run
+from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
+from .elementwise import EXACT
+
+_attention = new_plans()
 
 
 def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float) -> None:
@@ -27,6 +30,29 @@ def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
     kernel checks the index data it reads (offsets, lengths, block ids) and raises on bad values.
     out may be q itself; no other overlap.
     """
+    tensors = (out, q, k_cache, v_cache, block_tables, seq_lens, query_start)
+    try:
+        kernel, fail, device, code, sizes = _attention[tuple(t._layout for t in tensors)]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, sizes = _plan_paged_attention(*tensors)
+    if scale.__class__ is not float or not math.isfinite(scale):
+        scale = check.number("paged_attention", "scale", scale)
+        if not math.isfinite(scale):
+            check.fail("paged_attention", f"scale must be finite, got {scale!r}")
+    o_ptr, o_end = out._ptr, out._end
+    if q._ptr < o_end and o_ptr < q._end and not (q._ptr == o_ptr and q._shape == out._shape):
+        check.overlap("paged_attention", "out", "q", exact_allowed=True)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens), ("query_start", query_start)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("paged_attention", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, EXACT, *sizes, scale, o_ptr, q._ptr,
+                    k_cache._ptr, v_cache._ptr, block_tables._ptr, seq_lens._ptr, query_start._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start):
     op = "paged_attention"
     device = check.tensors(op, out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                            seq_lens=seq_lens, query_start=query_start)
@@ -51,18 +77,15 @@ def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
     check.shape(op, "seq_lens", seq_lens, (num_seqs,))
     check.dtype(op, "query_start", query_start, (int32,))
     check.shape(op, "query_start", query_start, (num_seqs + 1,))
-    check.number(op, "scale", scale)
-    if not math.isfinite(scale):
-        check.fail(op, f"scale must be finite, got {scale!r}")
     check.contiguous(op, out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                      seq_lens=seq_lens, query_start=query_start)
     check.writable(op, "out", out)
-    if not _same_memory(out, q):
-        _no_overlap(op, "out", out, q=q)
-    _no_overlap(op, "out", out, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
-                query_start=query_start)
-    if out.numel():
-        run(op, device, out, q, k_cache, v_cache, block_tables, seq_lens, query_start, float(scale))
+    sizes = (tokens, num_seqs, heads, kv_heads, d, dv, num_blocks, block_size, block_tables.shape[1])
+    layouts = tuple(t._layout for t in (out, q, k_cache, v_cache, block_tables, seq_lens, query_start))
+    return remember(_attention, layouts, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, sizes))
+
+
+_kv_write = new_plans()
 
 
 def paged_kv_write(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -70,7 +93,26 @@ def paged_kv_write(k_cache, v_cache, k, v, slot_mapping) -> None:
 
     Token t goes to row slot_mapping[t] (int64 [T]) of the caches seen as [num_blocks * block_size, ...]
     (row = block * block_size + offset); a negative slot skips the token, a slot past the end raises.
+    The caches share no memory with each other, k, v or slot_mapping.
     """
+    tensors = (k_cache, v_cache, k, v, slot_mapping)
+    try:
+        kernel, fail, device, code, sizes = _kv_write[tuple(t._layout for t in tensors)]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, sizes = _plan_paged_kv_write(*tensors)
+    for cache_name, cache, others in (("k_cache", k_cache, (("v_cache", v_cache), ("k", k), ("v", v),
+                                                            ("slot_mapping", slot_mapping))),
+                                      ("v_cache", v_cache, (("k", k), ("v", v), ("slot_mapping", slot_mapping)))):
+        for name, t in others:
+            if t._ptr < cache._end and cache._ptr < t._end:
+                check.overlap("paged_kv_write", cache_name, name)
+    status = kernel(device.index, current_stream_handle(device), code, *sizes, k_cache._ptr, v_cache._ptr, k._ptr,
+                    v._ptr, slot_mapping._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_paged_kv_write(k_cache, v_cache, k, v, slot_mapping):
     op = "paged_kv_write"
     device = check.tensors(op, k_cache=k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
     check.dtype(op, "k_cache", k_cache, check.FLOATS)
@@ -87,20 +129,7 @@ def paged_kv_write(k_cache, v_cache, k, v, slot_mapping) -> None:
     check.contiguous(op, k_cache=k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
     check.writable(op, "k_cache", k_cache)
     check.writable(op, "v_cache", v_cache)
-    _no_overlap(op, "k_cache", k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
-    _no_overlap(op, "v_cache", v_cache, k=k, v=v, slot_mapping=slot_mapping)
-    if tokens and kv_heads and (d or dv):
-        run(op, device, k_cache, v_cache, k, v, slot_mapping)
-
-
-def _same_memory(a, b) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.nbytes == b.nbytes
-
-
-def _no_overlap(op: str, name: str, t, **others) -> None:
-    """``t`` (contiguous) shares no byte with any of ``others`` (contiguous)."""
-    start, end = t.data_ptr(), t.data_ptr() + t.nbytes
-    for other_name, o in others.items():
-        o_start = o.data_ptr()
-        if t.nbytes and o.nbytes and o_start < end and start < o_start + o.nbytes:
-            check.fail(op, f"{name} overlaps {other_name}; they must be separate memory")
+    runs = bool(tokens and kv_heads and (d or dv))
+    sizes = (tokens, kv_heads, d, dv, num_blocks * block_size)
+    layouts = tuple(t._layout for t in (k_cache, v_cache, k, v, slot_mapping))
+    return remember(_kv_write, layouts, (*kernel_for(op, device, runs), device, k.dtype.code, sizes))

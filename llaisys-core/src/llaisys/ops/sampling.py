@@ -1,15 +1,36 @@
-"""Choosing the next token."""
+"""Choosing the next token (frontends as in ``elementwise``: plan, overlap test, kernel)."""
 
 from __future__ import annotations
 
+from ..abi import INT64_MAX, UINT64_MAX
 from . import _checks as check
-from ._dispatch import run
+from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 
-UINT64_MAX = (1 << 64) - 1
+_argmax = new_plans()
 
 
 def argmax(max_idx, max_val, vals) -> None:
-    """max_idx (int64 [1]) and max_val ([1]) of the 1-D vals; the first index on ties."""
+    """max_idx (int64 [1]) and max_val ([1]) of the 1-D vals; the first index on ties.
+
+    The two outputs share no memory with vals or with each other.
+    """
+    try:
+        kernel, fail, device, code, n = _argmax[max_idx._layout, max_val._layout, vals._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, n = _plan_argmax(max_idx, max_val, vals)
+    i_ptr, m_ptr, v_ptr = max_idx._ptr, max_val._ptr, vals._ptr
+    if v_ptr < max_idx._end and i_ptr < vals._end:
+        check.overlap("argmax", "max_idx", "vals")
+    if v_ptr < max_val._end and m_ptr < vals._end:
+        check.overlap("argmax", "max_val", "vals")
+    if m_ptr < max_idx._end and i_ptr < max_val._end:
+        check.overlap("argmax", "max_idx", "max_val")
+    status = kernel(device.index, current_stream_handle(device), code, n, i_ptr, m_ptr, v_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_argmax(max_idx, max_val, vals):
     op = "argmax"
     device = check.tensors(op, max_idx=max_idx, max_val=max_val, vals=vals)
     check.ndim(op, "vals", vals, 1)
@@ -22,7 +43,11 @@ def argmax(max_idx, max_val, vals) -> None:
     check.contiguous(op, vals=vals)
     check.writable(op, "max_idx", max_idx)
     check.writable(op, "max_val", max_val)
-    run(op, device, max_idx, max_val, vals)
+    return remember(_argmax, (max_idx._layout, max_val._layout, vals._layout),
+                    (*kernel_for(op, device), device, vals.dtype.code, vals.numel()))
+
+
+_sample = new_plans()
 
 
 def sample(out_idx, logits, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> None:
@@ -30,7 +55,26 @@ def sample(out_idx, logits, temperature: float = 1.0, top_k: int = 0, top_p: flo
 
     top_k=0 keeps every token; top_k=1 or temperature=0 is argmax. The draw is a
     counter-based hash of ``seed``: the same seed gives the same token on every run.
+    out_idx shares no memory with logits.
     """
+    op = "sample"
+    try:
+        kernel, fail, device, code, n = _sample[out_idx._layout, logits._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, n = _plan_sample(out_idx, logits)
+    temperature = check.number(op, "temperature", temperature, low=0)
+    top_k = check.number(op, "top_k", top_k, low=0, high=INT64_MAX, integer=True)  # int64 in C
+    top_p = check.number(op, "top_p", top_p, low=0, high=1, low_open=True)
+    seed = check.number(op, "seed", seed, low=0, high=UINT64_MAX, integer=True)  # uint64 in C
+    o_ptr, l_ptr = out_idx._ptr, logits._ptr
+    if l_ptr < out_idx._end and o_ptr < logits._end:
+        check.overlap(op, "out_idx", "logits")
+    status = kernel(device.index, current_stream_handle(device), code, n, o_ptr, l_ptr, temperature, top_k, top_p, seed)
+    if status:
+        fail(status)
+
+
+def _plan_sample(out_idx, logits):
     op = "sample"
     device = check.tensors(op, out_idx=out_idx, logits=logits)
     check.ndim(op, "logits", logits, 1)
@@ -38,10 +82,7 @@ def sample(out_idx, logits, temperature: float = 1.0, top_k: int = 0, top_p: flo
         check.fail(op, "logits is empty")
     check.dtype(op, "logits", logits, check.FLOATS)
     check.index_tensor(op, "out_idx", out_idx, (1,))
-    check.number(op, "temperature", temperature, low=0)
-    check.number(op, "top_k", top_k, low=0, integer=True)
-    check.number(op, "top_p", top_p, low=0, high=1, low_open=True)
-    check.number(op, "seed", seed, low=0, high=UINT64_MAX, integer=True)
     check.contiguous(op, logits=logits)
     check.writable(op, "out_idx", out_idx)
-    run(op, device, out_idx, logits, float(temperature), int(top_k), float(top_p), int(seed))
+    return remember(_sample, (out_idx._layout, logits._layout),
+                    (*kernel_for(op, device), device, logits.dtype.code, logits.numel()))

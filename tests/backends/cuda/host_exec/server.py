@@ -15,21 +15,19 @@ import struct
 import sys
 from ctypes import c_char_p, c_float, c_int, c_int64, c_size_t, c_void_p
 
-from llaisys.native import OP_SIGNATURES
+from llaisys import abi
 
-_p = c_void_p
-RUNTIME = {  # slot -> argument types (backend.h)
-    "device_count": [_p], "device_attribute": [c_int, c_int, _p], "device_name": [c_int, _p, c_size_t],
-    "mem_info": [c_int, _p, _p], "device_synchronize": [c_int],
-    "malloc": [c_int, c_size_t, _p], "free": [c_int, _p], "malloc_host": [c_size_t, _p], "free_host": [_p],
-    "memset": [c_int, _p, c_int, c_size_t, _p], "memcpy": [c_int, _p, _p, c_size_t, c_int],
-    "memcpy_async": [c_int, _p, _p, c_size_t, c_int, _p], "memcpy_peer": [c_int, _p, c_int, _p, c_size_t, _p],
-    "stream_create": [c_int, _p], "stream_destroy": [c_int, _p], "stream_synchronize": [c_int, _p],
-    "event_create": [c_int, _p], "event_destroy": [c_int, _p], "event_record": [c_int, _p, _p],
-    "event_synchronize": [c_int, _p], "event_elapsed_ms": [c_int, _p, _p, _p], "stream_wait_event": [c_int, _p, _p],
-    "graph_begin_capture": [c_int, _p], "graph_end_capture": [c_int, _p, _p], "graph_launch": [c_int, _p, _p],
-    "graph_destroy": [c_int, _p],
-}
+
+def _untyped(argtypes) -> list:
+    """The slot's argument types with every pointer as void* (requests carry addresses as plain ints)."""
+    return [c_void_p if issubclass(t, (ctypes._Pointer, c_void_p, c_char_p)) else t for t in argtypes]
+
+
+# slot -> argument types, from llaisys.abi (checked against backend.h); runtime slots take their pointers as
+# plain ints here, ops as llaisys.abi types them (rearrange's shape / strides: int64 arrays)
+SIGNATURES = {name: _untyped(args) for name, (_, _, args) in abi.RUNTIME_SLOTS.items()
+              if name not in ("api_version", "last_error", "build_info")}
+SIGNATURES.update({op: [*abi.OP_LEADING_ARGS, *args] for op, args in abi.OP_SLOTS.items()})
 OUT_TYPES = {"ptr": c_void_p, "int": c_int, "int64": c_int64, "size": c_size_t, "float": c_float}
 
 
@@ -51,11 +49,7 @@ def main(library: str, prefix: str):
     last_error = getattr(lib, f"{prefix}_last_error")
     last_error.restype = c_char_p
     slots = {}
-    ops = {op: [c_int, c_void_p, *sig] for op, sig in OP_SIGNATURES.items()}
-    for name, argtypes in [*RUNTIME.items(), *ops.items()]:
-        fn = getattr(lib, f"{prefix}_{name}", None)
-        if fn is None and name in ops:
-            continue  # an [op] slot the CUDA sources do not implement (yet): not callable here either
+    for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, f"{prefix}_{name}")
         fn.restype, fn.argtypes = c_int, argtypes
         slots[name] = fn

@@ -3,7 +3,8 @@
  *
  * This header is the single definition of that ABI. llaisys-core ships it
  * (`llaisys.get_include()` is the folder that holds `llaisys/backend.h`); core's
- * Python tables (llaisys/native.py, llaisys/dtype.py) are tested against it.
+ * Python tables (llaisys/abi.py: native.py binds with them, dtype.py takes its codes from
+ * them) are tested against it by tests/core/test_abi_header.py.
  * It is plain C, usable from C, C++ and CUDA C++.
  *
  * Export names. A backend compiles its sources with `-DLLAISYS_PREFIX=<prefix>`
@@ -218,37 +219,43 @@ LLAISYS_OPTIONAL int LLAISYS_FN(graph_destroy)(int device, void* graph);
 LLAISYS_OP int LLAISYS_FN(add)(int device, void* stream, int dtype, int64_t n, void* c, const void* a,
                                const void* b);
 
-/* [op] max_idx (int64 [1]) and max_val ([1]) of vals [n], n >= 1; first index on ties; NaN is the max. */
+/* [op] max_idx (int64 [1]) and max_val ([1]) of vals [n], n >= 1; first index on ties; NaN is the max.
+ * No overlap between the three buffers. */
 LLAISYS_OP int LLAISYS_FN(argmax)(int device, void* stream, int dtype, int64_t n, void* max_idx, void* max_val,
                                   const void* vals);
 
 /* [op] out [n_index, dim] = weight [vocab, dim] rows at index (int64 [n_index]). An index outside
- * [0, vocab) is LLAISYS_INVALID_ARGUMENT naming it and its position, never a read outside weight. */
+ * [0, vocab) is LLAISYS_INVALID_ARGUMENT naming it and its position, never a read outside weight.
+ * out shares no memory with index or weight. */
 LLAISYS_OP int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, int64_t dim, int64_t vocab,
                                      void* out, const void* index, const void* weight);
 
-/* [op] out [M, N] = x [M, K] @ weight [N, K]^T + bias [N] (bias may be NULL). K may be 0. */
+/* [op] out [M, N] = x [M, K] @ weight [N, K]^T + bias [N] (bias may be NULL). K may be 0.
+ * out shares no memory with x, weight or bias. */
 LLAISYS_OP int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
                                   const void* x, const void* weight, const void* bias);
 
 /* [op] Strided copy dst[i...] = src[i...] of ndim <= 16 dims. shape, dst_strides and src_strides
- * (in elements) are host arrays of ndim int64; elem_size is 1, 2, 4, 8 or 16 bytes. */
+ * (in elements) are host arrays of ndim int64; elem_size is 1, 2, 4, 8 or 16 bytes. dst shares no
+ * memory with src (core does not call it for a copy of a view onto itself). */
 LLAISYS_OP int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape,
                                      void* dst, const int64_t* dst_strides, const void* src,
                                      const int64_t* src_strides);
 
-/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x. */
+/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x (exactly);
+ * no other overlap. */
 LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim,
                                     double eps, void* out, const void* x, const void* weight);
 
 /* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
  * [seq]; the angle of pair j at position p is p / theta^(2j / head_dim), computed as HF does in f32.
- * out may be x. */
+ * out may be x (exactly); no other overlap. */
 LLAISYS_OP int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads,
                                 int64_t head_dim, double theta, void* out, const void* x, const void* pos_ids);
 
 /* [op] Causal GQA attention. q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv], S >= L;
- * head h reads kv head h / (H / Hkv); query i sees key j iff j <= i + S - L. out may be q or v. */
+ * head h reads kv head h / (H / Hkv); query i sees key j iff j <= i + S - L. d >= 1. out may be q or
+ * v (exactly: the same pointer and shape); no other overlap. */
 LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, int numerics, int64_t L, int64_t S,
                                           int64_t H, int64_t Hkv, int64_t d, int64_t dv, double scale, void* out,
                                           const void* q, const void* k, const void* v);
@@ -288,13 +295,15 @@ LLAISYS_OP int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, i
                                           int64_t dv, int64_t num_slots, void* k_cache, void* v_cache,
                                           const void* k, const void* v, const void* slot_mapping);
 
-/* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up. */
+/* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up (exactly); no other
+ * overlap. */
 LLAISYS_OP int LLAISYS_FN(swiglu)(int device, void* stream, int dtype, int numerics, int64_t n, void* out,
                                   const void* gate, const void* up);
 
 /* [op] Draw one token id (int64, written to out_idx [1]) from softmax(logits [n] / temperature),
  * restricted to the top_k largest (0 = all) and then the nucleus top_p. temperature 0 or top_k 1 is
- * argmax. The draw is a counter-based hash of seed: the same seed gives the same token every run. */
+ * argmax. The draw is a counter-based hash of seed: the same seed gives the same token every run.
+ * out_idx shares no memory with logits. */
 LLAISYS_OP int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out_idx,
                                   const void* logits, double temperature, int64_t top_k, double top_p,
                                   uint64_t seed);

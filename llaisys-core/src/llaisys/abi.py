@@ -1,0 +1,158 @@
+"""The C ABI of ``llaisys/backend.h`` as Python tables: codes, enums and every slot's C signature.
+
+This module only describes; ``llaisys.native`` binds a library with it. The header is the
+single definition of the ABI and ``tests/core/test_abi_header.py`` parses it and checks that
+every name, value, slot kind and argument type below matches it exactly.
+
+C types map to ctypes as: ``int`` c_int, ``int64_t`` c_int64, ``uint64_t`` c_uint64, ``size_t``
+c_size_t, ``double`` c_double, ``void*`` (const or not) c_void_p, a returned ``const char*``
+c_char_p, any other ``T*`` POINTER(T).
+"""
+
+from __future__ import annotations
+
+import enum
+from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+
+API_VERSION = 2  # LLAISYS_API_VERSION
+
+
+class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>
+    OK = 0
+    INVALID_ARGUMENT = 1  # raised as LlaisysValueError
+    RUNTIME_ERROR = 2
+    OUT_OF_MEMORY = 3  # raised as OutOfMemoryError
+    NOT_SUPPORTED = 4
+
+
+class DTypeCode(enum.IntEnum):  # llaisys_dtype_t, LLAISYS_<name>; llaisys.DType.code
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    F64 = 3
+    I8 = 4
+    I32 = 5
+    I64 = 6
+    U8 = 7
+    BOOL = 8
+
+
+class MemcpyKind(enum.IntEnum):  # llaisys_memcpy_kind_t, LLAISYS_MEMCPY_<name>
+    H2H = 0
+    H2D = 1
+    D2H = 2
+    D2D = 3
+
+
+class Numerics(enum.IntEnum):  # llaisys_numerics_t, LLAISYS_NUMERICS_<name>
+    EXACT = 0  # f32 inside, one rounding to the output dtype
+    HF = 1  # round where HF transformers' eager forward rounds
+
+
+class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
+    HOST_ADDRESSABLE = 0
+    WARP_SIZE = 1
+    MAX_THREADS_PER_BLOCK = 2
+    MULTIPROCESSOR_COUNT = 3
+    TOTAL_MEMORY = 4
+    COMPUTE_CAPABILITY = 5
+    MAX_SHARED_MEMORY_PER_BLOCK = 6
+
+
+# (C enum type, Python enum, prefix of its constants) for every enum of the header
+ENUMS = [("llaisys_status", Status, "LLAISYS_"), ("llaisys_dtype", DTypeCode, "LLAISYS_"),
+         ("llaisys_memcpy_kind", MemcpyKind, "LLAISYS_MEMCPY_"), ("llaisys_numerics", Numerics, "LLAISYS_NUMERICS_"),
+         ("llaisys_device_attr", DeviceAttr, "LLAISYS_ATTR_")]
+
+
+class SlotKind(enum.Enum):
+    REQUIRED = "required"  # the library fails to load without it
+    OPTIONAL = "optional"  # missing: the capability it belongs to is "not supported"
+    OP = "op"  # an operator; missing: "op not implemented by this backend" when first used
+
+
+REQUIRED, OPTIONAL, OP = SlotKind.REQUIRED, SlotKind.OPTIONAL, SlotKind.OP
+_p = c_void_p
+_out_p = POINTER(c_void_p)  # void** (a handle or pointer written by the callee)
+
+# Runtime slots in header order: name -> (kind, return type, argument types)
+RUNTIME_SLOTS: dict[str, tuple[SlotKind, object, list]] = {
+    "api_version": (REQUIRED, c_int, []),
+    "last_error": (REQUIRED, c_char_p, []),
+    "build_info": (OPTIONAL, c_char_p, []),
+    "device_count": (REQUIRED, c_int, [POINTER(c_int)]),
+    "device_attribute": (OPTIONAL, c_int, [c_int, c_int, POINTER(c_int64)]),
+    "device_name": (OPTIONAL, c_int, [c_int, POINTER(c_char), c_size_t]),
+    "mem_info": (OPTIONAL, c_int, [c_int, POINTER(c_size_t), POINTER(c_size_t)]),
+    "device_synchronize": (REQUIRED, c_int, [c_int]),
+    "malloc": (REQUIRED, c_int, [c_int, c_size_t, _out_p]),
+    "free": (REQUIRED, c_int, [c_int, _p]),
+    "malloc_host": (OPTIONAL, c_int, [c_size_t, _out_p]),
+    "free_host": (OPTIONAL, c_int, [_p]),
+    "memset": (REQUIRED, c_int, [c_int, _p, c_int, c_size_t, _p]),
+    "memcpy": (REQUIRED, c_int, [c_int, _p, _p, c_size_t, c_int]),
+    "memcpy_async": (REQUIRED, c_int, [c_int, _p, _p, c_size_t, c_int, _p]),
+    "memcpy_peer": (OPTIONAL, c_int, [c_int, _p, c_int, _p, c_size_t, _p]),
+    "stream_create": (REQUIRED, c_int, [c_int, _out_p]),
+    "stream_destroy": (REQUIRED, c_int, [c_int, _p]),
+    "stream_synchronize": (REQUIRED, c_int, [c_int, _p]),
+    "event_create": (OPTIONAL, c_int, [c_int, _out_p]),
+    "event_destroy": (OPTIONAL, c_int, [c_int, _p]),
+    "event_record": (OPTIONAL, c_int, [c_int, _p, _p]),
+    "event_synchronize": (OPTIONAL, c_int, [c_int, _p]),
+    "event_elapsed_ms": (OPTIONAL, c_int, [c_int, _p, _p, POINTER(c_float)]),
+    "stream_wait_event": (OPTIONAL, c_int, [c_int, _p, _p]),
+    "graph_begin_capture": (OPTIONAL, c_int, [c_int, _p]),
+    "graph_end_capture": (OPTIONAL, c_int, [c_int, _p, _out_p]),
+    "graph_launch": (OPTIONAL, c_int, [c_int, _p, _p]),
+    "graph_destroy": (OPTIONAL, c_int, [c_int, _p]),
+}
+
+_i64 = c_int64
+# Operator slots: int <prefix>_<op>(int device, void* stream, <these>); name -> argument types after the stream
+OP_SLOTS: dict[str, list] = {
+    # dtype, n, c, a, b
+    "add": [c_int, _i64, _p, _p, _p],
+    # dtype, n, max_idx (int64*), max_val, vals
+    "argmax": [c_int, _i64, _p, _p, _p],
+    # dtype, n_index, dim, vocab, out [n,dim], index int64 [n], weight [vocab,dim]
+    "embedding": [c_int, _i64, _i64, _i64, _p, _p, _p],
+    # dtype, M, N, K, out [M,N], x [M,K], weight [N,K], bias [N] or NULL
+    "linear": [c_int, _i64, _i64, _i64, _p, _p, _p, _p],
+    # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
+    "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
+    # dtype, numerics, rows, dim, eps, out, x, weight
+    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, seq, heads, head_dim, theta, out, x, pos_ids int64 [seq]
+    "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
+    "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
+    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
+    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+                        _p, _p, _p, _p, _p, _p, _p],
+    # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
+    "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
+    # dtype, numerics, n, out, gate, up
+    "swiglu": [c_int, c_int, _i64, _p, _p, _p],
+    # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
+    "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
+}
+OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
+
+# Capabilities a backend reports, each the set of optional slots it needs (every optional slot is in one).
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "build_info": ("build_info",),
+    "device_attributes": ("device_attribute",),
+    "device_name": ("device_name",),
+    "mem_info": ("mem_info",),
+    "pinned_host": ("malloc_host", "free_host"),
+    "peer_copy": ("memcpy_peer",),
+    "events": ("event_create", "event_destroy", "event_record", "event_synchronize", "stream_wait_event"),
+    "event_timing": ("event_elapsed_ms",),
+    "graphs": ("graph_begin_capture", "graph_end_capture", "graph_launch", "graph_destroy"),
+}
+
+INT64_MAX = (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1

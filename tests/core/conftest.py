@@ -1,0 +1,39 @@
+"""Fixtures for core tests: a C compiler and small backend libraries built against llaisys/backend.h."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from native_build import compile_shared
+
+FAKE_BACKEND_SOURCE = Path(__file__).parent.parent / "fake_backends" / "native" / "fake_backend.c"
+
+
+@pytest.fixture(scope="session")
+def c_compiler():
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        pytest.skip("no C compiler on PATH (the CPU backend's build needs one too)")
+    return compiler
+
+
+@pytest.fixture(scope="session")
+def fake_library(c_compiler, tmp_path_factory):
+    """build(devices=2, peer=False, omit_memcpy=False) -> path of tests/fake_backends/native/fake_backend.c
+    built with prefix llaisys_fake (only the required slots, no operators)."""
+    folder = tmp_path_factory.mktemp("fake_native")
+    built = {}
+
+    def build(devices: int = 2, peer: bool = False, omit_memcpy: bool = False) -> Path:
+        key = (devices, peer, omit_memcpy)
+        if key not in built:
+            flags = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-DLLAISYS_PREFIX=llaisys_fake",
+                     f"-DFAKE_DEVICES={devices}"]
+            flags += ["-DFAKE_PEER"] if peer else []
+            flags += ["-DFAKE_OMIT_MEMCPY"] if omit_memcpy else []
+            name = f"libfake_{devices}{'_peer' if peer else ''}{'_nomemcpy' if omit_memcpy else ''}.so"
+            built[key] = compile_shared(c_compiler, FAKE_BACKEND_SOURCE, folder / name, flags)
+        return built[key]
+    return build

@@ -1,0 +1,142 @@
+"""Binding a compiled backend: required and optional slots, capabilities, and copies chosen by capability.
+
+The libraries here are tests/fake_backends/native/fake_backend.c built against llaisys/backend.h
+(only the required slots; two "accelerators" whose memory the host must not touch directly).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+
+import numpy as np
+import pytest
+
+import llaisys
+from llaisys import abi, plugins
+from llaisys.cli import format_backend_report
+from llaisys.ops._dispatch import clear_plans
+
+
+def test_required_and_optional_slots_of_a_minimal_library(fake_library):
+    backend = llaisys.NativeBackend("fake", fake_library(), prefix="llaisys_fake")
+    assert backend.api_version == abi.API_VERSION and backend.device_count() == 2
+    assert backend.capabilities() == {name: False for name in abi.CAPABILITIES}
+    for call in (lambda: backend.event_create(0), lambda: backend.graph_begin_capture(0, None),
+                 lambda: backend.malloc_host(16), lambda: backend.memcpy_peer(1, 0, 0, 0, 0)):
+        with pytest.raises(llaisys.NotSupportedError, match="'fake' backend does not support"):
+            call()
+    assert backend.device_attribute(0, abi.DeviceAttr.WARP_SIZE) is None
+    assert not backend.host_addressable(0)
+    assert backend.device_name(1) == "fake:1" and backend.mem_info(0) is None and backend.build_info() == ""
+    assert backend.kernel("add") is None
+
+
+def test_missing_required_slot_fails_the_load_naming_it(fake_library):
+    with pytest.raises(llaisys.LlaisysError, match="llaisys_fake_memcpy") as e:
+        llaisys.NativeBackend("fake", fake_library(omit_memcpy=True), prefix="llaisys_fake")
+    assert "memcpy_async" not in str(e.value)  # only what is missing
+
+
+def test_wrong_prefix_names_the_slots():
+    path = plugins.registry().backend("cpu").lib.path
+    with pytest.raises(llaisys.LlaisysError, match="llaisys_gpu_api_version"):
+        llaisys.NativeBackend("cpu", path, prefix="llaisys_gpu")
+
+
+def test_cpu_capabilities_and_attributes():
+    cpu = plugins.registry().backend("cpu")
+    caps = cpu.capabilities()
+    assert caps["events"] and caps["device_attributes"] and caps["pinned_host"] and caps["mem_info"]
+    assert not caps["graphs"] and not caps["peer_copy"]
+    assert cpu.host_addressable(0)
+    assert cpu.device_attribute(0, abi.DeviceAttr.WARP_SIZE) == 1
+    assert cpu.device_attribute(0, abi.DeviceAttr.MULTIPROCESSOR_COUNT) >= 1
+    assert cpu.device_attribute(0, abi.DeviceAttr.COMPUTE_CAPABILITY) is None  # NOT_SUPPORTED -> None
+    free, total = cpu.mem_info(0)
+    assert 0 < free <= total
+    assert "threads" in cpu.device_name(0)
+    event = cpu.event_create(0)
+    cpu.event_record(0, event)
+    cpu.event_synchronize(0, event)
+    cpu.event_destroy(0, event)
+    with pytest.raises(llaisys.LlaisysError, match="unknown capability"):
+        cpu.supports("teleport")
+
+
+class _EntryPoint:
+    """An installed-plugin stand-in: entry point name, distribution and the plugin object."""
+
+    def __init__(self, name, plugin):
+        self.name, self.value, self._plugin = name, f"{name}_plugin", plugin
+        self.dist = type("Dist", (), {"metadata": {"Name": f"llaisys-backend-{name}"}, "version": "0.0.1"})()
+
+    def load(self):
+        return self._plugin
+
+
+def _fake_plugin(library):
+    class Plugin:
+        @llaisys.hookimpl
+        def llaisys_backends(self):
+            return [llaisys.BackendSpec("fake", lambda: llaisys.NativeBackend("fake", library, "llaisys_fake"))]
+    return Plugin()
+
+
+def test_zero_devices_reports_the_backends_reason(fake_library):
+    reg = plugins.Registry(entry_points=[_EntryPoint("fake", _fake_plugin(fake_library(devices=0)))], env_filter="")
+    record = reg.records[0]
+    assert record.status == "no device" and "no fake accelerator is plugged in" in record.reason
+    with pytest.raises(llaisys.BackendUnavailableError, match="no fake accelerator is plugged in"):
+        reg.backend("fake")
+    assert "no fake accelerator is plugged in" in reg.why_no_device()  # the models' "no device" error
+    row = [line for line in format_backend_report(reg.records).splitlines() if line.startswith("fake ")]
+    assert len(row) == 1 and "no device" in row[0] and "no fake accelerator is plugged in" in row[0]  # llaisys devices
+
+
+@pytest.fixture
+def fake_devices(fake_library):
+    """use(peer) makes the process registry the installed backends plus two fake accelerators."""
+    saved = plugins._registry
+
+    def use(peer: bool):
+        library = fake_library(devices=2, peer=peer)
+        installed = list(importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP))
+        plugins._registry = plugins.Registry(entry_points=[*installed, _EntryPoint("fake", _fake_plugin(library))],
+                                             env_filter="")
+        clear_plans()
+        copies = ctypes.CDLL(str(library)).fake_copies
+        copies.restype = ctypes.c_longlong
+        return lambda kind: copies(kind)  # memcpy kind 0..3, 4 = peer copies
+    yield use
+    plugins._registry = saved
+    clear_plans()
+
+
+@pytest.mark.parametrize("peer", [False, True], ids=["via-host", "peer"])
+def test_copies_follow_capabilities_not_names(fake_devices, peer):
+    copies = fake_devices(peer)
+    H2D, D2H, D2D, PEER = int(abi.MemcpyKind.H2D), int(abi.MemcpyKind.D2H), int(abi.MemcpyKind.D2D), 4
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    t = llaisys.from_numpy(base, "fake:0")
+    assert t.device == "fake:0" and not t.storage.host and copies(H2D) == 1
+    np.testing.assert_array_equal(t.numpy(), base)
+    assert copies(D2H) == 1
+
+    u = t.to("fake:1")  # between two accelerators of one backend
+    np.testing.assert_array_equal(u.numpy(), base)
+    if peer:
+        assert copies(PEER) == 1 and copies(H2D) == 1
+    else:
+        assert copies(PEER) == 0 and copies(H2D) == 2  # through a host staging buffer
+
+    back = u.to("cpu")
+    assert back.storage.host
+    np.testing.assert_array_equal(back.numpy(), base)
+    assert copies(D2D) == 0
+
+    z = llaisys.zeros((5,), llaisys.int32, "fake:1")
+    assert not z.numpy().any()
+    with pytest.raises(llaisys.LlaisysError, match="'rearrange' is not implemented by the 'fake' backend"):
+        t.permute(1, 0).contiguous()
