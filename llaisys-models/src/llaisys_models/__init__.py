@@ -16,8 +16,8 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .files import is_gguf, model_directory
 from .generation import GenerationStats
-from .kv_cache import KVCache
 from .locking import ModelBusyError
+from .paged_kv import KVPool, KVShape, SequenceKV
 from .qwen2 import Llama, Qwen2
 from .safetensors import Checkpoint, SafetensorsFile
 from .tokenizer import load_tokenizer
@@ -56,5 +56,6 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics)
 
 
-__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVCache", "Llama", "MODEL_CLASSES", "ModelBusyError",
-           "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "load", "load_tokenizer"]
+__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",
+           "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load",
+           "load_tokenizer"]
