@@ -15,9 +15,16 @@ Models: the demo (in-distribution addition prompts; ``demo`` runs past EOS, ``de
 stops there as a user's run does) and tiny random checkpoints made with transformers
 (tests/models/tiny_models.py) in bf16 and f16, an f32 one converted to bf16 at load, one
 larger bf16 one, and an f32 control. Columns per llaisys numerics mode (``exact``: f32
-inside every op, one rounding at its output; ``hf``: rounding where HF's eager forward
-rounds) side by side; a mode this llaisys_models has no ``numerics=`` option for is
-"n/a". HF's reference run is shared by both modes.
+inside every op, one rounding at its output; ``hf``: rounding where HF's default (sdpa)
+forward rounds) side by side; a mode this llaisys_models has no ``numerics=`` option for is
+"n/a". HF's reference run is shared by both modes. Besides the tokens, each mode shows how
+close its logits come to HF's own: the share of teacher-forced steps whose logits equal HF's
+bit for bit, and the largest |llaisys - HF| logit difference.
+
+``--speed DIR`` instead times decoding in both modes on one model (the demo: ``--speed demo``;
+the 1.5B-shaped random model: ``--speed /tmp/qwen2-1.5b``): one load, the mode switched
+between rounds that alternate (exact, hf, exact, hf, ...) so that machine noise hits both;
+prefill and decode tok/s per mode, and the ratio hf / exact.
 
 ``--bug`` plants a real bug into every loaded llaisys model (its config or weights changed in
 memory) to show how the classifier sees one: ``rope_theta`` (10x the model's), ``q_bias``
@@ -87,6 +94,8 @@ class Tally:
     llaisys_error: float = 0.0
     hf_error: float = 0.0
     worst_ratio: float = 0.0  # max over prompts of llaisys' error / HF's
+    hf_distance: float = 0.0  # max |llaisys logit - HF logit|
+    hf_identical_rows: int = 0  # steps whose logits equal HF's bit for bit
     worst_near_tie_gap: float = 0.0  # largest exact gap of a choice at a near-tie
     smallest_bound: float = float("inf")  # the near-tie bound (2x HF's error) over the prompts
     largest_bound: float = 0.0
@@ -101,6 +110,8 @@ class Tally:
         self.mismatches += report.mismatches
         self.llaisys_error = max(self.llaisys_error, report.llaisys_error)
         self.hf_error = max(self.hf_error, report.hf_error)
+        self.hf_distance = max(self.hf_distance, report.hf_distance)
+        self.hf_identical_rows += report.hf_identical_rows
         if report.hf_error > 0:
             self.worst_ratio = max(self.worst_ratio, report.llaisys_error / report.hf_error)
         for d in report.divergences:
@@ -193,18 +204,20 @@ def run(args) -> dict[str, dict[str, Tally | None]]:
 
 
 MODE_COLUMNS = ["token-identical", "first divergences (step)", "near-ties / mismatches", "largest near-tie gap",
-                "llaisys max|err| (worst x HF)"]
+                "llaisys max|err| (worst x HF)", "logits = HF's (steps)", "max|llaisys - HF|"]
 
 
 def mode_cells(tally: Tally | None, width: int) -> list[str]:
     if tally is None:
-        return ["n/a until phase 2"] + [""] * (width - 1)
+        return ["n/a"] + [""] * (width - 1)
     firsts = sorted(tally.first_divergences)
     return [f"{tally.identical}/{tally.prompts} ({100 * tally.identical / max(tally.prompts, 1):.0f}%)",
             ", ".join(map(str, firsts)) if firsts else "-",
             f"{tally.near_ties} / {tally.mismatches}",
             f"{tally.worst_near_tie_gap:.3g}" if tally.near_ties else "-",
-            f"{tally.llaisys_error:.3g} ({tally.worst_ratio:.2f}x)"]
+            f"{tally.llaisys_error:.3g} ({tally.worst_ratio:.2f}x)",
+            f"{100 * tally.hf_identical_rows / max(tally.steps, 1):.0f}%",
+            f"{tally.hf_distance:.3g}"]
 
 
 def table(results, modes) -> str:
@@ -234,6 +247,33 @@ def table(results, modes) -> str:
     return "\n".join(lines)
 
 
+def speed(args) -> str:
+    """Decode (and prefill) tok/s of each numerics mode on one model, rounds alternating between the modes."""
+    import llaisys_models
+
+    path = llaisys_models.DEMO_MODEL_DIR if str(args.speed) == "demo" else args.speed
+    model = llaisys_models.load(path, device=args.device, progress=False)
+    n_ctx = min(args.speed_context, model.config.max_position_embeddings - args.new_tokens - 1)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, size=n_ctx).tolist()
+    prefill = {mode: [] for mode in args.numerics}
+    decode = {mode: [] for mode in args.numerics}
+    for rnd in range(args.speed_rounds + 1):  # round 0 warms up (page-ins, buffers) and is not counted
+        for mode in args.numerics:
+            model.numerics = mode  # the same weights; each forward reads the mode
+            model.generate(ids, args.new_tokens, eos_token_ids=())
+            if rnd:
+                prefill[mode].append(model.last_stats.prefill_tokens_per_second)
+                decode[mode].append(model.last_stats.decode_tokens_per_second)
+    lines = [f"decode speed by numerics mode: {path} ({model.dtype.name}, {model.device}), prompt of {n_ctx} "
+             f"tokens, {args.new_tokens} new tokens, {args.speed_rounds} alternating rounds (median)",
+             "| mode | prefill tok/s | decode tok/s | decode vs exact |", "|---|---|---|---|"]
+    base = float(np.median(decode[args.numerics[0]]))
+    for mode in args.numerics:
+        d = float(np.median(decode[mode]))
+        lines.append(f"| {mode} | {np.median(prefill[mode]):.1f} | {d:.2f} | {d / base:.3f}x |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
@@ -244,6 +284,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="llaisys device (default: the best available)")
     p.add_argument("--root", type=Path, default=None, help="where to write the tiny checkpoints (default: a temp dir)")
     p.add_argument("--verbose", action="store_true", help="print every prompt that diverged")
+    p.add_argument("--speed", type=Path, default=None, metavar="DIR",
+                   help="time decoding in each mode on this model directory ('demo': the demo) instead")
+    p.add_argument("--speed-context", type=int, default=16, help="--speed: prompt tokens (default 16)")
+    p.add_argument("--speed-rounds", type=int, default=3, help="--speed: rounds per mode (default 3)")
     p.add_argument("--bug", choices=sorted(BUGS), default=None,
                    help="plant this bug into llaisys' models (a check that the classifier calls it a mismatch)")
     args = p.parse_args(argv)
@@ -255,6 +299,10 @@ def main(argv=None) -> int:
     for m in args.numerics:
         if m not in MODES:
             p.error(f"unknown numerics mode {m!r}; choose from {', '.join(MODES)}")
+
+    if args.speed is not None:
+        print(speed(args))
+        return 0
 
     import torch
 

@@ -99,14 +99,14 @@ def measure(model, tokenizer_dir: Path, args) -> dict[str, dict]:
             turn2 = turn1 + [{"role": "assistant", "content": reply},
                              {"role": "user", "content": "And what follows from it, in a few words?"}]
             for mode, reuse in MODES.items():
-                engine.pool.reuse = reuse  # the engine is idle between requests; applies from the next one
+                engine.pool.prefix_caching = reuse  # the engine is idle between requests; applies from the next one
                 ttft, _, usage = stream_turn(client, "bench", turn2, 1)
                 cached = usage.prompt_tokens_details.cached_tokens
                 for key, value in (("ttft", ttft), ("computed", usage.prompt_tokens - cached), ("reused", cached)):
                     rows[mode][key].append(value)
                 print(f"  #{repeat} {mode}: TTFT {ttft:.3f}s, prompt {usage.prompt_tokens} tokens ({cached} reused)",
                       file=sys.stderr)
-            engine.pool.reuse = True
+            engine.pool.prefix_caching = True
     with_reuse, without = (rows[mode]["ttft"] for mode in MODES)
     ratio = statistics.median(b / a for a, b in zip(with_reuse, without))  # per back-to-back pair
     return {mode: {k: statistics.median(v) for k, v in row.items()} for mode, row in rows.items()}, ratio

@@ -70,3 +70,13 @@ def assert_close(actual: llaisys.Tensor, expected: torch.Tensor, tol: float | No
         raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements differ beyond tol={tol}; "
                              f"first at {idx}: got {got[idx].item()}, expected {want[idx].item()}; "
                              f"max abs err {err.max().item() if err.numel() else float('nan'):.3g}")
+
+
+def skip_without_kernels(device, ops, what: str) -> None:
+    """Skip, naming them, when ``device``'s backend lacks any of ``ops`` (``what`` needs them)."""
+    import pytest
+
+    missing = [op for op in ops if not llaisys.ops.implemented(op, device)]
+    if missing:
+        pytest.skip(f"the '{llaisys.as_device(device).type}' backend does not implement {', '.join(missing)}, "
+                    f"which {what} needs")

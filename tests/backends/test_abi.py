@@ -102,6 +102,7 @@ def _op_args(buffers, op, dtype, numerics):
     """Arguments (after device, stream) for a small valid call of `op` with the given dtype / numerics codes;
     the data is f32 (a kernel must refuse an unknown code before reading it)."""
     f = lambda *shape: buffers.upload(np.random.default_rng(0).standard_normal(shape).astype(np.float32))  # noqa: E731
+    i32 = lambda *values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
     index = buffers.upload(np.array([0, 1], dtype=np.int64))
     return {
         "add": lambda: (dtype, 8, f(8), f(8), f(8)),
@@ -114,11 +115,15 @@ def _op_args(buffers, op, dtype, numerics):
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
+        # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
+        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 8),
+                                    f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
+        "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
     }[op]()
 
 
 DTYPE_OPS = [op for op in OPS if SLOTS[op].argtypes[2] is ctypes.c_int and op != "rearrange"]
-NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu"]
+NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu", "paged_attention"]
 
 
 @pytest.mark.parametrize("op", DTYPE_OPS)
@@ -156,6 +161,35 @@ def test_embedding_index_out_of_range_names_it(on_device, bad):
         status = on_device("embedding", 0, None, F32, 3, dim, vocab, buffers.alloc(3 * dim * 4), index,
                            buffers.upload(weight))
         on_device.expect(on_device.finish(status), INVALID_ARGUMENT, str(bad), "position 2")
+
+
+@pytest.mark.parametrize("case", ["block id", "seq_len", "query_start"])
+def test_paged_attention_checks_its_index_data(on_device, case):
+    """Block tables, lengths and query offsets are data only the kernel reads: a bad value is
+    INVALID_ARGUMENT naming it, never a read outside the caches."""
+    if not on_device.has("paged_attention"):
+        pytest.skip(f"{on_device.backend.name} does not implement paged_attention")
+    tables, seq_lens, query_start, named = {"block id": ([1, 7], [3], [0, 2], "7"),
+                                            "seq_len": ([1, 0], [5], [0, 2], "5"),
+                                            "query_start": ([1, 0], [3], [0, 9], "9")}[case]
+    with DeviceBuffers(on_device) as buffers:
+        f = lambda *shape: buffers.alloc(4 * int(np.prod(shape)))  # noqa: E731
+        i32 = lambda values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
+        status = on_device("paged_attention", 0, None, F32, CODES["LLAISYS_NUMERICS_EXACT"], 2, 1, 2, 1, 8, 8, 2, 2, 2,
+                           0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
+                           i32(query_start))
+        on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
+
+
+def test_paged_kv_write_refuses_a_slot_past_the_cache(on_device):
+    if not on_device.has("paged_kv_write"):
+        pytest.skip(f"{on_device.backend.name} does not implement paged_kv_write")
+    with DeviceBuffers(on_device) as buffers:
+        cache = buffers.upload(np.zeros((2, 2, 1, 8), dtype=np.float32))
+        rows = buffers.upload(np.ones((2, 1, 8), dtype=np.float32))
+        slots = buffers.upload(np.array([1, 4], dtype=np.int64))
+        status = on_device("paged_kv_write", 0, None, F32, 2, 1, 8, 8, 4, cache, cache, rows, rows, slots)
+        on_device.expect(on_device.finish(status), INVALID_ARGUMENT, "4")
 
 
 def test_a_valid_call_passes(on_device):

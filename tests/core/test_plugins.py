@@ -236,3 +236,10 @@ def test_real_cpu_backend_is_discovered():
     rows = {r.name: r for r in llaisys.backend_report()}
     assert rows["cpu"].status == "loaded" and rows["cpu"].package == "llaisys-backend-cpu"
     assert llaisys.available_devices()[-1] == llaisys.Device("cpu")
+
+
+def test_ops_implemented_asks_the_devices_backend():
+    """llaisys.ops.implemented: a model can check its kernels before it runs (the installed CPU backend)."""
+    assert llaisys.ops.implemented("add", "cpu")
+    assert llaisys.ops.implemented("paged_attention", llaisys.Device("cpu", 0))
+    assert not llaisys.ops.implemented("add", "no_such_device")

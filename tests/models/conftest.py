@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from helpers import skip_without_kernels
+from llaisys_models.qwen2 import KERNELS
 from tiny_models import TinyModels
 
 
@@ -10,3 +12,10 @@ from tiny_models import TinyModels
 def tiny_models(tmp_path_factory) -> TinyModels:
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     return TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(autouse=True)
+def _device_runs_the_models(request):
+    """A model test on a device whose backend cannot run the models (no paged KV kernels) is skipped."""
+    if "device" in request.fixturenames:
+        skip_without_kernels(request.getfixturevalue("device"), KERNELS, "the models' paged KV cache")

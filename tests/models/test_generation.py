@@ -46,15 +46,15 @@ def test_decode_step_equals_full_recompute(name, rel, tiny_models, device):
 
 
 def test_cache_grows_and_keeps_its_content(f32_path, device):
-    """Growing the cache past its first allocation keeps the cached keys/values intact."""
+    """Growing the model's KV pool past its first allocation keeps the cached keys/values intact."""
     model = llaisys_models.load(f32_path, device=device)
     ids = np.random.default_rng(0).integers(0, 256, size=300).tolist()
     full = model.logits(ids)
-    model.cache.release()
+    model.kv_pool = model.new_kv_pool(num_blocks=2, prefix_caching=False)  # room for 32 positions
     model.forward(ids[:200])
-    capacity = model.cache.capacity
+    blocks = model.kv_pool.num_blocks
     rest = model.forward(ids[200:], all_logits=True).numpy()
-    assert model.cache.capacity > capacity >= 200
+    assert model.kv_pool.num_blocks > blocks >= 200 // model.kv_pool.block_size
     assert_logits_close(rest, full[200:], 1e-5)
 
 
@@ -62,9 +62,10 @@ def test_cache_is_allocated_once_per_generation(f32_path, device):
     model = llaisys_models.load(f32_path, device=device)
     ids = prompt(F32, 5, SPECS[F32].vocab)
     model.generate(ids, 20, eos_token_ids=())
-    keys = [k.data_ptr() for k in model.cache.keys]
-    model.generate(ids, 30, eos_token_ids=())  # fits in the same buffers: no reallocation
-    assert [k.data_ptr() for k in model.cache.keys] == keys
+    keys = [k.data_ptr() for k in model.kv_pool.keys]
+    model.generate(ids, 30, eos_token_ids=())  # fits in the same pool: no reallocation
+    assert [k.data_ptr() for k in model.kv_pool.keys] == keys
+    assert model.kv_pool.check()["used"] == len(model.cache.blocks)  # the first generation's blocks came back
 
 
 def test_reuse_cache_continues_from_a_prefix(f32_path, device):

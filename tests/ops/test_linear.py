@@ -1,9 +1,9 @@
 """linear: out = x @ weight.T + bias, against torch float64 on the same (rounded) inputs, on every SIMD path.
 
-The CPU kernel has two algorithms: a weight-streaming GEMV for M <= 8 (one weight row at a time while
-x fits in L1, interleaved rows beyond) and a packed GEMM for larger M; on CPUs with AVX512-BF16 both use
-vdpbf16ps for bf16. The shapes below reach both, their tails (M, N, K not multiples of any tile, odd K
-for the bf16 pairs) and the Qwen2-1.5B projections.
+The CPU kernel has two algorithms: a weight-streaming GEMV for M <= 8 and a packed GEMM for larger M; on
+CPUs with AVX512-BF16 both use vdpbf16ps for bf16. The shapes below reach both, their tails (M, N, K not
+multiples of any tile, odd K for the bf16 pairs) and the Qwen2-1.5B projections. Both compute each output
+in the same order, so a row's result never depends on the rows batched with it (checked bit for bit).
 """
 
 
@@ -51,6 +51,46 @@ def check_small_shapes():
     for dtype in FLOAT_DTYPES:
         for i, shape in enumerate(SMALL_SHAPES):
             check_linear(shape, dtype, with_bias=i % 2 == 0, seed=i)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _linear_rows(x: torch.Tensor, w, bias, start: int, m: int, device) -> torch.Tensor:
+    """linear of rows [start, start + m) of x, alone."""
+    out = nan_filled((m, w.shape[0]), w.dtype, device)
+    llaisys.ops.linear(out, from_torch(x[start:start + m], device), w, bias)
+    return to_torch(out)
+
+
+def check_rows_independent(device="cpu"):
+    """Each row of out, bit for bit, whether x has 1, 2, 5, 8 (GEMV), 9 or 13 (GEMM) rows around it; K past
+    the kernels' KC slices (256, and 1024 for the bf16 pairs), odd K and N."""
+    for dtype in FLOAT_DTYPES:
+        for n, k in ((33, 300), (40, 1101), (17, 2049)):
+            g = torch.Generator().manual_seed(n + k)
+            _, rx = random((20, k), dtype, device, g, scale=k ** -0.5)
+            w, _ = random((n, k), dtype, device, g)
+            bias, _ = random((n,), dtype, device, g)
+            xt = rx.to(TORCH_DTYPES[dtype])
+            everything = _linear_rows(xt, w, bias, 0, 20, device)
+            for start, m in ((0, 1), (5, 1), (19, 1), (0, 2), (3, 5), (0, 8), (11, 8), (2, 9), (0, 13), (7, 13)):
+                rows = _linear_rows(xt, w, bias, start, m, device)
+                assert torch.equal(bits(rows), bits(everything[start:start + m])), (
+                    f"{dtype.name} N={n} K={k}: rows [{start}, {start + m}) differ from the same rows in a batch of 20")
+
+
+def test_linear_rows_do_not_depend_on_the_batch(device):
+    check_rows_independent(device)
+
+
+@pytest.mark.parametrize("env", [{"LLAISYS_CPU_SIMD": "avx2"}, {"LLAISYS_CPU_SIMD": "portable"},
+                                 {"LLAISYS_CPU_LINEAR_BF16DOT": "0"}], ids=["avx2", "portable", "no-bf16dot"])
+def test_linear_rows_do_not_depend_on_the_batch_on_every_path(device, env):
+    if device.type != "cpu":
+        pytest.skip("SIMD paths belong to the CPU backend")
+    run_in_child(__name__, env, "t.check_rows_independent()")
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])

@@ -30,6 +30,8 @@ from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys
 import llaisys_models
+from helpers import skip_without_kernels
+from llaisys_models.qwen2 import KERNELS
 
 # fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
@@ -62,6 +64,7 @@ def serve_device(config) -> str | None:
     devices = [d for d in llaisys.available_devices() if d.type == wanted]
     if not devices:
         pytest.skip(f"no '{wanted}' device available")
+    skip_without_kernels(devices[0], KERNELS, "serving a model")
     return str(devices[0])
 
 
@@ -137,14 +140,26 @@ def chat_server(chat_model_dir, pytestconfig):
     from llaisys_models.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
-    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_slots=16)
+    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_memory=64 << 20)
     with ChatServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def demo_server(tmp_path_factory, pytestconfig):
-    """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY."""
+def demo_server(demo_server_process):
+    """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY: its base URL."""
+    return demo_server_process[0]
+
+
+@pytest.fixture(scope="session")
+def demo_server_log(demo_server_process) -> Path:
+    """What the demo server printed (start-up lines first)."""
+    return demo_server_process[1]
+
+
+@pytest.fixture(scope="session")
+def demo_server_process(tmp_path_factory, pytestconfig):
+    """(base URL, log file) of ``llaisys serve`` on the demo model."""
     exe = Path(sys.executable).parent / "llaisys"  # this environment's command, else the one on PATH
     exe = str(exe) if exe.exists() else shutil.which("llaisys")
     if exe is None:
@@ -168,7 +183,7 @@ def demo_server(tmp_path_factory, pytestconfig):
             if time.monotonic() > deadline:
                 pytest.fail("llaisys serve did not answer /health within 120 s")
             time.sleep(0.2)
-        yield base_url
+        yield base_url, log_path
     finally:
         proc.terminate()
         try:

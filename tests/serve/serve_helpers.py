@@ -42,6 +42,32 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+# -- the engine without HTTP ---------------------------------------------------------------------------------
+
+TIMEOUT = 60  # seconds to wait for an engine event
+
+
+def submit(engine, prompt, max_tokens: int, log, name=None, **sampling):
+    """Submit a request whose events go to ``log`` (a queue) as (name, event); returns the Request."""
+    from llaisys_models.serve.engine import Request, SamplingParams
+
+    request = Request(prompt, SamplingParams(max_tokens=max_tokens, **sampling), lambda event: log.put((name, event)))
+    engine.submit(request)
+    return request
+
+
+def events_until_done(log, count: int) -> list:
+    """(name, event) pairs from ``log`` until ``count`` requests have ended (Finished or Failed)."""
+    from llaisys_models.serve.engine import Delta
+
+    events, done = [], 0
+    while done < count:
+        name, event = log.get(timeout=TIMEOUT)
+        events.append((name, event))
+        done += not isinstance(event, Delta)
+    return events
+
+
 # -- raw HTTP (the standard library: the openai client's own HTTP package varies between versions) --------
 
 @dataclasses.dataclass

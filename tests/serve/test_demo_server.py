@@ -3,6 +3,8 @@ from LLAISYS_API_KEY: the key guards every endpoint but /health and the page; th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from serve_helpers import API_KEY, http_request, require_serving
 
@@ -28,6 +30,12 @@ def test_endpoints_need_the_key(demo_server, path, key):
     assert r.status == 401
     assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == "invalid_api_key"
     assert http_request(demo_server, "GET", path, headers={"Authorization": f"Bearer {API_KEY}"}).status == 200
+
+
+def test_start_up_reports_the_kv_cache(demo_server, demo_server_log):
+    """The KV budget (--kv-memory, or its default) is said at start-up: bytes, blocks, tokens."""
+    line = next(line for line in demo_server_log.read_text().splitlines() if "KV cache" in line)
+    assert re.search(r"KV cache \d+\.\d\d GiB: \d+ blocks of 16 positions \(\d+ tokens, \d+ bytes each\)", line), line
 
 
 def test_completions_need_the_key(demo_server):
@@ -66,9 +74,14 @@ def test_demo_greedy_equals_generate(client):
         assert r.choices[0].text == want and want.isdigit()
 
 
-@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--kv-slots", "-1")])
+@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--max-running", "0"), ("--max-batch-tokens", "0"),
+                                         ("--block-size", "0"), ("--kv-memory", "lots"), ("--kv-memory", "0GiB")])
 def test_bad_command_line_values_are_refused(capsys, flag, value):
     from llaisys.cli import main
 
     assert main(["serve", flag, value]) == 2
-    assert f"{flag} = {value} is out of range" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    if flag == "--kv-memory":
+        assert f"{value!r}" in err and ("not a memory size" in err or "must be positive" in err)
+    else:
+        assert f"{flag} = {value} is out of range" in err

@@ -6,13 +6,11 @@ from __future__ import annotations
 import queue
 
 import pytest
-from serve_helpers import chat_ids, generate_text, user
+from serve_helpers import TIMEOUT, chat_ids, events_until_done, generate_text, submit, user
 
 import llaisys_models
-from llaisys_models.serve.engine import Delta, Engine, EngineUnavailable, Failed, Finished, Request, SamplingParams
+from llaisys_models.serve.engine import Delta, Engine, EngineUnavailable, Failed, Finished
 from llaisys_models.tokenizer import load_tokenizer
-
-TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
@@ -22,22 +20,6 @@ def engine_model(chat_model_dir):
 
 def run_engine(model, directory, **kwargs) -> Engine:
     return Engine(model, load_tokenizer(directory), **kwargs).start()
-
-
-def submit(engine, prompt, max_tokens, log: queue.Queue, name=None, **sampling) -> Request:
-    request = Request(prompt, SamplingParams(max_tokens=max_tokens, **sampling),
-                      lambda event: log.put((name, event)))
-    engine.submit(request)
-    return request
-
-
-def events_until_done(log: queue.Queue, count: int) -> list:
-    events, done = [], 0
-    while done < count:
-        name, event = log.get(timeout=TIMEOUT)
-        events.append((name, event))
-        done += not isinstance(event, Delta)
-    return events
 
 
 def test_running_requests_take_turns_token_by_token(engine_model, chat_model_dir, tokenizer, chat_reference):

@@ -92,10 +92,12 @@ inline void require_float_dtype(int dtype) {
     if (dtype != LLAISYS_F32 && dtype != LLAISYS_F16 && dtype != LLAISYS_BF16) unsupported_dtype(dtype);
 }
 
-// Only LLAISYS_NUMERICS_EXACT is implemented so far.
-inline void require_exact_numerics(int numerics) {
-    if (numerics != LLAISYS_NUMERICS_EXACT)
+// The numerics code of an op that takes one: true for LLAISYS_NUMERICS_HF (round where HF transformers
+// rounds), false for LLAISYS_NUMERICS_EXACT; any other code is NOT_SUPPORTED.
+inline bool hf_numerics(int numerics) {
+    if (numerics != LLAISYS_NUMERICS_EXACT && numerics != LLAISYS_NUMERICS_HF)
         throw NotSupported("numerics mode " + std::to_string(numerics) + " is not implemented by this backend");
+    return numerics == LLAISYS_NUMERICS_HF;
 }
 
 }  // namespace llaisys

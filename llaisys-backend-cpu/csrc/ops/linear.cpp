@@ -15,19 +15,16 @@ namespace llaisys::cpu::LLAISYS_ISA {
 #if defined(LLAISYS_ISA_AVX512)
 // 14 x 32 tile: 28 zmm accumulators + 2 B vectors + 1 broadcast = 31 of 32 registers.
 using GemmKernel = F32Kernel<Vec16, 14, 2, 256, 256>;
-constexpr int kGemvAccumulators = 16;
 #elif defined(LLAISYS_ISA_AVX2)
 // 6 x 16 tile: 12 ymm accumulators + 2 B vectors + 1 broadcast.
 using GemmKernel = F32Kernel<Vec8, 6, 2, 256, 256>;
-constexpr int kGemvAccumulators = 8;
 #else
 // 4 x 8 tile: 8 SSE accumulators (each Vec8 is two).
 using GemmKernel = F32Kernel<Vec8, 4, 1, 256, 128>;
-constexpr int kGemvAccumulators = 4;
 #endif
 
-// One dtype: GEMV or GEMM by M (or the forced path), with the given GEMV row kernel and GEMM kernel.
-template <class T, class Dot, class Kern>
+// One dtype: GEMV or GEMM by M (or the forced path), both in Kern's arithmetic (see linear_gemv.h).
+template <class T, class Kern>
 static void run(const LinearArgs& a) {
     if (a.K == 0) {  // out = bias, or 0 (all-zero bits in every dtype)
         for (int64_t m = 0; m < a.M; ++m) {
@@ -39,7 +36,7 @@ static void run(const LinearArgs& a) {
     }
     const LinearPath forced = linear_forced_path();
     const bool use_gemv = forced == LinearPath::kGemv || (forced == LinearPath::kByShape && a.M <= kGemvMaxRows);
-    if (use_gemv) gemv<Dot>(a);
+    if (use_gemv) gemv<Kern, T>(a);
     else gemm<Vec, Kern, T>(a);
 }
 
@@ -49,10 +46,10 @@ void linear(const LinearArgs& a) {
 #if defined(LLAISYS_ISA_AVX512)
         if constexpr (std::is_same_v<T, bf16_t>) {
             if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
-                return run<T, Bf16DotGemv, Bf16DotKernel<14, 1024, 128>>(a);
+                return run<T, Bf16DotKernel<14, 1024, 128>>(a);
         }
 #endif
-        run<T, F32Dot<Vec, T, kGemvAccumulators>, GemmKernel>(a);
+        run<T, GemmKernel>(a);
     });
 }
 

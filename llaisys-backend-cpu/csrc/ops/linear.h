@@ -2,7 +2,9 @@
 //
 // linear.cpp: each build's configuration (vector type, register tiles) and the exported entry point;
 // linear_gemv.h: decode-shaped calls (M <= kGemvMaxRows), memory bound; linear_gemm.h: larger M, compute
-// bound; linear_bf16dot.h: bf16 with AVX512-BF16 dot products (vdpbf16ps). Shared pieces are below.
+// bound; linear_bf16dot.h: bf16 with AVX512-BF16 dot products (vdpbf16ps). Both algorithms compute every
+// output in the same order (the GEMM kernel's), so a row of out never depends on the other rows of x.
+// Shared pieces are below.
 #pragma once
 
 #include <omp.h>
@@ -32,7 +34,7 @@ constexpr int64_t kGemvMaxRows = 8;
 
 // Knobs read once per process from the environment (tests use them to reach every path):
 //   LLAISYS_CPU_LINEAR_BF16DOT=0   bf16 without AVX512-BF16 (vdpbf16ps) even where the CPU has it: the f32
-//                                  GEMM on expanded panels and the shift + FMA GEMV, as on older CPUs
+//                                  kernel on widened values, as on older CPUs
 //   LLAISYS_CPU_LINEAR_PATH=gemv|gemm   force one algorithm for every M (testing only)
 bool linear_bf16dot_allowed();
 enum class LinearPath : int { kByShape, kGemv, kGemm };

@@ -59,62 +59,57 @@ struct Bf16DotKernel {
     static void pack_b(const T* src, int64_t ld, int rows, int64_t kc, P* dst) {
         pack_pairs<NR>(src, ld, rows, kc, dst);
     }
-};
 
-// GEMV row kernel: vdpbf16ps straight on bf16 weights and bf16 x, 32 values per instruction, no
-// widening, and x at half the bytes of the f32 path, so x and the weight stream share L1 better
-// (measured 1.3-2.5x faster than shift + FMA at M = 1..8). Same interface as F32Dot (linear_gemv.h).
-struct Bf16DotGemv {
-    using T = bf16_t;
-    using X = bf16_t;
-    static constexpr int kAcc = 24;
-
-    template <int MM, int R, int U, int PF>
-    LLAISYS_TARGET_AVX512BF16 static void dot(const bf16_t* __restrict w, int64_t ldw, const bf16_t* __restrict x,
-                                              int64_t ldx, int64_t len, float (&res)[R][MM]) {
-        Vec16 acc[U][R][MM];
-#pragma GCC unroll 4
-        for (int u = 0; u < U; ++u)
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-                for (int m = 0; m < MM; ++m) acc[u][r][m] = Vec16::zero();
-        int64_t k = 0;
-        for (; k + 32 * U <= len; k += 32 * U) {
-#pragma GCC unroll 4
-            for (int u = 0; u < U; ++u) {
-                const int64_t ku = k + 32 * u;
-                Vec16i wv[R];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    if constexpr (PF > 0) __builtin_prefetch(reinterpret_cast<const char*>(w + r * ldw + ku) + PF);
-                    wv[r] = Vec16i::load(w + r * ldw + ku);
-                }
-#pragma GCC unroll 8
-                for (int m = 0; m < MM; ++m) {
-                    const Vec16i xv = Vec16i::load(x + m * ldx + ku);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; ++r) acc[u][r][m] = dot_bf16_pairs(acc[u][r][m], wv[r], xv);
-                }
-            }
+    // The GEMV in this kernel's arithmetic (linear_gemv.h): x as (k, k+1) pairs (an odd K's last pair padded
+    // with 0, as pack_pairs does), 16 weight rows in the lanes, one dot_bf16_pairs(acc, x pair, w pairs) per
+    // pair, chains restarted at every KC slice.
+    using Lanes = Vec16;
+    using GemvX = uint32_t;
+    static int64_t gemv_x_stride(int64_t K) { return ceil_div(K, 2); }
+    static const uint32_t* gemv_x(const bf16_t* x, int64_t M, int64_t K, uint32_t* buf) {
+        const int64_t ld = gemv_x_stride(K);
+        for (int64_t m = 0; m < M; ++m) {
+            buf[m * ld + ld - 1] = 0;  // the pad of an odd K
+            std::memcpy(static_cast<void*>(buf + m * ld), x + m * K, sizeof(bf16_t) * size_t(K));
         }
-        for (; k < len; k += 32) {  // zero-filled tail: an odd last value pairs with 0
-            const int n = len - k >= 32 ? 32 : int(len - k);
-            for (int r = 0; r < R; ++r) {
-                const Vec16i wv = Vec16i::load_halves_partial(w + r * ldw + k, n);
-                for (int m = 0; m < MM; ++m)
-                    acc[0][r][m] = dot_bf16_pairs(acc[0][r][m], wv, Vec16i::load_halves_partial(x + m * ldx + k, n));
+        return buf;
+    }
+    template <int MM>
+    LLAISYS_TARGET_AVX512BF16 static void gemv_block(const bf16_t* __restrict w, int64_t K, int rows,
+                                                     const uint32_t* __restrict x, int64_t ldx, Vec16 (&total)[MM]) {
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = std::min<int64_t>(KC, K - k0), pairs = ceil_div(kc, 2);
+            Vec16 acc[MM];
+#pragma GCC unroll 8
+            for (int m = 0; m < MM; ++m) acc[m] = Vec16::zero();
+            for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+                const int n = int(std::min<int64_t>(16, pairs - p0));
+                const int64_t left = kc - 2 * p0;  // bf16 values left in this slice
+                const bf16_t* wk = w + k0 + 2 * p0;
+                Vec16 t[16];
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; ++j) {
+                    const bf16_t* p = wk + j * K;
+                    if (j < rows) __builtin_prefetch(p + 256);
+                    t[j] = j >= rows ? Vec16::zero()
+                                     : as_f32(left >= 32 ? Vec16i::load(p) : Vec16i::load_halves_partial(p, int(left)));
+                }
+                transpose(t);  // t[s]: pair s of the 16 rows
+                const uint32_t* xk = x + (k0 >> 1) + p0;
+                auto step = [&](int s) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+                    for (int m = 0; m < MM; ++m) acc[m] = dot_bf16_pairs(acc[m], Vec16i(xk[m * ldx + s]), bits_of(t[s]));
+                };
+                if (n == 16) {  // a whole tile: unrolled, so t stays in registers
+#pragma GCC unroll 16
+                    for (int s = 0; s < 16; ++s) step(s);
+                } else {
+                    for (int s = 0; s < n; ++s) step(s);
+                }
             }
+#pragma GCC unroll 8
+            for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : acc[m] + total[m];  // as c += A*B
         }
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-            for (int m = 0; m < MM; ++m) {
-                Vec16 t = acc[0][r][m];
-#pragma GCC unroll 4
-                for (int u = 1; u < U; ++u) t = t + acc[u][r][m];
-                res[r][m] = reduce_add(t);
-            }
     }
 };
 

@@ -11,6 +11,7 @@
 #include <atomic>
 
 #include "linear.h"
+#include "linear_gemv.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
@@ -50,6 +51,24 @@ template <class V, int MR_, int NV_, int KC_, int NC_>
 struct F32Kernel {
     using P = float;
     static constexpr int MR = MR_, NR = NV_ * V::W, KU = 1, KC = KC_, NC = NC_;
+
+    // The GEMV in this kernel's arithmetic (linear_gemv.h): x as f32 rows, weights widened in registers.
+    using Lanes = V;
+    using GemvX = float;
+    static int64_t gemv_x_stride(int64_t K) { return K; }
+    template <class T>
+    static const float* gemv_x(const T* x, int64_t M, int64_t K, float* buf) {
+        if constexpr (std::is_same_v<T, float>) {
+            return x;
+        } else {
+            convert(x, buf, M * K);
+            return buf;
+        }
+    }
+    template <int MM, class T>
+    static void gemv_block(const T* w, int64_t K, int rows, const float* x, int64_t ldx, V (&total)[MM]) {
+        gemv_block_f32<V, KC, MM>(w, K, rows, x, ldx, total);
+    }
 
     static void micro(int64_t ks, const P* __restrict a, const P* __restrict b, float* __restrict c, int64_t ldc,
                       bool accumulate) {

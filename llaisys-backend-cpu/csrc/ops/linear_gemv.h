@@ -1,12 +1,19 @@
 // linear for decode-shaped calls (M <= kGemvMaxRows): memory bound, so every weight row is read exactly
 // once for all M rows of x.
 //
-// N is split over the threads in blocks of 8 contiguous rows (dynamic schedule: other processes may hold a
-// core). While the M rows of x plus one weight row fit in L1, the block is read one row at a time with U
-// unrolled accumulators per x row (one sequential stream, which the hardware prefetcher follows best);
-// otherwise R rows are interleaved so that each x vector (now an L1 miss) serves R weight vectors.
-// f16 / bf16 weights are widened to f32 in registers (bf16: a 16-bit shift), x is converted once; with
-// AVX512-BF16, bf16 instead runs vdpbf16ps on raw bf16 weights and x (Bf16DotGemv, linear_bf16dot.h).
+// Batch invariance: a row of out must not depend on the other rows of x (a sequence's logits are the same
+// whether it runs alone or batched with others, and however its prompt is cut into chunks). So the GEMV
+// computes every output with exactly the arithmetic of the GEMM kernel in use (linear_gemm.h,
+// linear_bf16dot.h): one f32 chain per output over k in order (an FMA per k, or a vdpbf16ps per pair of k),
+// restarted at the kernel's KC slices, the slices' sums added in order, then the bias added and the result
+// rounded by the same vector code. What differs is only how the work is laid out: here W weight rows sit in
+// the lanes of a vector (blocks of W rows shared among the threads); per chunk of W k-steps the W x W tile
+// of weights (rows x k) is transposed in registers and every row of x adds x[m][k] * w[rows][k], k in order.
+// No packing, each weight element is loaded once; the transposes cost shuffles, not memory traffic.
+//
+// A kernel type provides the GEMV in its arithmetic: Lanes (its vector type), GemvX (the element of x in the
+// dot product: f32, or a bf16 pair), gemv_x_stride(K), gemv_x(x, M, K, buf) (x in that form), and
+// gemv_block<MM>(w, K, rows, x, ldx, total[MM]) (the MM x rows outputs of one block before the bias).
 #pragma once
 
 #include <type_traits>
@@ -15,156 +22,86 @@
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
-// res[r][m] = dot(w row r, x row m) over [0, len): R weight rows (stride ldw) x MM rows of x (stride ldx),
-// each k range unrolled U times, so R*MM*U independent accumulator chains. PF > 0: software-prefetch each
-// weight row PF bytes ahead.
-template <class V, class T, int MM, int R, int U, int PF>
-LLAISYS_ALWAYS_INLINE void dot_rows(const T* __restrict w, int64_t ldw, const float* __restrict x, int64_t ldx,
-                                    int64_t len, float (&res)[R][MM]) {
+// The F32 kernel family's block (F32Kernel::micro's arithmetic): weights widened to f32, fmadd(x, w, acc).
+template <class V, int KC, int MM, class T>
+LLAISYS_ALWAYS_INLINE void gemv_block_f32(const T* __restrict w, int64_t K, int rows, const float* __restrict x,
+                                          int64_t ldx, V (&total)[MM]) {
     constexpr int W = V::W;
-    V acc[U][R][MM];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u)
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r)
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = std::min<int64_t>(KC, K - k0);
+        V acc[MM];
 #pragma GCC unroll 8
-            for (int m = 0; m < MM; ++m) acc[u][r][m] = V::zero();
-    auto step = [&](int u, int64_t k) __attribute__((always_inline)) {
-        V wv[R];
+        for (int m = 0; m < MM; ++m) acc[m] = V::zero();
+        for (int64_t kk = 0; kk < kc; kk += W) {
+            const int n = int(std::min<int64_t>(W, kc - kk));
+            const int64_t k = k0 + kk;
+            V t[W];
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-            if constexpr (PF > 0) __builtin_prefetch(reinterpret_cast<const char*>(w + r * ldw + k) + PF);
-            wv[r] = V::load(w + r * ldw + k);
-        }
+            for (int j = 0; j < W; ++j) {
+                const T* p = w + j * K + k;
+                if (j < rows) __builtin_prefetch(p + 8 * W);
+                t[j] = j >= rows ? V::zero() : n == W ? V::load(p) : V::load_partial(p, n);
+            }
+            transpose(t);  // t[s]: the weights at k + s of the W rows
+            auto step = [&](int s) __attribute__((always_inline)) {
 #pragma GCC unroll 8
-        for (int m = 0; m < MM; ++m) {
-            const V xv = V::load(x + m * ldx + k);
+                for (int m = 0; m < MM; ++m) acc[m] = fmadd(V::set1(x[m * ldx + k + s]), t[s], acc[m]);
+            };
+            if (n == W) {  // a whole tile: unrolled, so t stays in registers
 #pragma GCC unroll 16
-            for (int r = 0; r < R; ++r) acc[u][r][m] = fmadd(wv[r], xv, acc[u][r][m]);
-        }
-    };
-    int64_t k = 0;
-    for (; k + U * W <= len; k += U * W) {
-#pragma GCC unroll 4
-        for (int u = 0; u < U; ++u) step(u, k + u * W);
-    }
-    for (; k + W <= len; k += W) step(0, k);
-    if (k < len) {
-        const int n = int(len - k);
-        for (int r = 0; r < R; ++r) {
-            const V wv = V::load_partial(w + r * ldw + k, n);
-            for (int m = 0; m < MM; ++m) acc[0][r][m] = fmadd(wv, V::load_partial(x + m * ldx + k, n), acc[0][r][m]);
-        }
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int m = 0; m < MM; ++m) {
-            V t = acc[0][r][m];
-#pragma GCC unroll 4
-            for (int u = 1; u < U; ++u) t = t + acc[u][r][m];
-            res[r][m] = reduce_add(t);
-        }
-}
-
-// The default GEMV row kernel: x converted to f32 once, weights widened to f32 in registers, FMA.
-// kAcc: the accumulator registers it may use.
-template <class V, class T_, int kAcc_>
-struct F32Dot {
-    using T = T_;
-    using X = float;
-    static constexpr int kAcc = kAcc_;
-    template <int MM, int R, int U, int PF>
-    static LLAISYS_ALWAYS_INLINE void dot(const T* w, int64_t ldw, const X* x, int64_t ldx, int64_t len,
-                                          float (&res)[R][MM]) {
-        dot_rows<V, T, MM, R, U, PF>(w, ldw, x, ldx, len, res);
-    }
-};
-
-// Interleaved rows: R * MM accumulators within the kernel's budget, at most 4 rows (streams) at once,
-// and a power of two so that R divides the 8-row blocks (left-over rows would run one at a time).
-template <class Dot, int MM>
-constexpr int gemv_rows_at_once() {
-    constexpr int r = Dot::kAcc / MM;
-    return r >= 4 ? 4 : r >= 2 ? 2 : 1;
-}
-
-// Single-row path: unroll k so that MM * U >= 4 chains cover the FMA latency.
-template <int MM>
-constexpr int gemv_unroll() { return MM == 1 ? 4 : MM == 2 ? 2 : 1; }
-
-constexpr int64_t kGemvBlockRows = 8;    // weight rows per scheduling unit (contiguous in memory), one Vec8 of outputs
-constexpr int kGemvPrefetch = 512;       // bytes ahead on each interleaved weight row
-constexpr int64_t kGemvL1Bytes = 24 << 10;
-
-// Rows [m0, m0 + MM) of the output; xg holds those rows of x in the kernel's format (stride K).
-template <class Dot, int MM>
-void gemv_group(const LinearArgs& a, const typename Dot::X* xg, int64_t m0) {
-    using T = typename Dot::T;
-    constexpr int R = gemv_rows_at_once<Dot, MM>();
-    constexpr int U = gemv_unroll<MM>();
-    const int64_t N = a.N, K = a.K;
-    const T* w = static_cast<const T*>(a.weight);
-    const T* bias = static_cast<const T*>(a.bias);
-    T* out = static_cast<T*>(a.out) + m0 * N;
-    const int64_t blocks = ceil_div(N, kGemvBlockRows);
-    const int threads = omp_get_max_threads();
-    // Chunks of row blocks handed out dynamically (other processes share these cores), small enough
-    // that every thread gets several.
-    const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
-    const bool parallel = threads > 1 && N * K * MM >= (int64_t(1) << 16) && blocks > 1;
-    // While the x rows and one weight row fit in L1, read one weight row at a time: the weights are then
-    // one sequential stream, which the hardware prefetcher follows best. Beyond that, x vectors miss L1,
-    // so R rows are interleaved and each x vector serves R weight vectors.
-    const bool sequential = (MM * int64_t(sizeof(typename Dot::X)) + int64_t(sizeof(T))) * K <= kGemvL1Bytes;
-#pragma omp parallel for schedule(dynamic, chunk) if (parallel)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n0 = blk * kGemvBlockRows, rows = std::min(kGemvBlockRows, N - n0);
-        float res[MM][kGemvBlockRows];  // out[m0 + m][n0 + r] before the bias
-        int64_t r = 0;
-        if (!sequential) {
-            for (; r + R <= rows; r += R) {
-                float part[R][MM];
-                Dot::template dot<MM, R, 1, kGemvPrefetch>(w + (n0 + r) * K, K, xg, K, K, part);
-                for (int q = 0; q < R; ++q)
-                    for (int m = 0; m < MM; ++m) res[m][r + q] = part[q][m];
+                for (int s = 0; s < W; ++s) step(s);
+            } else {
+                for (int s = 0; s < n; ++s) step(s);
             }
         }
-        for (; r < rows; ++r) {
-            float part[1][MM];
-            Dot::template dot<MM, 1, U, 0>(w + (n0 + r) * K, K, xg, K, K, part);
-            for (int m = 0; m < MM; ++m) res[m][r] = part[0][m];
-        }
-        for (int m = 0; m < MM; ++m) store_row<Vec8>(out + m * N + n0, res[m], bias ? bias + n0 : nullptr, rows);
+#pragma GCC unroll 8
+        for (int m = 0; m < MM; ++m) total[m] = k0 == 0 ? acc[m] : acc[m] + total[m];  // as c += A*B
     }
 }
 
-// All M rows, in groups of up to kGemvMaxRows. Dot reads x as Dot::X: f32 (converted here, once) or the
-// weights' own dtype (a dot kernel on raw bf16).
-template <class Dot>
+// All M rows, in groups of up to kGemvMaxRows, in Kern's arithmetic.
+template <class Kern, class T>
 void gemv(const LinearArgs& a) {
-    using T = typename Dot::T;
-    using X = typename Dot::X;
-    const int64_t M = a.M, K = a.K;
-    const X* xs;
-    if constexpr (std::is_same_v<X, T>) {
-        xs = static_cast<const X*>(a.x);
-    } else {
-        X* buf = scratch(kSlotX).get<X>(size_t(M * K));
-        convert(static_cast<const T*>(a.x), buf, M * K);
-        xs = buf;
-    }
-    for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
-        const X* xg = xs + m0 * K;
-        switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
-            case 1: gemv_group<Dot, 1>(a, xg, m0); break;
-            case 2: gemv_group<Dot, 2>(a, xg, m0); break;
-            case 3: gemv_group<Dot, 3>(a, xg, m0); break;
-            case 4: gemv_group<Dot, 4>(a, xg, m0); break;
-            case 5: gemv_group<Dot, 5>(a, xg, m0); break;
-            case 6: gemv_group<Dot, 6>(a, xg, m0); break;
-            case 7: gemv_group<Dot, 7>(a, xg, m0); break;
-            default: gemv_group<Dot, 8>(a, xg, m0); break;
+    using V = typename Kern::Lanes;
+    using X = typename Kern::GemvX;
+    constexpr int W = V::W;
+    const int64_t M = a.M, N = a.N, K = a.K, ldx = Kern::gemv_x_stride(K);
+    const X* xs = Kern::gemv_x(static_cast<const T*>(a.x), M, K, scratch(kSlotX).get<X>(size_t(M * ldx)));
+    const T* w = static_cast<const T*>(a.weight);
+    const T* bias = static_cast<const T*>(a.bias);
+    T* out = static_cast<T*>(a.out);
+    const int64_t blocks = ceil_div(N, W);
+    const int threads = omp_get_max_threads();
+    // Chunks of blocks handed out dynamically (other processes share these cores), several per thread.
+    const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
+    const bool parallel = threads > 1 && N * K * M >= (int64_t(1) << 16) && blocks > 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (parallel)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n0 = blk * W;
+        const int rows = int(std::min<int64_t>(W, N - n0));
+        const V b = !bias ? V::zero() : rows == W ? V::load(bias + n0) : V::load_partial(bias + n0, rows);
+        for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
+            auto group = [&](auto mm) {
+                constexpr int MM = decltype(mm)::value;
+                V total[MM];
+                Kern::template gemv_block<MM>(w + n0 * K, K, rows, xs + m0 * ldx, ldx, total);
+                for (int m = 0; m < MM; ++m) {  // as store_row: + bias, then rounded once
+                    const V v = bias ? total[m] + b : total[m];
+                    T* o = out + (m0 + m) * N + n0;
+                    if (rows == W) v.store(o);
+                    else v.store_partial(o, rows);
+                }
+            };
+            switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
+                case 1: group(std::integral_constant<int, 1>{}); break;
+                case 2: group(std::integral_constant<int, 2>{}); break;
+                case 3: group(std::integral_constant<int, 3>{}); break;
+                case 4: group(std::integral_constant<int, 4>{}); break;
+                case 5: group(std::integral_constant<int, 5>{}); break;
+                case 6: group(std::integral_constant<int, 6>{}); break;
+                case 7: group(std::integral_constant<int, 7>{}); break;
+                default: group(std::integral_constant<int, 8>{}); break;
+            }
         }
     }
 }

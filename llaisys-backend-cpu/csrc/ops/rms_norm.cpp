@@ -6,7 +6,9 @@
 // INPUT DTYPE, and only then out = weight * y, rounded again (for f32 both roundings are no-ops, and
 // the two products stay separate multiplies, no FMA). The double rounding costs at most ~1 ulp against
 // the exact result, well inside the DESIGN §6 tolerances. Only the summation order of the squares
-// differs from torch (4 x W f32 lanes here), i.e. ~1 f32 ulp in the variance.
+// differs from torch (4 x W f32 lanes here), i.e. ~1 f32 ulp in the variance. Both numerics modes run this
+// code: the exact mode keeps HF's rounding of the normalised row because it is what models were trained with
+// and stays within the tolerances.
 #include <cmath>
 
 #include "../common/api.h"
@@ -77,7 +79,7 @@ int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int6
                          void* out, const void* x, const void* weight) {
     (void)device;
     return llaisys::launch("rms_norm", stream, [=] {
-        llaisys::require_exact_numerics(numerics);
+        (void)llaisys::hf_numerics(numerics);  // LLAISYS_NUMERICS_HF: the same rounding (see the top)
         llaisys::require_float_dtype(dtype);
         LLAISYS_PER_ISA(rms_norm)(dtype, rows, dim, eps, out, x, weight);
     });

@@ -7,15 +7,18 @@
 // evaluated in double and rounded to f32 (HF: Sleef f32, within 1 ulp).
 // The rotation is done in f32 with the two products rounded separately (no FMA, as torch's
 // x * cos + rotate_half(x) * sin does in f32) and one final rounding to the dtype. For f16 / bf16, HF
-// also rounds cos/sin and each product to the model dtype; we do not, because that costs up to ~3 ulp
-// against the exact result, beyond the DESIGN §6 tolerance (measured: 0.031 abs in bf16 at Qwen2
-// shapes), while a single rounding stays within it.
+// also rounds cos/sin and each product to the model dtype: LLAISYS_NUMERICS_HF does the same,
+//     out = R(R(x cos') + R(rotate_half(x) sin')),   cos' = R(cos), sin' = R(sin),  R = round to the dtype
+// (the negation in rotate_half is exact). The exact mode does not, because those roundings cost up to ~3
+// ulp against the exact result, beyond the DESIGN §6 tolerance (measured: 0.031 abs in bf16 at Qwen2
+// shapes), while a single rounding stays within it. For f32 both modes are the same.
 //
 // The table depends only on (theta, head_dim, positions); a model applies rope to q and k of every layer
 // with the same positions, so the entry point keeps the last table per thread and reuses it when those
 // match (HF likewise computes cos/sin once per forward).
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../common/api.h"
@@ -24,8 +27,8 @@
 // table: [seq][2][d/2] f32, cos then sin for each position.
 LLAISYS_DECLARE_PER_ISA(void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids,
                                         float* table))
-LLAISYS_DECLARE_PER_ISA(void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table,
-                                  void* out, const void* x))
+LLAISYS_DECLARE_PER_ISA(void rope(int dtype, bool hf, int64_t seq, int64_t heads, int64_t head_dim,
+                                  const float* table, void* out, const void* x))
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
@@ -79,40 +82,61 @@ void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t*
     }
 }
 
-template <class T>
+// The rotated halves (o1, o2) of x1 = x[j..], x2 = x[half + j..] with cos / sin lanes c, s: the products
+// rounded separately (torch: x * cos + rotate_half(x) * sin), and with kHf also cos, sin and each product
+// rounded to T (the store rounds the sum).
+template <class T, bool kHf>
+static LLAISYS_ALWAYS_INLINE void rotate(Vec x1, Vec x2, Vec c, Vec s, Vec& o1, Vec& o2) {
+    if constexpr (kHf) {
+        c = c.template round_to<T>(), s = s.template round_to<T>();
+        o1 = mul_unfused(x1, c).template round_to<T>() - mul_unfused(x2, s).template round_to<T>();
+        o2 = mul_unfused(x2, c).template round_to<T>() + mul_unfused(x1, s).template round_to<T>();
+    } else {
+        o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+    }
+}
+
+template <class T, bool kHf>
 static void rope_row(int64_t half, const float* cos_row, const float* sin_row, T* out, const T* x) {
     constexpr int W = Vec::W;
     int64_t j = 0;
+    Vec o1, o2;
     for (; j + W <= half; j += W) {
-        Vec x1 = Vec::load(x + j), x2 = Vec::load(x + half + j);
-        Vec c = Vec::load(cos_row + j), s = Vec::load(sin_row + j);
-        // products rounded separately (torch: x * cos + rotate_half(x) * sin); both halves are read before
-        // either is written, so out may alias x
-        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        // both halves are read before either is written, so out may alias x
+        rotate<T, kHf>(Vec::load(x + j), Vec::load(x + half + j), Vec::load(cos_row + j), Vec::load(sin_row + j),
+                       o1, o2);
         o1.store(out + j);
         o2.store(out + half + j);
     }
     if (j < half) {
         const int rest = int(half - j);
-        Vec x1 = Vec::load_partial(x + j, rest), x2 = Vec::load_partial(x + half + j, rest);
-        Vec c = Vec::load_partial(cos_row + j, rest), s = Vec::load_partial(sin_row + j, rest);
-        Vec o1 = mul_unfused(x1, c) - mul_unfused(x2, s), o2 = mul_unfused(x2, c) + mul_unfused(x1, s);
+        rotate<T, kHf>(Vec::load_partial(x + j, rest), Vec::load_partial(x + half + j, rest),
+                       Vec::load_partial(cos_row + j, rest), Vec::load_partial(sin_row + j, rest), o1, o2);
         o1.store_partial(out + j, rest);
         o2.store_partial(out + half + j, rest);
     }
 }
 
-void rope(int dtype, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out, const void* x) {
+template <class T, bool kHf>
+static void rope_rows(int64_t seq, int64_t heads, int64_t head_dim, const float* table, T* out, const T* x) {
     const int64_t half = head_dim / 2, rows = seq * heads;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * head_dim >= kParallelGrain)
+    for (int64_t row = 0; row < rows; ++row) {
+        const float* cos_row = table + (row / heads) * 2 * half;
+        rope_row<T, kHf>(half, cos_row, cos_row + half, out + row * head_dim, x + row * head_dim);
+    }
+}
+
+void rope(int dtype, bool hf, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out,
+          const void* x) {
     with_float_type(dtype, [&](auto tag) {
         using T = decltype(tag);
         T* o = static_cast<T*>(out);
         const T* xs = static_cast<const T*>(x);
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * head_dim >= kParallelGrain)
-        for (int64_t row = 0; row < rows; ++row) {
-            const float* cos_row = table + (row / heads) * 2 * half;
-            rope_row(half, cos_row, cos_row + half, o + row * head_dim, xs + row * head_dim);
-        }
+        if (hf && !std::is_same_v<T, float>)  // (in f32 the HF roundings are the f32 ones the exact mode does)
+            rope_rows<T, true>(seq, heads, head_dim, table, o, xs);
+        else
+            rope_rows<T, false>(seq, heads, head_dim, table, o, xs);
     });
 }
 
@@ -168,11 +192,11 @@ int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t 
                      double theta, void* out, const void* x, const void* pos_ids) {
     (void)device;
     return llaisys::launch("rope", stream, [=] {
-        llaisys::require_exact_numerics(numerics);
+        const bool hf = llaisys::hf_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         if (seq == 0 || heads == 0 || head_dim == 0) return;  // nothing to rotate
         const float* table = cos_sin_table(seq, head_dim, theta, static_cast<const int64_t*>(pos_ids));
-        LLAISYS_PER_ISA(rope)(dtype, seq, heads, head_dim, table, out, x);
+        LLAISYS_PER_ISA(rope)(dtype, hf, seq, heads, head_dim, table, out, x);
     });
 }
 #endif

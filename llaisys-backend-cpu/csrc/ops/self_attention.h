@@ -17,6 +17,13 @@
 //   * With 1..4 queries per kv head (decode with MHA or small GQA ratios) most lanes would idle, so
 //     attention_rows below puts the lanes along the head dim instead (dot products finished by a
 //     transpose-add of W accumulators); same blocks, online softmax, splits and merge.
+//   * kHf (LLAISYS_NUMERICS_HF, f16 / bf16): round where torch's CPU flash-attention kernel rounds, which
+//     is what HF's default (sdpa) attention runs: the scale multiplies the f32 scores (it is not folded into
+//     q), keys go in blocks of 512 counted from key 0 (kHfBlockKeys), and P = exp(s - m) is rounded to the
+//     dtype before P V, with m the running max at the end of its 512-key block; the row sum l adds the
+//     unrounded p. So that m is that running max, the keys are never split across threads in this mode.
+//     Bit-exact against torch up to its exp (a ~20-bit approximation on whole vectors of 16 keys) and f32
+//     summation order.
 //
 // The templates are over the vector type V (Vec8 or Vec16, see simd/simd.h) and the element type T; each
 // build of self_attention.cpp picks the tile shapes for its registers.
@@ -47,13 +54,33 @@ float* scratch(int slot, int64_t floats);
 }  // namespace llaisys::cpu::attn
 
 // The attention of each build (dtype: LLAISYS_F32, _F16 or _BF16).
-LLAISYS_DECLARE_PER_ISA(void self_attention(int dtype, const attn::Problem& p))
+LLAISYS_DECLARE_PER_ISA(void self_attention(int dtype, bool hf, const attn::Problem& p))
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
 using attn::Problem;
 using attn::scratch;
 constexpr int kBlockKeys = 64;
+constexpr int kHfBlockKeys = 512;  // torch's CPU flash attention's key split size (kv_split_size)
+
+template <bool kHf>
+constexpr int block_keys() { return kHf ? kHfBlockKeys : kBlockKeys; }
+
+// Block scores as the mode wants them: with kHf the f32 dot products times the scale (q came unscaled).
+template <class V, bool kHf>
+static inline void scale_scores(float* ST, int64_t count, float scale) {
+    if constexpr (kHf) {
+        const V sv = V::set1(scale);
+        for (int64_t x = 0; x < count; x += V::W) (V::load(ST + x) * sv).store(ST + x);
+    }
+}
+
+// P as it enters P V: with kHf rounded to T (the row sum takes the unrounded p).
+template <class T, bool kHf, class V>
+static LLAISYS_ALWAYS_INLINE V weights_for_pv(V p) {
+    if constexpr (kHf) return p.template round_to<T>();
+    else return p;
+}
 
 #define LLAISYS_UNROLL _Pragma("GCC unroll 32")
 
@@ -128,27 +155,28 @@ static inline void kv_block(const T* k, const T* v, int64_t kb, int64_t nb, int6
     }
 }
 
-template <class V, int MB, int KR, int R, class T>
+template <class V, int MB, int KR, int R, class T, bool kHf>
 void attention(const Problem& p) {
-    constexpr int W = V::W, LANES = MB * W, BK = kBlockKeys;
+    constexpr int W = V::W, LANES = MB * W, BK = block_keys<kHf>();
     constexpr bool kF32 = sizeof(T) == 4;
     const int64_t L = p.L, S = p.S, H = p.H, Hkv = p.Hkv, d = p.d, dv = p.dv;
     const int64_t G = H / Hkv, M = L * G, off = S - L;
     const int64_t ntiles = (M + LANES - 1) / LANES;
-    const float scale = p.scale;
+    const float scale = p.scale, qscale = kHf ? 1.0f : scale;
     const T* q = static_cast<const T*>(p.q);
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
     T* out = static_cast<T*>(p.out);
 
-    // Threads only when the work pays for them; split the keys when (kv head, tile) pairs are few.
+    // Threads only when the work pays for them; split the keys when (kv head, tile) pairs are few (never
+    // with kHf: see the top).
     const double flops = 2.0 * double(H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(d + dv);
     const int max_threads = omp_get_max_threads();
     const bool parallel = max_threads > 1 && flops > 4.0e5;
     const int threads = parallel ? max_threads : 1;
     const int64_t base_items = Hkv * ntiles;
     int64_t nsplit = 1;
-    if (parallel && base_items < 4 * threads) {
+    if (!kHf && parallel && base_items < 4 * threads) {
         const int64_t by_keys = S / (4 * BK);  // at least 256 keys per split
         const int64_t wanted = (4 * threads + base_items - 1) / base_items;
         nsplit = wanted < by_keys ? wanted : by_keys;
@@ -204,7 +232,7 @@ void attention(const Problem& p) {
                 if (lane < n) {
                     const int64_t f = f0 + lane, i = f / G, h = g * G + f % G;
                     convert(q + (i * H + h) * d, row, d);
-                    for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = row[c] * scale;
+                    for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = row[c] * qscale;
                     endv[lane] = float(i + off + 1);
                 } else {
                     for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = 0.0f;
@@ -230,6 +258,7 @@ void attention(const Problem& p) {
                 int64_t j = 0;
                 for (; j + KR <= nb; j += KR) qk_tile<V, MB, KR>(QT, Kp + j * kstride, kstride, d, ST + j * LANES);
                 for (; j < nb; ++j) qk_tile<V, MB, 1>(QT, Kp + j * kstride, kstride, d, ST + j * LANES);
+                scale_scores<V, kHf>(ST, nb * LANES, scale);
 
                 // causal mask where the block crosses some row's end
                 if (kb + nb > min_end) {
@@ -256,7 +285,7 @@ void attention(const Problem& p) {
                     for (int64_t jj = 0; jj < nb; ++jj) {
                         float* sp = ST + jj * LANES + b * W;
                         const V e = vexp(V::load(sp) - msafe);
-                        e.store(sp);
+                        weights_for_pv<T, kHf>(e).store(sp);
                         sum = sum + e;
                     }
                     fmadd(V::load(lrun + b * W), alpha[b], sum).store(lrun + b * W);
@@ -355,14 +384,14 @@ template <class V>
 static inline float vexp1(float x) { return lane0(vexp(V::set1(x))); }
 
 // Few queries per kv head: M = L * H / Hkv <= MQ.
-template <class V, int MQ, class T>
+template <class V, int MQ, class T, bool kHf>
 void attention_rows(const Problem& p) {
-    constexpr int W = V::W, BK = kBlockKeys;
+    constexpr int W = V::W, BK = block_keys<kHf>();
     static_assert(BK % W == 0, "a block holds whole vectors of keys");
     constexpr bool kF32 = sizeof(T) == 4;
     const int64_t L = p.L, S = p.S, H = p.H, Hkv = p.Hkv, d = p.d, dv = p.dv;
     const int64_t G = H / Hkv, M = L * G, off = S - L;
-    const float scale = p.scale;
+    const float scale = p.scale, qscale = kHf ? 1.0f : scale;
     const T* q = static_cast<const T*>(p.q);
     const T* k = static_cast<const T*>(p.k);
     const T* v = static_cast<const T*>(p.v);
@@ -373,7 +402,7 @@ void attention_rows(const Problem& p) {
     const bool parallel = max_threads > 1 && flops > 4.0e5;
     const int threads = parallel ? max_threads : 1;
     int64_t nsplit = 1;
-    if (parallel && Hkv < 4 * threads) {
+    if (!kHf && parallel && Hkv < 4 * threads) {
         const int64_t by_keys = S / (4 * BK);  // at least 256 keys per split
         const int64_t wanted = (4 * threads + Hkv - 1) / Hkv;
         nsplit = wanted < by_keys ? wanted : by_keys;
@@ -422,7 +451,7 @@ void attention_rows(const Problem& p) {
             for (int64_t a = 0; a < M; ++a) {
                 const int64_t i = a / G, h = g * G + a % G;
                 convert(q + (i * H + h) * d, row, d);
-                for (int64_t c = 0; c < d; ++c) Q[a * d + c] = row[c] * scale;
+                for (int64_t c = 0; c < d; ++c) Q[a * d + c] = row[c] * qscale;
                 endq[a] = i + off + 1;
                 mrun[a] = -__builtin_inff();
                 lrun[a] = 0.0f;
@@ -444,6 +473,7 @@ void attention_rows(const Problem& p) {
                 for (int64_t a = 0; a < M; ++a) {
                     float* st = ST + a * BK;
                     for (int64_t j = 0; j < nbp; j += W) qk_row<V>(Q + a * d, krows + j, d, st + j);
+                    scale_scores<V, kHf>(st, nbp, scale);
                     int64_t valid = endq[a] - kb;
                     valid = valid < 0 ? 0 : (valid > nb ? nb : valid);
                     for (int64_t j = valid; j < nbp; ++j) st[j] = -__builtin_inff();
@@ -461,7 +491,7 @@ void attention_rows(const Problem& p) {
                     V sum = V::zero();
                     for (int64_t j = 0; j < nbp; j += W) {
                         const V e = vexp(V::load(st + j) - mv);
-                        e.store(st + j);
+                        weights_for_pv<T, kHf>(e).store(st + j);
                         sum = sum + e;
                     }
                     sum.store(tmp);

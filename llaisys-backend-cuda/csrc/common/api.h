@@ -59,10 +59,12 @@ int guard(const char* where, F&& body) noexcept {
     throw NotSupported("unsupported dtype code " + std::to_string(dtype) + " (f32, f16 and bf16 are)");
 }
 
-// LLAISYS_NUMERICS_HF is not implemented yet (a later issue adds it to every backend).
-inline void require_exact_numerics(int numerics) {
-    if (numerics != LLAISYS_NUMERICS_EXACT)
+// The numerics code of an op that takes one: true for LLAISYS_NUMERICS_HF (round where HF transformers
+// rounds), false for LLAISYS_NUMERICS_EXACT; any other code is NOT_SUPPORTED.
+inline bool hf_numerics(int numerics) {
+    if (numerics != LLAISYS_NUMERICS_EXACT && numerics != LLAISYS_NUMERICS_HF)
         throw NotSupported("numerics mode " + std::to_string(numerics) + " is not implemented by this backend");
+    return numerics == LLAISYS_NUMERICS_HF;
 }
 
 }  // namespace llaisys::cuda

@@ -351,6 +351,22 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument("sample: logits[" + std::to_string(record.a) + "] is NaN");
         case kSampleAllNegInf:
             throw InvalidArgument("sample: every logit is -inf: nothing can be sampled");
+        case kPagedSlotOutOfRange:
+            throw InvalidArgument("paged_kv_write: slot_mapping[" + std::to_string(record.b) + "] = " +
+                                  std::to_string(record.a) + " is past the cache's " + std::to_string(record.c) +
+                                  " slots (nothing was written)");
+        case kPagedQueryStart:
+            throw InvalidArgument("paged_attention: query_start[" + std::to_string(record.b) + "] = " +
+                                  std::to_string(record.a) + " breaks 0 <= query_start[0] <= ... <= query_start" +
+                                  "[num_seqs] <= " + std::to_string(record.c) + " (the query rows)");
+        case kPagedSeqLen:
+            throw InvalidArgument("paged_attention: seq_lens[" + std::to_string(record.b) + "] = " +
+                                  std::to_string(record.a) + " is below the sequence's query rows or above " +
+                                  "max_blocks * block_size = " + std::to_string(record.c));
+        case kPagedBlockId:
+            throw InvalidArgument("paged_attention: block_tables entry " + std::to_string(record.b) + " = " +
+                                  std::to_string(record.a) + " is not a block in [0, " + std::to_string(record.c) +
+                                  ")");
         default:
             throw InvalidArgument("a kernel reported error code " + std::to_string(record.code));
     }

@@ -23,6 +23,10 @@ enum KernelErrorCode : int {
     kEmbeddingIndexOutOfRange = 1,  // a = index value, b = position, c = vocab
     kSampleNaN = 2,                 // a = position
     kSampleAllNegInf = 3,
+    kPagedSlotOutOfRange = 4,  // a = slot, b = token, c = num_slots
+    kPagedQueryStart = 5,      // a = value, b = index, c = T
+    kPagedSeqLen = 6,          // a = seq_lens[s], b = s, c = max_blocks * block_size
+    kPagedBlockId = 7,         // a = block id, b = index in block_tables (s * max_blocks + j), c = num_blocks
 };
 
 struct KernelErrorRecord {

@@ -27,6 +27,9 @@ template <> __device__ __forceinline__ bf16 from_float<bf16>(float f) {
     return bf16{uint16_t(u >> 16)};
 }
 
+// f rounded to T and widened back (LLAISYS_NUMERICS_HF: where HF's tensors change dtype).
+template <class T> __device__ __forceinline__ float round_to(float f) { return to_float(from_float<T>(f)); }
+
 // `count` elements of T in one aligned load / store (16 bytes).
 template <class T, int N>
 struct alignas(sizeof(T) * N) Pack {

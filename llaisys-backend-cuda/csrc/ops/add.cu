@@ -3,6 +3,7 @@
 
 namespace {
 struct AddOp {
+    template <class T>
     static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
 };
 }  // namespace

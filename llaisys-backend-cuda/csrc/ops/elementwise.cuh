@@ -1,4 +1,5 @@
-// Element-wise kernels on contiguous arrays: out[i] = Op(a[i], b[i]) in f32, rounded once to T.
+// Element-wise kernels on contiguous arrays: out[i] = Op::apply<T>(a[i], b[i]) in f32, rounded to T when
+// stored (T tells an op that rounds inside, as swiglu's hf mode does, what to round to).
 // Where every pointer is 16-byte aligned, each thread moves 16 bytes per load / store; a grid-stride
 // loop covers any n with a grid sized to the device. out may be a or b (each element is read, then written,
 // by the same thread).
@@ -20,11 +21,11 @@ __global__ void binary_kernel(int64_t n, T* out, const T* a, const T* b) {
         const Pack<T, N> y = reinterpret_cast<const Pack<T, N>*>(b)[g];
         Pack<T, N> r;
 #pragma unroll
-        for (int i = 0; i < N; ++i) r.v[i] = from_float<T>(Op::apply(to_float(x.v[i]), to_float(y.v[i])));
+        for (int i = 0; i < N; ++i) r.v[i] = from_float<T>(Op::template apply<T>(to_float(x.v[i]), to_float(y.v[i])));
         reinterpret_cast<Pack<T, N>*>(out)[g] = r;
     }
     for (int64_t i = groups * N + first; i < n; i += stride)  // the last n % N elements
-        out[i] = from_float<T>(Op::apply(to_float(a[i]), to_float(b[i])));
+        out[i] = from_float<T>(Op::template apply<T>(to_float(a[i]), to_float(b[i])));
 }
 
 template <class Op>

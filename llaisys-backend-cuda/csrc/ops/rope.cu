@@ -4,8 +4,9 @@
 // transformers computes them (Qwen2RotaryEmbedding). One block per position: its threads first put cos/sin
 // of the d/2 angles in shared memory (evaluated in double from the f32 angle and rounded, so they are the
 // correctly rounded f32 values), then rotate every head. The products are rounded separately (no FMA, as
-// torch does in f32) and the result once to the dtype. out may be x (each pair is read, then written, by
-// one thread).
+// torch does in f32) and the result once to the dtype. LLAISYS_NUMERICS_HF rounds as HF does in f16 / bf16:
+// cos and sin to the dtype, then each product, then the sum. out may be x (each pair is read, then
+// written, by one thread).
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
@@ -13,7 +14,7 @@
 namespace llaisys::cuda {
 namespace {
 
-template <class T>
+template <class T, bool kHf>
 __global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, T* out, const T* x,
                             const int64_t* pos_ids) {
     LLAISYS_DYNAMIC_SHARED(float, table);  // [2][d/2]: cos, then sin
@@ -26,8 +27,8 @@ __global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, 
             const float exponent = float(2 * j) / float(d);
             const float inv_freq = 1.0f / float(pow(double(theta), double(exponent)));
             const double angle = double(__fmul_rn(p, inv_freq));
-            cos_a[j] = float(cos(angle));
-            sin_a[j] = float(sin(angle));
+            cos_a[j] = kHf ? round_to<T>(float(cos(angle))) : float(cos(angle));
+            sin_a[j] = kHf ? round_to<T>(float(sin(angle))) : float(sin(angle));
         }
         __syncthreads();
         const T* xs = x + s * heads * d;
@@ -36,8 +37,10 @@ __global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, 
             const int64_t h = i / half, j = i % half;
             const float x1 = to_float(xs[h * d + j]), x2 = to_float(xs[h * d + j + half]);
             const float c = cos_a[j], sn = sin_a[j];
-            ys[h * d + j] = from_float<T>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn)));
-            ys[h * d + j + half] = from_float<T>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)));
+            float p1 = __fmul_rn(x1, c), p2 = __fmul_rn(x2, sn), p3 = __fmul_rn(x2, c), p4 = __fmul_rn(x1, sn);
+            if (kHf) p1 = round_to<T>(p1), p2 = round_to<T>(p2), p3 = round_to<T>(p3), p4 = round_to<T>(p4);
+            ys[h * d + j] = from_float<T>(__fsub_rn(p1, p2));
+            ys[h * d + j + half] = from_float<T>(__fadd_rn(p3, p4));
         }
         __syncthreads();  // the table is rewritten for the next position
     }
@@ -50,7 +53,7 @@ int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t 
                      double theta, void* out, const void* x, const void* pos_ids) {
     using namespace llaisys::cuda;
     return guard("rope", [&] {
-        require_exact_numerics(numerics);
+        const bool hf = hf_numerics(numerics);
         StreamContext& s = stream_context(device, stream);
         if (seq <= 0 || heads <= 0 || head_dim <= 0) return;
         if (head_dim % 2) throw InvalidArgument("head_dim " + std::to_string(head_dim) + " is odd");
@@ -60,7 +63,7 @@ int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t 
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
             const unsigned blocks = blocks_for(seq, 1, int64_t(device_context(device).sm_count) * 16);
-            auto kernel = &rope_kernel<T>;
+            auto kernel = hf ? &rope_kernel<T, true> : &rope_kernel<T, false>;
             LLAISYS_LAUNCH(kernel, blocks, 128, table_bytes, s.stream, seq, heads, head_dim, float(theta),
                            static_cast<T*>(out), static_cast<const T*>(x), static_cast<const int64_t*>(pos_ids));
         });

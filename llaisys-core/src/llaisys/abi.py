@@ -46,7 +46,7 @@ class MemcpyKind(enum.IntEnum):  # llaisys_memcpy_kind_t, LLAISYS_MEMCPY_<name>
 
 class Numerics(enum.IntEnum):  # llaisys_numerics_t, LLAISYS_NUMERICS_<name>
     EXACT = 0  # f32 inside, one rounding to the output dtype
-    HF = 1  # round where HF transformers' eager forward rounds
+    HF = 1  # f16 / bf16: round where HF transformers' default (sdpa) forward rounds
 
 
 class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
@@ -127,6 +127,13 @@ OP_SLOTS: dict[str, list] = {
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
+    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
+    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+                        _p, _p, _p, _p, _p, _p, _p],
+    # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
+    "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
     # dtype, numerics, n, out, gate, up
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed

@@ -16,8 +16,8 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .files import is_gguf, model_directory
 from .generation import GenerationStats
-from .kv_cache import KVCache
 from .locking import ModelBusyError
+from .paged_kv import KVPool, KVShape, SequenceKV
 from .qwen2 import Llama, Qwen2
 from .safetensors import Checkpoint, SafetensorsFile
 from .tokenizer import load_tokenizer
@@ -33,25 +33,29 @@ MODEL_CLASSES = {arch: cls for cls in (Qwen2, Llama) for arch in cls.architectur
 DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
-def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True) -> Qwen2:
+def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True,
+         numerics: str | None = None) -> Qwen2:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's
     architectures.
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
     ``mmap`` True maps the safetensors files (zero copy on CPU: a file truncated or rewritten while
     the model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
+    ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
+    None reads ``$LLAISYS_NUMERICS``).
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
     if is_gguf(path):  # hook: GGUF files (issue 15)
-        return gguf.load(path, device=device, dtype=dtype, progress=progress)
+        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics)
     path = model_directory(path)
     config = ModelConfig.from_file(path)
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
                              f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
-    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap)
+    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics)
 
 
-__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVCache", "Llama", "MODEL_CLASSES", "ModelBusyError",
-           "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "load", "load_tokenizer"]
+__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",
+           "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load",
+           "load_tokenizer"]

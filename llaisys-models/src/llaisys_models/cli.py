@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import numerics
+
 DEFAULT_PROMPT = "12+34="
 DEFAULT_NEW_TOKENS = 128  # generate's reply budget, shrunk to what the model's context leaves
 
@@ -36,6 +38,7 @@ def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> 
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
+    numerics.add_argument(parser)
     parser.add_argument("--max-new-tokens", type=_count, default=None, metavar="N", help=new_tokens_help)
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt text as is, without the tokenizer's chat template")
@@ -109,10 +112,11 @@ def _load(args):
     _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
-    model = load(path, device=args.device, dtype=args.dtype)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
-    print(f"loaded {path} on {model.device} as {model.dtype.name} in {elapsed:.2f}s", file=sys.stderr)
+    print(f"loaded {path} on {model.device} as {model.dtype.name} (numerics {model.numerics}) in {elapsed:.2f}s",
+          file=sys.stderr)
     return model, tokenizer, elapsed
 
 

@@ -57,6 +57,10 @@ def _check_number(name, value, low, high=None, integer=False, low_open=False):
         raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
 
 
+def check_max_new_tokens(max_new_tokens) -> None:
+    _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+
+
 def check_sampling(top_k, top_p, temperature, seed) -> None:
     """The sampling arguments of ``generate`` (seed None = random), checked in Python before any of them
     reaches a C type: a huge top_k must not wrap to greedy, an infinite temperature fails here."""
@@ -127,7 +131,7 @@ class GenerationMixin:
         """Yield each new token as soon as it is chosen (the EOS token included). Arguments are
         checked here, before the first token is asked for."""
         ids = self.check_input_ids(input_ids)
-        _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+        check_max_new_tokens(max_new_tokens)
         check_sampling(top_k, top_p, temperature, seed)
         if seed is None:
             seed = secrets.randbits(63)
@@ -136,6 +140,16 @@ class GenerationMixin:
         greedy = top_k == 1 or temperature == 0
         return self._stream(ids, int(max_new_tokens), greedy, int(top_k), float(top_p), float(temperature),
                             int(seed), eos, reuse_cache)
+
+    def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
+                       temperature: float = 1.0, seed=None, **options) -> list[list[int]]:
+        """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
+        them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed`` may be one int or
+        one per prompt; options: ``eos_token_ids``, ``kv_memory`` (bytes), ``max_running``,
+        ``max_batch_tokens`` (see ``scheduler.generate_batch``)."""
+        from .scheduler import generate_batch
+
+        return generate_batch(self, prompts, max_new_tokens, top_k, top_p, temperature, seed, **options)
 
     def _stream(self, ids, max_new_tokens, greedy, top_k, top_p, temperature, seed, eos, reuse_cache):
         if max_new_tokens == 0:
@@ -146,8 +160,8 @@ class GenerationMixin:
             if reuse_cache:
                 self.cache.truncate(_common_prefix(self.cache.tokens, ids, limit=len(ids) - 1))
             else:
-                self.cache.reset()
-            self.cache.reserve(len(ids) + max_new_tokens - 1)
+                self.cache.release()
+            self.reserve(self.cache, len(ids) + max_new_tokens - 1)
             pending = ids[len(self.cache):]
             for step in range(max_new_tokens):
                 t0 = time.perf_counter()

@@ -74,6 +74,8 @@ class ParityReport:
     divergences: list[Divergence]
     hf_error: float  # max |HF logit - exact| over every step and vocabulary entry
     llaisys_error: float  # the same for llaisys
+    hf_distance: float  # max |llaisys logit - HF logit|: how closely llaisys rounds as HF does
+    hf_identical_rows: int  # steps whose logits llaisys computed bit for bit as HF did
     bound: float  # a choice this close to the exact maximum is explained by rounding (2 * hf_error)
     dtype: str
 
@@ -135,6 +137,8 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
                          f"[{steps}, vocab] each")
     hf_error = float(np.abs(hf - exact).max()) if steps else 0.0
     llaisys_error = float(np.abs(ours - exact).max()) if steps else 0.0
+    hf_distance = float(np.abs(ours - hf).max()) if steps else 0.0
+    hf_identical_rows = int((ours == hf).all(axis=-1).sum())
     bound = 2.0 * hf_error
     choices = [int(row.argmax()) for row in ours]
     divergences = []
@@ -152,7 +156,8 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
             exact_max=exact_max,
             verdict=NEAR_TIE if worst_gap <= bound else MISMATCH))
     return ParityReport(prompt=list(reference.prompt), hf_tokens=list(reference.tokens), llaisys_choices=choices,
-                        divergences=divergences, hf_error=hf_error, llaisys_error=llaisys_error, bound=bound,
+                        divergences=divergences, hf_error=hf_error, llaisys_error=llaisys_error,
+                        hf_distance=hf_distance, hf_identical_rows=hf_identical_rows, bound=bound,
                         dtype=reference.dtype)
 
 
@@ -231,15 +236,20 @@ def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: 
 
     eos = list(eos_token_ids)
     # plain greedy: replace the checkpoint's generation_config, whose sampling settings and
-    # penalties (a chat model's repetition_penalty, say) generate() would otherwise merge in
+    # penalties (a chat model's repetition_penalty, say) generate() would otherwise merge in;
+    # the model's own config comes back afterwards (the caller may share the model)
+    saved = model.generation_config
     model.generation_config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos or None, pad_token_id=(eos or [0])[0],
         output_logits=True, return_dict_in_generate=True)
     ids = torch.tensor([list(prompt)])
-    with torch.no_grad(), quiet_transformers():
-        t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids))
-        seconds = time.perf_counter() - t0
+    try:
+        with torch.no_grad(), quiet_transformers():
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids))
+            seconds = time.perf_counter() - t0
+    finally:
+        model.generation_config = saved
     tokens = out.sequences[0, len(prompt):].tolist()
     if not tokens:
         return tokens, np.zeros((0, model.config.vocab_size), np.float32), seconds

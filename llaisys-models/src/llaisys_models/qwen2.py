@@ -6,6 +6,11 @@
         cache[pos] = rope(k), v;  x += attention(rope(q), cache[:pos+1]) Wo
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
+
+One forward runs any number of sequences at once (continuous batching): their new tokens are stacked
+into the rows of x, every matmul reads each weight once for all of them, and attention reads each
+sequence's own keys and values through its block table in the paged KV cache (paged_kv.py). A single
+sequence (``generate``) is the batch of one: one code path.
 """
 
 from __future__ import annotations
@@ -22,40 +27,45 @@ from .config import ModelConfig, token_ids
 from .errors import ModelLoadError
 from .files import model_directory, read_json
 from .generation import GenerationMixin
-from .kv_cache import KVCache
 from .locking import ModelLock
+from .numerics import resolve as resolve_numerics
+from .paged_kv import KVPool, KVShape, SequenceKV, StepInputs
 from .safetensors import Checkpoint
 from .weights import FLOAT_WEIGHTS, LayerWeights, Weights, default_dtype, load_weights
 
 
 class Workspace:
-    """Activations for a forward pass over ``n`` positions (kept and reused for decode steps)."""
+    """Activations for a forward pass over ``n`` token rows (views of a buffer kept between forwards)."""
 
-    def __init__(self, config: ModelConfig, n: int, dtype, device):
+    def __init__(self, config: ModelConfig, n: int, dtype, device, base: Workspace | None = None):
         c = config
-
-        def new(*shape):
-            return llaisys.empty(shape, dtype, device)
-
-        self.x = new(n, c.hidden_size)  # the residual stream
-        self.h = new(n, c.hidden_size)  # normed input of attention / MLP
-        self.q = new(n, c.q_size)
-        self.q_rot = new(n, c.num_attention_heads, c.head_dim)
-        self.k = new(n, c.kv_size)
-        self.attn = new(n, c.num_attention_heads, c.head_dim)
-        self.out = new(n, c.hidden_size)  # o_proj / down_proj result, added to x
-        self.gate = new(n, c.intermediate_size)
-        self.up = new(n, c.intermediate_size)
-        self.act = new(n, c.intermediate_size)
+        self.n = n
+        shapes = {
+            "x": (c.hidden_size,),  # the residual stream
+            "h": (c.hidden_size,),  # normed input of attention / MLP
+            "q": (c.q_size,),
+            "q_rot": (c.num_attention_heads, c.head_dim),
+            "k": (c.num_key_value_heads, c.head_dim),  # roped in place
+            "v": (c.num_key_value_heads, c.head_dim),
+            "attn": (c.num_attention_heads, c.head_dim),
+            "out": (c.hidden_size,),  # o_proj / down_proj result, added to x
+            "gate": (c.intermediate_size,),
+            "up": (c.intermediate_size,),
+            "act": (c.intermediate_size,),
+        }
+        for name, shape in shapes.items():
+            t = llaisys.empty((n, *shape), dtype, device) if base is None else getattr(base, name).slice(0, 0, n)
+            setattr(self, name, t)
 
 
 class Qwen2(GenerationMixin):
     """A Qwen2-architecture causal LM on one llaisys device.
 
     ``Qwen2(path, device=None, dtype=None)``: ``device`` None picks the best available
-    device; ``dtype`` None computes in the dtype the weights are stored in. ``mmap=False``
-    reads the weights into memory instead of mapping the files (a file changed on disk
-    then cannot affect, or crash, the loaded model).
+    device; ``dtype`` None computes in the dtype the weights are stored in; ``numerics`` "exact"
+    or "hf" says where f16 / bf16 ops round (``llaisys_models.numerics``; None: ``$LLAISYS_NUMERICS``).
+    ``mmap=False`` reads the weights into memory instead of mapping the files (a file changed on
+    disk then cannot affect, or crash, the loaded model).
 
     One model holds one KV cache, so it runs one generation at a time: calls from several
     threads take turns (``forward``, ``generate``, a ``stream_generate`` until it finishes
@@ -65,7 +75,9 @@ class Qwen2(GenerationMixin):
 
     architectures = ("Qwen2ForCausalLM",)
 
-    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True):
+    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True,
+                 numerics: str | None = None):
+        self.numerics = resolve_numerics(numerics)
         self.path = model_directory(path)
         config = ModelConfig.from_file(self.path)
         supported = {a for cls in _all_model_classes() for a in cls.architectures}
@@ -85,10 +97,11 @@ class Qwen2(GenerationMixin):
 
     @classmethod
     def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
-                     dtype: llaisys.DType, eos_token_ids, source=None) -> "Qwen2":
+                     dtype: llaisys.DType, eos_token_ids, source=None, numerics: str | None = None) -> "Qwen2":
         """A model over weights already placed on ``device`` in ``dtype``, read from a source other
         than a HuggingFace directory (a GGUF file); ``source`` stays alive as long as the model."""
         model = cls.__new__(cls)
+        model.numerics = resolve_numerics(numerics)
         model.path, model.config, model.device, model.dtype = Path(path), config, device, dtype
         model.eos_token_ids = tuple(eos_token_ids)
         model.weights, model.checkpoint = weights, source
@@ -98,107 +111,178 @@ class Qwen2(GenerationMixin):
     def _prepare(self) -> None:
         """The KV cache and decode state, once config, device, dtype and weights are set."""
         config = self.config
-        self.cache = self.new_cache()
+        self._kv_pool: KVPool | None = None  # the model's own, made on first use
+        self._cache: SequenceKV | None = None
         self.scale = config.head_dim ** -0.5
-        self._decode_workspace: Workspace | None = None
+        self._workspace_base: Workspace | None = None
+        self._workspaces: dict[int, Workspace] = {}
         self.lock = ModelLock()
 
     def __repr__(self) -> str:
         c = self.config
         return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}, "
-                f"layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
+                f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
     # -- the cache ----------------------------------------------------------------
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache shaped for this model. ``forward(..., cache=c)`` extends ``c`` instead of
-        the model's own cache, so a caller (the server's engine) can keep one per conversation."""
+    @property
+    def kv_pool(self) -> KVPool:
+        """The model's own KV pool (for ``generate`` and ``forward``): made on first use with room for 256
+        positions, and grown when a sequence needs more."""
+        if self._kv_pool is None:
+            self._kv_pool = self.new_kv_pool(num_blocks=-(-256 // 16), prefix_caching=False)
+        return self._kv_pool
+
+    @kv_pool.setter
+    def kv_pool(self, pool: KVPool) -> None:
+        """Use ``pool`` (from ``new_kv_pool``) as the model's own; the default sequence starts empty in it."""
+        if self._cache is not None:
+            self._cache.release()
+        self._kv_pool, self._cache = pool, None
+
+    @property
+    def cache(self) -> SequenceKV:
+        """The sequence ``forward`` extends by default, in the model's own pool."""
+        if self._cache is None:
+            self._cache = self.kv_pool.sequence()
+        return self._cache
+
+    @property
+    def kv_shape(self) -> KVShape:
         c = self.config
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device,
-                       c.max_position_embeddings)
+        return KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
+                    prefix_caching: bool = True) -> KVPool:
+        """A paged KV cache for this model: ``num_blocks`` blocks of ``block_size`` positions, or as many as
+        ``memory`` bytes hold. Sequences in it (``pool.sequence()``) are what ``forward_batch`` extends."""
+        if (num_blocks is None) == (memory is None):
+            raise llaisys.LlaisysValueError("give the KV pool's size as num_blocks or as memory, not both")
+        if num_blocks is None:
+            num_blocks = memory // (block_size * self.kv_shape.bytes_per_token)
+            if num_blocks < 1:
+                raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
+                                                f"positions ({block_size * self.kv_shape.bytes_per_token} bytes)")
+        return KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+
+    def new_cache(self) -> SequenceKV:
+        """An empty sequence in the model's own KV pool: ``forward(..., cache=c)`` extends ``c`` instead of
+        the model's default sequence."""
+        return self.kv_pool.sequence()
 
     def reset(self) -> None:
-        """Forget the cached tokens (buffers stay allocated for the next generation)."""
+        """Forget the cached tokens (their blocks go back to the pool, which keeps its memory)."""
         with self.lock.hold("reset"):
-            self.cache.reset()
+            self.cache.release()
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens; the next forward continues from there."""
         with self.lock.hold("truncate"):
             self.cache.truncate(length)
 
+    def reserve(self, cache: SequenceKV, length: int) -> None:
+        """Blocks for ``length`` positions in ``cache``; the model's own pool grows when it must."""
+        if cache.reserve(length):
+            return
+        pool = cache.pool
+        if pool is not self.kv_pool:
+            raise llaisys.LlaisysError(f"the KV pool is out of blocks: {length} positions need "
+                                       f"{cache.blocks_for(length)} more, {pool.num_free} are free")
+        pool.grow(pool.num_blocks + max(cache.blocks_for(length) - pool.num_free, pool.num_blocks))
+        cache.reserve(length)
+
     # -- the forward pass ---------------------------------------------------------
 
-    def forward(self, input_ids, all_logits: bool = False, *, cache: KVCache | None = None) -> llaisys.Tensor:
+    def forward(self, input_ids, all_logits: bool = False, *, cache: SequenceKV | None = None) -> llaisys.Tensor:
         """Run ``input_ids`` at the positions after the cached ones, append them to the cache and
         return the logits of the last position ([1, vocab]), or of every position ([n, vocab]).
 
-        ``cache`` (from ``new_cache``) replaces the model's own cache for this call (the work buffers
-        are still the model's: calls take turns, see the class docstring)."""
+        ``cache`` (a sequence from ``new_cache`` or a pool of ``new_kv_pool``) replaces the model's own for
+        this call (the work buffers are still the model's: calls take turns, see the class docstring)."""
         with self.lock.hold("forward"):
             return self._forward(input_ids, all_logits, cache=cache)
 
-    def _forward(self, input_ids, all_logits: bool = False, *, cache: KVCache | None = None) -> llaisys.Tensor:
+    def _forward(self, input_ids, all_logits: bool = False, *, cache: SequenceKV | None = None) -> llaisys.Tensor:
         ids = self.check_input_ids(input_ids)
         cache = self.cache if cache is None else cache
-        start, n = len(cache), len(ids)
-        end = start + n
-        self.check_length(end)
-        cache.reserve(end)
-        ws = self._workspace(n)
-        positions = cache.positions.slice(0, start, end)
-        tokens = llaisys.from_numpy(np.asarray(ids, dtype=np.int64), self.device)
+        self.check_length(len(cache) + len(ids))
+        self.reserve(cache, len(cache) + len(ids))
+        return self._forward_batch([(cache, ids)], None if all_logits else [True])
 
-        llaisys.ops.embedding(ws.x, tokens, self.weights.embed_tokens)
+    def forward_batch(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None = None
+                      ) -> llaisys.Tensor:
+        """One forward for several sequences of one pool: ``batch`` pairs a sequence (blocks reserved for
+        its new length) with its new token ids. Appends them and returns the logits of the last new row
+        of each sequence whose ``logits_of`` entry is true ([R, vocab], in batch order), or of every
+        row when ``logits_of`` is None."""
+        with self.lock.hold("forward_batch"):
+            return self._forward_batch(batch, logits_of)
+
+    def _forward_batch(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None
+                       ) -> llaisys.Tensor:
+        pool = batch[0][0].pool
+        step = pool.step_inputs(batch, logits_of)
+        ws = self._workspace(step.num_tokens)
+        llaisys.ops.embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
-            self._attention(i, layer, ws, cache, positions, start, end)
+            self._attention(i, layer, ws, pool, step)
             self._mlp(layer, ws)
-        cache.tokens.extend(ids)
-        return self._lm_head(ws.x if all_logits else ws.x.slice(0, n - 1, n))
+        for seq, ids in batch:
+            seq.commit(ids)
+        if step.logit_rows is None:
+            return self._lm_head(ws.x)
+        last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
+        llaisys.ops.embedding(last, step.logit_rows, ws.x)  # gathers the rows
+        return self._lm_head(last)
 
-    def _attention(self, i: int, w: LayerWeights, ws: Workspace, cache: KVCache, positions, start: int,
-                   end: int) -> None:
-        c, ops, n = self.config, llaisys.ops, end - start
-        key_slot, value_slot = cache.slot(i, start, end)
-        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps)
+    def _attention(self, i: int, w: LayerWeights, ws: Workspace, pool: KVPool, step: StepInputs) -> None:
+        c, ops, n, numerics = self.config, llaisys.ops, ws.n, self.numerics
+        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         ops.linear(ws.q, ws.h, w.q_proj, w.q_bias)
-        ops.linear(ws.k, ws.h, w.k_proj, w.k_bias)
-        ops.linear(value_slot.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)  # values straight into the cache
-        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), positions, c.rope_theta)
-        ops.rope(key_slot, ws.k.view(n, c.num_key_value_heads, c.head_dim), positions, c.rope_theta)
-        keys, values = cache.slot(i, 0, end)
-        ops.self_attention(ws.attn, ws.q_rot, keys, values, self.scale)
+        ops.linear(ws.k.view(n, c.kv_size), ws.h, w.k_proj, w.k_bias)
+        ops.linear(ws.v.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)
+        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), step.positions, c.rope_theta, numerics)
+        ops.rope(ws.k, ws.k, step.positions, c.rope_theta, numerics)
+        keys, values = pool.keys[i], pool.values[i]
+        ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
+        ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
+                            self.scale, numerics)
         ops.linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         ops.add(ws.x, ws.x, ws.out)
 
     def _mlp(self, w: LayerWeights, ws: Workspace) -> None:
-        c, ops = self.config, llaisys.ops
-        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps)
+        c, ops, numerics = self.config, llaisys.ops, self.numerics
+        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps, numerics)
         ops.linear(ws.gate, ws.h, w.gate_proj, w.gate_bias)
         ops.linear(ws.up, ws.h, w.up_proj, w.up_bias)
-        ops.swiglu(ws.act, ws.gate, ws.up)
+        ops.swiglu(ws.act, ws.gate, ws.up, numerics)
         ops.linear(ws.out, ws.act, w.down_proj, w.down_bias)
         ops.add(ws.x, ws.x, ws.out)
 
     def _lm_head(self, x: llaisys.Tensor) -> llaisys.Tensor:
         c, n = self.config, x.shape[0]
         normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
-        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
         logits = llaisys.empty((n, c.vocab_size), self.dtype, self.device)
         llaisys.ops.linear(logits, normed, self.weights.lm_head)
         return logits
 
     def _workspace(self, n: int) -> Workspace:
-        if n != 1:
-            return Workspace(self.config, n, self.dtype, self.device)
-        if self._decode_workspace is None:
-            self._decode_workspace = Workspace(self.config, 1, self.dtype, self.device)
-        return self._decode_workspace
+        """Row views of one buffer, grown (never shrunk) to the largest forward so far."""
+        ws = self._workspaces.get(n)
+        if ws is None:
+            if self._workspace_base is None or self._workspace_base.n < n:
+                self._workspace_base = Workspace(self.config, n, self.dtype, self.device)
+                self._workspaces.clear()
+            if len(self._workspaces) >= 64:
+                self._workspaces.clear()
+            ws = self._workspaces[n] = Workspace(self.config, n, self.dtype, self.device, self._workspace_base)
+        return ws
 
     def logits(self, input_ids) -> np.ndarray:
         """Float32 logits [n, vocab] of every position of ``input_ids``, from an empty cache."""
         with self.lock.hold("logits"):
-            self.cache.reset()
+            self.cache.release()
             return self._forward(input_ids, all_logits=True).numpy().astype(np.float32)
 
 
@@ -212,14 +296,31 @@ def _all_model_classes():
     return (Qwen2, Llama)
 
 
+# Every op a forward, the paged KV cache and sampling call: a device whose backend lacks one cannot run the
+# model (there is no second, unpaged code path), which is said when the model loads.
+KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_attention", "swiglu", "add",
+           "rearrange", "argmax", "sample")
+
+
+def _missing_kernels(device: llaisys.Device) -> list[str]:
+    return [op for op in KERNELS if not llaisys.ops.implemented(op, device)]
+
+
 def _pick_device(device) -> llaisys.Device:
+    """The device asked for, or (None) the best available one whose backend runs every op of KERNELS."""
     if device is None:
         devices = llaisys.available_devices()
         if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
             raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
-        return devices[0]
+        able = [d for d in devices if not _missing_kernels(d)]
+        device = able[0] if able else devices[0]  # none able: the best one's error below
     device = as_device(device)
     llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
+    missing = _missing_kernels(device)
+    if missing:
+        raise llaisys.BackendUnavailableError(
+            f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs (its KV "
+            f"cache is paged); run it on another device (e.g. device='cpu', --device cpu)")
     return device
 
 

@@ -3,8 +3,8 @@ against float64 torch references with the tolerances of DESIGN §6.
 
 Shapes are small (host execution runs one OS thread per CUDA thread) but reach every path of the
 launchers: vector and scalar element-wise paths (aligned and misaligned views), partial tiles, the decode
-and prefill attention kernels with and without key splits, outputs aliasing inputs, and kernel-reported
-errors.
+and prefill attention kernels with and without key splits, paged attention over shuffled blocks (alone ==
+batched bit for bit), outputs aliasing inputs, and kernel-reported errors.
 """
 
 import math
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
+from ops.test_numerics_hf import hf_rope
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
@@ -155,11 +156,48 @@ def test_rms_norm(dev, dtype, rows, dim):
     check(dev.download(dx), want, dtype)
 
 
-def test_hf_numerics_is_not_supported_yet(dev):
-    x = dev.upload(torch.ones(4, 8))
+# ---- numerics = hf: rms_norm, rope and swiglu round as HF's op sequence in the dtype does ----------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_ids.get)
+def test_hf_numerics(dev, dtype):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    hf = 1  # LLAISYS_NUMERICS_HF
+    x, w = randn((3, 67), dtype, 21, 2.0), randn((67,), dtype, 22)
+    out = dev.empty((3, 67), dtype)
+    dev.op("rms_norm", CODE[dtype], hf, 3, 67, 1e-6, out, dev.upload(x), dev.upload(w))
+    norm = Qwen2RMSNorm(67, eps=1e-6).to(dtype)
+    norm.weight.data.copy_(w)
+    with torch.no_grad():
+        assert torch.equal(dev.download(out), norm(x))
+
+    x, pos = randn((5, 3, 128), dtype, 23), torch.tensor([0, 7, 100000, 3, 65535], dtype=torch.int64)
+    out = dev.empty((5, 3, 128), dtype)
+    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1e6, out, dev.upload(x), dev.upload(pos))
+    assert torch.equal(dev.download(out), hf_rope(x, pos, 1e6))
+
+    g, u = randn(4097, dtype, 24, 3.0), randn(4097, dtype, 25)
+    out = dev.empty((4097,), dtype)
+    dev.op("swiglu", CODE[dtype], hf, 4097, out, dev.upload(g), dev.upload(u))
+    # expf here and torch's silu exp are both within ~1 f32 ulp: in f16 a rounding boundary is hit ~1 in 1e4
+    mismatched = int((dev.download(out) != torch.nn.functional.silu(g) * u).sum())
+    assert mismatched <= (0 if dtype == torch.bfloat16 else 2), f"{mismatched} of 4097 differ from HF's"
+
+
+def test_hf_numerics_attention(dev):
+    """HF's GPU attention rounding is not implemented in f16 / bf16 (NOT_SUPPORTED, saying so); in f32 the
+    hf mode is the exact mode."""
+    q, k = randn((1, 2, 16), torch.float32, 26), randn((9, 1, 16), torch.float32, 27)
+    outs = []
+    for numerics in (0, 1):
+        out = dev.empty((1, 2, 16), torch.float32)
+        dev.op("self_attention", 0, numerics, 1, 9, 2, 1, 16, 16, 0.25, out, dev.upload(q), dev.upload(k), dev.upload(k))
+        outs.append(dev.download(out))
+    assert torch.equal(outs[0], outs[1])
+    qh, kh = dev.upload(q.bfloat16()), dev.upload(k.bfloat16())
     with pytest.raises(SlotError) as info:
-        dev.op("rms_norm", 0, 1, 4, 8, 1e-6, x, x, dev.upload(torch.ones(8)))
-    assert info.value.status == 4 and "numerics" in info.value.message
+        dev.op("self_attention", 2, 1, 1, 9, 2, 1, 16, 16, 0.25, dev.empty((1, 2, 16), torch.bfloat16), qh, kh, kh)
+    assert info.value.status == 4 and "numerics=hf attention" in info.value.message
 
 
 # ---- rope ------------------------------------------------------------------------------------------------
@@ -235,6 +273,128 @@ def test_self_attention_with_a_small_workspace(small_workspace, shape, alias):
     out = d_v if alias == "v" else dev.empty((L, H, dv), torch.float32)
     dev.op("self_attention", 0, 0, L, S, H, Hkv, d, dv, 0.4, out, dq, dk, d_v)
     check(dev.download(out), attention_reference(q, k, v, 0.4), torch.float32)
+
+
+# ---- paged_attention / paged_kv_write -------------------------------------------------------------------
+
+def paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=0, seed=30):
+    """A batch over shuffled blocks of random caches: (device args after dtype / numerics, q, per-sequence dense
+    keys and values, T). lens: (L, S) per sequence; extra_rows past the last sequence belong to none."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-S // block_size) for _, S in lens]
+    num_blocks, max_blocks = sum(need) + 2, max(need + [1])
+    k_cache, v_cache = randn((num_blocks, block_size, Hkv, d), dtype, seed), randn((num_blocks, block_size, Hkv, dv),
+                                                                                   dtype, seed + 1)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.zeros((len(lens), max_blocks), dtype=torch.int32)
+    dense = []
+    for s, (_, S) in enumerate(lens):
+        blocks = [order.pop() for _ in range(need[s])]
+        tables[s, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        rows = [blocks[j // block_size] * block_size + j % block_size for j in range(S)]
+        dense.append((k_cache.reshape(-1, Hkv, d)[rows], v_cache.reshape(-1, Hkv, dv)[rows]))
+    starts = torch.tensor([0] + [L for L, _ in lens], dtype=torch.int32).cumsum(0).to(torch.int32)
+    T = int(starts[-1]) + extra_rows
+    q = randn((T, H, d), dtype, seed + 2)
+    args = (T, len(lens), H, Hkv, d, dv, num_blocks, block_size, max_blocks)
+    buffers = (dev.upload(q), dev.upload(k_cache), dev.upload(v_cache), dev.upload(tables),
+               dev.upload(torch.tensor([S for _, S in lens], dtype=torch.int32)), dev.upload(starts))
+    return args, buffers, q, dense, starts
+
+
+def paged_attention(dev, dtype, args, buffers, scale):
+    T, H, dv = args[0], args[2], args[5]
+    out = dev.empty((T, H, dv), dtype)
+    dev.op("paged_attention", CODE[dtype], 0, *args, scale, out, *buffers)
+    return dev.download(out)
+
+
+# (L, S) per sequence: decode rows, a chunk of a prompt, a sequence without rows (padding), keys over several
+# tiles of 64, a partial last block; (H, Hkv, d, dv)
+PAGED = [
+    ([(1, 5), (4, 17), (0, 9), (1, 1)], (4, 2, 16, 16), 4),
+    ([(1, 150), (3, 3), (2, 70)], (6, 2, 8, 12), 16),
+    ([(2, 33)], (12, 2, 64, 64), 8),  # G = 6 heads of 64 share a kv head
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("case", range(len(PAGED)))
+def test_paged_attention_matches_dense_attention(dev, dtype, case):
+    lens, (H, Hkv, d, dv), block_size = PAGED[case]
+    args, buffers, q, dense, starts = paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=2)
+    scale = 1 / math.sqrt(d)
+    got = paged_attention(dev, dtype, args, buffers, scale)
+    for s, (L, _) in enumerate(lens):
+        rows = slice(int(starts[s]), int(starts[s + 1]))
+        if L:
+            check(got[rows], attention_reference(q[rows], *dense[s], scale), dtype)
+    assert (got[int(starts[-1]):] == 0).all()  # rows outside every sequence
+
+
+def test_paged_attention_a_sequence_alone_or_batched_bit_for_bit(dev):
+    """A sequence's rows do not depend on the other sequences of the batch nor on where its blocks lie."""
+    dt = torch.bfloat16
+    lens, (H, Hkv, d, dv), bs = PAGED[1]
+    args, buffers, q, dense, starts = paged_batch(dev, dt, lens, H, Hkv, d, dv, bs)
+    batched = paged_attention(dev, dt, args, buffers, 0.3)
+    i32 = lambda *values: dev.upload(torch.tensor(values, dtype=torch.int32))  # noqa: E731
+    for s, (L, S) in enumerate(lens):
+        nb = -(-S // bs)
+        kc, vc = torch.zeros((nb, bs, Hkv, d), dtype=dt), torch.zeros((nb, bs, Hkv, dv), dtype=dt)
+        kc.view(-1, Hkv, d)[:S], vc.view(-1, Hkv, dv)[:S] = dense[s]  # blocks 0, 1, ... in order
+        rows = slice(int(starts[s]), int(starts[s + 1]))
+        alone = paged_attention(dev, dt, (L, 1, H, Hkv, d, dv, nb, bs, nb),
+                                (dev.upload(q[rows]), dev.upload(kc), dev.upload(vc), i32(*range(nb)), i32(S), i32(0, L)),
+                                0.3)
+        assert torch.equal(alone.view(torch.int16), batched[rows].view(torch.int16)), f"sequence {s}"
+
+
+@pytest.mark.parametrize("case,named", [("block id", "= 99 is not a block"), ("seq_len", "seq_lens[1] = 40"),
+                                        ("query_start", "query_start[3] = 9")])
+def test_paged_attention_bad_index_data_is_reported(dev, case, named):
+    lens, (H, Hkv, d, dv), bs = PAGED[0]
+    args, (dq, dk, dv_, tables, seq_lens, starts), *_ = paged_batch(dev, torch.float32, lens, H, Hkv, d, dv, bs)
+    num_seqs, max_blocks = args[1], args[8]
+    i32 = lambda t: dev.upload(torch.tensor(t, dtype=torch.int32))  # noqa: E731
+    if case == "block id":
+        bad = dev.download(tables)
+        bad[1, 2] = 99
+        tables = i32(bad.tolist())
+    elif case == "seq_len":
+        seq_lens = i32([5, 40, 9, 1])  # past max_blocks * block_size
+    else:
+        starts = i32([0, 1, 5, 9, 6])  # not ascending
+    out = dev.empty((args[0], H, dv), torch.float32)
+    dev.op("paged_attention", 0, 0, *args, 0.25, out, dq, dk, dv_, tables, seq_lens, starts)
+    with pytest.raises(SlotError) as info:
+        dev.download(out)
+    assert info.value.status == 1 and named in info.value.message, info.value.message
+    assert num_seqs == 4 and max_blocks == 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+def test_paged_kv_write(dev, dtype):
+    T, Hkv, d, dv, slots = 5, 2, 8, 12, 24
+    k_cache, v_cache = randn((slots, Hkv, d), dtype, 40), randn((slots, Hkv, dv), dtype, 41)
+    k, v = randn((T, Hkv, d), dtype, 42), randn((T, Hkv, dv), dtype, 43)
+    slot_mapping = torch.tensor([7, -1, 0, 23, 12])  # token 1 is skipped
+    dk, dv_ = dev.upload(k_cache), dev.upload(v_cache)
+    dev.op("paged_kv_write", CODE[dtype], T, Hkv, d, dv, slots, dk, dv_, dev.upload(k), dev.upload(v),
+           dev.upload(slot_mapping))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            want_k[slot], want_v[slot] = k[t], v[t]
+    assert torch.equal(dev.download(dk), want_k) and torch.equal(dev.download(dv_), want_v)
+
+    # a slot past the cache: reported, and nothing written (not even the good tokens)
+    dev.op("paged_kv_write", CODE[dtype], T, Hkv, d, dv, slots, dk, dv_, dev.upload(-k), dev.upload(-v),
+           dev.upload(torch.tensor([1, 2, 24, 3, 4])))
+    with pytest.raises(SlotError) as info:
+        dev.synchronize()
+    assert info.value.status == 1 and "slot_mapping[2] = 24 is past the cache's 24 slots" in info.value.message
+    assert torch.equal(dev.download(dk), want_k) and torch.equal(dev.download(dv_), want_v)
 
 
 # ---- sample ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..abi import INT64_MAX
+from ..abi import INT64_MAX, Numerics
 from ..dtype import DType, bfloat16, float16, float32, int64
 from ..errors import LlaisysValueError
 from ..tensor import Tensor
@@ -100,3 +100,17 @@ def overlap(op: str, out_name: str, in_name: str, exact_allowed: bool = False):
         fail(op, f"{out_name} and {in_name} overlap in memory; {out_name} may be {in_name} itself (the same "
                  f"elements) for an in-place update, or must share no memory with it")
     fail(op, f"{out_name} and {in_name} overlap in memory; {out_name} must share no memory with {in_name}")
+
+
+# the ``numerics=`` values of rms_norm / rope / self_attention / swiglu -> the ABI code
+NUMERICS = {"exact": int(Numerics.EXACT), "hf": int(Numerics.HF),
+            Numerics.EXACT: int(Numerics.EXACT), Numerics.HF: int(Numerics.HF)}
+
+
+def numerics(op: str, value) -> int:
+    """The ABI code of a ``numerics=`` argument: "exact" (f32 inside, one rounding) or "hf" (round where
+    HF transformers rounds, for f16 / bf16)."""
+    try:
+        return NUMERICS[value]
+    except (KeyError, TypeError):
+        fail(op, f"numerics must be 'exact' or 'hf', got {value!r}")

@@ -11,6 +11,8 @@ device type): the one kernel cache.
 
 from __future__ import annotations
 
+from ..device import as_device
+from ..errors import LlaisysError
 from ..plugins import registry
 from ..stream import current_stream_handle
 
@@ -50,3 +52,13 @@ def clear_plans() -> None:
     registry().clear_kernels()
     for plans in _all_plans:
         plans.clear()
+
+
+def implemented(op: str, device) -> bool:
+    """Whether ``device``'s backend has a kernel for ``op`` (so a caller can refuse, or choose another
+    device, before a model runs instead of failing at its first call)."""
+    try:
+        registry().launcher(op, as_device(device).type)
+    except LlaisysError:
+        return False
+    return True

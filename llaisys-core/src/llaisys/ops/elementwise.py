@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from ctypes import c_int64
 
-from ..abi import Numerics
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 
 MAX_RANK = 16
-EXACT = int(Numerics.EXACT)
+NUMERICS = check.NUMERICS
 
 
 _add = new_plans()
@@ -52,8 +51,13 @@ def _plan_add(c, a, b):
 _swiglu = new_plans()
 
 
-def swiglu(out, gate, up) -> None:
-    """out = up * gate / (1 + exp(-gate)). out may be gate or up itself; no other overlap."""
+def swiglu(out, gate, up, numerics: str = "exact") -> None:
+    """out = up * gate / (1 + exp(-gate)). out may be gate or up itself; no other overlap.
+    ``numerics``: "exact" or "hf" (see ``rms_norm``)."""
+    try:
+        mode = NUMERICS[numerics]
+    except (KeyError, TypeError):
+        mode = check.numerics("swiglu", numerics)
     try:
         kernel, fail, device, code, n = _swiglu[out._layout, gate._layout, up._layout]
     except (AttributeError, KeyError):
@@ -63,7 +67,7 @@ def swiglu(out, gate, up) -> None:
         check.overlap("swiglu", "out", "gate", exact_allowed=True)
     if u_ptr < out._end and o_ptr < up._end and u_ptr != o_ptr:
         check.overlap("swiglu", "out", "up", exact_allowed=True)
-    status = kernel(device.index, current_stream_handle(device), code, EXACT, n, o_ptr, g_ptr, u_ptr)
+    status = kernel(device.index, current_stream_handle(device), code, mode, n, o_ptr, g_ptr, u_ptr)
     if status:
         fail(status)
 

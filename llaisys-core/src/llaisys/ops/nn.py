@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
-from .elementwise import EXACT
+from .elementwise import NUMERICS
 
 _embedding = new_plans()
 
@@ -95,8 +95,16 @@ def _plan_linear(out, x, weight, bias):
 _rms_norm = new_plans()
 
 
-def rms_norm(out, x, weight, eps: float) -> None:
-    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps). out may be x itself; no other overlap."""
+def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
+    """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps). out may be x itself; no other overlap.
+
+    ``numerics`` (also of rope, self_attention, swiglu): "exact" computes in f32 and rounds once; "hf"
+    rounds f16 / bf16 where HF transformers' forward rounds (``llaisys.abi.Numerics``, backend.h).
+    """
+    try:
+        mode = NUMERICS[numerics]
+    except (KeyError, TypeError):
+        mode = check.numerics("rms_norm", numerics)
     try:
         kernel, fail, device, code, rows, dim = _rms_norm[out._layout, x._layout, weight._layout]
     except (AttributeError, KeyError):
@@ -108,7 +116,7 @@ def rms_norm(out, x, weight, eps: float) -> None:
         check.overlap("rms_norm", "out", "x", exact_allowed=True)
     if w_ptr < o_end and o_ptr < weight._end:
         check.overlap("rms_norm", "out", "weight")
-    status = kernel(device.index, current_stream_handle(device), code, EXACT, rows, dim, eps, o_ptr, x_ptr, w_ptr)
+    status = kernel(device.index, current_stream_handle(device), code, mode, rows, dim, eps, o_ptr, x_ptr, w_ptr)
     if status:
         fail(status)
 
@@ -133,11 +141,15 @@ def _plan_rms_norm(out, x, weight):
 _rope = new_plans()
 
 
-def rope(out, x, pos_ids, theta: float) -> None:
+def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
     """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq].
 
-    out may be x itself; no other overlap.
+    out may be x itself; no other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``).
     """
+    try:
+        mode = NUMERICS[numerics]
+    except (KeyError, TypeError):
+        mode = check.numerics("rope", numerics)
     try:
         kernel, fail, device, code, seq, heads, d = _rope[out._layout, x._layout, pos_ids._layout]
     except (AttributeError, KeyError):
@@ -149,7 +161,7 @@ def rope(out, x, pos_ids, theta: float) -> None:
         check.overlap("rope", "out", "x", exact_allowed=True)
     if p_ptr < o_end and o_ptr < pos_ids._end:
         check.overlap("rope", "out", "pos_ids")
-    status = kernel(device.index, current_stream_handle(device), code, EXACT, seq, heads, d, theta, o_ptr, x_ptr, p_ptr)
+    status = kernel(device.index, current_stream_handle(device), code, mode, seq, heads, d, theta, o_ptr, x_ptr, p_ptr)
     if status:
         fail(status)
 
@@ -173,12 +185,17 @@ def _plan_rope(out, x, pos_ids):
 _attention = new_plans()
 
 
-def self_attention(out, q, k, v, scale: float) -> None:
+def self_attention(out, q, k, v, scale: float, numerics: str = "exact") -> None:
     """Causal GQA attention, mask aligned bottom-right (query i sees key j iff j <= i + S - L).
 
     q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv]; head h reads kv head h // (H / Hkv).
-    out may be q or v itself (same elements, so same shape); no other overlap.
+    out may be q or v itself (same elements, so same shape); no other overlap. ``numerics``: "exact" or
+    "hf" (see ``rms_norm``).
     """
+    try:
+        mode = NUMERICS[numerics]
+    except (KeyError, TypeError):
+        mode = check.numerics("self_attention", numerics)
     try:
         kernel, fail, device, code, sizes = _attention[out._layout, q._layout, k._layout, v._layout]
     except (AttributeError, KeyError):
@@ -192,7 +209,7 @@ def self_attention(out, q, k, v, scale: float) -> None:
         check.overlap("self_attention", "out", "k")
     if v_ptr < o_end and o_ptr < v._end and not (v_ptr == o_ptr and v._shape == out._shape):
         check.overlap("self_attention", "out", "v", exact_allowed=True)
-    status = kernel(device.index, current_stream_handle(device), code, EXACT, *sizes, scale, o_ptr, q_ptr, k_ptr, v_ptr)
+    status = kernel(device.index, current_stream_handle(device), code, mode, *sizes, scale, o_ptr, q_ptr, k_ptr, v_ptr)
     if status:
         fail(status)
 

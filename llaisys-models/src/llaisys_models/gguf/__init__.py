@@ -28,18 +28,21 @@ def is_gguf(path) -> bool:
         return False
 
 
-def load(path, device=None, dtype=None, *, progress: bool | None = None):
+def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None):
     """The model in the GGUF file ``path`` on ``device`` (None: the best available), its weights
-    decoded into ``dtype`` (None: the stored float type, or bfloat16 for quantized weights)."""
+    decoded into ``dtype`` (None: the stored float type, or bfloat16 for quantized weights), its ops
+    rounding as ``numerics`` says (``llaisys_models.numerics``)."""
     import llaisys
     from llaisys.dtype import as_dtype
 
     from ..errors import ModelLoadError
+    from ..numerics import resolve as resolve_numerics
     from ..qwen2 import Llama, Qwen2, _pick_device
     from .config import architecture, model_config
     from .reader import GGUFFile
     from .weights import default_dtype, load_weights, tensor_plan
 
+    numerics = resolve_numerics(numerics)
     f = GGUFFile(path)
     arch = architecture(f)
     config = model_config(f)
@@ -54,7 +57,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None):
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress)
     cls = {"qwen2": Qwen2, "llama": Llama}[arch]
     return cls.from_weights(f.path, config, weights, device=device, dtype=dtype,
-                            eos_token_ids=config.eos_token_ids, source=f)
+                            eos_token_ids=config.eos_token_ids, source=f, numerics=numerics)
 
 
 def load_tokenizer(path):

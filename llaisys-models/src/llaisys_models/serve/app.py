@@ -48,7 +48,9 @@ class Server:
         self.created = int(time.time())
         config = engine.model.config
         self.vocab_size = config.vocab_size
-        self.context = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings)
+        # the longest prompt + reply: the model's context, the sliding window, or what the KV cache holds
+        self.context = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings,
+                           engine.max_length)
 
     # -- request parsing ----------------------------------------------------------------
 

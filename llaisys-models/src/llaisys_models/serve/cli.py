@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from .. import numerics
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -26,6 +28,7 @@ def register_serve(subparsers) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                    help="compute dtype (default: the dtype the weights are stored in)")
+    numerics.add_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
@@ -33,11 +36,19 @@ def register_serve(subparsers) -> None:
                         "(default: $LLAISYS_API_KEY, else no key)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
-    p.add_argument("--max-running", type=int, default=8,
-                   help="sequences generated at once, taking turns token by token (default 8)")
-    p.add_argument("--kv-slots", type=int, default=16,
-                   help="KV caches kept for prefix reuse, running sequences included (default 16)")
-    p.add_argument("--no-prefix-reuse", action="store_true", help="always compute the whole prompt")
+    p.add_argument("--max-running", type=int, default=16,
+                   help="sequences generated together, every one a token per forward pass (default 16)")
+    p.add_argument("--max-batch-tokens", type=int, default=128,
+                   help="tokens per forward pass: every running sequence's next token, then chunks of new "
+                        "prompts (default 128; a long prompt holds the other streams up by one chunk at most)")
+    p.add_argument("--kv-memory", default=None,
+                   help="memory of the paged KV cache, e.g. 4GiB or 512MB (default: a quarter of the free "
+                        "memory, at most --max-running full contexts); printed at start-up")
+    p.add_argument("--block-size", type=int, default=16, help="positions per KV cache block (default 16)")
+    p.add_argument("--no-prefix-reuse", action="store_true",
+                   help="always compute the whole prompt (no KV blocks shared between requests)")
+    p.add_argument("--no-batching", action="store_true",
+                   help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
     p.set_defaults(func=run_serve)
 
 
@@ -56,17 +67,20 @@ def run_serve(args) -> int:
     from ..cli import model_dir
     from ..tokenizer import load_tokenizer
     from .engine import Engine
+    from .kv_memory import describe, parse_size
 
-    for name in ("port", "max_running", "kv_slots"):
+    for name in ("port", "max_running", "max_batch_tokens", "block_size"):
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
+    kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     path = model_dir(args)
     tokenizer_path = args.tokenizer or path
-    model = load(path, device=args.device, dtype=args.dtype)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
-    engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running, kv_slots=args.kv_slots,
-                    prefix_reuse=not args.no_prefix_reuse)
+    engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
+                    max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
+                    prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching)
     name = args.served_model_name or default_model_name(path)
     api_key = args.api_key if args.api_key is not None else os.environ.get("LLAISYS_API_KEY")
     server = Server(engine, load_tokenizer(tokenizer_path), name, api_key=api_key)
@@ -75,6 +89,8 @@ def run_serve(args) -> int:
               + ("" if api_key else " without an API key"), file=sys.stderr)
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}) at http://{_url_host(args.host)}:{args.port}/"
           f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
+    print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
+          f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr)
     # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

@@ -3,18 +3,20 @@
 HTTP handlers (or any other caller) build a ``Request`` (prompt token ids, ``SamplingParams``,
 an ``emit`` callback) and ``submit`` it; they never touch the model. The engine thread loops:
 
-    admit      waiting requests, first come first served, while a KV cache slot is free
-    step       every running sequence advances by one token (round robin: all streams progress)
+    admit      new requests go to the scheduler (continuous batching, ``llaisys_models.scheduler``),
+               which starts them in arrival order as KV blocks allow
+    step       one forward for every running sequence: each decoding sequence's next token plus chunks
+               of prompts being read, so a long prompt holds the others up by one chunk at most
     consume    each new token -> text (detokenized, stop strings) -> ``emit(Delta | Finished)``
 
-``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for
-the HTTP side. A cancelled request (client gone) leaves at its next step. Anything a request
-raises fails that request only (``Failed``); the engine keeps serving.
+KV memory is a paged pool (``--kv-memory``) shared by all sequences; prompts that start alike share
+blocks, and a finished conversation's blocks stay cached, so its next turn computes only its new
+tokens. When the pool runs out the newest sequence is preempted and later recomputed, invisibly to
+its client. A request's tokens do not depend on what else is batched with it.
 
-Continuous batching (the next step) replaces ``_forward`` — today one ``model.forward`` per
-sequence — by one batched forward over all scheduled sequences, and the KV pool by a paged
-cache; admission, per-sequence sampling (seeded per step, as ``model.generate``), output
-processing and the request/event interface stay as they are.
+``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for the HTTP
+side. A cancelled request (client gone) leaves at the next step. A request that fails (a bad prompt)
+fails alone; a step that fails fails the requests that were running, and the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import secrets
 import threading
 import time
 
-from ..generation import MASK64, step_seed
-from .kv_pool import KVPool
+from ..generation import MASK64
+from ..scheduler import Sampling, Scheduler
+from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
 from .output import TextStream
 
@@ -101,16 +104,13 @@ class Request:
         return self._cancelled.is_set()
 
 
-class Sequence:
-    """A running request: its KV cache, the tokens still to feed, its text so far."""
+class Job:
+    """A request the engine is working on: its sequence in the scheduler and its text so far."""
 
-    def __init__(self, request: Request, cache, reused: int, tokenizer):
+    def __init__(self, request: Request, tokenizer):
         self.request = request
-        self.cache = cache
-        self.reused = reused  # prompt tokens already in ``cache``
-        self.pending = request.prompt[reused:]  # fed by the next forward
-        self.generated = 0
         self.text = TextStream(tokenizer, request.params.stop)
+        self.seq = None  # the scheduler's Sequence
 
 
 class EngineUnavailable(RuntimeError):
@@ -122,25 +122,38 @@ class EngineBusy(RuntimeError):
 
 
 class Engine:
-    """Serve one model from one thread. ``tokenizer`` is used on the engine thread only (detokenizing)."""
+    """Serve one model from one thread. ``tokenizer`` is used on the engine thread only (detokenizing).
 
-    def __init__(self, model, tokenizer, *, max_running: int = 8, kv_slots: int = 16, prefix_reuse: bool = True,
-                 max_waiting: int = 256):
+    ``kv_memory``: bytes of KV cache (default: ``default_kv_memory``); ``max_running``: sequences decoded
+    together; ``max_batch_tokens``: tokens per forward (decode tokens + prompt chunks); ``batched=False``
+    runs each sequence in its own forward (the unbatched engine, for comparison).
+    """
+
+    def __init__(self, model, tokenizer, *, max_running: int = 16, max_batch_tokens: int = 128,
+                 kv_memory: int | None = None, block_size: int = 16, prefix_reuse: bool = True,
+                 max_waiting: int = 256, batched: bool = True):
         if max_running < 1 or max_waiting < 1:
             raise ValueError("max_running and max_waiting must be >= 1")
         self.model = model
         self.tokenizer = tokenizer
-        self.max_running = max_running
         self.max_waiting = max_waiting
-        self.pool = KVPool(model, max(kv_slots, max_running), reuse=prefix_reuse)
+        memory = default_kv_memory(model, max_running) if kv_memory is None else kv_memory
+        self.pool = model.new_kv_pool(memory=memory, block_size=block_size, prefix_caching=prefix_reuse)
+        self.scheduler = Scheduler(model, self.pool, max_running=max_running, max_batch_tokens=max_batch_tokens,
+                                   batched=batched)
         self.eos = frozenset(model.eos_token_ids)
         self.metrics = EngineMetrics()
-        self._waiting: collections.deque[Request] = collections.deque()  # guarded by _cv
-        self._running: list[Sequence] = []  # engine thread only
+        self._incoming: collections.deque[Request] = collections.deque()  # guarded by _cv
+        self._jobs: list[Job] = []  # engine thread only: every request in the scheduler
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # why the engine thread ended, if it died
+
+    @property
+    def max_length(self) -> int:
+        """The longest prompt + reply this engine can complete (the model's context, or the KV pool's)."""
+        return self.scheduler.max_length()
 
     # -- the caller's side (any thread) ------------------------------------------------
 
@@ -165,19 +178,19 @@ class Engine:
         with self._cv:
             if self._stopping:
                 raise EngineUnavailable(self.error or "the engine is stopped")
-            if len(self._waiting) >= self.max_waiting:
-                raise EngineBusy(f"{len(self._waiting)} requests are already waiting; try again later")
-            self._waiting.append(request)
+            if self.waiting >= self.max_waiting:
+                raise EngineBusy(f"{self.waiting} requests are already waiting; try again later")
+            self._incoming.append(request)
             self.metrics.requests_received += 1
             self._cv.notify()
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._incoming) + len(self.scheduler.waiting)
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return len(self.scheduler.running)
 
     # -- the engine thread ---------------------------------------------------------------
 
@@ -191,81 +204,83 @@ class Engine:
             log.exception("engine thread died")
         finally:
             reason = self.error or "the server is shutting down"
-            for seq in self._running:
-                seq.request.emit(Failed(reason))
+            for job in self._jobs:
+                job.request.emit(Failed(reason))
             with self._cv:
                 self._stopping = True
-                waiting, self._waiting = list(self._waiting), collections.deque()
-            for request in waiting:
+                incoming, self._incoming = list(self._incoming), collections.deque()
+            for request in incoming:
                 request.emit(Failed(reason))
 
     def _wait_for_work(self) -> bool:
         with self._cv:
-            while not self._stopping and not self._waiting and not self._running:
+            while not self._stopping and not self._incoming and not self._jobs:
                 self._cv.wait()
             return not self._stopping
 
     def _admit(self) -> None:
-        """Start waiting requests in arrival order while there is room."""
-        while len(self._running) < self.max_running and self.pool.available:
+        """Hand new requests to the scheduler (it starts them as blocks allow, in arrival order)."""
+        while True:
             with self._cv:
-                if not self._waiting:
+                if not self._incoming:
                     return
-                request = self._waiting.popleft()
+                request = self._incoming.popleft()
             if request.cancelled:
                 self._report(request, Finished("cancelled", Usage(len(request.prompt), 0, 0)))
                 continue
-            cache, reused = self.pool.acquire(request.prompt)
-            self._running.append(Sequence(request, cache, reused, self.tokenizer))
+            job = Job(request, self.tokenizer)
+            p = request.params
+            try:
+                job.seq = self.scheduler.add(self.model.check_input_ids(request.prompt),
+                                             Sampling(p.greedy, p.top_k, p.top_p, p.temperature, request.seed),
+                                             p.max_tokens, tag=job)
+            except Exception as e:  # the request's failure (a bad prompt, too long for the cache)
+                self._report(request, Failed(f"{type(e).__name__}: {e}"))
+                continue
+            self._jobs.append(job)
 
     def _step(self) -> None:
-        for seq in list(self._running):  # one token each; a batched forward replaces this loop
-            if seq.request.cancelled:
-                self._finish(seq, "cancelled")
-                continue
-            try:
-                token = self._forward(seq)
-                self._consume(seq, token)
-            except Exception as e:  # the request's failure, not the engine's
-                log.exception("request %d failed", seq.request.id)
-                self._finish(seq, None, error=f"{type(e).__name__}: {e}")
+        for job in [j for j in self._jobs if j.request.cancelled]:
+            self._finish(job, "cancelled")
+        if not self._jobs:
+            return
+        try:
+            events = self.scheduler.step()
+        except Exception as e:  # the running requests fail; the engine and the waiting ones go on
+            log.exception("engine step failed")
+            for job in [j for j in self._jobs if j.seq.kv is not None]:
+                self._finish(job, None, error=f"{type(e).__name__}: {e}")
+            return
+        for seq, token in events:
+            self._consume(seq.tag, token)
 
-    def _forward(self, seq: Sequence) -> int:
-        """Feed the sequence's pending tokens and choose its next token (as ``model.generate`` does)."""
-        p, model = seq.request.params, self.model
-        prefill = seq.generated == 0
-        logits = model.forward(seq.pending, cache=seq.cache)
-        token = model.select(logits.view(logits.shape[-1]), p.greedy, p.top_k, p.top_p, p.temperature,
-                             step_seed(seq.request.seed, seq.generated))
-        if prefill:
-            self.metrics.prompt_tokens_computed += len(seq.pending)
+    def _consume(self, job: Job, token: int) -> None:
+        seq = job.seq
+        if seq.generated == 1:  # the prompt is read: its first token
+            self.metrics.prompt_tokens_computed += seq.prompt_len - seq.reused
             self.metrics.prompt_tokens_reused += seq.reused
-            self.metrics.observe_first_token(time.perf_counter() - seq.request.arrival)
-        seq.generated += 1
-        seq.pending = [token]
+            self.metrics.observe_first_token(seq.first_token_time - job.request.arrival)
         self.metrics.generation_tokens += 1
-        return token
-
-    def _consume(self, seq: Sequence, token: int) -> None:
         if token in self.eos:
-            text, stopped = seq.text.finish()
+            text, stopped = job.text.finish()
             reason = "stop"
         else:
-            text, stopped = seq.text.push(token)
+            text, stopped = job.text.push(token)
             reason = "stop" if stopped else None
-            if reason is None and seq.generated >= seq.request.params.max_tokens:
-                text_end, stopped = seq.text.finish()
+            if reason is None and seq.generated >= job.request.params.max_tokens:
+                text_end, stopped = job.text.finish()
                 text, reason = text + text_end, "stop" if stopped else "length"
         if text:
-            seq.request.emit(Delta(text))
+            job.request.emit(Delta(text))
         if reason:
-            self._finish(seq, reason)
+            self._finish(job, reason)
 
-    def _finish(self, seq: Sequence, reason: str | None, error: str | None = None) -> None:
-        self._running.remove(seq)
-        self.pool.release(seq.cache, keep=error is None)
-        usage = Usage(len(seq.request.prompt), seq.generated, seq.reused)
-        self._report(seq.request, Failed(error) if error else Finished(reason, usage))
+    def _finish(self, job: Job, reason: str | None, error: str | None = None) -> None:
+        self._jobs.remove(job)
+        self.scheduler.finish(job.seq)
+        seq = job.seq
+        usage = Usage(len(job.request.prompt), seq.generated, seq.reused or 0)
+        self._report(job.request, Failed(error) if error else Finished(reason, usage))
 
     def _report(self, request: Request, event) -> None:
         self.metrics.count_finished(event.reason if isinstance(event, Finished) else "error")

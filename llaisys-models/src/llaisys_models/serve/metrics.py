@@ -41,6 +41,11 @@ def _family(name: str, kind: str, help_text: str, samples) -> list[str]:
     return lines
 
 
+def kv_blocks(pool) -> list[tuple[str, int]]:
+    stats = pool.stats()
+    return [(state, stats[state]) for state in ("used", "cached", "free")]
+
+
 def render(engine, model_name: str) -> str:
     """All metrics of ``engine`` as Prometheus text."""
     m = engine.metrics
@@ -61,8 +66,18 @@ def render(engine, model_name: str) -> str:
         ("llaisys_generation_tokens_total", "counter", "Tokens generated.", [("", model, m.generation_tokens)]),
         ("llaisys_time_to_first_token_seconds", "summary", "From a request's arrival to its first token.",
          [("_sum", model, f"{m.first_token_seconds_sum:.6f}"), ("_count", model, m.first_token_count)]),
-        ("llaisys_kv_cache_bytes", "gauge", "Device memory held by the KV caches.",
+        ("llaisys_kv_cache_bytes", "gauge", "Device memory of the paged KV cache.",
          [("", model, engine.pool.nbytes)]),
+        ("llaisys_kv_cache_blocks", "gauge",
+         "KV cache blocks by state: used by sequences, cached (a finished prefix, reusable), free.",
+         [("", {**model, "state": state}, n) for state, n in kv_blocks(engine.pool)]),
+        ("llaisys_preemptions_total", "counter",
+         "Sequences preempted when the KV cache ran out (freed, then recomputed).",
+         [("", model, engine.scheduler.stats.preemptions)]),
+        ("llaisys_recomputed_tokens_total", "counter", "Tokens computed again after a preemption.",
+         [("", model, engine.scheduler.stats.recomputed_tokens)]),
+        ("llaisys_engine_steps_total", "counter", "Forward passes (each batches every running sequence).",
+         [("", model, engine.scheduler.stats.steps)]),
         ("llaisys_http_errors_total", "counter", "Requests rejected with an HTTP error, by status code.",
          [("", {**model, "status": s}, n) for s, n in sorted(m.http_errors.items())]),
     ]

@@ -81,7 +81,7 @@ typedef enum llaisys_memcpy_kind {
 /* Where f16 / bf16 operators round (the `numerics` argument of the ops that take one). */
 typedef enum llaisys_numerics {
     LLAISYS_NUMERICS_EXACT = 0, /* compute in f32, round once to the output dtype */
-    LLAISYS_NUMERICS_HF = 1     /* round where HuggingFace transformers' eager forward rounds */
+    LLAISYS_NUMERICS_HF = 1     /* f16 / bf16: round where HuggingFace transformers' default (sdpa) forward rounds */
 } llaisys_numerics_t;
 
 /* Device attributes (device_attribute). */
@@ -259,6 +259,41 @@ LLAISYS_OP int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numeric
 LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, int numerics, int64_t L, int64_t S,
                                           int64_t H, int64_t Hkv, int64_t d, int64_t dv, double scale, void* out,
                                           const void* q, const void* k, const void* v);
+
+/* Paged KV cache (continuous batching). One layer's keys and values live in a pool of fixed-size blocks:
+ * k_cache [num_blocks, block_size, Hkv, d], v_cache [num_blocks, block_size, Hkv, dv]. Position j of a
+ * sequence is row (block_table[j / block_size], j % block_size). Every argument that changes from one
+ * decode step to the next (which rows are written, the block tables, the lengths, where each sequence's
+ * queries start) is device data, never a scalar, so a step captured into a graph replays with new values
+ * loaded into the same buffers. */
+
+/* [op] Attention of a batch of sequences over their paged keys and values, in one call. Sequence s owns
+ * the query rows [query_start[s], query_start[s + 1]) of q [T, H, d] and out [T, H, dv]: L_s = the row
+ * count, the rows being its last L_s positions; its keys are positions [0, seq_lens[s]) through row s of
+ * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i sees
+ * key j iff j <= i + seq_lens[s] - L_s; GQA: head h reads kv head h / (H / Hkv). seq_lens and
+ * query_start are int32 [num_seqs] and [num_seqs + 1]. Rows of out outside every sequence are set to 0.
+ * The kernel checks the data it reads (LLAISYS_INVALID_ARGUMENT, nothing read out of bounds):
+ * 0 <= query_start[0] <= ... <= query_start[num_seqs] <= T, L_s <= seq_lens[s] <= max_blocks * block_size,
+ * and 0 <= block id < num_blocks for the blocks a sequence with L_s > 0 reads (a sequence with L_s = 0,
+ * padding, reads nothing). A query's result depends only on its own row and its sequence's keys: never on
+ * the other sequences of the batch, on T or on how a prompt was cut into calls. out may be q; no other
+ * overlap. */
+LLAISYS_OP int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T,
+                                           int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
+                                           int64_t num_blocks, int64_t block_size, int64_t max_blocks,
+                                           double scale, void* out, const void* q, const void* k_cache,
+                                           const void* v_cache, const void* block_tables, const void* seq_lens,
+                                           const void* query_start);
+
+/* [op] Write the keys k [T, Hkv, d] and values v [T, Hkv, dv] of T tokens into the paged caches: token t
+ * goes to row slot_mapping[t] (int64 [T]) of k_cache [num_slots, Hkv, d] and v_cache [num_slots, Hkv, dv],
+ * num_slots = num_blocks * block_size (row = block * block_size + offset). A negative slot skips its token;
+ * a slot >= num_slots is LLAISYS_INVALID_ARGUMENT before anything is written. Two tokens must not name the
+ * same slot. The caches must not overlap k, v or slot_mapping. */
+LLAISYS_OP int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, int64_t Hkv, int64_t d,
+                                          int64_t dv, int64_t num_slots, void* k_cache, void* v_cache,
+                                          const void* k, const void* v, const void* slot_mapping);
 
 /* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up (exactly); no other
  * overlap. */

@@ -1,0 +1,156 @@
+// paged_attention and paged_kv_write. Each build instantiates paged_attention.h with its tile shapes (8-lane
+// vectors everywhere: one vector type keeps results batch-invariant, and on Zen 4 ymm lanes give as many
+// FLOPs per cycle as zmm); the portable build also holds the exported entry points, which check the index
+// data the kernels read (offsets, lengths, block ids, slots) before touching memory.
+#include "paged_attention.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../common/api.h"
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+namespace {
+// Register tiles for MB = 1, 2, 4 vectors of queries (index log2 MB): KR keys x MB for the scores, R value
+// columns x MB for P V (see qk_tile / pv_tile in self_attention.h).
+struct PagedShapes {
+#if defined(LLAISYS_ISA_AVX512)
+    static constexpr int kMaxMB = 4;  // 32 registers: 24 accumulators + 4 query vectors + 1 broadcast
+    static constexpr int kr[3] = {16, 12, 6}, r[3] = {24, 12, 6};
+#elif defined(LLAISYS_ISA_AVX2)
+    static constexpr int kMaxMB = 2;  // 16 registers
+    static constexpr int kr[3] = {12, 6, 6}, r[3] = {12, 6, 6};
+#else
+    static constexpr int kMaxMB = 1;
+    static constexpr int kr[3] = {4, 4, 4}, r[3] = {4, 4, 4};
+#endif
+};
+}  // namespace
+
+void paged_attention(int dtype, const PagedProblem& p) {
+    with_float_type(dtype, [&](auto tag) { paged_attention_typed<Vec8, PagedShapes, decltype(tag)>(p); });
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
+
+#if defined(LLAISYS_ISA_PORTABLE)  // the exported entry points, compiled once
+namespace {
+
+using llaisys::InvalidArgument;
+
+void need(bool ok, const std::string& what) {
+    if (!ok) throw InvalidArgument(what);
+}
+
+// The data contract of backend.h: sequences' rows in order inside [0, T), lengths within the block
+// tables, and in-range block ids wherever a sequence with queries reads.
+void check_batch(const llaisys::cpu::attn::PagedProblem& p) {
+    const int32_t* qs = p.query_start;
+    need(qs[0] >= 0, "query_start[0] = " + std::to_string(qs[0]) + " is negative");
+    const int64_t capacity = p.max_blocks * p.block_size;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+        const int64_t L = int64_t(qs[s + 1]) - qs[s], S = p.seq_lens[s];
+        need(L >= 0, "query_start is not ascending at sequence " + std::to_string(s) + " (" + std::to_string(qs[s]) +
+                         " then " + std::to_string(qs[s + 1]) + ")");
+        need(S >= 0 && S <= capacity, "seq_lens[" + std::to_string(s) + "] = " + std::to_string(S) +
+                                          " is outside [0, max_blocks * block_size = " + std::to_string(capacity) + "]");
+        need(L <= S, "sequence " + std::to_string(s) + " has " + std::to_string(L) + " query rows but only " +
+                         std::to_string(S) + " keys (seq_lens)");
+        need(S <= (int64_t(1) << 24), "seq_lens[" + std::to_string(s) + "] = " + std::to_string(S) +
+                                          " exceeds the supported 16777216 keys");
+        if (L == 0) continue;
+        const int32_t* bt = p.block_tables + s * p.max_blocks;
+        for (int64_t b = 0, nb = (S + p.block_size - 1) / p.block_size; b < nb; ++b)
+            need(bt[b] >= 0 && bt[b] < p.num_blocks, "block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
+                                                         "] = " + std::to_string(bt[b]) + " is not a block in [0, " +
+                                                         std::to_string(p.num_blocks) + ")");
+    }
+    need(qs[p.num_seqs] <= p.T, "query_start[num_seqs] = " + std::to_string(qs[p.num_seqs]) + " exceeds the " +
+                                    std::to_string(p.T) + " query rows");
+}
+
+// numerics=hf: HF's attention rounding (self_attention.h, kHf) over each sequence's keys gathered into one
+// contiguous run. The hf kernel's result for a query depends only on its row and its keys (key blocks
+// counted from key 0, no key split), so the batch stays invisible here too; the gather costs one more pass
+// over the keys, which only this opt-in mode pays.
+void paged_attention_hf(int dtype, const llaisys::cpu::attn::PagedProblem& p) {
+    const size_t elem = dtype == LLAISYS_F32 ? 4 : 2;
+    const size_t krow = size_t(p.Hkv * p.d) * elem, vrow = size_t(p.Hkv * p.dv) * elem;
+    std::vector<char> keys, values;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+        const int64_t q0 = p.query_start[s], L = int64_t(p.query_start[s + 1]) - q0, S = p.seq_lens[s];
+        if (L == 0) continue;
+        keys.resize(size_t(S) * krow);
+        values.resize(size_t(S) * vrow);
+        const int32_t* bt = p.block_tables + s * p.max_blocks;
+        for (int64_t j = 0; j < S; ++j) {
+            const size_t row = size_t(bt[j / p.block_size]) * size_t(p.block_size) + size_t(j % p.block_size);
+            std::memcpy(keys.data() + size_t(j) * krow, static_cast<const char*>(p.k_cache) + row * krow, krow);
+            std::memcpy(values.data() + size_t(j) * vrow, static_cast<const char*>(p.v_cache) + row * vrow, vrow);
+        }
+        LLAISYS_PER_ISA(self_attention)(
+            dtype, true, llaisys::cpu::attn::Problem{L, S, p.H, p.Hkv, p.d, p.dv, p.scale,
+                                                     static_cast<char*>(p.out) + size_t(q0 * p.H * p.dv) * elem,
+                                                     static_cast<const char*>(p.q) + size_t(q0 * p.H * p.d) * elem,
+                                                     keys.data(), values.data()});
+    }
+}
+
+}  // namespace
+
+using namespace llaisys;
+
+int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T, int64_t num_seqs,
+                                int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks, int64_t block_size,
+                                int64_t max_blocks, double scale, void* out, const void* q, const void* k_cache,
+                                const void* v_cache, const void* block_tables, const void* seq_lens,
+                                const void* query_start) {
+    (void)device;
+    return launch("paged_attention", stream, [=] {
+        const bool hf = hf_numerics(numerics) && dtype != LLAISYS_F32;  // f32: nothing to round, the exact mode
+        require_float_dtype(dtype);
+        if (T == 0 || H == 0 || dv == 0) return;
+        const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, float(scale),
+                                        out, q, k_cache, v_cache, static_cast<const int32_t*>(block_tables),
+                                        static_cast<const int32_t*>(seq_lens), static_cast<const int32_t*>(query_start)};
+        check_batch(p);
+        if (hf) {
+            // rows outside every sequence are 0, as the exact kernel leaves them
+            const size_t elem = dtype == LLAISYS_F32 ? 4 : 2, row = size_t(H * dv) * elem;
+            std::memset(out, 0, size_t(p.query_start[0]) * row);
+            std::memset(static_cast<char*>(out) + size_t(p.query_start[num_seqs]) * row, 0,
+                        size_t(T - p.query_start[num_seqs]) * row);
+            paged_attention_hf(dtype, p);
+        } else {
+            LLAISYS_PER_ISA(paged_attention)(dtype, p);
+        }
+    });
+}
+
+int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, int64_t Hkv, int64_t d, int64_t dv,
+                               int64_t num_slots, void* k_cache, void* v_cache, const void* k, const void* v,
+                               const void* slot_mapping) {
+    (void)device;
+    return launch("paged_kv_write", stream, [=] {
+        require_float_dtype(dtype);
+        const int64_t* slots = static_cast<const int64_t*>(slot_mapping);
+        for (int64_t t = 0; t < T; ++t)
+            need(slots[t] < num_slots, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
+                                           " is past the cache's " + std::to_string(num_slots) + " slots");
+        const size_t elem = dtype == LLAISYS_F32 ? 4 : 2;
+        const size_t krow = size_t(Hkv * d) * elem, vrow = size_t(Hkv * dv) * elem;
+        char* kc = static_cast<char*>(k_cache);
+        char* vc = static_cast<char*>(v_cache);
+        const char* ks = static_cast<const char*>(k);
+        const char* vs = static_cast<const char*>(v);
+#pragma omp parallel for schedule(static) if (T * int64_t(krow + vrow) >= (int64_t(1) << 20))
+        for (int64_t t = 0; t < T; ++t) {
+            if (slots[t] < 0) continue;
+            std::memcpy(kc + size_t(slots[t]) * krow, ks + size_t(t) * krow, krow);
+            std::memcpy(vc + size_t(slots[t]) * vrow, vs + size_t(t) * vrow, vrow);
+        }
+    });
+}
+#endif

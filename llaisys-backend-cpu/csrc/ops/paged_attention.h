@@ -1,0 +1,397 @@
+// paged_attention: causal GQA attention for a batch of sequences, each reading its keys and values
+// through its block table (see llaisys/backend.h). The tile machinery is self_attention.h's lane form:
+// a tile holds LANES = MB * W queries of one (sequence, kv head) in the lanes of SIMD vectors, streams over
+// blocks of BK keys with an online softmax, and every step is a vertical (per-lane) operation.
+//
+// Batch invariance (a request's output must not depend on what else is in the batch, nor on how its prompt
+// was cut into calls, so batched serving gives the tokens `model.generate` gives):
+//   * every lane computes alone: its dot products run over c in order, its softmax over its own keys, and
+//     keys past its causal end contribute exact zeros (exp(-inf) = 0, alpha = exp(0) = 1). So the result of
+//     a query does not depend on which other queries share its tile, nor on the tile width MB (picked per
+//     sequence from its row count) — only on its own row and its sequence's keys;
+//   * key blocks start at multiples of BK from position 0, whatever the tile;
+//   * the keys are cut into fixed chunks of kChunkKeys positions (absolute, not per call). Each chunk
+//     gives a partial (m, l, O); a query with keys in several chunks always gets the merge of its chunks'
+//     partials, in chunk order, whether one thread runs them one after the other or several threads run
+//     them side by side (flash-decoding, when a step has too few tiles to feed the threads). A query whose
+//     keys fit in one chunk gets exactly the unmerged result (the merge multiplies by exp(0) = 1 and adds
+//     exact zeros for the empty chunks), so the cut never depends on the other queries of its tile;
+//   * one vector type per build (V), and no row form (its dot products would sum in another order).
+// Threads share (tile, chunk range) items, so the result never depends on the thread count either.
+//
+// Compiled once per instruction set (see simd/simd.h): the templates land in namespace
+// llaisys::cpu::<isa>; paged_attention.cpp picks each build's tile shapes.
+#pragma once
+
+#include <type_traits>
+
+#include "self_attention.h"
+
+namespace llaisys::cpu::attn {
+
+struct PagedProblem {
+    int64_t T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks;
+    float scale;
+    void* out;                   // [T, H, dv]
+    const void* q;               // [T, H, d]
+    const void* k_cache;         // [num_blocks, block_size, Hkv, d]
+    const void* v_cache;         // [num_blocks, block_size, Hkv, dv]
+    const int32_t* block_tables; // [num_seqs, max_blocks]
+    const int32_t* seq_lens;     // [num_seqs]
+    const int32_t* query_start;  // [num_seqs + 1]
+};
+
+// One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1). `part` is where the
+// chunk partials go when the tile's chunks are shared among several items (-1: the item merges them itself).
+struct PagedItem {
+    int32_t seq, g, tile, mb;
+    int32_t c0, c1, nchunks;
+    int32_t pad;
+    int64_t part;
+};
+
+}  // namespace llaisys::cpu::attn
+
+// The paged attention of each build (dtype: LLAISYS_F32, _F16 or _BF16).
+LLAISYS_DECLARE_PER_ISA(void paged_attention(int dtype, const attn::PagedProblem& p))
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+using attn::PagedItem;
+using attn::PagedProblem;
+
+// Keys are merged in chunks of this many positions (a multiple of kBlockKeys), see above.
+constexpr int64_t kChunkKeys = 512;
+static_assert(kChunkKeys % kBlockKeys == 0, "a chunk holds whole key blocks");
+
+// Keys [kb, kb + nb) of kv head g of one sequence (block table bt) as f32 rows: read in place when f32 and
+// inside one cache block, else gathered (and widened) into Kc / Vc.
+template <class T>
+static inline void paged_kv_block(const T* kc, const T* vc, const int32_t* bt, int64_t bs, int64_t kb, int64_t nb,
+                                  int64_t Hkv, int64_t g, int64_t d, int64_t dv, float* Kc, float* Vc,
+                                  const float*& Kp, int64_t& kstride, const float*& Vp, int64_t& vstride) {
+    if constexpr (sizeof(T) == 4) {
+        const int64_t off = kb % bs;
+        if (off + nb <= bs) {
+            const int64_t row = int64_t(bt[kb / bs]) * bs + off;
+            Kp = reinterpret_cast<const float*>(kc) + (row * Hkv + g) * d, kstride = Hkv * d;
+            Vp = reinterpret_cast<const float*>(vc) + (row * Hkv + g) * dv, vstride = Hkv * dv;
+            return;
+        }
+    }
+    for (int64_t j = 0; j < nb; ++j) {
+        const int64_t pos = kb + j, row = int64_t(bt[pos / bs]) * bs + pos % bs;
+        convert(kc + (row * Hkv + g) * d, Kc + j * d, d);
+        convert(vc + (row * Hkv + g) * dv, Vc + j * dv, dv);
+    }
+    Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
+}
+
+// Merge chunk partials (m, l, OT at parts + s * stride, s < n) in chunk order into OT / l:
+// M = max m_s, w_s = exp(m_s - M), l = sum w_s l_s, OT = sum w_s OT_s (each an FMA chain over s).
+template <class V, int MB>
+static inline void merge_chunks(const float* parts, int64_t n, int64_t stride, int64_t dv, float* OT, float* l) {
+    constexpr int W = V::W, LANES = MB * W;
+    for (int b = 0; b < MB; ++b) {
+        V mmax = V::set1(-__builtin_inff());
+        for (int64_t s = 0; s < n; ++s) mmax = vmax(mmax, V::load(parts + s * stride + b * W));
+        V lsum = V::zero();
+        for (int64_t c = 0; c < dv; ++c) V::zero().store(OT + c * LANES + b * W);
+        for (int64_t s = 0; s < n; ++s) {
+            const float* part = parts + s * stride;
+            const V w = vexp(V::load(part + b * W) - mmax);
+            lsum = fmadd(w, V::load(part + LANES + b * W), lsum);
+            const float* ot = part + 2 * LANES;
+            for (int64_t c = 0; c < dv; ++c) {
+                float* o = OT + c * LANES + b * W;
+                fmadd(w, V::load(ot + c * LANES + b * W), V::load(o)).store(o);
+            }
+        }
+        lsum.store(l + b * W);
+    }
+}
+
+// Tile shapes of one build: register tiles (KR keys x MB vectors for the scores, R value columns x MB for
+// P V) for MB = 1, 2, 4 vectors of queries; MB up to kMaxMB.
+//   struct Shapes { static constexpr int kMaxMB; static constexpr int kr[3], r[3]; };  // index log2(MB)
+
+template <class V, class Shapes, class T>
+struct Paged {
+    static constexpr int W = V::W, BK = kBlockKeys, kMaxLanes = Shapes::kMaxMB * W;
+
+    // Per-thread scratch layout (floats), sized for the widest tile.
+    struct Scratch {
+        float *QT, *ST, *OT, *m, *l, *end, *row, *Kc, *Vc, *parts;
+    };
+
+    const PagedProblem& p;
+    int64_t G, part_stride_max, local_chunks;
+
+    static int64_t round16(int64_t n) { return (n + 15) & ~int64_t(15); }
+
+    int64_t per_thread_floats() const {
+        const int64_t dmax = (p.d > p.dv ? p.d : p.dv) + 64;
+        return round16(p.d * kMaxLanes) + round16(int64_t(BK) * kMaxLanes) + round16(p.dv * kMaxLanes) +
+               3 * round16(kMaxLanes) + round16(dmax) + round16(int64_t(BK) * p.d) + round16(int64_t(BK) * p.dv) +
+               round16(local_chunks * part_stride_max);
+    }
+
+    Scratch carve(float* sc) const {
+        Scratch s;
+        const int64_t dmax = (p.d > p.dv ? p.d : p.dv) + 64;
+        s.QT = sc; sc += round16(p.d * kMaxLanes);
+        s.ST = sc; sc += round16(int64_t(BK) * kMaxLanes);
+        s.OT = sc; sc += round16(p.dv * kMaxLanes);
+        s.m = sc; sc += round16(kMaxLanes);
+        s.l = sc; sc += round16(kMaxLanes);
+        s.end = sc; sc += round16(kMaxLanes);
+        s.row = sc; sc += round16(dmax);
+        s.Kc = sc; sc += round16(int64_t(BK) * p.d);
+        s.Vc = sc; sc += round16(int64_t(BK) * p.dv);
+        s.parts = sc;
+        return s;
+    }
+
+    static int64_t lanes_of(int mb) { return int64_t(mb) * W; }
+
+    // Queries of the tile: flat index f = row * G + head within (seq, g); row i of the sequence sees keys
+    // [0, S - L + i + 1).
+    int64_t tile_queries(const PagedItem& it, int64_t& f0) const {
+        const int64_t L = p.query_start[it.seq + 1] - p.query_start[it.seq], M = L * G, lanes = lanes_of(it.mb);
+        f0 = int64_t(it.tile) * lanes;
+        return M - f0 < lanes ? M - f0 : lanes;
+    }
+
+    // out row of each of the tile's queries = OT[.][lane] / l[lane]
+    template <int MB>
+    void finish(const PagedItem& it, const float* OT, const float* l, Scratch& s) const {
+        constexpr int LANES = MB * W;
+        int64_t f0;
+        const int64_t n = tile_queries(it, f0), q0 = p.query_start[it.seq];
+        T* out = static_cast<T*>(p.out);
+        for (int64_t lane = 0; lane < n; ++lane) {
+            const int64_t f = f0 + lane, i = q0 + f / G, h = it.g * G + f % G;
+            const float inv = 1.0f / l[lane];
+            for (int64_t c = 0; c < p.dv; ++c) s.row[c] = OT[c * LANES + lane] * inv;
+            convert(s.row, out + (i * p.H + h) * p.dv, p.dv);
+        }
+    }
+
+    // Chunks [it.c0, it.c1) of one tile; each chunk's partial goes to `parts` (chunk c at c * stride),
+    // except for a tile of one chunk, which finishes straight away.
+    template <int MB>
+    void run_item(const PagedItem& it, Scratch& s, float* global_parts) const {
+        constexpr int LANES = MB * W, KR = Shapes::kr[MB == 1 ? 0 : MB == 2 ? 1 : 2];
+        constexpr int R = Shapes::r[MB == 1 ? 0 : MB == 2 ? 1 : 2];
+        const int64_t d = p.d, dv = p.dv, Hkv = p.Hkv, H = p.H;
+        const int64_t q0 = p.query_start[it.seq], L = p.query_start[it.seq + 1] - q0, S = p.seq_lens[it.seq];
+        const int32_t* bt = p.block_tables + int64_t(it.seq) * p.max_blocks;
+        const T* q = static_cast<const T*>(p.q);
+        const T* kc = static_cast<const T*>(p.k_cache);
+        const T* vc = static_cast<const T*>(p.v_cache);
+        int64_t f0;
+        const int64_t n = tile_queries(it, f0), off = S - L;
+        const V neg_inf = V::set1(-__builtin_inff());
+
+        for (int64_t lane = 0; lane < LANES; ++lane) {
+            if (lane < n) {
+                const int64_t f = f0 + lane, i = f / G, h = it.g * G + f % G;
+                convert(q + ((q0 + i) * H + h) * d, s.row, d);
+                for (int64_t c = 0; c < d; ++c) s.QT[c * LANES + lane] = s.row[c] * p.scale;
+                s.end[lane] = float(i + off + 1);
+            } else {
+                for (int64_t c = 0; c < d; ++c) s.QT[c * LANES + lane] = 0.0f;
+                s.end[lane] = float(S);
+            }
+        }
+        const int64_t kend = (f0 + n - 1) / G + off + 1;  // keys visible to the tile's last query
+        const int64_t min_end = f0 / G + off + 1;         // keys visible to its first
+        const int64_t stride = (2 + dv) * LANES;
+        float* parts = it.part >= 0 ? global_parts + it.part : s.parts;
+
+        for (int64_t chunk = it.c0; chunk < it.c1; ++chunk) {
+            for (int64_t lane = 0; lane < LANES; ++lane) s.m[lane] = -__builtin_inff(), s.l[lane] = 0.0f;
+            for (int64_t x = 0; x < dv * LANES; ++x) s.OT[x] = 0.0f;
+            const int64_t ks = chunk * kChunkKeys, ke = ks + kChunkKeys < kend ? ks + kChunkKeys : kend;
+
+            for (int64_t kb = ks; kb < ke; kb += BK) {
+                const int64_t nb = ke - kb < BK ? ke - kb : BK;
+                const float *Kp, *Vp;
+                int64_t kstride, vstride;
+                paged_kv_block(kc, vc, bt, p.block_size, kb, nb, Hkv, it.g, d, dv, s.Kc, s.Vc, Kp, kstride, Vp,
+                                    vstride);
+                int64_t j = 0;
+                for (; j + KR <= nb; j += KR) qk_tile<V, MB, KR>(s.QT, Kp + j * kstride, kstride, d, s.ST + j * LANES);
+                for (; j < nb; ++j) qk_tile<V, MB, 1>(s.QT, Kp + j * kstride, kstride, d, s.ST + j * LANES);
+
+                if (kb + nb > min_end) {  // causal mask where the block crosses some query's end
+                    for (int b = 0; b < MB; ++b) {
+                        const V e = V::load(s.end + b * W);
+                        for (int64_t jj = 0; jj < nb; ++jj) {
+                            float* sp = s.ST + jj * LANES + b * W;
+                            select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
+                        }
+                    }
+                }
+
+                V alpha[MB];
+                for (int b = 0; b < MB; ++b) {  // online softmax, per lane
+                    V bmax = neg_inf;
+                    for (int64_t jj = 0; jj < nb; ++jj) bmax = vmax(bmax, V::load(s.ST + jj * LANES + b * W));
+                    const V mold = V::load(s.m + b * W);
+                    const V mnew = vmax(mold, bmax);
+                    const V msafe = select(lt_mask(mnew, V::set1(-3.0e38f)), V::zero(), mnew);  // no inf - inf
+                    alpha[b] = vexp(mold - msafe);
+                    V sum = V::zero();
+                    for (int64_t jj = 0; jj < nb; ++jj) {
+                        float* sp = s.ST + jj * LANES + b * W;
+                        const V e = vexp(V::load(sp) - msafe);
+                        e.store(sp);
+                        sum = sum + e;
+                    }
+                    fmadd(V::load(s.l + b * W), alpha[b], sum).store(s.l + b * W);
+                    mnew.store(s.m + b * W);
+                }
+
+                int64_t c = 0;
+                for (; c + R <= dv; c += R) pv_tile<V, MB, R>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
+                for (; c + 4 <= dv; c += 4) pv_tile<V, MB, 4>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
+                for (; c < dv; ++c) pv_tile<V, MB, 1>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
+            }
+
+            if (it.nchunks == 1) {
+                finish<MB>(it, s.OT, s.l, s);
+            } else {
+                float* part = parts + chunk * stride;
+                std::memcpy(part, s.m, sizeof(float) * LANES);
+                std::memcpy(part + LANES, s.l, sizeof(float) * LANES);
+                std::memcpy(part + 2 * LANES, s.OT, sizeof(float) * dv * LANES);
+            }
+        }
+        if (it.nchunks > 1 && it.part < 0) {  // all of the tile's chunks ran here: merge them now
+            merge_chunks<V, MB>(parts, it.nchunks, stride, dv, s.OT, s.l);
+            finish<MB>(it, s.OT, s.l, s);
+        }
+    }
+
+    template <int MB>
+    void merge_item(const PagedItem& it, Scratch& s, const float* global_parts) const {
+        merge_chunks<V, MB>(global_parts + it.part, it.nchunks, (2 + p.dv) * MB * W, p.dv, s.OT, s.l);
+        finish<MB>(it, s.OT, s.l, s);
+    }
+
+    template <class F>
+    static void with_mb(int mb, F&& f) {
+        if constexpr (Shapes::kMaxMB >= 4) {
+            if (mb == 4) return f(std::integral_constant<int, 4>{});
+        }
+        if constexpr (Shapes::kMaxMB >= 2) {
+            if (mb == 2) return f(std::integral_constant<int, 2>{});
+        }
+        f(std::integral_constant<int, 1>{});
+    }
+
+    void run() {
+        G = p.H / p.Hkv;
+        part_stride_max = (2 + p.dv) * kMaxLanes;
+        T* out = static_cast<T*>(p.out);
+        const int64_t row_elems = p.H * p.dv;
+        const int64_t first = p.query_start[0], last = p.query_start[p.num_seqs];
+        std::memset(static_cast<void*>(out), 0, sizeof(T) * size_t(first * row_elems));  // rows of no sequence
+        std::memset(static_cast<void*>(out + last * row_elems), 0, sizeof(T) * size_t((p.T - last) * row_elems));
+
+        // Tiles: the widest MB each sequence can fill (queries of a (sequence, kv head) = its rows x G).
+        int64_t tiles = 0, max_chunks = 1;
+        double flops = 0.0;
+        for (int64_t s = 0; s < p.num_seqs; ++s) {
+            const int64_t L = p.query_start[s + 1] - p.query_start[s], S = p.seq_lens[s], M = L * G;
+            if (L == 0) continue;
+            const int mb = pick_mb(M);
+            tiles += p.Hkv * ((M + lanes_of(mb) - 1) / lanes_of(mb));
+            const int64_t chunks = (S + kChunkKeys - 1) / kChunkKeys;
+            max_chunks = chunks > max_chunks ? chunks : max_chunks;
+            flops += 2.0 * double(p.H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(p.d + p.dv);
+        }
+        if (tiles == 0) return;
+        const int max_threads = omp_get_max_threads();
+        const bool parallel = max_threads > 1 && flops > 4.0e5;
+        const int threads = parallel ? max_threads : 1;
+        // Few tiles (decode): share each tile's chunks among up to `spread` items.
+        const int64_t spread = parallel && tiles < 4 * threads ? (4 * threads + tiles - 1) / tiles : 1;
+
+        // Item list (seq order, the biggest tiles of a sequence first) and the shared partials' offsets.
+        int64_t items = 0, global_floats = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+            PagedItem* list = pass ? item_list : nullptr;
+            int64_t k = 0, part = 0;
+            for (int64_t s = 0; s < p.num_seqs; ++s) {
+                const int64_t L = p.query_start[s + 1] - p.query_start[s], S = p.seq_lens[s], M = L * G;
+                if (L == 0) continue;
+                const int mb = pick_mb(M);
+                const int64_t lanes = lanes_of(mb), ntiles = (M + lanes - 1) / lanes, off = S - L;
+                for (int64_t t = ntiles - 1; t >= 0; --t) {
+                    const int64_t f_last = (t * lanes + lanes < M ? t * lanes + lanes : M) - 1;
+                    const int64_t kend = f_last / G + off + 1;
+                    const int64_t nchunks = (kend + kChunkKeys - 1) / kChunkKeys;
+                    const int64_t groups = nchunks > 1 && spread > 1 ? (spread < nchunks ? spread : nchunks) : 1;
+                    const int64_t per = (nchunks + groups - 1) / groups;
+                    for (int64_t g = 0; g < p.Hkv; ++g) {
+                        const int64_t tile_part = groups > 1 ? part : -1;
+                        if (groups > 1) part += nchunks * (2 + p.dv) * lanes;
+                        for (int64_t c0 = 0; c0 < nchunks; c0 += per, ++k) {
+                            if (list)
+                                list[k] = PagedItem{int32_t(s), int32_t(g), int32_t(t), mb, int32_t(c0),
+                                                    int32_t(c0 + per < nchunks ? c0 + per : nchunks), int32_t(nchunks),
+                                                    0, tile_part};
+                        }
+                    }
+                }
+            }
+            if (!pass) {
+                items = k, global_floats = part;
+                // scratch slot 1: the item list, then the shared partials
+                const int64_t item_floats = round16(items * int64_t(sizeof(PagedItem) / sizeof(float)));
+                float* buf = scratch(1, item_floats + global_floats + 16);
+                item_list = reinterpret_cast<PagedItem*>(buf);
+                global_parts = buf + item_floats;
+            }
+        }
+        local_chunks = spread > 1 ? 0 : max_chunks;  // without spread every tile merges its own chunks
+        const int64_t per_thread = per_thread_floats();
+        float* const base = scratch(0, per_thread * threads);
+        PagedItem* const list = item_list;
+        float* const gparts = global_parts;
+
+#pragma omp parallel num_threads(threads) if (parallel)
+        {
+            Scratch s = carve(base + per_thread * omp_get_thread_num());
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < items; ++i)
+                with_mb(list[i].mb, [&](auto mb) { run_item<decltype(mb)::value>(list[i], s, gparts); });
+            if (global_floats) {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t i = 0; i < items; ++i)
+                    if (list[i].part >= 0 && list[i].c0 == 0)  // one merge per shared tile
+                        with_mb(list[i].mb, [&](auto mb) { merge_item<decltype(mb)::value>(list[i], s, gparts); });
+            }
+        }
+    }
+
+    // MB for a (sequence, kv head) with M queries: enough vectors for M, at most kMaxMB.
+    static int pick_mb(int64_t M) {
+        if (M <= W || Shapes::kMaxMB == 1) return 1;
+        if (M <= 2 * W || Shapes::kMaxMB == 2) return 2;
+        return 4;
+    }
+
+    PagedItem* item_list = nullptr;
+    float* global_parts = nullptr;
+};
+
+template <class V, class Shapes, class T>
+void paged_attention_typed(const PagedProblem& p) {
+    Paged<V, Shapes, T> paged{p, 0, 0, 0};
+    paged.run();
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA

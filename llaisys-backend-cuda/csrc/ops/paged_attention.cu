@@ -1,0 +1,294 @@
+// The paged KV cache of continuous batching (see llaisys/backend.h): paged_kv_write stores a step's keys
+// and values in their slots; paged_attention is causal GQA attention of several sequences at once, each
+// reading its keys and values through its row of the block tables.
+//
+// paged_attention: one block per (query row t, kv head g). The block finds t's sequence s in query_start,
+// holds the G query heads of g (they share every K / V tile it loads) and walks keys [0, i + S - L] (its
+// causal end) in tiles of BC through the block table: K tile to shared memory, scores (one thread per
+// (head, key)), an online softmax per head (one warp per head), V tile, acc += P V (threads over (head,
+// column)). Everything is f32; the output is rounded once. A row's result depends only on its own query,
+// its sequence's keys and BC (fixed by G, d, dv and the device), never on the other rows of the batch.
+// Rows outside every sequence are set to 0.
+//
+// The index data (query_start, seq_lens, block ids) is read by the kernel only, so the kernel checks it:
+// every block checks what it reads before reading through it, and a bad value is a kernel error (the next
+// synchronizing call reports it as LLAISYS_INVALID_ARGUMENT); nothing is read outside the caches.
+// paged_kv_write: one block per token; every block first checks every slot, so a slot past the cache
+// writes nothing at all. No allocation, no synchronisation.
+#include <algorithm>
+#include <climits>
+
+#include "../common/context.h"
+#include "../common/dtype.cuh"
+#include "../common/launch.h"
+#include "../common/reduce.cuh"
+
+namespace llaisys::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+// ---- paged_kv_write -----------------------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) kv_write_kernel(int64_t n_tokens, int64_t k_row, int64_t v_row,
+                                                           int64_t num_slots, T* k_cache, T* v_cache, const T* k,
+                                                           const T* v, const int64_t* slots,
+                                                           KernelErrorRecord* error) {
+    __shared__ BlockScratch<int> scratch;
+    int bad = 0;
+    for (int64_t t = threadIdx.x; t < n_tokens; t += blockDim.x) bad += slots[t] >= num_slots;
+    if (block_sum(bad, scratch) > 0) {  // nothing is written; the first bad slot is reported
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            int64_t t = 0;
+            while (slots[t] < num_slots) ++t;
+            report_kernel_error(error, kPagedSlotOutOfRange, slots[t], t, num_slots);
+        }
+        return;
+    }
+    for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+        const int64_t slot = slots[t];
+        if (slot < 0) continue;  // a skipped token
+        for (int64_t c = threadIdx.x; c < k_row; c += blockDim.x) k_cache[slot * k_row + c] = k[t * k_row + c];
+        for (int64_t c = threadIdx.x; c < v_row; c += blockDim.x) v_cache[slot * v_row + c] = v[t * v_row + c];
+    }
+}
+
+// ---- paged_attention ------------------------------------------------------------------------------------------
+
+template <class T>
+struct PagedArgs {
+    int64_t T_rows, num_seqs, H, Hkv, G, d, dv, num_blocks, block_size, max_blocks;
+    int bc;  // keys per tile
+    float scale;
+    const T *q, *k_cache, *v_cache;
+    T* out;
+    const int32_t *block_tables, *seq_lens, *query_start;
+    KernelErrorRecord* error;
+};
+
+// Floats of dynamic shared memory: q [G][d], the K / V tile [bc][max(d, dv) + 1] (padded: threads reading
+// different keys hit different banks), scores [G][bc], acc [G][dv], m / l / rescale [G].
+inline size_t paged_shared_bytes(int64_t G, int64_t d, int64_t dv, int bc) {
+    return size_t(G * d + bc * (std::max(d, dv) + 1) + G * bc + G * dv + 3 * G) * sizeof(float);
+}
+
+// The number of this block's threads that see a bad value, summed over the block (every thread calls it).
+template <class Bad>
+__device__ int count_bad(int64_t n, Bad bad, BlockScratch<int>& scratch) {
+    int count = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) count += bad(i) ? 1 : 0;
+    return block_sum(count, scratch);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> a) {
+    __shared__ BlockScratch<int> scratch;
+    LLAISYS_DYNAMIC_SHARED(float, shared);
+    const int tid = int(threadIdx.x);
+    const int64_t t = blockIdx.x, g = blockIdx.y, G = a.G, d = a.d, dv = a.dv;
+    const bool reporter = t == 0 && g == 0 && tid == 0;  // one block reports errors about the whole batch
+    const int32_t* qs = a.query_start;
+    const int64_t capacity = a.max_blocks * a.block_size;
+
+    // The batch's offsets and lengths (every block reads them to find its sequence).
+    auto bad_offset = [&](int64_t s) { return qs[s] < (s == 0 ? 0 : qs[s - 1]) || qs[s] > a.T_rows; };
+    if (count_bad(a.num_seqs + 1, bad_offset, scratch)) {
+        if (reporter) {
+            int64_t s = 0;
+            while (!bad_offset(s)) ++s;
+            report_kernel_error(a.error, kPagedQueryStart, qs[s], s, a.T_rows);
+        }
+        return;
+    }
+    auto bad_length = [&](int64_t s) { return a.seq_lens[s] < qs[s + 1] - qs[s] || a.seq_lens[s] > capacity; };
+    if (count_bad(a.num_seqs, bad_length, scratch)) {
+        if (reporter) {
+            int64_t s = 0;
+            while (!bad_length(s)) ++s;
+            report_kernel_error(a.error, kPagedSeqLen, a.seq_lens[s], s, capacity);
+        }
+        return;
+    }
+
+    // Row t's sequence: the last s with qs[s] <= t (rows of empty sequences belong to the next one).
+    int64_t lo = 0, hi = a.num_seqs;  // qs[lo] <= t < qs[hi] once t is inside [qs[0], qs[num_seqs])
+    T* out = a.out + (t * a.H + g * G) * dv;
+    if (t < qs[0] || t >= qs[a.num_seqs]) {
+        for (int64_t p = tid; p < G * dv; p += blockDim.x) out[p] = from_float<T>(0.0f);
+        return;
+    }
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (qs[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    const int64_t s = lo, L = qs[s + 1] - qs[s], S = a.seq_lens[s];
+    const int32_t* table = a.block_tables + s * a.max_blocks;
+    const int64_t n_table = (S + a.block_size - 1) / a.block_size;
+    auto bad_block = [&](int64_t b) { return table[b] < 0 || table[b] >= a.num_blocks; };
+    if (count_bad(n_table, bad_block, scratch)) {  // (every block of the sequence: one report wins)
+        if (tid == 0) {
+            int64_t b = 0;
+            while (!bad_block(b)) ++b;
+            report_kernel_error(a.error, kPagedBlockId, table[b], s * a.max_blocks + b, a.num_blocks);
+        }
+        return;
+    }
+
+    const int dmax = int(d > dv ? d : dv), stride = dmax + 1, bc = a.bc;
+    float* q_s = shared;
+    float* kv_s = q_s + G * d;
+    float* s_s = kv_s + bc * stride;
+    float* acc_s = s_s + G * bc;
+    float* m_s = acc_s + G * dv;
+    float* l_s = m_s + G;
+    float* rescale_s = l_s + G;
+
+    const T* q = a.q + (t * a.H + g * G) * d;  // the G heads of kv head g are consecutive
+    for (int64_t p = tid; p < G * d; p += blockDim.x) q_s[p] = to_float(q[p]);
+    for (int64_t p = tid; p < G * dv; p += blockDim.x) acc_s[p] = 0.0f;
+    for (int64_t r = tid; r < G; r += blockDim.x) {
+        m_s[r] = -INFINITY;
+        l_s[r] = 0.0f;
+    }
+    const int64_t n_keys = (t - qs[s]) + S - L + 1;  // query i sees keys j <= i + S - L
+    auto row_of = [&](int64_t j) { return int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size; };
+    __syncthreads();
+
+    for (int64_t k0 = 0; k0 < n_keys; k0 += bc) {
+        const int nk = int(n_keys - k0 < bc ? n_keys - k0 : bc);
+        for (int64_t p = tid; p < int64_t(nk) * d; p += blockDim.x) {
+            const int64_t j = p / d, c = p % d;
+            kv_s[j * stride + c] = to_float(a.k_cache[(row_of(k0 + j) * a.Hkv + g) * d + c]);
+        }
+        __syncthreads();
+        for (int64_t p = tid; p < G * bc; p += blockDim.x) {  // scores; keys past the tile's end are -inf
+            const int64_t r = p / bc, j = p % bc;
+            float score = -INFINITY;
+            if (j < nk) {
+                const float* qr = q_s + r * d;
+                const float* kr = kv_s + j * stride;
+                float dot = 0.0f;
+                for (int64_t c = 0; c < d; ++c) dot += qr[c] * kr[c];
+                score = dot * a.scale;
+            }
+            s_s[p] = score;
+        }
+        __syncthreads();
+        for (int64_t r = warp_id(); r < G; r += blockDim.x / WARP_SIZE) {  // online softmax, one warp per head
+            float* sr = s_s + r * bc;
+            float tile_max = -INFINITY;
+            for (int j = lane_id(); j < bc; j += WARP_SIZE) tile_max = fmaxf(tile_max, sr[j]);
+            tile_max = warp_max(tile_max);
+            const float m_old = m_s[r], m_new = fmaxf(m_old, tile_max);  // finite: every tile has a key
+            float sum = 0.0f;
+            for (int j = lane_id(); j < bc; j += WARP_SIZE) {
+                const float p = expf(sr[j] - m_new);
+                sr[j] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            __syncwarp(kFullMask);  // every lane has read m_s[r] before lane 0 changes it
+            if (lane_id() == 0) {
+                const float rescale = expf(m_old - m_new);  // 0 for the first tile (m_old = -inf)
+                rescale_s[r] = rescale;
+                l_s[r] = l_s[r] * rescale + sum;
+                m_s[r] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int64_t p = tid; p < int64_t(nk) * dv; p += blockDim.x) {  // V replaces K in shared memory
+            const int64_t j = p / dv, c = p % dv;
+            kv_s[j * stride + c] = to_float(a.v_cache[(row_of(k0 + j) * a.Hkv + g) * dv + c]);
+        }
+        __syncthreads();
+        for (int64_t p = tid; p < G * dv; p += blockDim.x) {  // acc += P V, keys in order
+            const int64_t r = p / dv, c = p % dv;
+            const float* pr = s_s + r * bc;
+            float acc = acc_s[p] * rescale_s[r];
+            for (int j = 0; j < nk; ++j) acc += pr[j] * kv_s[j * stride + c];
+            acc_s[p] = acc;
+        }
+        __syncthreads();  // the next tile overwrites kv_s and s_s
+    }
+    for (int64_t p = tid; p < G * dv; p += blockDim.x) out[p] = from_float<T>(acc_s[p] / l_s[p / dv]);
+}
+
+template <class T>
+void paged_attention(StreamContext& s, PagedArgs<T> a) {
+    DeviceContext& dev = device_context(s.device);
+    size_t bytes = 0;
+    for (int bc = 64; bc >= 8 && !a.bc; bc /= 2) {  // the largest key tile that fits shared memory
+        bytes = paged_shared_bytes(a.G, a.d, a.dv, bc);
+        if (bytes <= dev.max_shared_per_block_optin) a.bc = bc;
+    }
+    if (!a.bc)
+        throw NotSupported("paged_attention: " + std::to_string(a.G) + " query heads per kv head with d=" +
+                           std::to_string(a.d) + ", dv=" + std::to_string(a.dv) +
+                           " need more shared memory than the device has");
+    auto kernel = &paged_attention_kernel<T>;
+    if (bytes > dev.max_shared_per_block)
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    const dim3 grid(unsigned(a.T_rows), unsigned(a.Hkv), 1);
+    LLAISYS_LAUNCH(kernel, grid, kThreads, bytes, s.stream, a);
+}
+
+}  // namespace
+}  // namespace llaisys::cuda
+
+int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T, int64_t num_seqs,
+                                int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks, int64_t block_size,
+                                int64_t max_blocks, double scale, void* out, const void* q, const void* k_cache,
+                                const void* v_cache, const void* block_tables, const void* seq_lens,
+                                const void* query_start) {
+    using namespace llaisys::cuda;
+    return guard("paged_attention", [&] {
+        // as self_attention: where HF's GPU attention rounds is not measured; in f32 hf is the exact mode
+        if (hf_numerics(numerics) && dtype != LLAISYS_F32)
+            throw NotSupported("numerics=hf attention in f16 / bf16 is not implemented by this backend (where "
+                               "HF's GPU attention kernels round is not measured yet); use numerics=exact");
+        StreamContext& s = stream_context(device, stream);
+        dispatch_float(dtype, [&](auto tag) {
+            using E = decltype(tag);
+            if (T <= 0 || H <= 0 || dv <= 0) return;
+            if (Hkv <= 0 || H % Hkv || d < 0 || num_seqs < 0 || block_size <= 0 || max_blocks < 0)
+                throw InvalidArgument("paged_attention: inconsistent shapes T=" + std::to_string(T) + " H=" +
+                                      std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " block_size=" +
+                                      std::to_string(block_size));
+            if (Hkv > 65535 || T > INT32_MAX)
+                throw NotSupported("paged_attention: more than 65535 kv heads or 2^31 - 1 query rows");
+            PagedArgs<E> a{};
+            a.T_rows = T, a.num_seqs = num_seqs, a.H = H, a.Hkv = Hkv, a.G = H / Hkv, a.d = d, a.dv = dv;
+            a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks;
+            a.scale = float(scale);
+            a.q = static_cast<const E*>(q), a.k_cache = static_cast<const E*>(k_cache);
+            a.v_cache = static_cast<const E*>(v_cache), a.out = static_cast<E*>(out);
+            a.block_tables = static_cast<const int32_t*>(block_tables);
+            a.seq_lens = static_cast<const int32_t*>(seq_lens);
+            a.query_start = static_cast<const int32_t*>(query_start);
+            a.error = device_context(s.device).error_device;
+            paged_attention(s, a);
+        });
+    });
+}
+
+int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, int64_t Hkv, int64_t d, int64_t dv,
+                               int64_t num_slots, void* k_cache, void* v_cache, const void* k, const void* v,
+                               const void* slot_mapping) {
+    using namespace llaisys::cuda;
+    return guard("paged_kv_write", [&] {
+        StreamContext& s = stream_context(device, stream);
+        dispatch_float(dtype, [&](auto tag) {
+            using E = decltype(tag);
+            if (T <= 0 || Hkv <= 0 || (d <= 0 && dv <= 0)) return;
+            const unsigned blocks = blocks_for(T, 1, int64_t(device_context(s.device).sm_count) * 16);
+            auto kernel = &kv_write_kernel<E>;
+            LLAISYS_LAUNCH(kernel, blocks, kThreads, 0, s.stream, T, Hkv * d, Hkv * dv, num_slots,
+                           static_cast<E*>(k_cache), static_cast<E*>(v_cache), static_cast<const E*>(k),
+                           static_cast<const E*>(v), static_cast<const int64_t*>(slot_mapping),
+                           device_context(s.device).error_device);
+        });
+    });
+}

@@ -1,0 +1,62 @@
+"""How much memory the server's KV cache gets: ``--kv-memory`` sizes ("4GiB", "512MB", bytes), and a default.
+
+The default is a quarter of the device's free memory (what ``llaisys.mem_info`` reports; on a CPU the
+memory the OS says is available), but never more than ``max_running`` sequences of the model's full
+context need, and at least a few blocks. The server prints what it got at start-up.
+"""
+
+from __future__ import annotations
+
+import re
+
+import llaisys
+
+DEFAULT_FRACTION = 0.25
+FALLBACK_BYTES = 1 << 30  # when the device cannot say how much memory is free
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
+          "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '4GiB', '1.5 GB', '512m', '1048576' (k/M/G are powers of 10, KiB/MiB/GiB of 2)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if unit not in _UNITS:
+        raise llaisys.LlaisysValueError(f"not a memory size: {text!r} (e.g. 4GiB, 512MB, 1073741824)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise llaisys.LlaisysValueError(f"the memory size must be positive, got {text!r}")
+    return size
+
+
+def free_memory(device: llaisys.Device) -> int | None:
+    """Free bytes on ``device``, or None when nobody can tell."""
+    mem_info = getattr(llaisys, "mem_info", None)
+    if mem_info is not None:
+        info = mem_info(device)
+        if info is not None:
+            return info[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def default_kv_memory(model, max_running: int, block_size: int = 16) -> int:
+    """A quarter of the free memory, capped at ``max_running`` full contexts, at least 4 blocks."""
+    free = free_memory(model.device)
+    budget = int(free * DEFAULT_FRACTION) if free is not None else FALLBACK_BYTES
+    per_token = model.kv_shape.bytes_per_token
+    useful = max_running * model.config.max_position_embeddings * per_token
+    return max(min(budget, useful), 4 * block_size * per_token)
+
+
+def describe(pool) -> str:
+    """One line for the start-up message: size, blocks, tokens."""
+    return (f"KV cache {pool.nbytes / (1 << 30):.2f} GiB: {pool.num_blocks} blocks of {pool.block_size} positions "
+            f"({pool.capacity_tokens} tokens, {pool.shape.bytes_per_token} bytes each)")
