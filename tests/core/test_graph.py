@@ -21,6 +21,11 @@ def test_cpu_supports_graphs(monkeypatch):
     assert llaisys.graphs_supported("cpu")
     monkeypatch.setenv("LLAISYS_GRAPHS", "0")
     assert not llaisys.graphs_supported("cpu")
+    monkeypatch.delenv("LLAISYS_GRAPHS")
+    monkeypatch.setenv("LLAISYS_CUDA_GRAPHS", "0")  # another device type's switch
+    assert llaisys.graphs_supported("cpu")
+    monkeypatch.setenv("LLAISYS_CPU_GRAPHS", "0")
+    assert not llaisys.graphs_supported("cpu")
 
 
 def test_replay_reads_new_inputs_and_writes_the_same_outputs():

@@ -29,10 +29,12 @@ GRAPHS_ENV = "LLAISYS_GRAPHS"
 
 
 def graphs_supported(device) -> bool:
-    """Whether ``device``'s backend can capture and replay graphs, and LLAISYS_GRAPHS is not 0."""
-    if os.environ.get(GRAPHS_ENV, "").strip() == "0":
-        return False
+    """Whether ``device``'s backend can capture and replay graphs, and neither LLAISYS_GRAPHS nor the
+    device type's own switch (LLAISYS_CUDA_GRAPHS, LLAISYS_CPU_GRAPHS, ...) is 0."""
     device = as_device(device)
+    for name in (GRAPHS_ENV, f"LLAISYS_{device.type.upper()}_GRAPHS"):
+        if os.environ.get(name, "").strip() == "0":
+            return False
     return registry().backend(device).supports("graphs")
 
 
