@@ -10,7 +10,9 @@ peak RSS is its own; this script prints one table with the ratio llaisys / HF pe
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
 tok/s over 64 new tokens (greedy, EOS ignored), peak RSS; on a GPU also the peak device memory
-(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys).
+(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys). llaisys runs twice:
+as shipped (decode steps replayed from captured graphs where the backend has them) and eager
+(LLAISYS_GRAPHS=0), so the graph column's gain is measured in the same run.
 """
 
 from __future__ import annotations
@@ -122,11 +124,11 @@ def worker(args) -> int:
 
 # -- driver ----------------------------------------------------------------------------
 
-def run_engine(args, engine: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+def run_engine(args, engine: str, **extra_env: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", **extra_env)
     cmd = [sys.executable, __file__, "--engine", engine, "--model", str(args.model), "--threads", str(args.threads),
            "--decode-tokens", str(args.decode_tokens), "--device", args.device]
-    print(f"running {engine} ...", file=sys.stderr, flush=True)
+    print(f"running {engine} {' '.join(f'{k}={v}' for k, v in extra_env.items())}...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -151,6 +153,7 @@ def main(argv=None) -> int:
     weights = sum(f.stat().st_size for f in args.model.glob("*.safetensors"))
     hf = run_engine(args, "hf")
     ours = run_engine(args, "llaisys")
+    eager = run_engine(args, "llaisys", LLAISYS_GRAPHS="0")
     gib = 1 << 30
     rows = [  # label, key, format, better-when, target
         ("load (s)", "load_s", "{:.2f}", "lower", ""),
@@ -165,13 +168,14 @@ def main(argv=None) -> int:
         rows[2:5] = [(label, key, fmt, better, targets.get(key, "")) for label, key, fmt, better, _ in rows[2:5]]
         rows[5] = ("peak device memory (GiB)", "peak_device", "{:.2f}", "lower", "")
     print(f"\nmodel {args.model} ({weights / gib:.2f} GiB of weights), bf16, {args.threads} threads, {args.device}")
-    header = f"{'':26}{'HF transformers':>16}{'llaisys':>12}{'llaisys/HF':>12}  target"
+    header = f"{'':26}{'HF transformers':>16}{'llaisys':>12}{'llaisys/HF':>12}{'eager':>12}{'eager/HF':>10}  target"
     print(header)
     print("-" * len(header) + "-" * 24)
     for label, key, fmt, _, target in rows:
         scale = gib if key.startswith("peak") else 1
-        a, b = hf[key] / scale, ours[key] / scale
-        print(f"{label:26}{fmt.format(a):>16}{fmt.format(b):>12}{b / a:>11.2f}x  {target}")
+        a, b, c = hf[key] / scale, ours[key] / scale, eager[key] / scale
+        print(f"{label:26}{fmt.format(a):>16}{fmt.format(b):>12}{b / a:>11.2f}x{fmt.format(c):>12}{c / a:>9.2f}x  {target}")
+    print("llaisys: decode steps replayed from captured graphs where the backend has them; eager: LLAISYS_GRAPHS=0")
     print(f"llaisys peak RSS / weights: {ours['peak_rss'] / weights:.2f}")
     return 0
 

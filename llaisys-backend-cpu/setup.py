@@ -3,7 +3,7 @@
 Every op source in csrc/ops/ is compiled once per instruction set of ISAS (portable = baseline x86-64,
 avx2, avx512), with -DLLAISYS_ISA=<name> and that set's -m flags: its kernels land in namespace
 llaisys::cpu::<name>, so the builds share no symbol and the library picks one at run time (the exported
-entry points are compiled with the portable build). The rest (csrc/common, csrc/copy_ops, runtime.cpp) is
+entry points are compiled with the portable build). The rest (csrc/common, csrc/copy_ops, runtime.cpp, streams.cpp) is
 compiled once, for baseline x86-64. Every avx2 / avx512 object is then checked to define code only in its
 own namespace: any other function it defined (an inline helper, a std:: template) could be the copy the
 linker keeps for the portable path too, and crash CPUs without that instruction set.

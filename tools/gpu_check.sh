@@ -5,7 +5,8 @@
 #   2. the op tests and the backend's package tests on cuda      (pytest tests/ops tests/backends/cuda --backend=cuda)
 #   3. model parity on cuda against HF transformers               (pytest tests/models --backend=cuda)
 #   4. benchmarks/e2e.py --device cuda on the Qwen2-1.5B-shaped random model: HF transformers (torch on the
-#      same GPU, bf16, eager) vs llaisys — prefill tok/s at 16 and 512 tokens, decode tok/s, peak device memory
+#      same GPU, bf16, eager) vs llaisys with and without decode graph replay (LLAISYS_GRAPHS=0) — prefill
+#      tok/s at 16 and 512 tokens, decode tok/s, peak device memory
 # Each stage has its own time limit; a failed stage is reported and the next one still runs.
 #
 #   tools/gpu_check.sh [WORKDIR]        (default WORKDIR: /tmp/llaisys-gpu-check)
@@ -80,7 +81,7 @@ E2E="$LOG/e2e_benchmark.log"
 echo
 echo "llaisys GPU check — $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "GPU: $GPU, archs $LLAISYS_CUDA_ARCHS, total $((($(date +%s) - START)))s"
-echo "CUDA graph replay of decode: not built yet (deferred to the batching issue); llaisys rows are eager"
+echo "llaisys column: decode steps replayed from CUDA graphs; eager column: LLAISYS_GRAPHS=0"
 printf '%-28s %-6s %7s  %s\n' stage status time detail
 for r in "${ROWS[@]}"; do echo "$r"; done
 if [ -f "$E2E" ] && grep -q "llaisys/HF" "$E2E"; then

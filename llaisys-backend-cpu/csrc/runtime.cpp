@@ -1,5 +1,6 @@
-// Host "device" runtime: 64-byte aligned memory; streams, events and copies exist but every call is
-// synchronous (work queued on a stream has finished when the call returns).
+// Host "device" runtime: 64-byte aligned memory, copies, device attributes, events. Every call is
+// synchronous (work queued on a stream has finished when the call returns); streams and graph capture are
+// in streams.cpp.
 #include <omp.h>
 #include <unistd.h>
 
@@ -27,8 +28,7 @@ void check_device(int device) {
     if (device != 0) throw InvalidArgument("cpu has one device (index 0), got " + std::to_string(device));
 }
 
-int g_stream_token;  // CPU streams are just distinct non-null handles
-int g_event_token;   // and so are events: every event is complete when recorded
+int g_event_token;  // events are distinct non-null handles, complete when recorded
 }  // namespace
 
 const char* LLAISYS_FN(build_info)(void) {
@@ -69,12 +69,13 @@ int LLAISYS_FN(mem_info)(int device, size_t* free_bytes, size_t* total_bytes) {
 }
 
 int LLAISYS_FN(device_synchronize)(int device) {
-    return guard("device_synchronize", [&] { check_device(device); });
+    return guard("device_synchronize", [&] { check_device(device); refuse_while_capturing("device_synchronize"); });
 }
 
 int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr) {
     return guard("malloc", [&] {
         check_device(device);
+        refuse_while_capturing("malloc");
         try {
             *ptr = aligned_malloc(nbytes);
         } catch (const std::bad_alloc&) {
@@ -84,7 +85,7 @@ int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr) {
 }
 
 int LLAISYS_FN(free)(int device, void* ptr) {
-    return guard("free", [&] { check_device(device); std::free(ptr); });
+    return guard("free", [&] { check_device(device); refuse_while_capturing("free"); std::free(ptr); });
 }
 
 int LLAISYS_FN(malloc_host)(size_t nbytes, void** ptr) {
@@ -95,37 +96,14 @@ int LLAISYS_FN(free_host)(void* ptr) {
     return guard("free_host", [&] { std::free(ptr); });
 }
 
-int LLAISYS_FN(memset)(int device, void* ptr, int value, size_t nbytes, void* stream) {
-    (void)stream;
-    return guard("memset", [&] { check_device(device); std::memset(ptr, value, nbytes); });
-}
-
 int LLAISYS_FN(memcpy)(int device, void* dst, const void* src, size_t nbytes, int kind) {
     return guard("memcpy", [&] {
         check_device(device);
+        refuse_while_capturing("a synchronous memcpy");
         if (kind < LLAISYS_MEMCPY_H2H || kind > LLAISYS_MEMCPY_D2D)
             throw InvalidArgument("unknown memcpy kind " + std::to_string(kind));
         std::memmove(dst, src, nbytes);
     });
-}
-
-int LLAISYS_FN(memcpy_async)(int device, void* dst, const void* src, size_t nbytes, int kind, void* stream) {
-    (void)stream;
-    return LLAISYS_FN(memcpy)(device, dst, src, nbytes, kind);
-}
-
-int LLAISYS_FN(stream_create)(int device, void** stream) {
-    return guard("stream_create", [&] { check_device(device); *stream = &g_stream_token; });
-}
-
-int LLAISYS_FN(stream_destroy)(int device, void* stream) {
-    (void)stream;
-    return guard("stream_destroy", [&] { check_device(device); });
-}
-
-int LLAISYS_FN(stream_synchronize)(int device, void* stream) {
-    (void)stream;
-    return guard("stream_synchronize", [&] { check_device(device); });
 }
 
 int LLAISYS_FN(event_create)(int device, void** event) {

@@ -145,7 +145,7 @@ def test_hf_numerics_equal_dense_hf_attention_bit_for_bit(device, dtype):
     paged = Paged([(1, 700), (12, 12), (30, 530)], 6, 2, 64, 64, 16, dtype, device, seed=9, lead=2, tail=1)
     got = bits(paged.run(numerics="hf"))
     assert not got[:2].any() and not got[-1:].any()
-    for s, (L, S) in enumerate(paged.seqs):
+    for s, (L, _) in enumerate(paged.seqs):
         a, b = int(paged.query_start[s]), int(paged.query_start[s + 1])
         dense = nan_filled((L, paged.H, paged.dv), dtype, device)
         llaisys.ops.self_attention(dense, from_torch(paged.q[a:b], device), from_torch(paged.keys[s], device),

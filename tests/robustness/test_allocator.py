@@ -94,7 +94,9 @@ def test_prefill_sweep_keeps_reserved_near_live(device, cache_limit):
         s = llaisys.memory_stats(device)
         # rounded to a size class (<= 12.5% more), or served by a cached block up to 25% larger than that
         assert s["allocated_bytes"] - base <= live * 1.125 * (1 + 1 / REUSE_SLACK) + 5 * 512, (n, s)
-        worst = max(worst, (s["reserved_bytes"] - cap) / (s["allocated_bytes"] or 1))
+        # blocks that captured graphs (decode graphs of models loaded by earlier tests) keep are not the cache's
+        held = s["reserved_bytes"] - s["graph_pool_free_bytes"]
+        worst = max(worst, (held - cap) / (s["allocated_bytes"] or 1))
         del workspace
     s = llaisys.memory_stats(device)
     assert s["cached_bytes"] <= cap and worst <= 1.0, (s, worst)

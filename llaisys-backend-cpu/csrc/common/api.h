@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -61,6 +62,25 @@ int guard(const char* where, F&& body) noexcept {
         set_last_error(std::string(where) + ": unknown error");
         return kRuntimeError;
     }
+}
+
+// Graph capture (graph.cpp). CPU work is synchronous: an op runs inside its call. On a stream that is being
+// captured (graph_begin_capture) the op is recorded instead, and each graph_launch replays the recorded
+// calls in order, with no Python and no argument packing between them.
+struct Graph;
+Graph* capturing_graph(void* stream);  // the graph `stream` records into, or null (always null for stream 0)
+void record_call(Graph* graph, const char* where, std::function<void()> body);
+// Throws InvalidArgument naming `what` while the calling thread captures a graph (allocation, free, sync).
+void refuse_while_capturing(const char* what);
+
+// Runs an op's `body` now, or records it when `stream` is being captured. A recorded body is a copy, so it
+// captures its arguments by value ([=]); the memory they point to must outlive the graph (the caller's
+// contract, as for a CUDA graph), and what it reads there is read at each replay.
+template <class F>
+int launch(const char* where, void* stream, F&& body) noexcept {
+    if (Graph* graph = capturing_graph(stream))
+        return guard(where, [&] { record_call(graph, where, std::function<void()>(std::forward<F>(body))); });
+    return guard(where, std::forward<F>(body));
 }
 
 [[noreturn]] inline void unsupported_dtype(int dtype) {

@@ -24,9 +24,9 @@ size_t element_size(int dtype) {
 
 int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, int64_t dim, int64_t vocab,
                           void* out, const void* index_ptr, const void* weight) {
-    (void)device, (void)stream;
+    (void)device;
     const auto* index = static_cast<const int64_t*>(index_ptr);
-    return llaisys::guard("embedding", [&] {
+    return llaisys::launch("embedding", stream, [=] {
         const size_t row_bytes = element_size(dtype) * size_t(dim);
         for (int64_t i = 0; i < n_index; ++i) {
             if (index[i] < 0 || index[i] >= vocab)

@@ -63,9 +63,12 @@ template <int N> struct Bytes { char b[N]; };
 
 int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, int ndim, const int64_t* shape, void* dst,
                           const int64_t* dst_strides, const void* src, const int64_t* src_strides) {
-    (void)device, (void)stream;
-    return guard("rearrange", [&] {
-        auto dims = coalesce(ndim, shape, dst_strides, src_strides);
+    (void)device;
+    // shape and strides are the caller's short-lived arrays: read them now, also when the call is recorded
+    std::vector<Dim> dims;
+    const int status = guard("rearrange", [&] { dims = coalesce(ndim, shape, dst_strides, src_strides); });
+    if (status != kOk) return status;
+    return launch("rearrange", stream, [=] {
         auto* d = static_cast<char*>(dst);
         auto* s = static_cast<const char*>(src);
         switch (elem_size) {

@@ -19,8 +19,8 @@ void add(int dtype, int64_t n, void* c, const void* a, const void* b) {
 
 #if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
 int LLAISYS_FN(add)(int device, void* stream, int dtype, int64_t n, void* c, const void* a, const void* b) {
-    (void)device, (void)stream;
-    return llaisys::guard("add", [&] {
+    (void)device;
+    return llaisys::launch("add", stream, [=] {
         llaisys::require_float_dtype(dtype);
         LLAISYS_PER_ISA(add)(dtype, n, c, a, b);
     });

@@ -97,8 +97,8 @@ int64_t argmax(int dtype, int64_t n, const void* vals) {
 #if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
 int LLAISYS_FN(argmax)(int device, void* stream, int dtype, int64_t n, void* max_idx, void* max_val,
                        const void* vals) {
-    (void)device, (void)stream;
-    return llaisys::guard("argmax", [&] {
+    (void)device;
+    return llaisys::launch("argmax", stream, [=] {
         llaisys::require_float_dtype(dtype);
         const int64_t index = LLAISYS_PER_ISA(argmax)(dtype, n, vals);
         const size_t elem = dtype == LLAISYS_F32 ? 4 : 2;

@@ -79,8 +79,8 @@ LinearPath linear_forced_path() {
 
 int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out, const void* x,
                        const void* weight, const void* bias) {
-    (void)device, (void)stream;
-    return llaisys::guard("linear", [&] {
+    (void)device;
+    return llaisys::launch("linear", stream, [=] {
         llaisys::require_float_dtype(dtype);
         if (M == 0 || N == 0) return;  // nothing to compute
         LLAISYS_PER_ISA(linear)(llaisys::cpu::LinearArgs{dtype, M, N, K, out, x, weight, bias});

@@ -107,8 +107,8 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
                                 int64_t max_blocks, double scale, void* out, const void* q, const void* k_cache,
                                 const void* v_cache, const void* block_tables, const void* seq_lens,
                                 const void* query_start) {
-    (void)device; (void)stream;
-    return guard("paged_attention", [&] {
+    (void)device;
+    return launch("paged_attention", stream, [=] {
         const bool hf = hf_numerics(numerics) && dtype != LLAISYS_F32;  // f32: nothing to round, the exact mode
         require_float_dtype(dtype);
         if (T == 0 || H == 0 || dv == 0) return;
@@ -132,8 +132,8 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
 int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, int64_t Hkv, int64_t d, int64_t dv,
                                int64_t num_slots, void* k_cache, void* v_cache, const void* k, const void* v,
                                const void* slot_mapping) {
-    (void)device; (void)stream;
-    return guard("paged_kv_write", [&] {
+    (void)device;
+    return launch("paged_kv_write", stream, [=] {
         require_float_dtype(dtype);
         const int64_t* slots = static_cast<const int64_t*>(slot_mapping);
         for (int64_t t = 0; t < T; ++t)

@@ -77,8 +77,8 @@ void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const
 #if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
 int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim, double eps,
                          void* out, const void* x, const void* weight) {
-    (void)device, (void)stream;
-    return llaisys::guard("rms_norm", [&] {
+    (void)device;
+    return llaisys::launch("rms_norm", stream, [=] {
         (void)llaisys::hf_numerics(numerics);  // LLAISYS_NUMERICS_HF: the same rounding (see the top)
         llaisys::require_float_dtype(dtype);
         LLAISYS_PER_ISA(rms_norm)(dtype, rows, dim, eps, out, x, weight);

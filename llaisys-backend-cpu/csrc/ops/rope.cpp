@@ -190,8 +190,8 @@ const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const in
 
 int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads, int64_t head_dim,
                      double theta, void* out, const void* x, const void* pos_ids) {
-    (void)device, (void)stream;
-    return llaisys::guard("rope", [&] {
+    (void)device;
+    return llaisys::launch("rope", stream, [=] {
         const bool hf = llaisys::hf_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         if (seq == 0 || heads == 0 || head_dim == 0) return;  // nothing to rotate

@@ -380,8 +380,8 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
 
 int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n, void* out_idx, const void* logits,
                        double temperature, int64_t top_k, double top_p, uint64_t seed) {
-    (void)device, (void)stream;
-    return llaisys::guard("sample", [&] {
+    (void)device;
+    return llaisys::launch("sample", stream, [=] {
         llaisys::require_float_dtype(dtype);
         // candidates are sorted by 64-bit keys of (logit, 32-bit index)
         if (n >= (int64_t(1) << 32))

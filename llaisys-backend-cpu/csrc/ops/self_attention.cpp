@@ -76,8 +76,8 @@ float* scratch(int slot, int64_t floats) {
 int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, int numerics, int64_t L, int64_t S, int64_t H,
                                int64_t Hkv, int64_t d, int64_t dv, double scale, void* out, const void* q,
                                const void* k, const void* v) {
-    (void)device, (void)stream;
-    return llaisys::guard("self_attention", [&] {
+    (void)device;
+    return llaisys::launch("self_attention", stream, [=] {
         const bool hf = llaisys::hf_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         // key positions are compared as f32 in the lanes: exact up to 2^24

@@ -27,8 +27,8 @@ void swiglu(int dtype, bool hf, int64_t n, void* out, const void* gate, const vo
 #if defined(LLAISYS_ISA_PORTABLE)  // the exported entry point, compiled once
 int LLAISYS_FN(swiglu)(int device, void* stream, int dtype, int numerics, int64_t n, void* out, const void* gate,
                        const void* up) {
-    (void)device, (void)stream;
-    return llaisys::guard("swiglu", [&] {
+    (void)device;
+    return llaisys::launch("swiglu", stream, [=] {
         const bool hf = llaisys::hf_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         LLAISYS_PER_ISA(swiglu)(dtype, hf, n, out, gate, up);

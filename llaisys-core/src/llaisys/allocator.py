@@ -16,6 +16,13 @@ warming up. The cache is bounded:
 that an allocation triggered while holding the lock: it only appends to a queue (never takes
 the lock, never raises), which the next allocation, ``memory_stats`` or ``empty_cache``
 drains under the lock.
+
+Graph capture (``llaisys.Graph``): while a thread captures, its allocations come from the graph's own
+``GraphPool``. A captured graph writes its blocks at every replay, so they must never serve anyone
+else while it lives: a block the capture took belongs to the pool until the graph is destroyed,
+whoever frees it and when. Freed during the capture, it serves the capture's later requests of the
+same size class (the step reuses memory as an eager run does). The capture itself must not call the
+backend's malloc (a GPU forbids it): run the step once eagerly first, so the cache holds its blocks.
 """
 
 from __future__ import annotations
@@ -44,6 +51,15 @@ def size_class(nbytes: int) -> int:
     return max(step, -(-nbytes // step) * step)
 
 
+class GraphPool:
+    """The blocks one graph's capture allocated (see the module docstring)."""
+
+    def __init__(self):
+        self.blocks: dict[int, int] = {}  # pointer -> block size, every block the capture took
+        self.free: dict[int, list[int]] = {}  # block size -> the pool's blocks not held by a tensor
+        self.free_bytes = 0
+
+
 def default_cache_limit() -> int:
     """Cached bytes allowed per device: LLAISYS_ALLOCATOR_CACHE_MB (a number of MiB, 0 = cache nothing)."""
     text = os.environ.get(CACHE_LIMIT_ENV, "").strip()
@@ -69,6 +85,10 @@ class CachingAllocator:
         self._age: dict[int, int] = {}  # cached pointer -> its size, oldest first (for trimming)
         self._released: collections.deque = collections.deque()  # (ptr, size) waiting to be cached
         self._lock = threading.Lock()
+        self._capture = threading.local()  # .pool: the GraphPool this thread's capture allocates from
+        self._pooled: dict[int, GraphPool] = {}  # pointer -> the pool that owns it
+        self._pool_free_bytes = 0  # freed bytes that belong to graph pools (not in the cache)
+        self._released_pools: collections.deque = collections.deque()  # pools of destroyed graphs
         self.allocated = 0  # bytes handed out (by block size)
         self.reserved = 0  # bytes held from the backend, handed out or cached
         self.peak_allocated = 0
@@ -79,9 +99,12 @@ class CachingAllocator:
     def allocate(self, nbytes: int) -> tuple[int, int]:
         """Return (pointer, block size) for at least ``nbytes`` (> 0) bytes."""
         size = size_class(nbytes)
+        pool = getattr(self._capture, "pool", None)
         with self._lock:
-            if self._released:
+            if self._released or self._released_pools:
                 self._drain()
+            if pool is not None:
+                return self._allocate_for_graph(pool, size, nbytes)
             bucket = self._free.get(size)
             if bucket:  # the common case in a steady loop: a block of exactly this class
                 ptr, block = bucket.pop(), size
@@ -98,6 +121,44 @@ class CachingAllocator:
                 self.peak_allocated = self.allocated
         return ptr, block
 
+    def _allocate_for_graph(self, pool: GraphPool, size: int, nbytes: int) -> tuple[int, int]:
+        bucket = pool.free.get(size)
+        if bucket:
+            ptr = bucket.pop()
+            pool.free_bytes -= size
+            self._pool_free_bytes -= size
+        else:
+            ptr, size = self._take_cached(size)
+            if not ptr:
+                ptr = self._backend_malloc(size, nbytes)
+            pool.blocks[ptr] = size
+            self._pooled[ptr] = pool
+        self.num_allocs += 1
+        self.allocated += size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return ptr, size
+
+    def begin_graph_capture(self, pool: GraphPool) -> None:
+        """This thread's allocations come from ``pool`` until ``end_graph_capture``."""
+        self._capture.pool = pool
+
+    def end_graph_capture(self) -> None:
+        self._capture.pool = None
+
+    def release_graph_pool(self, pool: GraphPool) -> None:
+        """The graph is gone (called from finalizers too: queued like ``release``). Its free blocks join the
+        cache; its blocks still held by tensors are the allocator's again and come back when those die."""
+        self._released_pools.append(pool)
+
+    def _dissolve(self, pool: GraphPool) -> None:
+        for ptr in pool.blocks:
+            del self._pooled[ptr]
+        for size, ptrs in pool.free.items():
+            for ptr in ptrs:
+                self._cache(ptr, size)
+        self._pool_free_bytes -= pool.free_bytes
+        pool.blocks, pool.free, pool.free_bytes = {}, {}, 0
+
     def release(self, ptr: int, size: int) -> None:
         """Give a block back. Safe from finalizers and any thread: appends to a queue, never takes the lock."""
         self._released.append((ptr, size))
@@ -109,14 +170,28 @@ class CachingAllocator:
         while released:
             ptr, size = released.popleft()
             self.allocated -= size
-            bucket = self._free.get(size)
-            if bucket is None:
-                bucket = self._free[size] = []
-                bisect.insort(self._classes, size)
-            bucket.append(ptr)
-            self._age[ptr] = size
-        if self.reserved - self.allocated > self.cache_limit:
+            pool = self._pooled.get(ptr)
+            if pool is not None:  # a graph's block stays its graph's
+                pool.free.setdefault(size, []).append(ptr)
+                pool.free_bytes += size
+                self._pool_free_bytes += size
+            else:
+                self._cache(ptr, size)
+        while self._released_pools:  # after the blocks: a block freed just before its pool went is the pool's
+            self._dissolve(self._released_pools.popleft())
+        if self._cached_bytes() > self.cache_limit:
             self._trim(self.cache_limit)
+
+    def _cache(self, ptr: int, size: int) -> None:
+        bucket = self._free.get(size)
+        if bucket is None:
+            bucket = self._free[size] = []
+            bisect.insort(self._classes, size)
+        bucket.append(ptr)
+        self._age[ptr] = size
+
+    def _cached_bytes(self) -> int:
+        return self.reserved - self.allocated - self._pool_free_bytes
 
     def _forget_class(self, size: int) -> None:
         del self._free[size]
@@ -136,7 +211,7 @@ class CachingAllocator:
 
     def _trim(self, limit: int) -> None:
         """Free the oldest cached blocks until at most ``limit`` bytes are cached."""
-        while self._age and self.reserved - self.allocated > limit:
+        while self._age and self._cached_bytes() > limit:
             ptr, size = next(iter(self._age.items()))
             del self._age[ptr]
             bucket = self._free[size]
@@ -186,7 +261,8 @@ class CachingAllocator:
             return {
                 "allocated_bytes": self.allocated,
                 "reserved_bytes": self.reserved,
-                "cached_bytes": self.reserved - self.allocated,
+                "cached_bytes": self._cached_bytes(),
+                "graph_pool_free_bytes": self._pool_free_bytes,
                 "cache_limit_bytes": self.cache_limit,
                 "peak_allocated_bytes": self.peak_allocated,
                 "num_allocs": self.num_allocs,

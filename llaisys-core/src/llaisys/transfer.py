@@ -9,15 +9,25 @@ one; anything else goes through the host.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
 from .abi import MemcpyKind
-from .errors import LlaisysError
+from .errors import LlaisysError, LlaisysValueError
+
+capture = threading.local()  # .active: this thread is capturing a graph (set by graph.Graph.capture)
+
+
+def _refuse_while_capturing(what: str) -> None:
+    if getattr(capture, "active", False):
+        raise LlaisysValueError(f"{what} while this thread captures a graph: copies are synchronous and are "
+                                f"not recorded; load inputs before the capture or between replays")
 
 
 def from_host(dst, dst_ptr: int, host_ptr: int, nbytes: int) -> None:
     """``nbytes`` from host memory to ``dst_ptr`` inside Storage ``dst``."""
+    _refuse_while_capturing("a copy from the host")
     if dst.host:
         ctypes.memmove(dst_ptr, host_ptr, nbytes)
     else:
@@ -26,6 +36,7 @@ def from_host(dst, dst_ptr: int, host_ptr: int, nbytes: int) -> None:
 
 def to_host(host_ptr: int, src, src_ptr: int, nbytes: int) -> None:
     """``nbytes`` at ``src_ptr`` inside Storage ``src`` to host memory."""
+    _refuse_while_capturing("a copy to the host")
     if src.host:
         ctypes.memmove(host_ptr, src_ptr, nbytes)
     else:
@@ -34,6 +45,7 @@ def to_host(host_ptr: int, src, src_ptr: int, nbytes: int) -> None:
 
 def copy(dst, dst_ptr: int, src, src_ptr: int, nbytes: int) -> None:
     """``nbytes`` between two storages on any devices; complete when it returns."""
+    _refuse_while_capturing("a synchronous copy")
     if src.host:
         from_host(dst, dst_ptr, src_ptr, nbytes)
     elif dst.host:

@@ -224,13 +224,41 @@ class KVPool:
     def step_inputs(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None = None) -> StepInputs:
         """Device tensors for one forward that appends ``ids`` to each sequence (blocks already reserved).
         ``logits_of[i]``: whether sequence i's last new row needs logits (None: every row of the batch)."""
+        arrays = self._step_arrays(batch, logits_of)
+        dev = self.shape.device
+        rows = arrays.pop("logit_rows")
+        tensors = {name: llaisys.from_numpy(array, dev) for name, array in arrays.items()}
+        return StepInputs(**tensors, logit_rows=None if rows is None else llaisys.from_numpy(rows, dev),
+                          num_tokens=len(arrays["tokens"]))
+
+    def static_step_inputs(self, num_seqs: int) -> StepInputs:
+        """Device buffers for decode steps of ``num_seqs`` sequences (one new token each, logits for each),
+        filled by ``load_step_inputs``: the fixed inputs of a captured decode graph. Block tables are as wide
+        as the pool, so any sequence of it fits."""
+        dev, n = self.shape.device, num_seqs
+        return StepInputs(tokens=llaisys.zeros((n,), llaisys.int64, dev),
+                          positions=llaisys.zeros((n,), llaisys.int64, dev),
+                          slots=llaisys.zeros((n,), llaisys.int64, dev),
+                          block_tables=llaisys.zeros((n, self.num_blocks), llaisys.int32, dev),
+                          seq_lens=llaisys.zeros((n,), llaisys.int32, dev),
+                          query_start=llaisys.zeros((n + 1,), llaisys.int32, dev),
+                          logit_rows=None, num_tokens=n)
+
+    def load_step_inputs(self, step: StepInputs, batch: list[tuple[SequenceKV, list[int]]]) -> None:
+        """Copy a decode step's inputs into the buffers of ``static_step_inputs``."""
+        arrays = self._step_arrays(batch, None, table_width=step.block_tables.shape[1])
+        for name in ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start"):
+            getattr(step, name).load(arrays[name])
+
+    def _step_arrays(self, batch, logits_of, table_width: int | None = None) -> dict[str, np.ndarray | None]:
+        """The host arrays of ``step_inputs`` (block tables ``table_width`` wide, default the longest)."""
         bs = self.block_size
         lengths = [len(ids) for _, ids in batch]
         total = sum(lengths)
         tokens = np.fromiter((t for _, ids in batch for t in ids), np.int64, total)
         positions = np.empty(total, np.int64)
         slots = np.empty(total, np.int64)
-        max_blocks = max(len(seq.blocks) for seq, _ in batch)
+        max_blocks = max(len(seq.blocks) for seq, _ in batch) if table_width is None else table_width
         tables = np.zeros((len(batch), max_blocks), np.int32)
         seq_lens = np.empty(len(batch), np.int32)
         query_start = np.zeros(len(batch) + 1, np.int32)
@@ -254,13 +282,8 @@ class KVPool:
             rows = None
         else:
             rows = np.array([query_start[i + 1] - 1 for i, want in enumerate(logits_of) if want], np.int64)
-        dev = self.shape.device
-
-        def put(array):
-            return llaisys.from_numpy(array, dev)
-
-        return StepInputs(put(tokens), put(positions), put(slots), put(tables), put(seq_lens), put(query_start),
-                          None if rows is None else put(rows), total)
+        return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables,
+                "seq_lens": seq_lens, "query_start": query_start, "logit_rows": rows}
 
     # -- accounting -------------------------------------------------------------------------------
 

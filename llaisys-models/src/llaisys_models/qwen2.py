@@ -24,6 +24,7 @@ from llaisys.device import as_device
 from llaisys.dtype import as_dtype
 
 from .config import ModelConfig, token_ids
+from .decode_graph import DecodeGraphs
 from .errors import ModelLoadError
 from .files import model_directory, read_json
 from .generation import GenerationMixin
@@ -117,6 +118,7 @@ class Qwen2(GenerationMixin):
         self._workspace_base: Workspace | None = None
         self._workspaces: dict[int, Workspace] = {}
         self.lock = ModelLock()
+        self._decode_graphs = DecodeGraphs(self)
 
     def __repr__(self) -> str:
         c = self.config
@@ -221,14 +223,26 @@ class Qwen2(GenerationMixin):
     def _forward_batch(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None
                        ) -> llaisys.Tensor:
         pool = batch[0][0].pool
-        step = pool.step_inputs(batch, logits_of)
+        logits = self._decode_graphs.run(batch, logits_of)  # a decode step, replayed from its graph
+        if logits is None:
+            logits = self._run_step(pool, pool.step_inputs(batch, logits_of))
+        for seq, ids in batch:
+            seq.commit(ids)
+        return logits
+
+    def clear_decode_graphs(self) -> None:
+        """Drop the captured decode steps (decode_graph.py) and the memory they hold; later decode steps
+        capture again."""
+        with self.lock.hold("clear_decode_graphs"):
+            self._decode_graphs.clear()
+
+    def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
+        """Every layer over one step's inputs (device tensors only: what a decode graph captures)."""
         ws = self._workspace(step.num_tokens)
         llaisys.ops.embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
             self._attention(i, layer, ws, pool, step)
             self._mlp(layer, ws)
-        for seq, ids in batch:
-            seq.commit(ids)
         if step.logit_rows is None:
             return self._lm_head(ws.x)
         last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)

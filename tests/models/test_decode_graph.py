@@ -1,0 +1,80 @@
+"""Decode steps replayed from captured graphs (decode_graph.py) give the eager steps' logits bit for bit, in
+generate, in batches and across a KV pool that grows; LLAISYS_GRAPHS=0 turns them off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llaisys
+import llaisys_models
+from tiny_models import SPECS, prompt
+
+NAMES = ["f32_gqa2_hd32", "bf16_mha_hd64"]
+
+
+@pytest.fixture
+def pair(tiny_models, monkeypatch):
+    """The same checkpoint loaded twice on the CPU: with decode graphs, and eager (LLAISYS_GRAPHS=0)."""
+    def load(name):
+        graphed = llaisys_models.load(tiny_models.path(name), device="cpu")
+        monkeypatch.setenv("LLAISYS_GRAPHS", "0")
+        eager = llaisys_models.load(tiny_models.path(name), device="cpu")
+        monkeypatch.delenv("LLAISYS_GRAPHS")
+        assert graphed._decode_graphs.enabled and not eager._decode_graphs.enabled
+        return graphed, eager
+    return load
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_replayed_decode_logits_equal_the_eager_ones_bit_for_bit(pair, name):
+    graphed, eager = pair(name)
+    ids = prompt(name, 7, SPECS[name].vocab)
+    logits = {}
+    for model in (graphed, eager):
+        model.reset()
+        rows = [model.forward(ids).numpy()]
+        token = int(np.argmax(rows[0][-1].astype(np.float32)))
+        for _ in range(6):
+            rows.append(model.forward([token]).numpy())
+            token = int(np.argmax(rows[-1][-1].astype(np.float32)))
+        logits[model] = rows
+    assert graphed._decode_graphs.replays == 6 - 1  # one warm-up step, then every step replayed
+    assert eager._decode_graphs.replays == 0
+    for got, want in zip(logits[graphed], logits[eager]):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_generate_and_batches_equal_eager_runs(pair, name):
+    graphed, eager = pair(name)
+    vocab = SPECS[name].vocab
+    prompts = [prompt(name, n, vocab) for n in (3, 17, 30)]
+    for p in prompts:
+        assert graphed.generate(p, 20, eos_token_ids=()) == eager.generate(p, 20, eos_token_ids=())
+    sampling = dict(top_k=0, top_p=0.9, temperature=0.8, seed=[7, 8, 9])
+    assert (graphed.generate_batch(prompts, 20, eos_token_ids=(), **sampling)
+            == eager.generate_batch(prompts, 20, eos_token_ids=(), **sampling))
+    assert graphed._decode_graphs.replays > 3 * 18  # batches of 3, 2 and 1 were replayed
+
+
+def test_a_growing_kv_pool_is_captured_again(pair):
+    graphed, eager = pair("f32_gqa2_hd32")
+    p = prompt("f32_gqa2_hd32", 5, SPECS["f32_gqa2_hd32"].vocab)
+    short = graphed.generate(p, 8, eos_token_ids=())
+    blocks = graphed.kv_pool.num_blocks
+    longer = graphed.generate(p, 16 * blocks, eos_token_ids=())  # more positions than the pool holds
+    assert graphed.kv_pool.num_blocks > blocks
+    assert longer == eager.generate(p, 16 * blocks, eos_token_ids=())
+    assert longer[:len(short)] == short
+
+
+def test_graphs_keep_their_memory_from_others(pair):
+    graphed, _ = pair("f32_gqa2_hd32")
+    p = prompt("f32_gqa2_hd32", 4, SPECS["f32_gqa2_hd32"].vocab)
+    first = graphed.generate(p, 12, eos_token_ids=())
+    hoard = [llaisys.empty((4096,), llaisys.float32) for _ in range(64)]  # whatever the cache can give
+    for t in hoard:
+        t.load(np.full(4096, 7.0, np.float32))
+    assert graphed.generate(p, 12, eos_token_ids=()) == first
+    assert all((t.numpy() == 7.0).all() for t in hoard), "a replay wrote memory the allocator gave to others"
