@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
+from test_self_attention import reference  # float64 causal GQA attention
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, skip_without_kernels, to_torch
@@ -29,21 +30,6 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 def _device_has_the_kernels(request):
     if "device" in request.fixturenames:
         skip_without_kernels(request.getfixturevalue("device"), ("paged_attention", "paged_kv_write"), "this test")
-
-
-def reference(q, k, v, scale):
-    """float64 softmax(scale * q k^T + causal mask aligned bottom-right) v, GQA by repeating kv heads."""
-    L, H, _ = q.shape
-    S, Hkv, _ = k.shape
-    G = H // Hkv
-    k = k.to(torch.float64).repeat_interleave(G, dim=1)
-    v = v.to(torch.float64).repeat_interleave(G, dim=1)
-    scores = torch.einsum("lhd,shd->hls", q.to(torch.float64), k) * scale
-    visible = torch.arange(S)[None, :] <= torch.arange(L)[:, None] + (S - L)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
-    weights = weights / weights.sum(dim=-1, keepdim=True)
-    return torch.einsum("hls,shd->lhd", weights, v)
 
 
 class Paged:
