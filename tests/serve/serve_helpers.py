@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import http.client
 import json
+import threading
 import urllib.parse
 
 import pytest
@@ -45,6 +46,30 @@ def user(text: str) -> list[dict]:
 # -- the engine without HTTP ---------------------------------------------------------------------------------
 
 TIMEOUT = 60  # seconds to wait for an engine event
+
+
+def stream_chats_at_once(server, requests: list[dict]) -> list[str]:
+    """Start one streamed chat completion per request (``create`` keyword arguments) in as many threads at
+    the same moment; the text of each, in request order. Any thread's error fails the caller."""
+    results, errors = [None] * len(requests), []
+    start = threading.Barrier(len(requests))
+
+    def run(i):
+        try:
+            client = server.client()
+            start.wait()
+            stream = client.chat.completions.create(stream=True, **requests[i])
+            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        except Exception as e:  # reported below, with the thread's index
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
 
 
 def submit(engine, prompt, max_tokens: int, log, name=None, **sampling):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, http_stream, require_serving, user
+from serve_helpers import (
+    CHAT_MODEL,
+    chat_ids,
+    generate_text,
+    http_request,
+    http_stream,
+    require_serving,
+    stream_chats_at_once,
+    user,
+)
 
 require_serving()
 
@@ -33,25 +41,8 @@ def test_eight_concurrent_streams_get_their_own_replies(chat_server, chat_refere
     max_tokens = [12 + 2 * i for i in range(n)]
     want = [generate_text(chat_reference, tokenizer, chat_ids(tokenizer, m), k)
             for m, k in zip(conversations, max_tokens)]
-    results, errors = [None] * n, []
-    start = threading.Barrier(n)
-
-    def run(i):
-        try:
-            client = chat_server.client()
-            start.wait()
-            stream = client.chat.completions.create(model=CHAT_MODEL, messages=conversations[i],
-                                                    max_tokens=max_tokens[i], temperature=0, stream=True)
-            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        except Exception as e:  # reported below, with the thread's index
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    results = stream_chats_at_once(chat_server, [
+        dict(model=CHAT_MODEL, messages=m, max_tokens=k, temperature=0) for m, k in zip(conversations, max_tokens)])
     assert results == want
     assert counter(chat_server, "llaisys_requests_running") == 0
 

@@ -5,10 +5,19 @@ without any client noticing, and the KV blocks all come back."""
 from __future__ import annotations
 
 import queue
-import threading
 
 import pytest
-from serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, events_until_done, generate_text, require_serving, submit, user
+from serve_helpers import (
+    CHAT_MODEL,
+    TIMEOUT,
+    chat_ids,
+    events_until_done,
+    generate_text,
+    require_serving,
+    stream_chats_at_once,
+    submit,
+    user,
+)
 
 import llaisys_models
 from llaisys_models.serve.engine import Delta, Engine, Finished
@@ -37,25 +46,9 @@ def test_seeded_streams_equal_generate_whatever_runs_beside_them(chat_server, ch
     seeds = [77 + i for i in range(n)]
     want = [generate_text(chat_reference, tokenizer, chat_ids(tokenizer, m), k, top_k=0, temperature=0.8, seed=s)
             for m, k, s in zip(conversations, max_tokens, seeds)]
-    results, errors = [None] * n, []
-    start = threading.Barrier(n)
-
-    def run(i):
-        try:
-            client = chat_server.client()
-            start.wait()
-            stream = client.chat.completions.create(model=CHAT_MODEL, messages=conversations[i], stream=True,
-                                                    max_tokens=max_tokens[i], temperature=0.8, seed=seeds[i])
-            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        except Exception as e:  # reported below, with the thread's index
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    results = stream_chats_at_once(chat_server, [
+        dict(model=CHAT_MODEL, messages=m, max_tokens=k, temperature=0.8, seed=s)
+        for m, k, s in zip(conversations, max_tokens, seeds)])
     assert results == want
 
 
