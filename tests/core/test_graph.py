@@ -97,3 +97,37 @@ def test_a_synchronous_copy_inside_a_capture_is_refused():
 def test_replay_before_capture_is_an_error():
     with pytest.raises(llaisys.NotSupportedError, match="not been captured"):
         llaisys.Graph("cpu").replay()
+
+
+def test_a_graph_pool_takes_new_blocks_at_their_size_class():
+    """Where a backend lets a capture allocate (the allocator does not forbid it), a cache miss gets a
+    block of the request's size class, owned by the pool."""
+    from llaisys.allocator import CachingAllocator, GraphPool, size_class
+
+    class HostBackend:  # malloc / free on the host, as a backend that allows allocation while capturing
+        def __init__(self):
+            self.sizes, self.buffers = [], {}
+
+        def host_addressable(self, index):
+            return True
+
+        def malloc(self, index, nbytes):
+            self.sizes.append(nbytes)
+            buffer = np.empty(nbytes, np.uint8)
+            self.buffers[buffer.ctypes.data] = buffer
+            return buffer.ctypes.data
+
+        def free(self, index, ptr):
+            del self.buffers[ptr]
+
+    backend = HostBackend()
+    allocator = CachingAllocator(backend, llaisys.Device("cpu"), cache_limit=1 << 20)
+    pool = GraphPool()
+    allocator.begin_graph_capture(pool)
+    ptr, size = allocator.allocate(5000)
+    allocator.end_graph_capture()
+    assert size == size_class(5000) and backend.sizes == [size]
+    assert pool.blocks == {ptr: size}
+    allocator.release(ptr, size)
+    assert allocator.stats()["graph_pool_free_bytes"] == size  # freed, but still the graph's
+    assert allocator.allocate(5000)[0] != ptr  # so an allocation outside the capture gets another block

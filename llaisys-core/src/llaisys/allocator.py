@@ -128,9 +128,10 @@ class CachingAllocator:
             pool.free_bytes -= size
             self._pool_free_bytes -= size
         else:
-            ptr, size = self._take_cached(size)
-            if not ptr:
-                ptr = self._backend_malloc(size, nbytes)
+            ptr, block = self._take_cached(size)
+            if not ptr:  # (0, 0): nothing cached fits
+                ptr, block = self._backend_malloc(size, nbytes), size
+            size = block
             pool.blocks[ptr] = size
             self._pooled[ptr] = pool
         self.num_allocs += 1
