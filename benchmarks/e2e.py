@@ -3,16 +3,25 @@
 
     python benchmarks/make_model.py --out /tmp/qwen2-1.5b-random
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random
+    python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random --profile     # + where a decode step's time goes
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random --device cuda   # both on the same GPU
+    python benchmarks/e2e.py --model M --llama-bench build/bin/llama-bench --gguf bf16=M-bf16.gguf --gguf q8_0=M-q8.gguf
 
 Each engine runs in its own subprocess (same thread count, same token ids) so that its
-peak RSS is its own; this script prints one table with the ratio llaisys / HF per row.
+peak RSS is its own; this script prints one table with the ratio to HF per row.
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
 tok/s over 64 new tokens (greedy, EOS ignored), peak RSS; on a GPU also the peak device memory
-(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys). llaisys runs twice:
-as shipped (decode steps replayed from captured graphs where the backend has them) and eager
-(LLAISYS_GRAPHS=0), so the graph column's gain is measured in the same run.
+(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys). llaisys runs
+as shipped (decode steps replayed from captured graphs where the backend has them), eager
+(LLAISYS_GRAPHS=0), and with int8 weights (quantize="int8", where the backend has the int8 linear).
+
+On the CPU the script also measures the machine's streaming read bandwidth (torch summing a 1 GiB tensor
+with the same threads) and prints decode against its bound: a decode step reads every weight once (the
+matrices of the layers and the lm_head; not the embedding table, of which it reads one row), so
+bound tok/s = bandwidth / weight bytes per token. llama.cpp's llama-bench (built from the llama-cpp-python
+sdist's vendored tree with cmake) adds a column per GGUF file given (convert the same checkpoint with its
+convert_hf_to_gguf.py --outtype bf16 / q8_0).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 PROMPT_SEED = 1234
+GROUP = 32  # int8 weights: one bf16 scale per 32 values of a row
 
 
 def prompt(length: int, vocab: int) -> list[int]:
@@ -39,13 +49,51 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def decode_weight_bytes(model: Path) -> dict[str, int]:
+    """Bytes a decode step reads per token, bf16 and int8: every 2-D weight but the embedding table (unless
+    it is also the lm_head), once; int8 stores 1 byte per value + a 2-byte scale per group of 32."""
+    from safetensors import safe_open
+
+    config = json.loads((model / "config.json").read_text())
+    bf16 = int8 = 0
+    for file in sorted(model.glob("*.safetensors")):
+        with safe_open(file, "np") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                if len(shape) != 2 or (name.endswith("embed_tokens.weight") and not config.get("tie_word_embeddings")):
+                    continue
+                n, k = shape
+                bf16 += 2 * n * k
+                int8 += n * k + 2 * n * -(-k // GROUP)
+    return {"bf16": bf16, "int8": int8}
+
+
+def bench_bandwidth(args) -> dict:
+    """Streaming read bandwidth: torch summing a 1 GiB float32 tensor, best of 5, args.threads threads."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    data = torch.ones(1 << 28)  # 1 GiB, touched
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - t)
+    return {"bandwidth": data.numel() * 4 / best}
+
+
 # -- engines (each in its own process) -------------------------------------------------
 
-def bench_llaisys(args, vocab: int) -> dict:
+def load_llaisys(args):
     import llaisys_models
 
+    options = {"quantize": args.quantize} if args.quantize else {}
+    return llaisys_models.load(args.model, device=args.device, dtype="bfloat16", progress=False, **options)
+
+
+def bench_llaisys(args, vocab: int) -> dict:
     t0 = time.perf_counter()
-    model = llaisys_models.load(args.model, device=args.device, dtype="bfloat16", progress=False)
+    model = load_llaisys(args)
     load = time.perf_counter() - t0
     model.generate(prompt(16, vocab), 1, eos_token_ids=())
     first = time.perf_counter() - t0
@@ -63,6 +111,22 @@ def bench_llaisys(args, vocab: int) -> dict:
         import llaisys
         result["peak_device"] = llaisys.memory_stats(args.device)["peak_allocated_bytes"]
     return result
+
+
+def profile_llaisys(args, vocab: int) -> dict:
+    """The ops of args.decode_tokens eager decode steps (run with LLAISYS_GRAPHS=0), per step."""
+    import llaisys
+
+    model = load_llaisys(args)
+    model.generate(prompt(16, vocab), 8, eos_token_ids=())  # warm-up: page the weights in, fill the caches
+    steps = args.decode_tokens
+    tokens = model.stream_generate(prompt(16, vocab), steps + 1, eos_token_ids=())
+    next(tokens)  # the prompt's forward and the first token, not profiled
+    with llaisys.profile(shapes=True) as prof:
+        for _ in range(steps):
+            next(tokens)
+    tokens.close()
+    return {"table": prof.table(per=steps, unit="step")}
 
 
 def bench_hf(args, vocab: int) -> dict:
@@ -114,9 +178,28 @@ def bench_hf(args, vocab: int) -> dict:
     return result
 
 
+def bench_llama_cpp(args) -> dict:
+    """llama-bench on one GGUF file: prefill 16 / 512 and decode, tok/s (its mean over repetitions)."""
+    cmd = [args.llama_bench, "-m", args.gguf_file, "-p", "16,512", "-n", str(args.decode_tokens),
+           "-t", str(args.threads), "-r", "2", "-o", "json"]
+    runs = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    result = {}
+    for run in runs:
+        key = f"prefill_{run['n_prompt']}" if run["n_prompt"] else "decode"
+        result[key] = run["avg_ts"]
+    return result
+
+
 def worker(args) -> int:
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    result = (bench_llaisys if args.engine == "llaisys" else bench_hf)(args, vocab)
+    if args.engine == "bandwidth":
+        result = bench_bandwidth(args)
+    elif args.engine == "llama.cpp":
+        result = bench_llama_cpp(args)
+    elif args.engine == "llaisys-profile":
+        result = profile_llaisys(args, vocab)
+    else:
+        result = (bench_llaisys if args.engine == "llaisys" else bench_hf)(args, vocab)
     result["peak_rss"] = peak_rss()
     print("RESULT " + json.dumps(result))
     return 0
@@ -124,59 +207,105 @@ def worker(args) -> int:
 
 # -- driver ----------------------------------------------------------------------------
 
-def run_engine(args, engine: str, **extra_env: str) -> dict:
+def run_engine(args, engine: str, *extra: str, **extra_env: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", **extra_env)
     cmd = [sys.executable, __file__, "--engine", engine, "--model", str(args.model), "--threads", str(args.threads),
-           "--decode-tokens", str(args.decode_tokens), "--device", args.device]
-    print(f"running {engine} {' '.join(f'{k}={v}' for k, v in extra_env.items())}...", file=sys.stderr, flush=True)
+           "--decode-tokens", str(args.decode_tokens), "--device", args.device, *extra]
+    what = " ".join([engine, *extra, *(f"{k}={v}" for k, v in extra_env.items())])
+    print(f"running {what}...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"{engine} failed (exit {proc.returncode})")
-    print(f"  {engine} done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+        raise SystemExit(f"{what} failed (exit {proc.returncode})")
+    print(f"  done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def int8_available(device: str) -> bool:
+    import llaisys
+
+    return llaisys.ops.implemented("linear_i8", device)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="llaisys vs HF transformers, end to end")
+    ap = argparse.ArgumentParser(description="llaisys vs HF transformers (and llama.cpp), end to end")
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (HF on torch's cuda:0, llaisys on cuda:0)")
-    ap.add_argument("--engine", choices=["hf", "llaisys"], help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help="also print the ops of one eager decode step")
+    ap.add_argument("--llama-bench", help="a llama-bench binary: adds a column per --gguf file")
+    ap.add_argument("--gguf", action="append", default=[], metavar="LABEL=FILE",
+                    help="a GGUF file of the same model for llama-bench, e.g. bf16=model-bf16.gguf (repeatable)")
+    ap.add_argument("--engine", choices=["hf", "llaisys", "llaisys-profile", "bandwidth", "llama.cpp"],
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--quantize", help=argparse.SUPPRESS)
+    ap.add_argument("--gguf-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.engine:
         return worker(args)
 
     weights = sum(f.stat().st_size for f in args.model.glob("*.safetensors"))
-    hf = run_engine(args, "hf")
-    ours = run_engine(args, "llaisys")
-    eager = run_engine(args, "llaisys", LLAISYS_GRAPHS="0")
+    columns = {"HF transformers": run_engine(args, "hf")}
+    columns["llaisys"] = run_engine(args, "llaisys")
+    columns["eager"] = run_engine(args, "llaisys", LLAISYS_GRAPHS="0")
+    int8 = int8_available(args.device)
+    if int8:
+        columns["int8"] = run_engine(args, "llaisys", "--quantize", "int8")
+    for spec in args.gguf if args.llama_bench else ():
+        label, _, file = spec.partition("=")
+        columns[f"llama.cpp {label}"] = run_engine(args, "llama.cpp", "--llama-bench", args.llama_bench,
+                                                   "--gguf-file", file)
+    bandwidth = run_engine(args, "bandwidth")["bandwidth"] if args.device == "cpu" else None
+    profiles = {}
+    if args.profile:
+        profiles["bf16"] = run_engine(args, "llaisys-profile", LLAISYS_GRAPHS="0")["table"]
+        if int8:
+            profiles["int8"] = run_engine(args, "llaisys-profile", "--quantize", "int8", LLAISYS_GRAPHS="0")["table"]
+
     gib = 1 << 30
-    rows = [  # label, key, format, better-when, target
-        ("load (s)", "load_s", "{:.2f}", "lower", ""),
-        ("load + first token (s)", "first_token_s", "{:.2f}", "lower", ""),
-        ("prefill 16 (tok/s)", "prefill_16", "{:.1f}", "higher", ""),
-        ("prefill 512 (tok/s)", "prefill_512", "{:.1f}", "higher", ">= 3x"),
-        (f"decode {args.decode_tokens} (tok/s)", "decode", "{:.2f}", "higher", ">= 2x"),
-        ("peak RSS (GiB)", "peak_rss", "{:.2f}", "lower", f"<= 1.2x weights = {1.2 * weights / gib:.2f}"),
+    rows = [  # label, key, format
+        ("load (s)", "load_s", "{:.2f}"),
+        ("load + first token (s)", "first_token_s", "{:.2f}"),
+        ("prefill 16 (tok/s)", "prefill_16", "{:.1f}"),
+        ("prefill 512 (tok/s)", "prefill_512", "{:.1f}"),
+        (f"decode {args.decode_tokens} (tok/s)", "decode", "{:.2f}"),
+        ("peak RSS (GiB)", "peak_rss", "{:.2f}"),
     ]
     if args.device != "cpu":
-        targets = {"prefill_512": ">= 1x", "decode": ">= 10x"}  # the CUDA issue's targets (H200-class, 1.5B)
-        rows[2:5] = [(label, key, fmt, better, targets.get(key, "")) for label, key, fmt, better, _ in rows[2:5]]
-        rows[5] = ("peak device memory (GiB)", "peak_device", "{:.2f}", "lower", "")
-    print(f"\nmodel {args.model} ({weights / gib:.2f} GiB of weights), bf16, {args.threads} threads, {args.device}")
-    header = f"{'':26}{'HF transformers':>16}{'llaisys':>12}{'llaisys/HF':>12}{'eager':>12}{'eager/HF':>10}  target"
-    print(header)
-    print("-" * len(header) + "-" * 24)
-    for label, key, fmt, _, target in rows:
-        scale = gib if key.startswith("peak") else 1
-        a, b, c = hf[key] / scale, ours[key] / scale, eager[key] / scale
-        print(f"{label:26}{fmt.format(a):>16}{fmt.format(b):>12}{b / a:>11.2f}x{fmt.format(c):>12}{c / a:>9.2f}x  {target}")
-    print("llaisys: decode steps replayed from captured graphs where the backend has them; eager: LLAISYS_GRAPHS=0")
-    print(f"llaisys peak RSS / weights: {ours['peak_rss'] / weights:.2f}")
+        rows[5] = ("peak device memory (GiB)", "peak_device", "{:.2f}")
+    print(f"\nmodel {args.model} ({weights / gib:.2f} GiB of weights), {args.threads} threads, {args.device}")
+    hf = columns["HF transformers"]
+    header = f"{'':26}" + "".join(f"{name:>18}" for name in columns)
+    print(header + "\n" + "-" * len(header))
+    for label, key, fmt in rows:
+        cells = []
+        for name, result in columns.items():
+            scale = gib if key.startswith("peak") else 1
+            if key not in result or (name.startswith("llama.cpp") and key == "peak_rss"):
+                cells.append(f"{'-':>18}")
+                continue
+            value = fmt.format(result[key] / scale)
+            ratio = "" if name == "HF transformers" or key not in hf else f" ({result[key] / hf[key]:.2f}x)"
+            cells.append(f"{value + ratio:>18}")
+        print(f"{label:26}" + "".join(cells))
+    print("(x): ratio to HF transformers. llaisys: decode steps replayed from captured graphs where the backend has "
+          "them; eager: LLAISYS_GRAPHS=0; int8: quantize='int8'")
+    print(f"llaisys peak RSS / checkpoint bytes: {columns['llaisys']['peak_rss'] / weights:.2f}")
+    if bandwidth:
+        per_token = decode_weight_bytes(args.model)
+        print(f"\ndecode against the bandwidth bound (streaming read {bandwidth / 1e9:.1f} GB/s, torch sum of 1 GiB)")
+        for name, dtype in (("llaisys", "bf16"), ("eager", "bf16"), ("int8", "int8")):
+            if name in columns:
+                bound = bandwidth / per_token[dtype]
+                got = columns[name]["decode"]
+                print(f"  {name:8} {dtype}: {per_token[dtype] / 1e9:.2f} GB/token -> bound {bound:.2f} tok/s; "
+                      f"{got:.2f} tok/s = {100 * got / bound:.0f}% of it ({got * per_token[dtype] / 1e9:.1f} GB/s)")
+    for dtype, table in profiles.items():
+        print(f"\none eager decode step, {dtype}, by op and size (M x N x K for linear), mean of "
+              f"{args.decode_tokens} steps:\n{table}")
     return 0
 
 

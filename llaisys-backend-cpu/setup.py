@@ -150,9 +150,14 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
-        compile_library(Path(self.build_lib) / "llaisys_backend_cpu", ROOT / "build" / "objects")
-        if self.editable_mode:  # editable installs load the library from the source tree
-            compile_library(ROOT / "src" / "llaisys_backend_cpu", ROOT / "build" / "objects")
+        try:
+            compile_library(Path(self.build_lib) / "llaisys_backend_cpu", ROOT / "build" / "objects")
+            if self.editable_mode:  # editable installs load the library from the source tree
+                compile_library(ROOT / "src" / "llaisys_backend_cpu", ROOT / "build" / "objects")
+        except Exception as e:
+            # setuptools runs a custom build_py of an editable install "safely": it would print a warning
+            # and go on with a stale or missing library. A failed build must fail the install.
+            raise SystemExit(f"llaisys-backend-cpu: the library did not build: {e}") from e
 
 
 class PlatformWheel(bdist_wheel):

@@ -129,10 +129,15 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
-        if self.editable_mode:  # editable installs load the library from the source tree
-            compile_library(ROOT / "src" / "llaisys_backend_cuda", ROOT / "build" / "objects")
-        else:
-            compile_library(Path(self.build_lib) / "llaisys_backend_cuda", ROOT / "build" / "objects")
+        try:
+            if self.editable_mode:  # editable installs load the library from the source tree
+                compile_library(ROOT / "src" / "llaisys_backend_cuda", ROOT / "build" / "objects")
+            else:
+                compile_library(Path(self.build_lib) / "llaisys_backend_cuda", ROOT / "build" / "objects")
+        except Exception as e:
+            # setuptools runs a custom build_py of an editable install "safely": it would print a warning
+            # and go on with a stale or missing library. A failed build must fail the install.
+            raise SystemExit(f"llaisys-backend-cuda: the library did not build: {e}") from e
 
 
 class SdistWithHeader(sdist):

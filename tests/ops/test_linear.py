@@ -1,9 +1,10 @@
 """linear: out = x @ weight.T + bias, against torch float64 on the same (rounded) inputs, on every SIMD path.
 
-The CPU kernel has two algorithms: a weight-streaming GEMV for M <= 8 and a packed GEMM for larger M; on
-CPUs with AVX512-BF16 both use vdpbf16ps for bf16. The shapes below reach both, their tails (M, N, K not
-multiples of any tile, odd K for the bf16 pairs) and the Qwen2-1.5B projections. Both compute each output
-in the same order, so a row's result never depends on the rows batched with it (checked bit for bit).
+The CPU kernel computes each output as a dot product of a row of x and a row of weight, in register tiles
+of up to 4 x 4 rows (vdpbf16ps for bf16 on CPUs with AVX512-BF16). The shapes below reach every tile tail
+(M, N, K not multiples of any tile or vector, odd K for the bf16 pairs) and the Qwen2-1.5B projections.
+Every output is computed in one fixed order, so a row's result never depends on the rows batched with it
+(checked bit for bit).
 """
 
 
@@ -14,11 +15,12 @@ from simd_paths import LEVELS, run_in_child, skip_unless_level_available
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
 
-# (M, N, K): odd sizes 1, 3, 17, 4097 on every axis (not every combination) and the GEMV/GEMM boundary
-# (M = 8 / 9); each with and without bias.
+# (M, N, K): odd sizes 1, 3, 17, 4097 on every axis (not every combination), M past the tiles' rows and the
+# chunks of x rows that stay in cache (K = 4097: 24 rows of f32 per chunk, 44 of bf16); each with and without
+# bias.
 SHAPES = [
     (1, 1, 1), (1, 3, 17), (3, 17, 4097), (17, 4097, 3), (64, 17, 1), (3, 1, 4097), (1, 4097, 17),
-    (17, 3, 3), (64, 100, 65), (8, 33, 300), (9, 33, 300), (15, 70, 129),
+    (17, 3, 3), (64, 100, 65), (8, 33, 300), (9, 33, 300), (15, 70, 129), (50, 33, 4097),
 ]
 # Qwen2-1.5B projections at modest M, with bias where the model has one (q/k/v) and without (o, gate/up,
 # down): (M, N, K, bias).
@@ -65,10 +67,10 @@ def _linear_rows(x: torch.Tensor, w, bias, start: int, m: int, device) -> torch.
 
 
 def check_rows_independent(device="cpu"):
-    """Each row of out, bit for bit, whether x has 1, 2, 5, 8 (GEMV), 9 or 13 (GEMM) rows around it; K past
-    the kernels' KC slices (256, and 1024 for the bf16 pairs), odd K and N."""
+    """Each row of out, bit for bit, whether x has 1, 2, 5, 8, 9 or 13 rows around it (so the row falls in
+    tiles of every height, at every position, and across chunks of rows); long K, odd K and N."""
     for dtype in FLOAT_DTYPES:
-        for n, k in ((33, 300), (40, 1101), (17, 2049)):
+        for n, k in ((33, 300), (40, 1101), (17, 2049), (9, 8000)):  # K = 8000: chunks of 12 / 24 rows of x
             g = torch.Generator().manual_seed(n + k)
             _, rx = random((20, k), dtype, device, g, scale=k ** -0.5)
             w, _ = random((n, k), dtype, device, g)
@@ -114,18 +116,10 @@ def test_linear_simd_paths(device, level):
 
 
 def test_linear_avx512_without_bf16_dot(device):
-    """bf16 on AVX-512 CPUs without AVX512-BF16: f32 GEMM micro-kernel on expanded panels, shift + FMA GEMV."""
+    """bf16 on AVX-512 CPUs without AVX512-BF16: the f32 FMA chain on weights widened as they are loaded."""
     skip_unless_level_available(device, "avx512")
     run_in_child(__name__, {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_BF16DOT": "0"}, "t.check_small_shapes()",
                  expect_level="avx512")
-
-
-@pytest.mark.parametrize("algorithm", ["gemv", "gemm"])
-def test_linear_forced_algorithm(device, algorithm):
-    """Each algorithm on every M (GEMV in groups of 8 rows of x; GEMM on tiny M, all tile tails)."""
-    if device.type != "cpu":
-        pytest.skip("the algorithm switch belongs to the CPU backend")
-    run_in_child(__name__, {"LLAISYS_CPU_LINEAR_PATH": algorithm}, "t.check_small_shapes()")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)

@@ -1,78 +1,65 @@
-// linear: out[M, N] = x[M, K] @ weight[N, K]^T + bias[N]; see linear.h for the parts. This file holds each
-// build's configuration (register tiles sized to its vector registers) and the exported entry point.
+// linear: out[M, N] = x[M, K] @ weight[N, K]^T + bias[N] (see linear_dot.h for the algorithm). This file holds
+// each build's tile configuration (sized to its vector registers) and the exported entry point.
 #include <cstring>
 #include <string>
 
 #include "../common/api.h"
-#include "linear_gemm.h"
-#include "linear_gemv.h"
-#if defined(LLAISYS_ISA_AVX512)
-#include "linear_bf16dot.h"
-#endif
+#include "linear_dot.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
 #if defined(LLAISYS_ISA_AVX512)
-// 14 x 32 tile: 28 zmm accumulators + 2 B vectors + 1 broadcast = 31 of 32 registers.
-using GemmKernel = F32Kernel<Vec16, 14, 2, 256, 256>;
-#elif defined(LLAISYS_ISA_AVX2)
-// 6 x 16 tile: 12 ymm accumulators + 2 B vectors + 1 broadcast.
-using GemmKernel = F32Kernel<Vec8, 6, 2, 256, 256>;
-#else
-// 4 x 8 tile: 8 SSE accumulators (each Vec8 is two).
-using GemmKernel = F32Kernel<Vec8, 4, 1, 256, 128>;
-#endif
+constexpr int kMR = 4, kNR = 4;  // 16 zmm accumulators + 4 x + 4 weight vectors of the 32 registers
+using Chain = FmaChain<Vec16>;
 
-// One dtype: GEMV or GEMM by M (or the forced path), both in Kern's arithmetic (see linear_gemv.h).
-template <class T, class Kern>
-static void run(const LinearArgs& a) {
-    if (a.K == 0) {  // out = bias, or 0 (all-zero bits in every dtype)
-        for (int64_t m = 0; m < a.M; ++m) {
-            void* row = static_cast<T*>(a.out) + m * a.N;
-            if (a.bias) std::memcpy(row, a.bias, sizeof(T) * size_t(a.N));
-            else std::memset(row, 0, sizeof(T) * size_t(a.N));
-        }
-        return;
+// flatten: everything beneath is inlined here, in code built for AVX512-BF16 (Bf16PairChain::step)
+struct Bf16PairBlock {
+    LLAISYS_TARGET_AVX512BF16 __attribute__((flatten)) static void run(int64_t mc, const bf16_t* x, const bf16_t* w,
+                                                                       int64_t n0, int64_t n1, int64_t K,
+                                                                       const bf16_t* bias, bf16_t* out, int64_t N) {
+        dot_block<Bf16PairChain, kMR, kNR>(mc, x, w, n0, n1, K, bias, out, N);
     }
-    const LinearPath forced = linear_forced_path();
-    const bool use_gemv = forced == LinearPath::kGemv || (forced == LinearPath::kByShape && a.M <= kGemvMaxRows);
-    if (use_gemv) gemv<Kern, T>(a);
-    else gemm<Vec, Kern, T>(a);
-}
+};
+#elif defined(LLAISYS_ISA_AVX2)
+constexpr int kMR = 2, kNR = 4;  // 8 ymm accumulators + 2 x + 4 weight vectors of the 16 registers
+using Chain = FmaChain<Vec8>;
+#else
+constexpr int kMR = 2, kNR = 2;  // (Vec8 is two SSE registers here)
+using Chain = FmaChain<Vec8>;
+#endif
 
 void linear(const LinearArgs& a) {
     with_float_type(a.dtype, [&](auto tag) {
         using T = decltype(tag);
+        if (a.K == 0) {  // out = bias, or 0 (all-zero bits in every dtype)
+            for (int64_t m = 0; m < a.M; ++m) {
+                void* row = static_cast<T*>(a.out) + m * a.N;
+                if (a.bias) std::memcpy(row, a.bias, sizeof(T) * size_t(a.N));
+                else std::memset(row, 0, sizeof(T) * size_t(a.N));
+            }
+            return;
+        }
 #if defined(LLAISYS_ISA_AVX512)
         if constexpr (std::is_same_v<T, bf16_t>) {
             if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
-                return run<T, Bf16DotKernel<14, 1024, 128>>(a);
+                return linear_dot<Bf16PairChain, kMR, T, Bf16PairBlock>(a);
         }
 #endif
-        run<T, GemmKernel>(a);
+        linear_dot<Chain, kMR, T, DotBlock<Chain, kMR, kNR, T>>(a);
     });
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
 
-#if defined(LLAISYS_ISA_PORTABLE)  // the knobs and the exported entry point, compiled once
+#if defined(LLAISYS_ISA_PORTABLE)  // the knob and the exported entry point, compiled once
 namespace llaisys::cpu {
 
-static bool env_is(const char* name, const char* value) {
-    const char* v = std::getenv(name);
-    return v && !std::strcmp(v, value);
-}
-
 bool linear_bf16dot_allowed() {
-    static const bool allowed = !env_is("LLAISYS_CPU_LINEAR_BF16DOT", "0");
+    static const bool allowed = [] {
+        const char* v = std::getenv("LLAISYS_CPU_LINEAR_BF16DOT");
+        return !(v && !std::strcmp(v, "0"));
+    }();
     return allowed;
-}
-
-LinearPath linear_forced_path() {
-    static const LinearPath path = env_is("LLAISYS_CPU_LINEAR_PATH", "gemv")   ? LinearPath::kGemv
-                                   : env_is("LLAISYS_CPU_LINEAR_PATH", "gemm") ? LinearPath::kGemm
-                                                                               : LinearPath::kByShape;
-    return path;
 }
 
 }  // namespace llaisys::cpu

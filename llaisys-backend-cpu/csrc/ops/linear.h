@@ -1,10 +1,8 @@
 // linear: out[M, N] = x[M, K] @ weight[N, K]^T + bias[N] (f32 / f16 / bf16, f32 accumulation).
 //
 // linear.cpp: each build's configuration (vector type, register tiles) and the exported entry point;
-// linear_gemv.h: decode-shaped calls (M <= kGemvMaxRows), memory bound; linear_gemm.h: larger M, compute
-// bound; linear_bf16dot.h: bf16 with AVX512-BF16 dot products (vdpbf16ps). Both algorithms compute every
-// output in the same order (the GEMM kernel's), so a row of out never depends on the other rows of x.
-// Shared pieces are below.
+// linear_dot.h: the algorithm (every output a dot product of two contiguous rows, in one fixed order, so a
+// row of out never depends on the other rows of x). Shared pieces (also used by linear_i8) are below.
 #pragma once
 
 #include <omp.h>
@@ -28,17 +26,10 @@ struct LinearArgs {
     const void* bias;          // [N] or nullptr
 };
 
-// Decode-shaped calls (M <= kGemvMaxRows) stream each weight row once for all rows of x;
-// larger M runs the packed, register-tiled GEMM.
-constexpr int64_t kGemvMaxRows = 8;
-
-// Knobs read once per process from the environment (tests use them to reach every path):
+// Knob read once per process from the environment (tests use it to reach every path):
 //   LLAISYS_CPU_LINEAR_BF16DOT=0   bf16 without AVX512-BF16 (vdpbf16ps) even where the CPU has it: the f32
-//                                  kernel on widened values, as on older CPUs
-//   LLAISYS_CPU_LINEAR_PATH=gemv|gemm   force one algorithm for every M (testing only)
+//                                  chain on widened values, as on older CPUs
 bool linear_bf16dot_allowed();
-enum class LinearPath : int { kByShape, kGemv, kGemm };
-LinearPath linear_forced_path();
 
 }  // namespace llaisys::cpu
 

@@ -18,15 +18,16 @@ from .graph import Graph, graphs_supported
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats, set_cache_limit
 from .native import NativeBackend, get_include
 from .plugins import BackendSpec, KernelOverride, available_devices, backend_report, hookimpl, hookspec
+from .profiler import OpProfile, profile
 from .stream import Stream, stream, synchronize
 from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 
 __all__ = [
     "API_VERSION", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "Graph",
     "KernelOverride", "LlaisysError", "LlaisysValueError", "LlaisysWarning", "NativeBackend", "NotSupportedError",
-    "OutOfMemoryError",
+    "OpProfile", "OutOfMemoryError",
     "Stream", "Tensor", "as_device", "as_dtype", "available_devices", "backend_report", "bfloat16", "bool_", "empty",
     "empty_cache", "float16", "float32", "float64", "from_buffer", "from_dlpack", "from_numpy", "get_include",
-    "graphs_supported", "hookimpl", "hookspec", "int8", "int32", "int64", "memory_stats", "ops", "reset_peak_memory_stats",
-    "set_cache_limit", "stream", "synchronize", "uint8", "zeros",
+    "graphs_supported", "hookimpl", "hookspec", "int8", "int32", "int64", "memory_stats", "ops", "profile",
+    "reset_peak_memory_stats", "set_cache_limit", "stream", "synchronize", "uint8", "zeros",
 ]

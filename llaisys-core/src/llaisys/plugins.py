@@ -98,6 +98,7 @@ class Registry:
         self.backends: dict[str, BackendRecord] = {}
         self._overrides: dict[tuple[str, str], KernelOverride] = {}
         self._kernels: dict[tuple[str, str], tuple[Callable, Callable]] = {}  # the one kernel cache
+        self.kernel_wrapper: Callable | None = None  # wraps each kernel as it is resolved (llaisys.profiler)
         self._allocators: dict[Device, object] = {}
         self._lock = threading.Lock()
         entry_points = list(entry_points)
@@ -249,6 +250,8 @@ class Registry:
                     raise LlaisysError(f"op '{op}' is not implemented by the '{device_type}' backend "
                                        f"({self.backends[device_type].package})")
                 found = (fn, _backend_failure(backend, op))
+            if self.kernel_wrapper is not None:
+                found = (self.kernel_wrapper(op, device_type, found[0]), found[1])
             self._kernels[key] = found
         return found
 

@@ -1,0 +1,179 @@
+// linear as dot products of rows: out[m, n] = x[m, :] . weight[n, :] (+ bias[n]), for every M.
+//
+// Both x [M, K] and weight [N, K] are contiguous along k, so each output is a dot product of two contiguous
+// rows: no packing and no transposes, every weight value is loaded straight from where the checkpoint put it.
+// A register tile of MR rows of x by NR rows of weight keeps MR x NR vector accumulators; one step loads MR
+// x vectors and NR weight vectors (KW values of k each) and does MR x NR multiply-adds. A decode step
+// (M = 1..4) thus streams the weights at the speed of memory with a few instructions per 64 bytes.
+//
+// The arithmetic of one output never depends on M, the tile it falls in or the thread that runs it (batch
+// invariance: a sequence's logits are the same alone or batched, however its prompt was cut): lane l of its
+// accumulator chains k = l, l + KW, l + 2 KW, ... in order over all of K (one FMA, or one vdpbf16ps per bf16
+// pair), the tail zero-filled; then reduce_add sums the lanes in its fixed order, the bias is added and the
+// sum is rounded once to the output dtype.
+//
+// A chain type says how a step multiplies: FmaChain (f32 lanes; x as f32 rows, weights widened from
+// f32 / f16 / bf16 on load) or, in the avx512 build on CPUs with AVX512-BF16, Bf16PairChain (vdpbf16ps on
+// bf16 x and weights as they are, 32 values of k per step).
+#pragma once
+
+#include <type_traits>
+
+#include "linear.h"
+
+namespace llaisys::cpu::LLAISYS_ISA {
+
+template <class V>
+struct FmaChain {
+    using Acc = V;
+    using XElem = float;                  // x converted to f32 rows once per call (unless it is f32)
+    static constexpr int KW = V::W;       // values of k per step
+    template <class T>
+    LLAISYS_ALWAYS_INLINE static V load(const T* p) { return V::load(p); }
+    template <class T>
+    LLAISYS_ALWAYS_INLINE static V load_partial(const T* p, int n) { return V::load_partial(p, n); }
+    LLAISYS_ALWAYS_INLINE static V step(V acc, V x, V w) { return fmadd(x, w, acc); }
+};
+
+#if defined(LLAISYS_ISA_AVX512)
+struct Bf16PairChain {
+    using Acc = Vec16;
+    using XElem = bf16_t;                 // x used as it is
+    static constexpr int KW = 32;         // 16 lanes x a (k, k + 1) pair
+    LLAISYS_ALWAYS_INLINE static Vec16i load(const bf16_t* p) { return Vec16i::load(p); }
+    LLAISYS_ALWAYS_INLINE static Vec16i load_partial(const bf16_t* p, int n) { return Vec16i::load_halves_partial(p, n); }
+    // (not always_inline: it can only be inlined into code built for AVX512-BF16; linear.cpp's caller
+    // of this chain has that target and inlines everything beneath it)
+    LLAISYS_TARGET_AVX512BF16 static inline Vec16 step(Vec16 acc, Vec16i x, Vec16i w) {
+        return dot_bf16_pairs(acc, x, w);
+    }
+};
+#endif
+
+// How far ahead (in values of k) each weight row is prefetched: ~1 KiB of bf16, far enough to hide DRAM
+// latency at this loop's speed; at the end of a row it runs into the next rows, which come next anyway.
+constexpr int64_t kPrefetchAhead = 512;
+
+// out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias.
+template <class C, int MR, int NR, class T>
+LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
+                                    int64_t K, const T* __restrict bias, T* __restrict out, int64_t N) {
+    using Acc = typename C::Acc;
+    constexpr int KW = C::KW;
+    Acc acc[MR][NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = Acc::zero();
+    int64_t k = 0;
+    for (; k + KW <= K; k += KW) {
+        decltype(C::load(w)) wv[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+            __builtin_prefetch(w + j * K + k + kPrefetchAhead);
+            wv[j] = C::load(w + j * K + k);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+            const auto xv = C::load(x + i * ldx + k);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j) acc[i][j] = C::step(acc[i][j], xv, wv[j]);
+        }
+    }
+    if (k < K) {  // the tail: both operands zero-filled past K (0 * 0 adds an exact 0)
+        const int n = int(K - k);
+        decltype(C::load(w)) wv[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) wv[j] = C::load_partial(w + j * K + k, n);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+            const auto xv = C::load_partial(x + i * ldx + k, n);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j) acc[i][j] = C::step(acc[i][j], xv, wv[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+            float s = reduce_add(acc[i][j]);
+            if (bias) s += to_f32(bias[j]);
+            out[i * N + j] = from_f32<T>(s);
+        }
+}
+
+// Weight rows [0, NR) against rows [0, mc) of x, MR rows at a time: the NR weight rows stay in L1 / L2
+// while every group of x rows passes them. The row count of the last group is a template argument too, so
+// every tile keeps its accumulators in registers.
+template <class C, int MR, int NR, class T>
+LLAISYS_ALWAYS_INLINE void dot_column_tile(int64_t mc, const typename C::XElem* x, const T* w, int64_t K,
+                                           const T* bias, T* out, int64_t N) {
+    static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
+    int64_t i = 0;
+    for (; i + MR <= mc; i += MR) dot_tile<C, MR, NR>(x + i * K, K, w, K, bias, out + i * N, N);
+    switch (mc - i) {  // the last rows of x, fewer than MR
+        case 1: dot_tile<C, 1, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
+        case 2: if constexpr (MR > 2) dot_tile<C, 2, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
+        case 3: if constexpr (MR > 3) dot_tile<C, 3, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
+        default: break;
+    }
+}
+
+// Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x.
+template <class C, int MR, int NR, class T>
+LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
+                                     int64_t K, const T* bias, T* out, int64_t N) {
+    int64_t n = n0;
+    for (; n + NR <= n1; n += NR)
+        dot_column_tile<C, MR, NR>(mc, x, w + n * K, K, bias ? bias + n : nullptr, out + n, N);
+    for (; n < n1; ++n)  // the block's last rows, fewer than NR
+        dot_column_tile<C, MR, 1>(mc, x, w + n * K, K, bias ? bias + n : nullptr, out + n, N);
+}
+
+// Runs dot_block for a chain whose instructions need no target attribute (Bf16PairChain's runner, in
+// linear.cpp, is the same call in a function built for AVX512-BF16).
+template <class C, int MR, int NR, class T>
+struct DotBlock {
+    static void run(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
+                    const T* bias, T* out, int64_t N) {
+        dot_block<C, MR, NR>(mc, x, w, n0, n1, K, bias, out, N);
+    }
+};
+
+// The whole op in chain C (blocks run by Block::run). Rows of x go in chunks that stay in L2 while every
+// weight row streams past them once; threads split each chunk's weight rows into blocks, handed out
+// dynamically (other processes may hold a core).
+template <class C, int MR, class T, class Block>
+void linear_dot(const LinearArgs& a) {
+    using X = typename C::XElem;
+    const int64_t M = a.M, N = a.N, K = a.K;
+    const T* w = static_cast<const T*>(a.weight);
+    const T* bias = static_cast<const T*>(a.bias);
+    T* out = static_cast<T*>(a.out);
+    constexpr bool convert_x = !std::is_same_v<X, T>;
+
+    // Rows of x per chunk: ~384 KiB of them (a multiple of MR), all of M when that is small.
+    const int64_t chunk_rows = std::max<int64_t>(MR, (int64_t(384) << 10) / (K * int64_t(sizeof(X))) / MR * MR);
+    const int threads = omp_get_max_threads();
+    const bool parallel = threads > 1 && M * N * K >= (int64_t(1) << 16);
+    // A block of weight rows: ~16 per thread per chunk, at most 256 rows.
+    const int64_t block = std::clamp<int64_t>(round_up(ceil_div(N, int64_t(threads) * 16), 8), 8, 256);
+    const int64_t blocks = ceil_div(N, block);
+
+    X* xbuf = convert_x ? scratch(kSlotX).get<X>(size_t(std::min(M, chunk_rows) * K)) : nullptr;
+    for (int64_t m0 = 0; m0 < M; m0 += chunk_rows) {
+        const int64_t mc = std::min(chunk_rows, M - m0);
+        const X* xs;
+        if constexpr (convert_x) {
+            convert(static_cast<const T*>(a.x) + m0 * K, xbuf, mc * K);
+            xs = xbuf;
+        } else {
+            xs = static_cast<const X*>(a.x) + m0 * K;
+        }
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+        for (int64_t b = 0; b < blocks; ++b)
+            Block::run(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, out + m0 * N, N);
+    }
+}
+
+}  // namespace llaisys::cpu::LLAISYS_ISA
