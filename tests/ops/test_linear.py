@@ -16,11 +16,11 @@ import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
 
 # (M, N, K): odd sizes 1, 3, 17, 4097 on every axis (not every combination), M past the tiles' rows and the
-# chunks of x rows that stay in cache (K = 4097: 24 rows of f32 per chunk, 44 of bf16); each with and without
-# bias.
+# chunks of x rows that stay in cache (2 MiB of x: K = 40000 makes chunks of 12 rows of f32, 24 of bf16);
+# each with and without bias.
 SHAPES = [
     (1, 1, 1), (1, 3, 17), (3, 17, 4097), (17, 4097, 3), (64, 17, 1), (3, 1, 4097), (1, 4097, 17),
-    (17, 3, 3), (64, 100, 65), (8, 33, 300), (9, 33, 300), (15, 70, 129), (50, 33, 4097),
+    (17, 3, 3), (64, 100, 65), (8, 33, 300), (9, 33, 300), (15, 70, 129), (30, 33, 40000),
 ]
 # Qwen2-1.5B projections at modest M, with bias where the model has one (q/k/v) and without (o, gate/up,
 # down): (M, N, K, bias).
@@ -70,7 +70,7 @@ def check_rows_independent(device="cpu"):
     """Each row of out, bit for bit, whether x has 1, 2, 5, 8, 9 or 13 rows around it (so the row falls in
     tiles of every height, at every position, and across chunks of rows); long K, odd K and N."""
     for dtype in FLOAT_DTYPES:
-        for n, k in ((33, 300), (40, 1101), (17, 2049), (9, 8000)):  # K = 8000: chunks of 12 / 24 rows of x
+        for n, k in ((33, 300), (40, 1101), (17, 2049), (9, 100000)):  # K = 100000: chunks of 4 / 8 rows of x
             g = torch.Generator().manual_seed(n + k)
             _, rx = random((20, k), dtype, device, g, scale=k ** -0.5)
             w, _ = random((n, k), dtype, device, g)

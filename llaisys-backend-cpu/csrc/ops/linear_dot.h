@@ -50,14 +50,14 @@ struct Bf16PairChain {
 };
 #endif
 
-// How far ahead (in values of k) each weight row is prefetched: ~1 KiB of bf16, far enough to hide DRAM
-// latency at this loop's speed; at the end of a row it runs into the next rows, which come next anyway.
-constexpr int64_t kPrefetchAhead = 512;
-
 // out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias.
+// prefetch: the weights come from memory (the first pass over them), not from cache; then each step also
+// requests the same k of the next tile's rows (a tile ahead: NR rows, e.g. 12 KiB at K = 1536, which covers
+// the latency of DRAM at this loop's speed; past the matrix's end a prefetch is a no-op).
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
-                                    int64_t K, const T* __restrict bias, T* __restrict out, int64_t N) {
+                                    int64_t K, const T* __restrict bias, T* __restrict out, int64_t N,
+                                    bool prefetch) {
     using Acc = typename C::Acc;
     constexpr int KW = C::KW;
     Acc acc[MR][NR];
@@ -70,7 +70,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-            __builtin_prefetch(w + j * K + k + kPrefetchAhead);
+            if (prefetch) __builtin_prefetch(w + (j + NR) * K + k);
             wv[j] = C::load(w + j * K + k);
         }
 #pragma GCC unroll 4
@@ -92,42 +92,57 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
             for (int j = 0; j < NR; ++j) acc[i][j] = C::step(acc[i][j], xv, wv[j]);
         }
     }
+    float sums[MR][NR];
+#if defined(LLAISYS_ISA_AVX512)
+    if constexpr (MR * NR == 16 && std::is_same_v<Acc, Vec16>) {  // a full tile: the 16 reductions at once
+        reduce_add_x16(reinterpret_cast<const Vec16(&)[16]>(acc)).store(&sums[0][0]);
+    } else
+#endif
+    {
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j) sums[i][j] = reduce_add(acc[i][j]);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-            float s = reduce_add(acc[i][j]);
-            if (bias) s += to_f32(bias[j]);
-            out[i * N + j] = from_f32<T>(s);
-        }
+        for (int j = 0; j < NR; ++j) out[i * N + j] = from_f32<T>(bias ? sums[i][j] + to_f32(bias[j]) : sums[i][j]);
 }
 
-// Weight rows [0, NR) against rows [0, mc) of x, MR rows at a time: the NR weight rows stay in L1 / L2
-// while every group of x rows passes them. The row count of the last group is a template argument too, so
-// every tile keeps its accumulators in registers.
-template <class C, int MR, int NR, class T>
-LLAISYS_ALWAYS_INLINE void dot_column_tile(int64_t mc, const typename C::XElem* x, const T* w, int64_t K,
-                                           const T* bias, T* out, int64_t N) {
-    static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
-    int64_t i = 0;
-    for (; i + MR <= mc; i += MR) dot_tile<C, MR, NR>(x + i * K, K, w, K, bias, out + i * N, N);
-    switch (mc - i) {  // the last rows of x, fewer than MR
-        case 1: dot_tile<C, 1, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
-        case 2: if constexpr (MR > 2) dot_tile<C, 2, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
-        case 3: if constexpr (MR > 3) dot_tile<C, 3, NR>(x + i * K, K, w, K, bias, out + i * N, N); break;
-        default: break;
-    }
+// Rows [0, R) of x against weight rows [n0, n1): tiles of NR weight rows, then the last few one at a time.
+template <class C, int R, int NR, class T>
+LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
+                                    const T* bias, T* out, int64_t N, bool prefetch) {
+    int64_t n = n0;
+    for (; n + NR <= n1; n += NR)
+        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, prefetch);
+    for (; n < n1; ++n) dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, prefetch);
 }
 
-// Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x.
+// Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. The weight rows go in slices of
+// ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group stays in L1 / L2 across
+// the slice's tiles). The row count of the last group is a template argument too, so that every tile keeps
+// its accumulators in registers.
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
                                      int64_t K, const T* bias, T* out, int64_t N) {
-    int64_t n = n0;
-    for (; n + NR <= n1; n += NR)
-        dot_column_tile<C, MR, NR>(mc, x, w + n * K, K, bias ? bias + n : nullptr, out + n, N);
-    for (; n < n1; ++n)  // the block's last rows, fewer than NR
-        dot_column_tile<C, MR, 1>(mc, x, w + n * K, K, bias ? bias + n : nullptr, out + n, N);
+    static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
+    const int64_t slice = std::max<int64_t>(NR, (int64_t(256) << 10) / (K * int64_t(sizeof(T))) / NR * NR);
+    for (int64_t s0 = n0; s0 < n1; s0 += slice) {
+        const int64_t s1 = std::min(n1, s0 + slice);
+        int64_t i = 0;
+        for (; i + MR <= mc; i += MR)  // the first group pulls the slice from memory, the others find it in L2
+            dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, i == 0);
+        const auto* xi = x + i * K;
+        T* oi = out + i * N;
+        switch (mc - i) {  // the last rows of x, fewer than MR
+            case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, i == 0); break;
+            case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, i == 0); break;
+            case 3: if constexpr (MR > 3) dot_rows<C, 3, NR>(xi, w, s0, s1, K, bias, oi, N, i == 0); break;
+            default: break;
+        }
+    }
 }
 
 // Runs dot_block for a chain whose instructions need no target attribute (Bf16PairChain's runner, in
@@ -140,7 +155,7 @@ struct DotBlock {
     }
 };
 
-// The whole op in chain C (blocks run by Block::run). Rows of x go in chunks that stay in L2 while every
+// The whole op in chain C (blocks run by Block::run). Rows of x go in chunks that stay in cache while every
 // weight row streams past them once; threads split each chunk's weight rows into blocks, handed out
 // dynamically (other processes may hold a core).
 template <class C, int MR, class T, class Block>
@@ -152,8 +167,9 @@ void linear_dot(const LinearArgs& a) {
     T* out = static_cast<T*>(a.out);
     constexpr bool convert_x = !std::is_same_v<X, T>;
 
-    // Rows of x per chunk: ~384 KiB of them (a multiple of MR), all of M when that is small.
-    const int64_t chunk_rows = std::max<int64_t>(MR, (int64_t(384) << 10) / (K * int64_t(sizeof(X))) / MR * MR);
+    // Rows of x per chunk: ~2 MiB of them (a multiple of MR; they stay in L3 while the weights stream past
+    // once), all of M when that is small.
+    const int64_t chunk_rows = std::max<int64_t>(MR, (int64_t(2) << 20) / (K * int64_t(sizeof(X))) / MR * MR);
     const int threads = omp_get_max_threads();
     const bool parallel = threads > 1 && M * N * K >= (int64_t(1) << 16);
     // A block of weight rows: ~16 per thread per chunk, at most 256 rows.

@@ -98,6 +98,24 @@ inline float reduce_add(Vec16 a) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+// Lane k = reduce_add(a[k]) bit for bit, 16 at once: the same additions in the same pairs (lane l + l + 8,
+// then + 4, + 2, + 1), with the shuffles shared (45 instructions instead of 16 x 8).
+inline Vec16 reduce_add_x16(const Vec16 (&a)[16]) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; ++i)  // b[i] = [a[2i] lanes l + l+8 | a[2i+1] lanes l + l+8], l < 8
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i].r, a[2 * i + 1].r, 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i].r, a[2 * i + 1].r, 0xEE));
+    for (int i = 0; i < 4; ++i)  // 128-bit lane q of c[i]: the 4 partial sums (+ 4) of a[4i + q]
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)  // lane q of d[i]: (+ 2) of a[8i + q] (2 values), then of a[8i + 4 + q]
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+    // lane 4q + r: the sum of a[4r + q]; then reordered to lane k = the sum of a[k]
+    const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, e);
+}
 inline float reduce_max(Vec16 a) { return _mm512_reduce_max_ps(a.r); }
 inline float lane0(Vec16 a) { return _mm512_cvtss_f32(a.r); }
 
