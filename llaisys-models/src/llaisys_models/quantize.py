@@ -35,7 +35,7 @@ from .errors import ModelLoadError, shown
 from .host_memory import host_buffer
 
 MODES = ("int8",)
-GROUP = 32  # values per scale along K (llaisys.ops.INT8_GROUP)
+GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 KERNELS = {"int8": ("linear_i8",)}  # the ops a quantized model needs beyond the float model's
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
@@ -97,16 +97,19 @@ def bf16_round_up(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32).astype(BF16)
 
 
-def quantize_rows(rows: np.ndarray, q: np.ndarray, scales: np.ndarray, scratch: np.ndarray, name: str) -> None:
+def quantize_rows(rows: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.ndarray, name: str) -> None:
     """Quantize ``rows`` (float [R, K], any float dtype) into ``q`` (int8 [R, K]) and ``scales`` (bfloat16 [G, R]).
 
-    ``scratch``: float32 [R, G * 32] whose columns from K on are zero (the short last group reads as
-    padded with zeros, which change neither its amax nor anything else)."""
+    ``work``: float32 [2, R, G * 32] whose first half has zeros from column K on (the short last group
+    reads as padded with zeros, which change neither its amax nor anything else)."""
     n, k = rows.shape
-    x = scratch
+    x, magnitude = work[0], work[1].view(np.uint32)
     np.copyto(x[:, :k], rows, casting="unsafe")  # exact: f16 and bf16 values are f32 values
     groups = x.reshape(n, -1, GROUP)
-    amax = np.abs(groups).max(axis=2)  # [R, G]
+    # amax: |x| is x's bits without the sign, and non-negative floats order as their bits do (an integer max
+    # reduces ~3x faster than a float one); inf and NaN come out above every finite value
+    np.bitwise_and(x.view(np.uint32), np.uint32(0x7FFFFFFF), out=magnitude)
+    amax = magnitude.reshape(n, -1, GROUP).max(axis=2).view(np.float32)  # [R, G]
     if not np.isfinite(amax).all():
         row = int(np.nonzero(~np.isfinite(amax))[0][0])
         raise ModelLoadError(f"tensor {name!r} holds inf or NaN (row {row}), which int8 cannot hold; load it "
@@ -127,10 +130,10 @@ def quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int]
     ``scales`` (bfloat16 [G, N]), a chunk of rows at a time."""
     n, k = shape
     step = max(1, min(n, CHUNK_VALUES // max(k, 1)))
-    scratch = np.zeros((step, groups_of(k) * GROUP), np.float32)
+    work = np.zeros((2, step, groups_of(k) * GROUP), np.float32)
     for start in range(0, n, step):
         end = min(start + step, n)
-        quantize_rows(read(start, end), q[start:end], scales[:, start:end], scratch[:end - start], name)
+        quantize_rows(read(start, end), q[start:end], scales[:, start:end], work[:, :end - start], name)
 
 
 def groups_of(k: int) -> int:
