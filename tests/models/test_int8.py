@@ -88,6 +88,25 @@ def test_int8_weights_use_about_half_the_memory_of_bf16(tiny_models, int8_device
             assert weight.weight.nbytes + weight.scales.nbytes == n * k + 2 * n * -(-k // 32)  # 1 + 2/32 bytes
 
 
+def test_progress_bar_counts_each_tensor_read(tiny_models, int8_device, monkeypatch):
+    """A tied embedding is read twice (itself, and quantized as the lm_head): the bar counts both reads."""
+    from llaisys_models import weights
+
+    seen = []
+
+    class Recorder(weights.Progress):
+        def __init__(self, total, label, enabled=None, **kw):
+            super().__init__(total, label, enabled=False, **kw)
+            seen.append(self)
+
+    monkeypatch.setattr(weights, "Progress", Recorder)
+    path = tiny_models.path("llama_f32_tied")
+    llaisys_models.load(path, device=int8_device, quantize="int8", progress=True)
+    (bar,) = seen
+    checkpoint = llaisys_models.Checkpoint(path)
+    assert bar.done == bar.total == checkpoint.nbytes + checkpoint.info("model.embed_tokens.weight").nbytes
+
+
 # -- every path runs the same int8 model ---------------------------------------------------------------------
 
 @pytest.fixture
