@@ -28,8 +28,10 @@ assert llaisys.ops.INT8_GROUP == GROUP
 TAIL_SHAPES = ([(m, n, k) for i, (n, k) in enumerate((n, k) for n in (1, 15, 17, 50) for k in (1, 31, 33, 100))
                 for m in ((1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 70)[i % 11], (9, 17, 70, 1)[i % 4])]
                + [(m, 17, 100) for m in range(1, 10)] + [(17, 50, 33), (70, 15, 31)])
-# Larger K (many groups, chunks of 64 and 32) and the Qwen2-1.5B projections' K at decode sizes.
-WIDE_SHAPES = [(1, 64, 1536), (3, 33, 1536), (2, 40, 8960), (1, 256, 1536), (9, 20, 4097), (1, 1536, 1536)]
+# Larger K (many groups, chunks of 64 and 32), the Qwen2-1.5B projections' K at decode sizes, and M past one
+# tile of rows of x (the kernel takes ~256 KiB of quantized x per pass: 24 rows at K = 8960).
+WIDE_SHAPES = [(1, 64, 1536), (3, 33, 1536), (2, 40, 8960), (1, 256, 1536), (9, 20, 4097), (1, 1536, 1536),
+               (70, 20, 8960)]
 
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -78,10 +78,14 @@ LLAISYS_ALWAYS_INLINE void i8_chunk(const int8_t* __restrict w, int64_t K, int64
 #pragma GCC unroll 8
         for (int m = 0; m < MM; ++m) {
             const int8_t* xk = xq.q + (m0 + m) * xq.ld + k0 + gc * kI8Group;
-            VI acc = Dot::start(xq.corr[(m0 + m) * xq.G + g]);
+            // two chains of 4 dependent dot steps (half the latency of one); integer sums, so exact either way
+            VI even = Dot::start(xq.corr[(m0 + m) * xq.G + g]), odd = VI(0u);
 #pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) acc = Dot::dot(acc, wt[gc * 8 + s], broadcast4<VI>(xk + 4 * s));
-            total[m] = fmadd(sc * V::set1(xq.sx[(m0 + m) * xq.G + g]), int_to_f32(acc), total[m]);
+            for (int s = 0; s < 8; s += 2) {
+                even = Dot::dot(even, wt[gc * 8 + s], broadcast4<VI>(xk + 4 * s));
+                odd = Dot::dot(odd, wt[gc * 8 + s + 1], broadcast4<VI>(xk + 4 * s + 4));
+            }
+            total[m] = fmadd(sc * V::set1(xq.sx[(m0 + m) * xq.G + g]), int_to_f32(even + odd), total[m]);
         }
     }
 }
@@ -102,24 +106,25 @@ LLAISYS_ALWAYS_INLINE void i8_block(const int8_t* __restrict w, int64_t K, int r
         i8_chunk<V, Dot, MM, false>(w, K, k0, rows, int(std::min<int64_t>(CK, K - k0)), scales, N, xq, m0, total);
 }
 
-// All M rows, in groups of up to kGemvMaxRows rows of x per block of W weight rows.
+// Rows [r0, r1) of x against all N weight rows: blocks of W weight rows shared among the threads, each block
+// used for groups of up to kGemvMaxRows rows of x in turn.
 template <class V, class Dot, class T>
-void linear_i8_simd(const LinearI8Args& a, const QuantizedX& xq) {
+void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1) {
     constexpr int W = V::W;
-    const int64_t M = a.M, N = a.N, K = a.K;
+    const int64_t N = a.N, K = a.K;
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
     const int64_t blocks = ceil_div(N, W);
     const int threads = omp_get_max_threads();
     // Chunks of blocks handed out dynamically (other processes share these cores), several per thread.
     const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
-    const bool parallel = threads > 1 && N * K * M >= (int64_t(1) << 16) && blocks > 1;
+    const bool parallel = threads > 1 && N * K * (r1 - r0) >= (int64_t(1) << 16) && blocks > 1;
 #pragma omp parallel for schedule(dynamic, chunk) if (parallel)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t n0 = blk * W;
         const int rows = int(std::min<int64_t>(W, N - n0));
         const V b = !bias ? V::zero() : rows == W ? V::load(bias + n0) : V::load_partial(bias + n0, rows);
-        for (int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
+        for (int64_t m0 = r0; m0 < r1; m0 += kGemvMaxRows) {
             auto group = [&](auto mm) {
                 constexpr int MM = decltype(mm)::value;
                 V total[MM];
@@ -131,7 +136,7 @@ void linear_i8_simd(const LinearI8Args& a, const QuantizedX& xq) {
                     else v.store_partial(o, rows);
                 }
             };
-            switch (std::min<int64_t>(M - m0, kGemvMaxRows)) {
+            switch (std::min<int64_t>(r1 - m0, kGemvMaxRows)) {
                 case 1: group(std::integral_constant<int, 1>{}); break;
                 case 2: group(std::integral_constant<int, 2>{}); break;
                 case 3: group(std::integral_constant<int, 3>{}); break;
@@ -143,6 +148,14 @@ void linear_i8_simd(const LinearI8Args& a, const QuantizedX& xq) {
             }
         }
     }
+}
+
+// All M rows, in tiles of as many rows (a multiple of 8) as keep their xq within ~256 KiB: a weight block's
+// groups of rows then read xq from L2. Decode (M <= 8) is one tile: each weight byte is read once.
+template <class V, class Dot, class T>
+void linear_i8_simd(const LinearI8Args& a, const QuantizedX& xq) {
+    const int64_t tile = std::max<int64_t>(kGemvMaxRows, (int64_t(256) << 10) / xq.ld / kGemvMaxRows * kGemvMaxRows);
+    for (int64_t r0 = 0; r0 < a.M; r0 += tile) i8_rows<V, Dot, T>(a, xq, r0, std::min(a.M, r0 + tile));
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
