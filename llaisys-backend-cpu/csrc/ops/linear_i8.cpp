@@ -4,6 +4,9 @@
 
 #include "../common/api.h"
 #include "linear_i8.h"
+#if !defined(LLAISYS_ISA_PORTABLE)
+#include "linear_i8_simd.h"
+#endif
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
@@ -19,7 +22,16 @@ void linear_i8(const LinearI8Args& a) {
             return;
         }
         const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
+#if defined(LLAISYS_ISA_AVX512)
+        if (has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed())
+            linear_i8_simd<Vec16, DotVnni<Vec16i>, T>(a, xq);
+        else
+            linear_i8_simd<Vec16, DotSigned<Vec16i>, T>(a, xq);
+#elif defined(LLAISYS_ISA_AVX2)
+        linear_i8_simd<Vec8, DotSigned<Vec8i>, T>(a, xq);
+#else
         linear_i8_scalar<T>(a, xq);
+#endif
     });
 }
 

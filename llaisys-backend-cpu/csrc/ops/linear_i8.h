@@ -12,8 +12,8 @@
 // kernel (avx2 / avx512 builds, with or without AVX512-VNNI); the portable build runs linear_i8_scalar below.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "linear.h"
@@ -58,25 +58,33 @@ struct QuantizedX {
 // becomes NaN) and xq = 0; sx = 0 (all zero, or a max that underflows) gives xq = 0.
 template <class T>
 inline void quantize_group(const T* x, int n, int8_t* q, float* sx, int32_t* corr) {
-    float v[kI8Group] = {};
-    for (int i = 0; i < n; ++i) v[i] = to_f32(x[i]);
-    float amax = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        const float a = std::fabs(v[i]);
-        amax = (a > amax || a != a) ? a : amax;  // a NaN stays
+    constexpr int W = Vec::W, L = int(kI8Group) / W;
+    Vec v[L];
+    Vec amax = Vec::zero();
+    uint32_t nan = 0;
+    for (int l = 0; l < L; ++l) {
+        const int left = n - l * W;
+        v[l] = left >= W ? Vec::load(x + l * W) : left > 0 ? Vec::load_partial(x + l * W, left) : Vec::zero();
+        amax = vmax(amax, vmax(v[l], Vec::zero() - v[l]));
+        nan |= bits(isnan_mask(v[l]));
     }
-    const float s = amax / 127.0f;
-    const bool finite = s < std::numeric_limits<float>::infinity();  // false for inf and NaN
-    const bool use = finite && s > 0.0f;
+    const float s = reduce_max(amax) / 127.0f;
+    const bool finite = !nan && s < std::numeric_limits<float>::infinity();
+    if (!(finite && s > 0.0f)) {
+        std::memset(q, 0, size_t(kI8Group));
+        *sx = finite ? s : std::numeric_limits<float>::quiet_NaN();
+        *corr = 0;
+        return;
+    }
+    const Vec scale = Vec::set1(s), hi = Vec::set1(127.0f), lo = Vec::set1(-127.0f);
+    float r[kI8Group];  // |x / s| <= 127 up to a rounding error; clamped all the same
+    for (int l = 0; l < L; ++l) vmin(hi, vmax(lo, round_nearest(v[l] / scale))).store(r + l * W);
     int32_t sum = 0;
-    for (int i = 0; i < kI8Group; ++i) {
-        // round half to even: adding 1.5 * 2^23 leaves no fraction bits (|v / s| <= 127 + a rounding error)
-        float r = use ? (v[i] / s + 12582912.0f) - 12582912.0f : 0.0f;
-        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-        q[i] = int8_t(r);
-        sum += int32_t(r);
+    for (int i = 0; i < int(kI8Group); ++i) {
+        q[i] = int8_t(int32_t(r[i]));
+        sum += int32_t(r[i]);
     }
-    *sx = finite ? s : std::numeric_limits<float>::quiet_NaN();
+    *sx = s;
     *corr = -128 * sum;
 }
 
