@@ -4,6 +4,7 @@
     python benchmarks/ops_cpu.py --ops linear --dtype bf16 --quick
     python benchmarks/ops_cpu.py --threads 1               # both sides on one thread
     python benchmarks/ops_cpu.py --omp-wait-policy passive # on a machine shared with other work
+    python benchmarks/ops_cpu.py --ops linear_i8 --threads 2  # int8 weights vs bf16 (llaisys, torch) at decode
 
 Prints one row per (op, shape, dtype): llaisys ms, torch ms and ratio = torch / llaisys (> 1: llaisys is
 faster), each the median of several timed calls after warm-up, llaisys and torch timed in alternating
@@ -15,6 +16,8 @@ Decode linears also report the weight-read bandwidth (weight bytes / time) next 
 bandwidth measured at start-up (a large multi-threaded sum); their weights rotate over enough copies to
 exceed the last-level cache, as in a real decode step where every layer's weights come from DRAM.
 Prefill linears report GFLOP/s. An op whose kernel the CPU backend does not export (yet) shows "n/a".
+linear_i8 has its own table (decode only): int8 weights against the same shapes in bf16 through llaisys'
+linear and torch, each side's weight GB/s, and int8's fraction of the measured read bandwidth.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ LINEARS = [  # name, N (out features), K (in features)
     ("down_proj", HIDDEN, INTER),
     ("lm_head", VOCAB, HIDDEN),
 ]
-ALL_OPS = ["linear", "self_attention", "add", "rms_norm", "rope", "swiglu", "embedding", "argmax", "sample"]
+ALL_OPS = ["linear", "linear_i8", "self_attention", "add", "rms_norm", "rope", "swiglu", "embedding", "argmax", "sample"]
 
 
 def lt(t: torch.Tensor) -> llaisys.Tensor:
@@ -88,23 +91,28 @@ class Timer:
 
     def compare(self, ours, theirs):
         """(llaisys seconds or None, torch seconds, why llaisys has no time): medians of per-call times."""
-        why = ""
-        try:
-            ours(0)
-            ours(1)
-        except llaisys.LlaisysError as e:  # not implemented (yet), or a kernel that refuses this input
-            ours = None
-            why = "not implemented" if "not implemented" in str(e) else f"error: {str(e)[:80]}"
-        theirs(0)
-        theirs(1)
+        times, why = self.sides({"ours": ours, "theirs": theirs})
+        return times["ours"], times["theirs"], why.get("ours", "")
+
+    def sides(self, fns: dict):
+        """({side: seconds per call, or None}, {side: why it has no time}) for llaisys / torch callables
+        fn(i), timed in alternating rounds; the number of calls per round comes from the last side."""
+        why, fns = {}, dict(fns)
+        for side, fn in fns.items():
+            try:
+                fn(0)
+                fn(1)
+            except llaisys.LlaisysError as e:  # not implemented (yet), or a kernel that refuses this input
+                fns[side] = None
+                why[side] = "not implemented" if "not implemented" in str(e) else f"error: {str(e)[:80]}"
         probe = time.perf_counter()
-        theirs(2)
+        list(fns.values())[-1](2)
         per_call = time.perf_counter() - probe
         n = max(1, min(200, int(self.budget / max(per_call, 1e-6))))
-        samples = {"ours": [], "theirs": []}
+        samples = {side: [] for side in fns}
         i = 0
         for _ in range(self.rounds):
-            for side, fn in (("ours", ours), ("theirs", theirs)):
+            for side, fn in fns.items():
                 if fn is None:
                     continue
                 for _ in range(n):
@@ -112,8 +120,7 @@ class Timer:
                     fn(i)
                     samples[side].append(time.perf_counter() - t0)
                     i += 1
-        med = {k: self.stat(v) if v else None for k, v in samples.items()}
-        return med["ours"], med["theirs"], why
+        return {k: self.stat(v) if v else None for k, v in samples.items()}, why
 
 
 # Each case: (op, phase, shape text, setup) where setup(dtype) -> (ours(i), theirs(i), note(t_ours, t_theirs)).
@@ -155,6 +162,80 @@ def linear_case(name, n, k, m, bias, rotate_bytes, machine_bw):
         return ours, theirs, note
     bias_text = "+bias" if bias else ""
     return ("linear", "decode" if m == 1 else "prefill", f"{name} [{m},{k}]x[{n},{k}]^T{bias_text}", setup)
+
+
+def int8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights [N, K] and bf16 scales [ceil(K / 32), N] in the format of llaisys.ops.linear_i8: per row
+    and group of 32, scale = max|w| / 127 rounded up to bf16, q = round(w / scale)."""
+    n, k = w.shape
+    group = llaisys.ops.INT8_GROUP
+    groups = -(-k // group)
+    wg = F.pad(w.float(), (0, groups * group - k)).view(n, groups, group)
+    scale = wg.abs().amax(-1) / 127
+    bits = scale.view(torch.int32)
+    scale = torch.where(bits & 0xFFFF != 0, (bits & ~0xFFFF) + 0x10000, bits).view(torch.float32)  # round up
+    q = torch.where(scale[..., None] > 0, torch.round(wg / scale[..., None]), 0).clamp(-127, 127)
+    return q.view(n, -1)[:, :k].to(torch.int8).contiguous(), scale.t().to(torch.bfloat16).contiguous()
+
+
+def linear_i8_case(name, n, k, bias, rotate_bytes):
+    """Decode (M = 1): linear_i8 (int8 weights + bf16 scales) against the bf16 weights through llaisys'
+    linear and torch's F.linear. Each side's weights rotate over enough copies to exceed the last-level cache."""
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+        w16 = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
+        q, scales = int8_weights(w16)
+        b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+        i8_bytes = q.numel() + 2 * scales.numel()
+        bf16_bytes = 2 * w16.numel()
+        i8_copies = max(1, min(128, math.ceil(rotate_bytes / i8_bytes)))
+        bf16_copies = max(1, min(128, math.ceil(rotate_bytes / bf16_bytes)))
+        qs = [(q, scales)] + [(q.clone(), scales.clone()) for _ in range(i8_copies - 1)]
+        ws = [w16] + [w16.clone() for _ in range(bf16_copies - 1)]
+        lx, lb, lout = lt(x), lt(b) if bias else None, lt(torch.empty(1, n, dtype=torch.bfloat16))
+        lqs, lws = [(lt(a), lt(c)) for a, c in qs], [lt(w) for w in ws]
+        out_t = torch.empty(1, n, dtype=torch.bfloat16)
+
+        def int8(i):
+            llaisys.ops.linear_i8(lout, lx, *lqs[i % i8_copies], lb)
+
+        def bf16(i):
+            llaisys.ops.linear(lout, lx, lws[i % bf16_copies], lb)
+
+        def torch_bf16(i):
+            w = ws[i % bf16_copies]
+            if bias:
+                torch.addmm(b, x, w.t(), out=out_t)
+            else:
+                torch.mm(x, w.t(), out=out_t)
+        return {"int8": int8, "bf16": bf16, "torch": torch_bf16}, {"int8": i8_bytes, "bf16": bf16_bytes,
+                                                                     "torch": bf16_bytes}
+    return f"{name} [1,{k}]x[{n},{k}]^T{'+bias' if bias else ''}", setup
+
+
+def run_linear_i8(timer, rotate, machine_bw):
+    """The int8 decode table: ms and weight GB/s per side, int8's fraction of the machine's read bandwidth."""
+    print(f"\n# linear_i8 decode (M = 1, x bf16): weight bytes read per second (int8 + bf16 scales, or bf16) "
+          f"against the machine's {machine_bw:.1f} GB/s; ratio = the other side's ms / int8 ms")
+    header = (f"{'shape':<42} {'int8 ms':>8} {'bf16 ms':>8} {'torch ms':>9} {'int8 GB/s':>9} {'bf16 GB/s':>9} "
+              f"{'torch GB/s':>10} {'int8/bw':>7} {'bf16/int8':>9} {'torch/int8':>10}")
+    print(header)
+    print("-" * len(header))
+    for name, n, k in LINEARS:
+        shape, setup = linear_i8_case(name, n, k, name in ("q/o_proj", "k/v_proj"), rotate)
+        fns, nbytes = setup()
+        times, why = timer.sides(fns)
+        if times["int8"] is None:
+            print(f"{shape:<42} {why['int8']}")
+            continue
+        ms = {side: (f"{t * 1e3:.3f}" if t else "n/a") for side, t in times.items()}
+        gbs = {side: (f"{nbytes[side] / t / 1e9:.1f}" if t else "n/a") for side, t in times.items()}
+        ratio = {side: (f"{t / times['int8']:.2f}" if t else "n/a") for side, t in times.items()}
+        fraction = nbytes["int8"] / times["int8"] / 1e9 / machine_bw
+        print(f"{shape:<42} {ms['int8']:>8} {ms['bf16']:>8} {ms['torch']:>9} {gbs['int8']:>9} {gbs['bf16']:>9} "
+              f"{gbs['torch']:>10} {fraction:>7.0%} {ratio['bf16']:>9} {ratio['torch']:>10}", flush=True)
+        del fns
 
 
 def attention_case(seq_q, seq_k):
@@ -334,17 +415,19 @@ def main(argv=None):
         simd = fn().decode()
     except (ImportError, OSError, AttributeError):
         pass
-    machine_bw = machine_read_bandwidth() if "linear" in ops else float("nan")
+    machine_bw = machine_read_bandwidth() if {"linear", "linear_i8"} & set(ops) else float("nan")
     print(f"# llaisys CPU vs torch {torch.__version__}: {threads} threads (OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), "
           f"llaisys SIMD path {simd}, "
           f"machine read bandwidth {machine_bw:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")
     print(f"# ratio = torch ms / llaisys ms (> 1: llaisys faster); {args.stat} per call over alternating rounds")
     header = f"{'op':<15} {'phase':<8} {'shape':<42} {'dtype':<5} {'llaisys ms':>11} {'torch ms':>10} {'ratio':>6}  note"
-    print(header)
-    print("-" * len(header))
     timer = Timer(args.quick, args.stat)
-    for op, phase, shape, setup in build_cases(ops, args.quick, machine_bw):
+    cases = build_cases(ops, args.quick, machine_bw)
+    if cases:
+        print(header)
+        print("-" * len(header))
+    for op, phase, shape, setup in cases:
         for d in dtypes:
             ours, theirs, note = setup(TORCH[d])
             t_ours, t_theirs, why = timer.compare(ours, theirs)
@@ -354,6 +437,8 @@ def main(argv=None):
             print(f"{op:<15} {phase:<8} {shape:<42} {d:<5} {ours_ms} {t_theirs * 1e3:10.3f} {ratio}  {text}",
                   flush=True)
             del ours, theirs, note
+    if "linear_i8" in ops:
+        run_linear_i8(timer, 2 * last_level_cache_bytes(), machine_bw)
     return 0
 
 

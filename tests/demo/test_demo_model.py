@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import llaisys_models
+from helpers import skip_without_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,8 +37,11 @@ def answer(tokenizer, tokens, prompt_len) -> str:
     return tokenizer.decode(tokens[prompt_len:], skip_special_tokens=True)
 
 
-def test_demo_adds_numbers_through_llaisys(device, tokenizer):
-    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device=device)
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_demo_adds_numbers_through_llaisys(device, tokenizer, quantize):
+    if quantize:
+        skip_without_kernels(device, ["linear_i8"], f"quantize={quantize!r}")
+    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device=device, quantize=quantize)
     problems = addition_problems(200)
     correct = 0
     for a, b in problems:

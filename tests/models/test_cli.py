@@ -275,3 +275,30 @@ def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
         proc.kill()
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err
+
+
+# -- --quantize int8 (issue 14) ----------------------------------------------------------------------------------
+
+def test_generate_with_int8_weights(demo, capsys):
+    from helpers import skip_without_kernels
+
+    skip_without_kernels("cpu", ["linear_i8"], "--quantize int8")
+    assert main(["generate", "--device", "cpu", "--quantize", "int8", "--prompt", "12+34=", "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "46"
+    assert "as bfloat16 with int8 linears" in err
+
+
+def test_quantize_is_offered_and_checked(capsys):
+    for command in ("generate", "infer", "serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--quantize {int8}" in capsys.readouterr().out, command
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--quantize", "int4", "--prompt", "1+1="])
+    assert e.value.code == 2 and "argument --quantize: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_infer_test_refuses_int8(demo, capsys):
+    assert main(["infer", "--test", "--quantize", "int8"]) == 2
+    assert "--test checks llaisys against HF transformers token for token" in capsys.readouterr().err

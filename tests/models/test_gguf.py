@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -113,6 +114,38 @@ def test_default_dtype(gguf_models, qtype, dtype):
     want = quants.dequantize(gguf_models_raw(gguf_models, qtype), qtype, np.empty((384, 256), np.float32))
     np.testing.assert_array_equal(model.weights.embed_tokens.numpy().astype(np.float32),
                                   want.astype(model.dtype.numpy).astype(np.float32))
+
+
+@pytest.mark.parametrize("arch", list(SPECS))
+def test_int8_from_a_gguf_file(gguf_models, arch, device):
+    """quantize="int8" on a GGUF file: an F32 file quantizes to the very weights its safetensors checkpoint
+    does (Llama's Q/K rows back in HF order, the tied output its own int8 copy); a Q8_0 file keeps its
+    integers and moves each group's f16 scale up to a bfloat16 (quantized from its exact decoded values)."""
+    from helpers import skip_without_kernels
+    from llaisys_models.gguf.reader import GGUFFile
+    from llaisys_models.quantize import quantize
+
+    skip_without_kernels(device, ["linear_i8"], "quantize='int8'")
+    directory, _ = gguf_models.hf(arch)
+    ids = prompt(arch, PROMPT_LENGTH, SPECS[arch].vocab)
+    from_gguf = llaisys_models.load(gguf_models.file(arch, Q.F32), device=device, quantize="int8")
+    from_dir = llaisys_models.load(directory, device=device, quantize="int8")
+    assert from_gguf.quantize == "int8" and from_gguf.weights.lm_head is not from_gguf.weights.embed_tokens
+    np.testing.assert_array_equal(from_gguf.logits(ids), from_dir.logits(ids))
+
+    model = llaisys_models.load(gguf_models.file(arch, Q.Q8_0), device=device, quantize="int8")
+    q8, d = quants.int8_groups(GGUFFile(gguf_models.file(arch, Q.Q8_0)).raw("blk.1.ffn_down.weight"), Q.Q8_0)
+    values = (q8 * d[:, :, None]).reshape(q8.shape[0], -1)  # exact in float32: an f16 times an int8
+    want_q, want_scales = quantize(values)
+    got = model.weights.layers[1].down_proj
+    np.testing.assert_array_equal(got.weight.numpy(), want_q)
+    np.testing.assert_array_equal(got.scales.numpy().view(np.uint16), want_scales.view(np.uint16))
+    scale = np.repeat(want_scales.astype(np.float32).T, 32, axis=1)
+    assert np.all(np.abs(want_q * scale - values) <= scale / 2)
+    # a group whose f16 scale is a bfloat16 already and whose largest integer is +-127 keeps its integers
+    kept = (d.astype(ml_dtypes.bfloat16).astype(np.float32) == d) & (np.abs(q8).max(axis=2) == 127)
+    assert kept.any()
+    np.testing.assert_array_equal(want_q.reshape(q8.shape)[kept], q8[kept])
 
 
 def gguf_models_raw(gguf_models, qtype):

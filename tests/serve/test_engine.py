@@ -87,3 +87,25 @@ def test_an_engine_that_dies_fails_its_requests_and_refuses_new_ones(engine_mode
     assert not engine.alive
     with pytest.raises(EngineUnavailable, match="simulated engine bug"):
         submit(engine, [1, 2, 3], 4, log)
+
+
+def test_an_int8_model_serves_the_tokens_of_its_own_generate(chat_model_dir, tokenizer):
+    """quantize="int8" through the engine (continuous batching, decode graphs): each of three requests decoded
+    together gets the tokens the int8 model generates for it alone."""
+    from helpers import skip_without_kernels
+
+    skip_without_kernels("cpu", ["linear_i8"], "quantize='int8'")
+    served = llaisys_models.load(chat_model_dir, device="cpu", quantize="int8")
+    reference = llaisys_models.load(chat_model_dir, device="cpu", quantize="int8")
+    engine = run_engine(served, chat_model_dir, max_running=3)
+    try:
+        log = queue.Queue()
+        prompts = {name: chat_ids(tokenizer, user(f"int8 {name}")) for name in "abc"}
+        for name, ids in prompts.items():
+            submit(engine, ids, 12, log, name, temperature=0)
+        events = events_until_done(log, 3)
+        for name, ids in prompts.items():
+            text = "".join(e.text for n, e in events if n == name and isinstance(e, Delta))
+            assert text == generate_text(reference, tokenizer, ids, 12), name
+    finally:
+        engine.stop()

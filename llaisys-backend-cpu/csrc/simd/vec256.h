@@ -16,10 +16,22 @@ struct Vec8i {
     Vec8i() = default;
     Vec8i(__m256i x) : r(x) {}
     explicit Vec8i(uint32_t c) : r(_mm256_set1_epi32(int(c))) {}
+    static Vec8i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }  // 32 bytes
+    // the first n (<= 32) bytes at p, the rest 0; nothing past p + n is read
+    static Vec8i load_bytes_partial(const void* p, int n) {
+#if defined(LLAISYS_ISA_AVX512)
+        return _mm256_maskz_loadu_epi8(n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1, p);
+#else
+        alignas(32) uint8_t buf[32] = {};
+        std::memcpy(buf, p, size_t(n));
+        return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+#endif
+    }
 };
 inline Vec8i operator+(Vec8i a, Vec8i b) { return _mm256_add_epi32(a.r, b.r); }
 inline Vec8i operator&(Vec8i a, Vec8i b) { return _mm256_and_si256(a.r, b.r); }
 inline Vec8i operator|(Vec8i a, Vec8i b) { return _mm256_or_si256(a.r, b.r); }
+inline Vec8i operator^(Vec8i a, Vec8i b) { return _mm256_xor_si256(a.r, b.r); }
 inline Vec8i operator>>(Vec8i a, int n) { return _mm256_srli_epi32(a.r, n); }  // logical
 inline Vec8i operator<<(Vec8i a, int n) { return _mm256_slli_epi32(a.r, n); }
 
@@ -114,6 +126,14 @@ struct Vec8 {
 
 inline Vec8i bits_of(Vec8 a) { return _mm256_castps_si256(a.r); }
 inline Vec8 as_f32(Vec8i a) { return _mm256_castsi256_ps(a.r); }
+inline Vec8 int_to_f32(Vec8i a) { return _mm256_cvtepi32_ps(a.r); }  // the int32 lanes' values, rounded to f32
+
+// Byte dot products (see vec512.h): lane i = acc[i] + sum over j < 4 of a.byte[4i + j] * b.byte[4i + j], int32;
+// signed a (any) and signed b in [-127, 127], exact: vpmaddubsw on |a| and b with a's sign, vpmaddwd by 1.
+inline Vec8i dot4_i8(Vec8i acc, Vec8i a, Vec8i b) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a.r), _mm256_sign_epi8(b.r, a.r));
+    return _mm256_add_epi32(acc.r, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
 
 inline Vec8 operator+(Vec8 a, Vec8 b) { return _mm256_add_ps(a.r, b.r); }
 inline Vec8 operator-(Vec8 a, Vec8 b) { return _mm256_sub_ps(a.r, b.r); }

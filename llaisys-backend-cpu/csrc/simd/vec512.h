@@ -16,6 +16,10 @@ struct Vec16i {
     Vec16i(__m512i x) : r(x) {}
     explicit Vec16i(uint32_t c) : r(_mm512_set1_epi32(int(c))) {}
     static Vec16i load(const void* p) { return _mm512_loadu_si512(p); }  // 64 bytes
+    // the first n (<= 64) bytes at p, the rest 0; nothing past p + n is read
+    static Vec16i load_bytes_partial(const void* p, int n) {
+        return _mm512_maskz_loadu_epi8(n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1, p);
+    }
     // the first n (<= 32) 16-bit values at p, the rest 0 (lane i holds values 2i and 2i + 1)
     static Vec16i load_halves_partial(const void* p, int n) {
         return _mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << n) - 1), p);
@@ -24,6 +28,7 @@ struct Vec16i {
 inline Vec16i operator+(Vec16i a, Vec16i b) { return _mm512_add_epi32(a.r, b.r); }
 inline Vec16i operator&(Vec16i a, Vec16i b) { return _mm512_and_si512(a.r, b.r); }
 inline Vec16i operator|(Vec16i a, Vec16i b) { return _mm512_or_si512(a.r, b.r); }
+inline Vec16i operator^(Vec16i a, Vec16i b) { return _mm512_xor_si512(a.r, b.r); }
 inline Vec16i operator>>(Vec16i a, int n) { return _mm512_srli_epi32(a.r, unsigned(n)); }  // logical
 inline Vec16i operator<<(Vec16i a, int n) { return _mm512_slli_epi32(a.r, unsigned(n)); }
 
@@ -70,6 +75,7 @@ struct Vec16 {
 
 inline Vec16i bits_of(Vec16 a) { return _mm512_castps_si512(a.r); }
 inline Vec16 as_f32(Vec16i a) { return _mm512_castsi512_ps(a.r); }
+inline Vec16 int_to_f32(Vec16i a) { return _mm512_cvtepi32_ps(a.r); }  // the int32 lanes' values, rounded to f32
 
 inline Vec16 operator+(Vec16 a, Vec16 b) { return _mm512_add_ps(a.r, b.r); }
 inline Vec16 operator-(Vec16 a, Vec16 b) { return _mm512_sub_ps(a.r, b.r); }
@@ -167,6 +173,23 @@ inline void transpose(Vec16 (&r)[16]) {
 // LLAISYS_TARGET_AVX512BF16 too.
 LLAISYS_TARGET_AVX512BF16 inline Vec16 dot_bf16_pairs(Vec16 acc, Vec16i a, Vec16i b) {
     return _mm512_dpbf16_ps(acc.r, (__m512bh)a.r, (__m512bh)b.r);
+}
+
+// Byte dot products, 4 bytes per 32-bit lane: lane i of the result = acc[i] + sum over j < 4 of
+// a.byte[4i + j] * b.byte[4i + j], in int32.
+// dot4_i8: signed a (any) and signed b in [-127, 127] (not -128), exact. Without VNNI: vpmaddubsw on |a| and b
+// with a's sign (|a| <= 128, so each pair of products fits int16 unsaturated) and vpmaddwd by 1.
+inline Vec16i dot4_i8(Vec16i acc, Vec16i a, Vec16i b) {
+    const __m512i b_signed = _mm512_mask_sub_epi8(b.r, _mm512_movepi8_mask(a.r), _mm512_setzero_si512(), b.r);
+    const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.r), b_signed);
+    return _mm512_add_epi32(acc.r, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+// dot4_u8i8: unsigned a, signed b, exact (vpdpbusd). Only for CPUs with AVX512-VNNI
+// (has_feature(Feature::kAvx512Vnni)); written as inline assembly so that it inlines into code compiled for
+// plain AVX-512 (GCC refuses to inline a target("avx512vnni") intrinsic there).
+inline Vec16i dot4_u8i8(Vec16i acc, Vec16i a, Vec16i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc.r) : "v"(a.r), "v"(b.r));
+    return acc;
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

@@ -34,7 +34,7 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True,
-         numerics: str | None = None) -> Qwen2:
+         numerics: str | None = None, quantize: str | None = None) -> Qwen2:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's
     architectures.
 
@@ -43,17 +43,20 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     the model is loaded then crashes the process with SIGBUS); False reads them into memory instead.
     ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
     None reads ``$LLAISYS_NUMERICS``).
+    ``quantize`` None keeps the linears' weights in the model dtype; "int8" quantizes them at load time
+    (symmetric int8 per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about
+    half of bf16's memory and bytes read per token, on devices whose backend has the ``linear_i8`` kernel.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
     if is_gguf(path):  # hook: GGUF files (issue 15)
-        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics)
+        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
     path = model_directory(path)
     config = ModelConfig.from_file(path)
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
                              f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
-    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics)
+    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
 __all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import numerics
+from . import numerics, quantize
 
 DEFAULT_PROMPT = "12+34="
 DEFAULT_NEW_TOKENS = 128  # generate's reply budget, shrunk to what the model's context leaves
@@ -39,6 +39,7 @@ def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> 
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(parser)
+    quantize.add_argument(parser)
     parser.add_argument("--max-new-tokens", type=_count, default=None, metavar="N", help=new_tokens_help)
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt text as is, without the tokenizer's chat template")
@@ -112,11 +113,12 @@ def _load(args):
     _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
-    print(f"loaded {path} on {model.device} as {model.dtype.name} (numerics {model.numerics}) in {elapsed:.2f}s",
-          file=sys.stderr)
+    weights = f" with {model.quantize} linears" if model.quantize else ""
+    print(f"loaded {path} on {model.device} as {model.dtype.name}{weights} (numerics {model.numerics}) in "
+          f"{elapsed:.2f}s", file=sys.stderr)
     return model, tokenizer, elapsed
 
 
@@ -232,8 +234,13 @@ def _chat(model, tokenizer, args, sampling) -> int:
 
 
 def run_infer(args) -> int:
+    from llaisys import LlaisysValueError
+
     from .tokenizer import encode
 
+    if (args.test or args.strict) and args.quantize:
+        raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
+                                f"{args.quantize} departs from by design; run --test without --quantize")
     model, tokenizer, _ = _load(args)
     ids = encode(tokenizer, args.prompt, chat=not args.raw)
     t0 = time.perf_counter()

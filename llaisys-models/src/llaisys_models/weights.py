@@ -3,7 +3,8 @@
 Everything is checked (presence, shape, dtype) before a byte is converted or copied, so a
 bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dtype is
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
-once on the host (numpy / ml_dtypes) and copied to the device.
+once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` the
+linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file.
 """
 
 from __future__ import annotations
@@ -16,22 +17,28 @@ import llaisys
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .progress import Progress
+from .quantize import Int8Weight, int8_weight
 from .safetensors import Checkpoint, TensorInfo
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
+# the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
+# biases stay in the model dtype)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, or int8 (quantize.py)
 
 
 @dataclasses.dataclass
 class LayerWeights:
     input_norm: llaisys.Tensor
-    q_proj: llaisys.Tensor
-    k_proj: llaisys.Tensor
-    v_proj: llaisys.Tensor
-    o_proj: llaisys.Tensor
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
     post_norm: llaisys.Tensor
-    gate_proj: llaisys.Tensor
-    up_proj: llaisys.Tensor
-    down_proj: llaisys.Tensor
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
     q_bias: llaisys.Tensor | None = None
     k_bias: llaisys.Tensor | None = None
     v_bias: llaisys.Tensor | None = None
@@ -46,7 +53,7 @@ class Weights:
     embed_tokens: llaisys.Tensor
     layers: list[LayerWeights]
     norm: llaisys.Tensor
-    lm_head: llaisys.Tensor  # the embedding itself when tie_word_embeddings
+    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -136,14 +143,31 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     return tensor
 
 
+def quantized(info: TensorInfo, device: llaisys.Device) -> Int8Weight:
+    """The checkpoint matrix in int8 on ``device``, quantized from its stored values a chunk of rows at a
+    time; its mapped pages are dropped from the resident set as soon as they are read."""
+    source = info.file.array(info)  # a view of the mapping, or the bytes just read
+    row_bytes = info.nbytes // max(info.shape[0], 1)
+
+    def read(start: int, end: int):
+        if start:  # the rows before ``start`` are quantized: their pages need not stay resident
+            info.file.release_pages(info.offset, start * row_bytes)
+        return source[start:end]
+
+    weight = int8_weight(read, info.shape, device, info.name)
+    info.file.release_pages(info.offset, info.nbytes)
+    return weight
+
+
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
-                 progress: bool | None = None) -> Weights:
+                 progress: bool | None = None, quantize: str | None = None) -> Weights:
     check_layer_count(checkpoint, config)
     top, layers = plan(config)
     infos = check(checkpoint, top, layers)
+    tied_copy = quantize is not None and "lm_head" not in top  # the embedding read a second time, quantized
+    total = sum(i.nbytes for i in infos.values()) + (infos[top["embed_tokens"][0]].nbytes if tied_copy else 0)
     cache: dict[str, llaisys.Tensor] = {}
-    with Progress(sum(i.nbytes for i in infos.values()), f"loading {checkpoint.directory.name}",
-                  enabled=progress) as bar:
+    with Progress(total, f"loading {checkpoint.directory.name}", enabled=progress) as bar:
         def get(spec):
             name = spec[0]
             if name not in cache:
@@ -151,8 +175,19 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                 bar.update(infos[name].nbytes)
             return cache[name]
 
+        def get_linear(spec):
+            if quantize is None:
+                return get(spec)
+            weight = quantized(infos[spec[0]], device)
+            bar.update(infos[spec[0]].nbytes)
+            return weight
+
+        def get_layer(layer):
+            return LayerWeights(**{field: (get_linear if field in LINEARS else get)(spec)
+                                   for field, spec in layer.items()})
+
         embed = get(top["embed_tokens"])
-        layer_weights = [LayerWeights(**{field: get(spec) for field, spec in layer.items()}) for layer in layers]
+        layer_weights = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
-        lm_head = get(top["lm_head"]) if "lm_head" in top else embed
+        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]))
     return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)

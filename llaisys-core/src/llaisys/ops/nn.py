@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..dtype import bfloat16, int8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import NUMERICS
@@ -90,6 +91,66 @@ def _plan_linear(out, x, weight, bias):
     check.writable(op, "out", out)
     key = (out._layout, x._layout, weight._layout, None if bias is None else bias._layout)
     return remember(_linear, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, n, k))
+
+
+INT8_GROUP = 32  # consecutive k per scale of linear_i8's int8 weights (and of its on-the-fly x quantization)
+_linear_i8 = new_plans()
+
+
+def linear_i8(out, x, weight, scales, bias=None) -> None:
+    """out = x @ w.T + bias for int8 weights w[n, k] = scales[k // 32, n] * weight[n, k].
+
+    x [M, K] f32 / f16 / bf16; weight int8 [N, K] (values in [-127, 127]); scales bf16 [ceil(K / 32), N]
+    (``INT8_GROUP`` consecutive k per scale, group-major); bias [N] or None; out [M, N] of x's dtype. Each
+    row of x is quantized per group of 32 to int8 on the fly (scale max|x| / 127, round half to even), the
+    group dot products are exact integers, the rest f32 (backend.h, ``linear_i8``). A row of out depends on
+    its row of x only. out must share no memory with x, weight, scales or bias.
+    """
+    try:
+        kernel, fail, device, code, m, n, k = _linear_i8[out._layout, x._layout, weight._layout, scales._layout,
+                                                         None if bias is None else bias._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, n, k = _plan_linear_i8(out, x, weight, scales, bias)
+    o_ptr, o_end, x_ptr, w_ptr, s_ptr = out._ptr, out._end, x._ptr, weight._ptr, scales._ptr
+    if x_ptr < o_end and o_ptr < x._end:
+        check.overlap("linear_i8", "out", "x")
+    if w_ptr < o_end and o_ptr < weight._end:
+        check.overlap("linear_i8", "out", "weight")
+    if s_ptr < o_end and o_ptr < scales._end:
+        check.overlap("linear_i8", "out", "scales")
+    if bias is None:
+        b_ptr = None
+    else:
+        b_ptr = bias._ptr
+        if b_ptr < o_end and o_ptr < bias._end:
+            check.overlap("linear_i8", "out", "bias")
+    status = kernel(device.index, current_stream_handle(device), code, m, n, k, o_ptr, x_ptr, w_ptr, s_ptr, b_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_linear_i8(out, x, weight, scales, bias):
+    op = "linear_i8"
+    device = check.tensors(op, out=out, x=x, weight=weight, scales=scales, bias=bias)
+    check.dtype(op, "x", x, check.FLOATS)
+    check.same_dtype(op, "x", x, out=out, bias=bias)
+    check.dtype(op, "weight", weight, (int8,))
+    check.dtype(op, "scales", scales, (bfloat16,))
+    check.ndim(op, "x", x, 2)
+    check.ndim(op, "weight", weight, 2)
+    (m, k), n = x.shape, weight.shape[0]
+    check.shape(op, "weight", weight, (n, k))
+    groups = -(-k // INT8_GROUP)
+    if scales.shape != (groups, n):
+        check.fail(op, f"scales has shape {scales.shape}; expected {(groups, n)}: one bf16 scale per group of "
+                       f"{INT8_GROUP} consecutive k (ceil({k} / {INT8_GROUP}) = {groups}) per row of weight ({n})")
+    if bias is not None:
+        check.shape(op, "bias", bias, (n,))
+    check.shape(op, "out", out, (m, n))
+    check.contiguous(op, out=out, x=x, weight=weight, scales=scales, bias=bias)
+    check.writable(op, "out", out)
+    key = (out._layout, x._layout, weight._layout, scales._layout, None if bias is None else bias._layout)
+    return remember(_linear_i8, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, n, k))
 
 
 _rms_norm = new_plans()

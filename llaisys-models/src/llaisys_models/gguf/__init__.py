@@ -28,36 +28,40 @@ def is_gguf(path) -> bool:
         return False
 
 
-def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None):
+def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None,
+         quantize: str | None = None):
     """The model in the GGUF file ``path`` on ``device`` (None: the best available), its weights
     decoded into ``dtype`` (None: the stored float type, or bfloat16 for quantized weights), its ops
-    rounding as ``numerics`` says (``llaisys_models.numerics``)."""
+    rounding as ``numerics`` says (``llaisys_models.numerics``); ``quantize="int8"`` requantizes the
+    linears' weights into llaisys' int8 format instead (``llaisys_models.quantize``)."""
     import llaisys
     from llaisys.dtype import as_dtype
 
     from ..errors import ModelLoadError
     from ..numerics import resolve as resolve_numerics
+    from ..quantize import resolve as resolve_quantize
     from ..qwen2 import Llama, Qwen2, _pick_device
     from .config import architecture, model_config
     from .reader import GGUFFile
     from .weights import default_dtype, load_weights, tensor_plan
 
     numerics = resolve_numerics(numerics)
+    quantize = resolve_quantize(quantize)
     f = GGUFFile(path)
     arch = architecture(f)
     config = model_config(f)
     top, layers = tensor_plan(f, config)
-    device = _pick_device(device)
+    device = _pick_device(device, quantize)
     if dtype is None:
         dtype = default_dtype(f, top, layers)
     else:
         dtype = as_dtype(dtype)
         if dtype not in (llaisys.float32, llaisys.float16, llaisys.bfloat16):
             raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {dtype.name}")
-    weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress)
+    weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize)
     cls = {"qwen2": Qwen2, "llama": Llama}[arch]
     return cls.from_weights(f.path, config, weights, device=device, dtype=dtype,
-                            eos_token_ids=config.eos_token_ids, source=f, numerics=numerics)
+                            eos_token_ids=config.eos_token_ids, source=f, numerics=numerics, quantize=quantize)
 
 
 def load_tokenizer(path):

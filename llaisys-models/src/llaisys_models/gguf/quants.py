@@ -11,8 +11,9 @@ Each decoder computes in float32 with exactly the operations, in the order, of g
 the tests require bit-equality with it), then the result is rounded once to the output dtype.
 
 The symmetric 8-bit-or-narrower types (Q8_0, Q4_0, Q5_0) are exactly ``int8 * scale`` per
-32 values; ``int8_groups`` returns those integers and scales without going through floats,
-for an int8 linear kernel to take as they are.
+32 values; ``int8_groups`` returns those integers and scales without going through floats.
+(``quantize="int8"`` does not need it: their decoded float32 values ``d * q`` are exact, and
+requantizing them per the same groups of 32 only re-expresses each f16 ``d`` as a bfloat16 scale.)
 """
 
 from __future__ import annotations

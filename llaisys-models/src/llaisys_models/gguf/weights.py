@@ -14,15 +14,16 @@ those rows back in HF order. Qwen2 files are written unpermuted.
 from __future__ import annotations
 
 import math
-import mmap
 
 import numpy as np
 
 import llaisys
 
 from ..errors import ModelLoadError
+from ..host_memory import host_buffer
 from ..progress import Progress
-from ..weights import LayerWeights, Weights, plan
+from ..quantize import Int8Weight, int8_weight
+from ..weights import LINEARS, LayerWeights, Weights, plan
 from . import quants
 from .reader import GGUFFile
 
@@ -80,35 +81,12 @@ def llama_row_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
-
-
-def host_buffer(nbytes: int) -> np.ndarray:
-    """A writable host buffer (uint8 [nbytes]) for one decoded tensor: an anonymous mapping of base
-    pages, faulted in by one madvise call where the kernel offers it.
-
-    ``np.empty`` asks for transparent huge pages for large arrays; on a busy machine with fragmented
-    memory the kernel then stalls compacting memory at each fault: the 1.5B-shape Q8_0 load took
-    11-13 s that way, against 4-4.3 s with this (5.4 s without the populate call).
-    """
-    if not hasattr(mmap, "MAP_ANONYMOUS"):
-        return np.empty(nbytes, np.uint8)
-    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        buf.madvise(MADV_POPULATE_WRITE)
-    except (OSError, AttributeError):  # an older kernel: the pages fault in as they are written
-        pass
-    return np.frombuffer(buf, np.uint8, nbytes)
-
-
 def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.DType, device: llaisys.Device,
                 rows: np.ndarray | None = None) -> llaisys.Tensor:
     """One tensor of the file as ``dtype`` on ``device``, rows reordered by ``rows`` if given.
 
     A tensor already stored in ``dtype`` and order is used in place on the CPU (zero copy). Any
     other is decoded into a fresh buffer, which on the CPU becomes the weight itself.
-    (Here is where ``quantize="int8"`` would take Q8_0/Q4_0/Q5_0 weights as they are, through
-    ``quants.int8_groups``, instead of decoding them to floats.)
     """
     info = f.tensors[name]
     on_cpu = device.type == "cpu"
@@ -128,9 +106,31 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
     return llaisys.from_numpy(host.view(dtype.numpy).reshape(shape), device)
 
 
+def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
+              rows: np.ndarray | None = None) -> Int8Weight:
+    """One matrix of the file in int8 (``quantize="int8"``) on ``device``, rows reordered by ``rows`` if given:
+    decoded to float32 a chunk of rows at a time and quantized from there.
+
+    Q8_0 (and Q4_0, Q5_0) are already int8 per group of 32 with an f16 scale ``d``; their decoded values
+    ``d * q`` are exact float32 values, so this re-expresses each group's scale as the next bfloat16 up and
+    requantizes its integers against it: the error added is what that scale rounding changes.
+    """
+    qtype, raw = f.tensors[name].type, f.raw(name)
+
+    def read(start: int, end: int) -> np.ndarray:
+        src = raw[start:end] if rows is None else raw[rows[start:end]]
+        return quants.dequantize(src, qtype, np.empty((end - start, shape[1]), np.float32))
+
+    weight = int8_weight(read, shape, device, name)
+    f.release(name)
+    return weight
+
+
 def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
-                 device: llaisys.Device, arch: str, progress: bool | None = None) -> Weights:
-    """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device``."""
+                 device: llaisys.Device, arch: str, progress: bool | None = None,
+                 quantize: str | None = None) -> Weights:
+    """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device`` (the linears' matrices
+    into int8 with ``quantize="int8"``)."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     total = sum(math.prod(shape) for group in [top, *layers] for _, shape in group.values()) * dtype.itemsize
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
@@ -139,12 +139,18 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
             rows = None
             if arch == "llama" and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
-            tensor = materialize(f, name, shape, dtype, device, rows)
+            if quantize is not None and field in LINEARS:
+                tensor = quantized(f, name, shape, device, rows)
+            else:
+                tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)
             return tensor
 
         embed = get("embed_tokens", top["embed_tokens"])
         layer_weights = [LayerWeights(**{field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
         norm = get("norm", top["norm"])
-        lm_head = get("lm_head", top["lm_head"]) if "lm_head" in top else embed
+        if "lm_head" in top:
+            lm_head = get("lm_head", top["lm_head"])
+        else:  # tied: the embedding, or its own int8 copy
+            lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None else embed
     return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import numerics
+from .. import numerics, quantize
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,6 +29,7 @@ def register_serve(subparsers) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                    help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(p)
+    quantize.add_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
@@ -76,7 +77,7 @@ def run_serve(args) -> int:
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     path = model_dir(args)
     tokenizer_path = args.tokenizer or path
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
@@ -87,7 +88,8 @@ def run_serve(args) -> int:
     if not _is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if api_key else " without an API key"), file=sys.stderr)
-    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}) at http://{_url_host(args.host)}:{args.port}/"
+    weights = f", {model.quantize} linears" if model.quantize else ""
+    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{args.port}/"
           f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr)

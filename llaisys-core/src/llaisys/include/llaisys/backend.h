@@ -235,6 +235,18 @@ LLAISYS_OP int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_
 LLAISYS_OP int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
                                   const void* x, const void* weight, const void* bias);
 
+/* [op] Linear with int8 weights: out [M, N] = x [M, K] @ dequant(weight)^T + bias [N] (bias may be NULL).
+ * weight: int8 [N, K], symmetric (values in [-127, 127]); scales: bf16 [G, N], G = ceil(K / 32) groups of 32
+ * consecutive k (the last may be short), group-major (the N scales of group g are contiguous); the weight is
+ * w[n, k] = scales[k / 32, n] * weight[n, k]. Each row of x is quantized on the fly per the same groups:
+ * sx[m, g] = max |x[m, k in g]| / 127 (f32), xq = round-half-to-even(x / sx) in [-127, 127] (0 where sx = 0), and
+ * out[m, n] = sum over g in order of (scales[g, n] * sx[m, g]) * (sum_{k in g} weight[n, k] * xq[m, k]) + bias[n]:
+ * integer dots exact in int32, the rest in f32, rounded once to `dtype` (the dtype of out, x and bias). A row
+ * of out depends only on its row of x (the same bits alone or in a batch). A group of x holding inf or NaN
+ * makes its row of out NaN. K may be 0 (out = bias, or 0). out shares no memory with x, weight, scales or bias. */
+LLAISYS_OP int LLAISYS_FN(linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
+                                     const void* x, const void* weight, const void* scales, const void* bias);
+
 /* [op] Strided copy dst[i...] = src[i...] of ndim <= 16 dims. shape, dst_strides and src_strides
  * (in elements) are host arrays of ndim int64; elem_size is 1, 2, 4, 8 or 16 bytes. dst shares no
  * memory with src (core does not call it for a copy of a view onto itself). */

@@ -1,0 +1,176 @@
+"""int8 weights: ``llaisys_models.load(..., quantize="int8")``.
+
+Every linear of the decoder (q/k/v/o, gate/up/down) and the lm_head is stored as symmetric int8 in
+groups of 32 consecutive inputs of a row, one bfloat16 scale per group; ``llaisys.ops.linear_i8``
+quantizes the activations per row and group on the fly and runs integer dot products. Embeddings,
+norms and biases stay in the model dtype; a tied lm_head gets its own int8 copy (the embedding table
+stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
+
+The format (docs/architecture.md; the contract with the ``linear_i8`` kernels):
+
+    weight  int8 [N, K], q in [-127, 127]
+    scales  bfloat16 [G, N], G = ceil(K / 32), group-major (a kernel loads the scales of consecutive rows at once)
+    w[n, k] ~ scales[k // 32, n] * weight[n, k]
+
+Per row n and group g, in float32 from the stored bf16/f16/f32 values: amax = max |w|; scale = amax / 127
+rounded up to a bfloat16 (so the scale is stored exactly and |w / scale| <= 127); q = w / scale rounded
+half to even, clipped to [-127, 127]; a group of zeros gets scale 0 and q 0. Every element then comes
+back within half a step: |w - scale * q| <= scale / 2.
+
+A weight is quantized chunk by chunk straight from the (mapped) checkpoint into the buffers that become
+the int8 tensors, so a load peaks at the int8 weights, the leftovers in the model dtype and one chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+import llaisys
+
+from .errors import ModelLoadError, shown
+from .host_memory import host_buffer
+
+MODES = ("int8",)
+GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
+KERNELS = {"int8": ("linear_i8",)}  # the ops a quantized model needs beyond the float model's
+CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def resolve(quantize: str | None) -> str | None:
+    """``quantize`` checked: None (weights in the model dtype) or "int8"; anything else raises."""
+    if quantize is None:
+        return None
+    if isinstance(quantize, str) and quantize.lower() in MODES:
+        return quantize.lower()
+    raise ModelLoadError(f"quantize must be None or {' or '.join(map(repr, MODES))}, got {shown(quantize)}")
+
+
+def missing_kernels(device: llaisys.Device, quantize: str | None) -> list[str]:
+    """The ops ``quantize``'s linears need that ``device``'s backend does not implement."""
+    return [op for op in KERNELS.get(quantize, ()) if not llaisys.ops.implemented(op, device)]
+
+
+def check_device(device: llaisys.Device, quantize: str | None) -> None:
+    """Raise, naming the device and the way out, when its backend cannot run ``quantize``'s linears."""
+    missing = missing_kernels(device, quantize)
+    if missing:
+        raise llaisys.BackendUnavailableError(
+            f"quantize={quantize!r} needs the {', '.join(missing)} kernel, which the '{device.type}' backend "
+            f"({device}) does not implement; load the model on a device that has it (device='cpu', --device cpu) "
+            f"or without quantize")
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Weight:
+    """A linear's weight in the int8 format: ``weight`` int8 [N, K] and ``scales`` bfloat16 [G, N]."""
+
+    weight: llaisys.Tensor
+    scales: llaisys.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape
+
+
+def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Weight,
+           bias: llaisys.Tensor | None = None) -> None:
+    """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, or int8."""
+    if isinstance(weight, Int8Weight):
+        llaisys.ops.linear_i8(out, x, weight.weight, weight.scales, bias)
+    else:
+        llaisys.ops.linear(out, x, weight, bias)
+
+
+# -- the quantizer ----------------------------------------------------------------------------------------
+
+
+def bf16_round_up(x: np.ndarray) -> np.ndarray:
+    """The smallest bfloat16 >= x for each finite float32 x >= 0 (a bfloat16 is a float32 whose low 16
+    bits are 0: carry anything below them into the upper half)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32).astype(BF16)
+
+
+def quantize_rows(rows: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.ndarray, name: str) -> None:
+    """Quantize ``rows`` (float [R, K], any float dtype) into ``q`` (int8 [R, K]) and ``scales`` (bfloat16 [G, R]).
+
+    ``work``: float32 [2, R, G * 32] whose first half has zeros from column K on (the short last group
+    reads as padded with zeros, which change neither its amax nor anything else)."""
+    n, k = rows.shape
+    x, magnitude = work[0], work[1].view(np.uint32)
+    np.copyto(x[:, :k], rows, casting="unsafe")  # exact: f16 and bf16 values are f32 values
+    groups = x.reshape(n, -1, GROUP)
+    # amax: |x| is x's bits without the sign, and non-negative floats order as their bits do (an integer max
+    # reduces ~3x faster than a float one); inf and NaN come out above every finite value
+    np.bitwise_and(x.view(np.uint32), np.uint32(0x7FFFFFFF), out=magnitude)
+    amax = magnitude.reshape(n, -1, GROUP).max(axis=2).view(np.float32)  # [R, G]
+    if not np.isfinite(amax).all():
+        row = int(np.nonzero(~np.isfinite(amax))[0][0])
+        raise ModelLoadError(f"tensor {name!r} holds inf or NaN (row {row}), which int8 cannot hold; load it "
+                             f"without quantize")
+    scale = bf16_round_up(amax / np.float32(127))
+    divisor = scale.astype(np.float32)
+    divisor[divisor == 0] = 1  # a group of zeros: 0 / 1 = 0
+    np.divide(groups, divisor[:, :, None], out=groups)
+    np.rint(x, out=x)  # half to even
+    np.clip(x, -127, 127, out=x)
+    np.copyto(q, x[:, :k], casting="unsafe")
+    scales[...] = scale.T
+
+
+def quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], q: np.ndarray, scales: np.ndarray,
+                  name: str = "weight") -> None:
+    """Quantize the [N, K] matrix whose rows ``read(start, end)`` returns into ``q`` (int8 [N, K]) and
+    ``scales`` (bfloat16 [G, N]), a chunk of rows at a time."""
+    n, k = shape
+    step = max(1, min(n, CHUNK_VALUES // max(k, 1)))
+    work = np.zeros((2, step, groups_of(k) * GROUP), np.float32)
+    for start in range(0, n, step):
+        end = min(start + step, n)
+        quantize_rows(read(start, end), q[start:end], scales[:, start:end], work[:, :end - start], name)
+
+
+def groups_of(k: int) -> int:
+    """G: the groups of 32 along a row of ``k`` values (the last may be short)."""
+    return -(-k // GROUP)
+
+
+def quantize(w: np.ndarray, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 [N, K], scales bfloat16 [G, N]) of the float matrix ``w`` [N, K]."""
+    n, k = w.shape
+    q, scales = np.empty((n, k), np.int8), np.empty((groups_of(k), n), BF16)
+    quantize_into(lambda start, end: w[start:end], (n, k), q, scales, name)
+    return q, scales
+
+
+def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], device: llaisys.Device,
+                name: str = "weight") -> Int8Weight:
+    """The int8 weight on ``device`` of the [N, K] matrix whose rows ``read(start, end)`` returns.
+
+    The host buffers quantized into become the tensors on the CPU (no copy); another device gets a copy."""
+    n, k = shape
+    g = groups_of(k)
+    q_bytes, scale_bytes = host_buffer(n * k), host_buffer(g * n * BF16.itemsize)
+    quantize_into(read, shape, q_bytes.view(np.int8).reshape(n, k), scale_bytes.view(BF16).reshape(g, n), name)
+    return Int8Weight(_placed(q_bytes, llaisys.int8, (n, k), device),
+                      _placed(scale_bytes, llaisys.bfloat16, (g, n), device))
+
+
+def _placed(host: np.ndarray, dtype: llaisys.DType, shape: tuple[int, int], device: llaisys.Device) -> llaisys.Tensor:
+    """The bytes ``host`` (uint8) as a tensor on ``device``: the buffer itself on the CPU, else a copy."""
+    tensor = llaisys.from_buffer(host, dtype, shape)
+    return tensor if device.type == "cpu" else tensor.to(device)
+
+
+def add_argument(parser) -> None:
+    """``--quantize int8`` on a CLI command that loads a model."""
+    parser.add_argument("--quantize", default=None, choices=MODES,
+                        help="store the linears' weights as int8 (per group of 32 inputs, bfloat16 scales), "
+                             "quantized at load time from the checkpoint: about half the memory and bytes per "
+                             "token of bf16, at a small loss of accuracy (default: the weights as stored)")

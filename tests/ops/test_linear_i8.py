@@ -1,0 +1,274 @@
+"""linear_i8: linear with int8 weights per group of 32 k (bf16 scales), x quantized per row on the fly.
+
+Two references, both float64 numpy/torch built here from the contract (docs/architecture.md, backend.h):
+- the exact arithmetic: x quantized as the contract says, every group's integer dot product, scaled by
+  scales[g, n] * sx[m, g] and summed: the kernel must match it up to f32 rounding (tight);
+- the unquantized x @ w.T of the float weights the int8 ones were made from: within the worst-case error
+  that quantizing x and w can cause (loose, but a proven bound, not a guess).
+Every SIMD path of the CPU backend runs the same checks in a child process (LLAISYS_CPU_SIMD, and
+LLAISYS_CPU_LINEAR_VNNI=0 for AVX-512 CPUs without VNNI).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from simd_paths import LEVELS, cpu_simd_level, run_in_child, skip_unless_level_available
+
+import llaisys
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, to_torch
+
+GROUP = 32
+assert llaisys.ops.INT8_GROUP == GROUP
+
+# (M, N, K): K tails 1, 31, 33, 100 (a short last group, odd chunks of 64), N tails 1, 15, 17, 50 (around the
+# kernels' 8 / 16 rows per vector), M = 1..9 (the decode sizes, the groups of up to 8 rows of x), 17 and 70.
+TAIL_SHAPES = ([(m, n, k) for i, (n, k) in enumerate((n, k) for n in (1, 15, 17, 50) for k in (1, 31, 33, 100))
+                for m in ((1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 70)[i % 11], (9, 17, 70, 1)[i % 4])]
+               + [(m, 17, 100) for m in range(1, 10)] + [(17, 50, 33), (70, 15, 31)])
+# Larger K (many groups, chunks of 64 and 32), the Qwen2-1.5B projections' K at decode sizes, and M past one
+# tile of rows of x (the kernel takes ~256 KiB of quantized x per pass: 24 rows at K = 8960).
+WIDE_SHAPES = [(1, 64, 1536), (3, 33, 1536), (2, 40, 8960), (1, 256, 1536), (9, 20, 4097), (1, 1536, 1536),
+               (70, 20, 8960)]
+
+
+def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's weight quantizer: per row and group of 32, scale = max|w| / 127 rounded up to bf16,
+    q = round-half-to-even(w / scale) in [-127, 127]. Returns (q int8 [N, K], scales bf16 [G, N])."""
+    n, k = w.shape
+    groups = -(-k // GROUP)
+    wp = np.zeros((n, groups * GROUP), np.float32)
+    wp[:, :k] = w
+    amax = np.abs(wp.reshape(n, groups, GROUP)).max(-1)  # [N, G]
+    scale32 = (amax / np.float32(127)).astype(np.float32)
+    bits = scale32.view(np.uint32)
+    rounded_up = np.where(bits & 0xFFFF, (bits & 0xFFFF0000) + 0x10000, bits).astype(np.uint32)  # scales >= 0
+    scale = rounded_up.view(np.float32)
+    assert (scale >= scale32).all()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale[:, :, None] > 0, np.rint(wp.reshape(n, groups, GROUP) / scale[:, :, None]), 0)
+    assert np.abs(q).max(initial=0) <= 127
+    return q.reshape(n, -1)[:, :k].astype(np.int8), scale.T.astype(ml_dtypes.bfloat16)
+
+
+def quantize_x(x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's activation quantizer, in the kernel's f32 arithmetic: sx = max|x| / 127 (an f32
+    division), xq = round-half-to-even(x / sx) (an f32 division), 0 where sx = 0. Returns (xq [M, G, 32]
+    int64, zero-padded; sx [M, G] f32)."""
+    m, k = x32.shape
+    groups = -(-k // GROUP)
+    xp = np.zeros((m, groups * GROUP), np.float32)
+    xp[:, :k] = x32
+    xg = xp.reshape(m, groups, GROUP)
+    sx = (np.abs(xg).max(-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xq = np.where(sx[:, :, None] > 0, np.rint(xg / sx[:, :, None]), 0)
+    return np.clip(xq, -127, 127).astype(np.int64), sx
+
+
+class Case:
+    """Random inputs of one shape: llaisys tensors and their float64 references."""
+
+    def __init__(self, shape, dtype, with_bias, device="cpu", seed=0):
+        m, n, k = shape
+        rng = np.random.default_rng(seed)
+        tdt = TORCH_DTYPES[dtype]
+        # x ~ N(0, 1) with a few large values (as activations have); w ~ N(0, 1/K): outputs are O(1)
+        x = rng.standard_normal((m, k))
+        x[rng.random((m, k)) < 0.02] *= 8
+        self.x_t = torch.from_numpy(x).to(tdt)  # x as the kernel sees it (rounded to dtype)
+        w = (rng.standard_normal((n, k)) * k ** -0.5).astype(np.float32)
+        self.q, self.scales = quantize_weight(w)
+        self.w_exact = w.astype(np.float64)
+        self.bias_t = torch.from_numpy(rng.standard_normal(n)).to(tdt) if with_bias else None
+        self.dtype, self.device, self.shape = dtype, device, shape
+        self.x = from_torch(self.x_t, device)
+        self.weight = llaisys.from_numpy(self.q, device)
+        self.scale_t = llaisys.from_numpy(self.scales, device)
+        self.bias = None if self.bias_t is None else from_torch(self.bias_t, device)
+
+    def run(self, x=None) -> torch.Tensor:
+        x = self.x if x is None else x
+        out = nan_filled((x.shape[0], self.shape[1]), self.dtype, self.device)
+        llaisys.ops.linear_i8(out, x, self.weight, self.scale_t, self.bias)
+        return to_torch(out)
+
+    def bias64(self) -> np.ndarray:
+        return 0.0 if self.bias_t is None else self.bias_t.to(torch.float64).numpy()
+
+    def check(self):
+        got = self.run().to(torch.float64).numpy()
+        x32 = self.x_t.to(torch.float32).numpy()  # exact: f16 / bf16 widen exactly
+        m, n, k = self.shape
+        groups = -(-k // GROUP)
+        xq, sx = quantize_x(x32)
+        qp = np.zeros((n, groups * GROUP), np.int64)
+        qp[:, :k] = self.q
+        dots = np.einsum("mgi,ngi->mng", xq, qp.reshape(n, groups, GROUP))  # exact integers
+        scale64 = self.scales.astype(np.float64).T  # [N, G]
+        terms = dots * scale64[None] * sx.astype(np.float64)[:, None, :]  # [M, N, G]
+        exact = terms.sum(-1) + self.bias64()
+        eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[self.dtype]
+        # Tight: the f32 arithmetic (scales[g, n] * sx rounded, each term's multiply-add, one add per group and
+        # the bias) errs by at most ~(G + 3) f32 roundings of the running sum's size, bounded by the sum of
+        # |terms|; then the result is rounded once to the dtype (eps of it). No allowance for a differently
+        # quantized x: a tie (x / sx exactly at .5) resolved the other way would move an output by
+        # scales[g, n] * sx[m, g] * |q[n, k]|, but the contract fixes the arithmetic (an f32 division, round half
+        # to even), the kernel and quantize_x both follow it, so xq agrees exactly and any flip is a bug. In f32
+        # this catches an integer dot off by 1 in one group.
+        magnitude = np.abs(terms).sum(-1) + np.abs(self.bias64())
+        tight = 2 * (groups + 3) * 2.0 ** -24 * magnitude + eps * np.abs(exact)
+        err = np.abs(got - exact)
+        bad = ~(err <= tight)
+        assert not bad.any(), (f"{self.dtype.name} {self.shape}: {int(bad.sum())} outputs off the exact int8 "
+                               f"arithmetic; first {np.argwhere(bad)[0]}: got {got[bad][0]}, expected {exact[bad][0]}, "
+                               f"allowed {tight[bad][0]:.3g}")
+        # Loose: against x @ w.T of the unquantized weights. Per k, |x w - x' w'| <= |x - x'| |w| + |x'| |w - w'|
+        # with |x - x'| <= sx / 2 and |w - w'| <= scale / 2 (round to nearest, no clipping: scales are rounded up),
+        # |x'| <= |x| + sx / 2: a worst-case bound per output, plus the tight allowance and the dtype's rounding.
+        xg = np.zeros((m, groups * GROUP))
+        xg[:, :k] = x32
+        xg = xg.reshape(m, groups, GROUP)
+        wg = np.zeros((n, groups * GROUP))
+        wg[:, :k] = self.w_exact
+        wg = wg.reshape(n, groups, GROUP)
+        sx64, s64 = sx.astype(np.float64), scale64
+        x_err = np.einsum("mg,ngi->mn", sx64 / 2, np.abs(wg))
+        w_err = np.einsum("mgi,ng->mn", np.abs(xg) + sx64[:, :, None] / 2, s64 / 2)
+        unquantized = x32.astype(np.float64) @ self.w_exact.T + self.bias64()
+        loose = x_err + w_err + tight + eps * np.abs(unquantized)
+        bad = ~(np.abs(got - unquantized) <= loose)
+        assert not bad.any(), f"{self.dtype.name} {self.shape}: {int(bad.sum())} outputs beyond the quantization bound"
+
+
+def check_shapes(shapes=TAIL_SHAPES + WIDE_SHAPES, dtypes=FLOAT_DTYPES, device="cpu"):
+    for dtype in dtypes:
+        for i, shape in enumerate(shapes):
+            Case(shape, dtype, with_bias=i % 2 == 0, device=device, seed=i).check()
+
+
+def check_rows_independent(device="cpu"):
+    """Each row of out, bit for bit, alone or among 2..20 rows (groups of up to 8 rows of x per weight block)."""
+    for dtype in FLOAT_DTYPES:
+        for n, k in ((17, 100), (50, 1536), (33, 31)):
+            case = Case((20, n, k), dtype, with_bias=True, device=device, seed=n + k)
+            everything = case.run()
+            for start, m in ((0, 1), (5, 1), (19, 1), (0, 2), (3, 5), (0, 8), (11, 8), (2, 9), (0, 13), (7, 13),
+                             (0, 20)):
+                rows = case.run(from_torch(case.x_t[start:start + m], device))
+                assert torch.equal(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32),
+                                   everything[start:start + m].view(torch.int16 if rows.element_size() == 2
+                                                                    else torch.int32)), (
+                    f"{dtype.name} N={n} K={k}: rows [{start}, {start + m}) differ from the same rows in a batch of 20")
+
+
+def check_all():
+    check_shapes()
+    check_rows_independent()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_linear_i8_matches_the_references(device, dtype):
+    check_shapes(dtypes=[dtype], device=device)
+
+
+def test_linear_i8_rows_do_not_depend_on_the_batch(device):
+    check_rows_independent(device)
+
+
+# Every path of the CPU kernel: portable (scalar), avx2 (vpmaddubsw), avx512 without VNNI (vpmaddubsw on zmm),
+# avx512 with VNNI (vpdpbusd; this process's path where the CPU has it).
+PATHS = {level: {"LLAISYS_CPU_SIMD": level} for level in LEVELS}
+PATHS["avx512-no-vnni"] = {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_VNNI": "0"}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_linear_i8_every_simd_path(device, path):
+    env = PATHS[path]
+    skip_unless_level_available(device, env["LLAISYS_CPU_SIMD"])
+    if env == {"LLAISYS_CPU_SIMD": cpu_simd_level()}:
+        pytest.skip("this process's own path: the tests above ran it")
+    run_in_child(__name__, env, "t.check_all()", expect_level=env["LLAISYS_CPU_SIMD"])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_linear_i8_empty_k_gives_bias(device, dtype):
+    """K = 0: no groups (scales [0, N]), the sum is empty: out = bias, or 0."""
+    bias_t = torch.arange(5, dtype=TORCH_DTYPES[dtype])
+    out = nan_filled((3, 5), dtype, device)
+    x, w = llaisys.zeros((3, 0), dtype, device), llaisys.zeros((5, 0), llaisys.int8, device)
+    scales = llaisys.zeros((0, 5), llaisys.bfloat16, device)
+    llaisys.ops.linear_i8(out, x, w, scales, from_torch(bias_t, device))
+    assert torch.equal(to_torch(out), bias_t.expand(3, 5))
+    llaisys.ops.linear_i8(out, x, w, scales)
+    assert torch.equal(to_torch(out), torch.zeros(3, 5, dtype=TORCH_DTYPES[dtype]))
+
+
+def test_linear_i8_empty_m_and_n(device):
+    case = Case((1, 4, 40), llaisys.float32, with_bias=False, device=device)
+    out = llaisys.empty((0, 4), llaisys.float32, device)
+    llaisys.ops.linear_i8(out, llaisys.zeros((0, 40), llaisys.float32, device), case.weight, case.scale_t)
+    out = llaisys.empty((2, 0), llaisys.float32, device)
+    llaisys.ops.linear_i8(out, llaisys.zeros((2, 40), llaisys.float32, device),
+                          llaisys.zeros((0, 40), llaisys.int8, device), llaisys.zeros((2, 0), llaisys.bfloat16, device))
+
+
+def test_linear_i8_nan_in_a_group_poisons_its_row(device):
+    case = Case((3, 20, 70), llaisys.float32, with_bias=False, device=device)
+    x = case.x_t.clone()
+    x[1, 40] = float("nan")
+    got = case.run(from_torch(x, device))
+    assert torch.isnan(got[1]).all() and torch.isfinite(got[[0, 2]]).all()
+
+
+def test_linear_i8_rejects_bad_arguments(device):
+    f32, bf16, i8 = llaisys.float32, llaisys.bfloat16, llaisys.int8
+    m, n, k = 3, 5, 40  # 2 groups
+    out, x = llaisys.empty((m, n), f32, device), llaisys.zeros((m, k), f32, device)
+    w, s = llaisys.zeros((n, k), i8, device), llaisys.zeros((2, n), bf16, device)
+    cases = [
+        ("weight", dict(weight=llaisys.zeros((n, k), f32, device))),            # not int8
+        ("scales", dict(scales=llaisys.zeros((2, n), f32, device))),            # not bf16
+        ("scales", dict(scales=llaisys.zeros((n, 2), bf16, device))),           # [N, G], not [G, N]
+        ("scales", dict(scales=llaisys.zeros((1, n), bf16, device))),           # too few groups
+        ("weight", dict(weight=llaisys.zeros((n, k + 1), i8, device))),         # K mismatch
+        ("bias", dict(bias=llaisys.zeros((n,), llaisys.float16, device))),      # dtype mismatch
+        ("bias", dict(bias=llaisys.zeros((n + 1,), f32, device))),              # N mismatch
+        ("out", dict(out=llaisys.empty((m, n + 1), f32, device))),              # N mismatch
+        ("out", dict(out=llaisys.empty((m, n), bf16, device))),                 # dtype mismatch
+        ("x", dict(x=llaisys.zeros((k, m), f32, device).permute(1, 0))),        # non-contiguous
+        ("scales", dict(scales=llaisys.zeros((n, 2), bf16, device).permute(1, 0))),  # non-contiguous
+        ("x", dict(x=llaisys.zeros((m * k,), f32, device))),                    # not 2-D
+        ("x", dict(x=llaisys.zeros((m, k), llaisys.int32, device), out=llaisys.empty((m, n), llaisys.int32, device))),
+        ("bias", dict(bias=out.slice(0, 0, 1).view(n))),                       # out overlaps bias
+    ]
+    shared = llaisys.zeros((m * k + m * n,), f32, device)  # x and out sharing one element of a buffer
+    cases.append(("x", dict(x=shared.slice(0, 0, m * k).view(m, k),
+                            out=shared.slice(0, m * k - 1, m * k - 1 + m * n).view(m, n))))
+    for name, override in cases:
+        args = dict(out=out, x=x, weight=w, scales=s, bias=None)
+        args.update(override)
+        with pytest.raises(llaisys.LlaisysError, match=name) as info:
+            llaisys.ops.linear_i8(args["out"], args["x"], args["weight"], args["scales"], args["bias"])
+        assert isinstance(info.value, ValueError), info.value
+
+
+def test_linear_i8_replays_in_a_graph(device):
+    """A captured linear_i8 re-reads x at each replay (the CPU backend records the call, quantizing x then)."""
+    if not llaisys.graphs_supported(device):
+        pytest.skip(f"{device} does not capture graphs")
+    case = Case((2, 33, 100), llaisys.float32, with_bias=True, device=device)
+    out = nan_filled((2, 33), llaisys.float32, device)
+    llaisys.ops.linear_i8(out, case.x, case.weight, case.scale_t, case.bias)  # warm-up (scratch, plans)
+    graph = llaisys.Graph(device)
+    with graph.capture():
+        llaisys.ops.linear_i8(out, case.x, case.weight, case.scale_t, case.bias)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        x_new = torch.from_numpy(rng.standard_normal((2, 100)).astype(np.float32))
+        case.x.load(x_new.numpy())
+        graph.replay()
+        assert torch.equal(to_torch(out), case.run(from_torch(x_new, device)))
+    graph.close()
