@@ -26,6 +26,9 @@ struct LinearArgs {
     const void* bias;          // [N] or nullptr
 };
 
+// linear_i8 runs up to this many rows of x against each block of weight rows at once.
+constexpr int64_t kGemvMaxRows = 8;
+
 // Knob read once per process from the environment (tests use it to reach every path):
 //   LLAISYS_CPU_LINEAR_BF16DOT=0   bf16 without AVX512-BF16 (vdpbf16ps) even where the CPU has it: the f32
 //                                  chain on widened values, as on older CPUs
