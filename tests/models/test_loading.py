@@ -47,10 +47,10 @@ def cpu():
 
 @pytest.mark.parametrize("name", [BF16, SHARDED])
 def test_same_dtype_on_cpu_is_zero_copy(name, tiny_models, cpu):
-    """Weights stored in the compute dtype point straight into the memory-mapped files."""
+    """With mmap=True, weights stored in the compute dtype point straight into the memory-mapped files."""
     gc.collect()
     before = llaisys.memory_stats("cpu")["allocated_bytes"]
-    model = llaisys_models.load(tiny_models.path(name), device=cpu, dtype="bfloat16")
+    model = llaisys_models.load(tiny_models.path(name), device=cpu, dtype="bfloat16", mmap=True)
     assert llaisys.memory_stats("cpu")["allocated_bytes"] <= before, "loading allocated memory"
     ranges = [mapping_range(f.mapping) for f in model.checkpoint.files]
     if name == SHARDED:
@@ -63,7 +63,7 @@ def test_same_dtype_on_cpu_is_zero_copy(name, tiny_models, cpu):
 
 def test_conversion_copies_once_and_rounds_like_numpy(tiny_models, cpu):
     path = tiny_models.path(BF16)
-    model = llaisys_models.load(path, device=cpu, dtype="float32")
+    model = llaisys_models.load(path, device=cpu, dtype="float32", mmap=True)
     assert model.dtype == llaisys.float32
     (lo, hi), = [mapping_range(f.mapping) for f in model.checkpoint.files]
     embed = model.weights.embed_tokens
@@ -298,7 +298,7 @@ def test_mmap_false_copies_the_weights(broken, cpu):
     """mmap=False reads the files into memory: rewriting a file afterwards leaves the model intact."""
     path = broken()
     ids = prompt(F32, 9, SPECS[F32].vocab)
-    mapped = llaisys_models.load(path, device=cpu)
+    mapped = llaisys_models.load(path, device=cpu, mmap=True)
     want = mapped.generate(ids, 8, eos_token_ids=())
     del mapped
     gc.collect()
@@ -311,6 +311,21 @@ def test_mmap_false_copies_the_weights(broken, cpu):
 
 def test_mapped_weights_are_exported_read_only(tiny_models, cpu):
     """Weights that live in the (read-only) mapping say so through DLPack (numpy honours the flag)."""
-    model = llaisys_models.load(tiny_models.path(F32), device=cpu)
+    model = llaisys_models.load(tiny_models.path(F32), device=cpu, mmap=True)
     array = np.from_dlpack(model.weights.layers[0].q_proj)
     assert not array.flags.writeable
+
+
+@pytest.mark.parametrize("name", [BF16, SHARDED])
+def test_cpu_default_reads_the_weights_into_memory(name, tiny_models, cpu):
+    """The CPU default: each weight read once from the file into its own (writable) buffer, the files not
+    kept mapped, and the model computes exactly what the zero-copy mapped one does."""
+    path = tiny_models.path(name)
+    ids = prompt(name, 7, SPECS[name].vocab)
+    model = llaisys_models.load(path, device=cpu, dtype="bfloat16")
+    assert all(f.mapping is None for f in model.checkpoint.files)
+    assert not any(t.storage.readonly for _, t in all_weights(model))
+    mapped = llaisys_models.load(path, device=cpu, dtype="bfloat16", mmap=True)
+    for (field, t), (_, m) in zip(all_weights(model), all_weights(mapped)):
+        np.testing.assert_array_equal(t.numpy(), m.numpy(), err_msg=field)
+    np.testing.assert_array_equal(model.logits(ids), mapped.logits(ids))

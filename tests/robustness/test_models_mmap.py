@@ -51,7 +51,7 @@ def test_truncating_the_weights_under_a_loaded_model(tmp_path, mode):
 
 TORCH_WRITE = textwrap.dedent("""
     import llaisys_models, torch
-    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu")
+    model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu", mmap=True)
     weight = torch.from_dlpack(model.weights.layers[0].q_proj)  # exported read-only; torch ignores the flag
     weight.zero_()
     print("written", flush=True)

@@ -67,8 +67,10 @@ class Qwen2(GenerationMixin):
     ``Qwen2(path, device=None, dtype=None)``: ``device`` None picks the best available
     device; ``dtype`` None computes in the dtype the weights are stored in; ``numerics`` "exact"
     or "hf" says where f16 / bf16 ops round (``llaisys_models.numerics``; None: ``$LLAISYS_NUMERICS``).
-    ``mmap=False`` reads the weights into memory instead of mapping the files (a file changed on
-    disk then cannot affect, or crash, the loaded model). ``quantize="int8"`` stores the linears' weights
+    ``mmap`` None (the default) reads the weights into memory on the CPU (huge pages: decoding streams them
+    ~10% faster than from the page cache's 4 KiB pages) and maps the files for other devices; True maps
+    them (zero copy on the CPU: instant load, but a file changed on disk may then crash the process);
+    False always reads them. ``quantize="int8"`` stores the linears' weights
     in int8 (``llaisys_models.quantize``): about half the memory and bytes read per token of bf16, at a
     small, stated loss of accuracy; None (the default) keeps them in the model dtype.
 
@@ -80,7 +82,7 @@ class Qwen2(GenerationMixin):
 
     architectures = ("Qwen2ForCausalLM",)
 
-    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool = True,
+    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
                  numerics: str | None = None, quantize: str | None = None):
         self.numerics = resolve_numerics(numerics)
         self.quantize = quantization.resolve(quantize)
@@ -92,7 +94,7 @@ class Qwen2(GenerationMixin):
                                  f"not supported; llaisys_models runs {', '.join(sorted(supported))}")
         self.config = config
         self.device = _pick_device(device, self.quantize)
-        checkpoint = Checkpoint(self.path, mapped=mmap)
+        checkpoint = Checkpoint(self.path, mapped=self.device.type != "cpu" if mmap is None else mmap)
         self.dtype = default_dtype(checkpoint, config) if dtype is None else as_dtype(dtype)
         if self.dtype not in FLOAT_WEIGHTS:
             raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {self.dtype.name}")

