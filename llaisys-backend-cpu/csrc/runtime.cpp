@@ -20,14 +20,23 @@ constexpr size_t kHugePage = size_t(2) << 20;
 
 // Buffers of 4 MiB and more (weights, KV caches) are 2 MiB aligned and asked to live on transparent huge
 // pages: kernels stream through them, and with 4 KiB pages a weight read from memory would miss the TLB
-// every 4 KiB. (Where THP is off, madvise is a no-op; its failure is ignored.)
+// every 4 KiB. (Where THP is off, madvise is a no-op; its failure is ignored. LLAISYS_CPU_HUGE_PAGES=0:
+// never ask, read once.)
+bool huge_pages_allowed() {
+    static const bool allowed = [] {
+        const char* v = std::getenv("LLAISYS_CPU_HUGE_PAGES");
+        return !(v && !std::strcmp(v, "0"));
+    }();
+    return allowed;
+}
+
 void* aligned_malloc(size_t nbytes) {
     const size_t align = nbytes >= 2 * kHugePage ? kHugePage : kAlignment;
     if (nbytes > SIZE_MAX - align) throw std::bad_alloc();
     size_t rounded = (nbytes + align - 1) / align * align;
     void* ptr = std::aligned_alloc(align, rounded ? rounded : align);
     if (!ptr) throw std::bad_alloc();
-    if (align == kHugePage && !std::getenv("LLAISYS_NO_THP")) madvise(ptr, rounded, MADV_HUGEPAGE);
+    if (align == kHugePage && huge_pages_allowed()) madvise(ptr, rounded, MADV_HUGEPAGE);
     return ptr;
 }
 
