@@ -15,6 +15,10 @@
 // - DotSigned (AVX2, AVX-512 without VNNI): dot4_i8, vpmaddubsw with the sign trick and vpmaddwd.
 // Decode (M <= 8) reads each weight byte exactly once; blocks of W rows are shared among the threads in
 // dynamic chunks; larger M re-reads a block (from L1 / L2) per group of 8 rows of x.
+// Prefetch (decode is bound by the weight reads): a block is W consecutive rows, so contiguous; while one is
+// read row-parallel, the next one is prefetched into L2 in address order (a stream the hardware prefetchers
+// join), and the scales, one strided line per group, a dozen groups ahead. On the 2-core Zen 4 this was
+// measured on, that beat prefetching each row a fixed distance ahead by 10-40% (short rows most).
 #pragma once
 
 #include <cstring>
@@ -38,9 +42,6 @@ struct DotSigned {
     static VI dot(VI acc, VI w, VI x) { return dot4_i8(acc, w, x); }
 };
 
-// How far ahead (bytes) each weight row is prefetched: a few chunks, so the loads of a chunk find it in L1.
-constexpr int kI8PrefetchBytes = 512;
-
 // The 4 bytes of xq at p as one broadcast dword.
 template <class VI>
 LLAISYS_ALWAYS_INLINE VI broadcast4(const int8_t* p) {
@@ -49,21 +50,33 @@ LLAISYS_ALWAYS_INLINE VI broadcast4(const int8_t* p) {
     return VI(u);
 }
 
+// How far ahead (in k) a block's scales are prefetched: a dozen groups.
+constexpr int64_t kScalesAhead = 384;
+
 // One chunk of CK = 4W consecutive k (from k0) of the block at w: total[m] += its groups, for rows m0 + m of x.
 // kWhole: all W rows and all CK bytes are there (no masks, no tests); else rows <= W and nb <= CK bytes.
+// ahead: W * CK bytes of the weights to prefetch into L2 (the next block's, in address order), or null.
 template <class V, class Dot, int MM, bool kWhole>
 LLAISYS_ALWAYS_INLINE void i8_chunk(const int8_t* __restrict w, int64_t K, int64_t k0, int rows, int nb,
                                     const bf16_t* __restrict scales, int64_t N, const QuantizedX& xq, int64_t m0,
-                                    V (&total)[MM]) {
+                                    const int8_t* ahead, V (&total)[MM]) {
     using VI = typename V::Int;
     constexpr int W = V::W, CK = 4 * W, GC = CK / int(kI8Group);  // k per chunk, groups per chunk
     V t[W];
 #pragma GCC unroll 16
     for (int j = 0; j < W; ++j) {
         const int8_t* p = w + j * K + k0;
-        if (kWhole || j < rows) __builtin_prefetch(p + kI8PrefetchBytes);
+        if (ahead) __builtin_prefetch(ahead + j * CK, 0, 2);  // into L2
         t[j] = kWhole || nb == CK ? (kWhole || j < rows ? as_f32(VI::load(p)) : V::zero())
                                   : (j < rows ? as_f32(VI::load_bytes_partial(p, nb)) : V::zero());
+    }
+    // this block's scales kScalesAhead k ahead (strided lines the hardware does not fetch early), continuing
+    // into the next block's at the end
+#pragma GCC unroll 2
+    for (int gc = 0; gc < GC; ++gc) {
+        const int64_t g = (k0 + kScalesAhead) / kI8Group + gc;
+        if (g < xq.G) __builtin_prefetch(scales + g * N);
+        else if (ahead) __builtin_prefetch(scales + (g - xq.G) * N + W);
     }
     transpose(t);  // t[s], lane j: bytes k0 + 4s .. k0 + 4s + 3 of row j
     VI wt[W];
@@ -93,17 +106,21 @@ LLAISYS_ALWAYS_INLINE void i8_chunk(const int8_t* __restrict w, int64_t K, int64
 // total[m] (m < MM) = the rows [0, rows) (rows <= W) of the block at w, for rows m0 + m of x, before the bias.
 // scales points at this block's first row in group 0 (scales + n0; group g is at + g * N). The chunks run in
 // order of k whatever the path, so each total is the same f32 chain over the groups for every M.
+// next: the block to prefetch meanwhile (the W * K bytes that follow this block), or null: W * CK bytes of it
+// per chunk, so all of it by the time this one ends.
 template <class V, class Dot, int MM>
 LLAISYS_ALWAYS_INLINE void i8_block(const int8_t* __restrict w, int64_t K, int rows, const bf16_t* __restrict scales,
-                                    int64_t N, const QuantizedX& xq, int64_t m0, V (&total)[MM]) {
+                                    int64_t N, const QuantizedX& xq, int64_t m0, const int8_t* next, V (&total)[MM]) {
     constexpr int W = V::W, CK = 4 * W;
 #pragma GCC unroll 8
     for (int m = 0; m < MM; ++m) total[m] = V::zero();
     int64_t k0 = 0;
     if (rows == W)
-        for (; k0 + CK <= K; k0 += CK) i8_chunk<V, Dot, MM, true>(w, K, k0, W, CK, scales, N, xq, m0, total);
+        for (; k0 + CK <= K; k0 += CK)
+            i8_chunk<V, Dot, MM, true>(w, K, k0, W, CK, scales, N, xq, m0, next ? next + k0 * W : nullptr, total);
     for (; k0 < K; k0 += CK)
-        i8_chunk<V, Dot, MM, false>(w, K, k0, rows, int(std::min<int64_t>(CK, K - k0)), scales, N, xq, m0, total);
+        i8_chunk<V, Dot, MM, false>(w, K, k0, rows, int(std::min<int64_t>(CK, K - k0)), scales, N, xq, m0,
+                                    next ? next + k0 * W : nullptr, total);
 }
 
 // Rows [r0, r1) of x against all N weight rows: blocks of W weight rows shared among the threads, each block
@@ -128,7 +145,9 @@ void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1
             auto group = [&](auto mm) {
                 constexpr int MM = decltype(mm)::value;
                 V total[MM];
-                i8_block<V, Dot, MM>(a.weight + n0 * K, K, rows, a.scales + n0, N, xq, m0, total);
+                // the next block while reading this one the first time (it is in cache for the next groups)
+                const int8_t* next = m0 == r0 && blk + 1 < blocks ? a.weight + (n0 + W) * K : nullptr;
+                i8_block<V, Dot, MM>(a.weight + n0 * K, K, rows, a.scales + n0, N, xq, m0, next, total);
                 for (int m = 0; m < MM; ++m) {  // + bias, then rounded once
                     const V v = bias ? total[m] + b : total[m];
                     T* o = out + (m0 + m) * N + n0;
