@@ -42,7 +42,8 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     ``mmap`` True maps the safetensors files (zero copy on CPU, instant load: but a file truncated or
     rewritten while the model is loaded then crashes the process with SIGBUS); False reads them into
     memory; None (the default) reads them on the CPU (into huge pages: decoding streams them ~10% faster
-    than through the mapping's 4 KiB pages) and maps them for other devices (copied there once).
+    than through the mapping's 4 KiB pages) and maps them for other devices (copied there once) and for
+    ``quantize="int8"`` (quantized from the mapping a chunk at a time, into memory).
     ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
     None reads ``$LLAISYS_NUMERICS``).
     ``quantize`` None keeps the linears' weights in the model dtype; "int8" quantizes them at load time

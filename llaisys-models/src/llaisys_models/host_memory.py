@@ -1,10 +1,14 @@
-"""Host buffers for weights made at load time (decoded GGUF tensors, int8-quantized linears)."""
+"""Host buffers for weights made at load time (decoded GGUF tensors, int8-quantized linears for other devices)
+and writable views of a CPU weight's own buffer."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 
 import numpy as np
+
+import llaisys
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
@@ -25,3 +29,10 @@ def host_buffer(nbytes: int) -> np.ndarray:
     except (OSError, AttributeError):  # an older kernel: the pages fault in as they are written
         pass
     return np.frombuffer(buf, np.uint8, nbytes)
+
+
+def bytes_of(tensor: llaisys.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view of a contiguous CPU tensor's memory, for filling a weight's own buffer
+    at load time (DLPack cannot carry bf16). The backend puts buffers of 4 MiB and more on huge pages,
+    which decoding streams ~10% faster than base pages."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * tensor.nbytes).from_address(tensor.data_ptr()))

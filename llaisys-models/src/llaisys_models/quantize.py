@@ -32,7 +32,7 @@ import numpy as np
 import llaisys
 
 from .errors import ModelLoadError, shown
-from .host_memory import host_buffer
+from .host_memory import bytes_of, host_buffer
 
 MODES = ("int8",)
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
@@ -153,9 +153,15 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
                 name: str = "weight") -> Int8Weight:
     """The int8 weight on ``device`` of the [N, K] matrix whose rows ``read(start, end)`` returns.
 
-    The host buffers quantized into become the tensors on the CPU (no copy); another device gets a copy."""
+    On the CPU the rows are quantized straight into the weight's own buffers; another device gets a copy
+    of host buffers."""
     n, k = shape
     g = groups_of(k)
+    if device.type == "cpu":  # straight into the weight's own buffers (large ones on huge pages)
+        q, scales = llaisys.empty((n, k), llaisys.int8, device), llaisys.empty((g, n), llaisys.bfloat16, device)
+        quantize_into(read, shape, bytes_of(q).view(np.int8).reshape(n, k), bytes_of(scales).view(BF16).reshape(g, n),
+                      name)
+        return Int8Weight(q, scales)
     q_bytes, scale_bytes = host_buffer(n * k), host_buffer(g * n * BF16.itemsize)
     quantize_into(read, shape, q_bytes.view(np.int8).reshape(n, k), scale_bytes.view(BF16).reshape(g, n), name)
     return Int8Weight(_placed(q_bytes, llaisys.int8, (n, k), device),

@@ -68,9 +68,9 @@ class Qwen2(GenerationMixin):
     device; ``dtype`` None computes in the dtype the weights are stored in; ``numerics`` "exact"
     or "hf" says where f16 / bf16 ops round (``llaisys_models.numerics``; None: ``$LLAISYS_NUMERICS``).
     ``mmap`` None (the default) reads the weights into memory on the CPU (huge pages: decoding streams them
-    ~10% faster than from the page cache's 4 KiB pages) and maps the files for other devices; True maps
-    them (zero copy on the CPU: instant load, but a file changed on disk may then crash the process);
-    False always reads them. ``quantize="int8"`` stores the linears' weights
+    ~10% faster than from the page cache's 4 KiB pages) and maps the files for other devices and for int8
+    (quantized from the mapping, a chunk at a time); True maps them (zero copy on the CPU: instant load,
+    but a file changed on disk may then crash the process); False always reads them. ``quantize="int8"`` stores the linears' weights
     in int8 (``llaisys_models.quantize``): about half the memory and bytes read per token of bf16, at a
     small, stated loss of accuracy; None (the default) keeps them in the model dtype.
 
@@ -94,7 +94,9 @@ class Qwen2(GenerationMixin):
                                  f"not supported; llaisys_models runs {', '.join(sorted(supported))}")
         self.config = config
         self.device = _pick_device(device, self.quantize)
-        checkpoint = Checkpoint(self.path, mapped=self.device.type != "cpu" if mmap is None else mmap)
+        if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
+            mmap = self.device.type != "cpu" or self.quantize is not None
+        checkpoint = Checkpoint(self.path, mapped=mmap)
         self.dtype = default_dtype(checkpoint, config) if dtype is None else as_dtype(dtype)
         if self.dtype not in FLOAT_WEIGHTS:
             raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {self.dtype.name}")

@@ -9,16 +9,14 @@ linears' weights (LINEARS) are quantized instead (quantize.py), each straight fr
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import re
-
-import numpy as np
 
 import llaisys
 
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .host_memory import bytes_of
 from .progress import Progress
 from .quantize import Int8Weight, int8_weight
 from .safetensors import Checkpoint, TensorInfo
@@ -138,7 +136,7 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     buffer is the backend's: large ones sit on huge pages, which decoding streams ~10% faster)."""
     if info.dtype == dtype and info.file.mapping is None and device.type == "cpu":
         tensor = llaisys.empty(info.shape, dtype, device)
-        info.file.array(info, out=_bytes_of(tensor))
+        info.file.array(info, out=bytes_of(tensor))
         return tensor
     if info.dtype == dtype and info.file.mapping is not None:
         mapped = info.file.tensor(info.name)
@@ -150,11 +148,6 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
         tensor = llaisys.from_numpy(host if info.dtype == dtype else host.astype(dtype.numpy), device)
     info.file.release_pages(info.offset, info.nbytes)  # copied: the mapped pages need not stay resident
     return tensor
-
-
-def _bytes_of(tensor: llaisys.Tensor) -> np.ndarray:
-    """A writable uint8 numpy view of a fresh contiguous CPU tensor's memory (DLPack cannot carry bf16)."""
-    return np.ctypeslib.as_array((ctypes.c_uint8 * tensor.nbytes).from_address(tensor.data_ptr()))
 
 
 def quantized(info: TensorInfo, device: llaisys.Device) -> Int8Weight:
