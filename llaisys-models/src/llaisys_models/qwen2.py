@@ -70,9 +70,10 @@ class Qwen2(GenerationMixin):
     ``mmap`` None (the default) reads the weights into memory on the CPU (huge pages: decoding streams them
     ~10% faster than from the page cache's 4 KiB pages) and maps the files for other devices and for int8
     (quantized from the mapping, a chunk at a time); True maps them (zero copy on the CPU: instant load,
-    but a file changed on disk may then crash the process); False always reads them. ``quantize="int8"`` stores the linears' weights
-    in int8 (``llaisys_models.quantize``): about half the memory and bytes read per token of bf16, at a
-    small, stated loss of accuracy; None (the default) keeps them in the model dtype.
+    but a file changed on disk may then crash the process); False always reads them.
+    ``quantize="int8"`` stores the linears' weights in int8 (``llaisys_models.quantize``): about half the
+    memory and bytes read per token of bf16, at a small, stated loss of accuracy; None (the default) keeps
+    them in the model dtype.
 
     One model holds one KV cache, so it runs one generation at a time: calls from several
     threads take turns (``forward``, ``generate``, a ``stream_generate`` until it finishes
