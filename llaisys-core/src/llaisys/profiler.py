@@ -64,11 +64,12 @@ class OpProfile:
         rows = sorted(self.seconds.items(), key=lambda item: -item[1])
         other = max(self.wall_seconds - self.op_seconds, 0.0)
         total = max(self.wall_seconds, self.op_seconds) or 1.0
-        lines = [f"{'op':24}{'calls/' + unit:>12}{'ms/' + unit:>12}{'share':>8}"]
+        width = max([24, *(len(name) + 2 for name in self.seconds)])
+        lines = [f"{'op':{width}}{'calls/' + unit:>12}{'ms/' + unit:>12}{'share':>8}"]
         for name, seconds in rows + [("(outside ops)", other)]:
             calls = self.calls.get(name, 0) / per
-            lines.append(f"{name:24}{calls:>12.1f}{1e3 * seconds / per:>12.3f}{100 * seconds / total:>7.1f}%")
-        lines.append(f"{'total':24}{'':>12}{1e3 * total / per:>12.3f}{100.0:>7.1f}%")
+            lines.append(f"{name:{width}}{calls:>12.1f}{1e3 * seconds / per:>12.3f}{100 * seconds / total:>7.1f}%")
+        lines.append(f"{'total':{width}}{'':>12}{1e3 * total / per:>12.3f}{100.0:>7.1f}%")
         return "\n".join(lines)
 
 
