@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <exception>
 #include <new>
 
 #include "../simd/simd.h"
@@ -43,23 +42,6 @@ namespace llaisys::cpu::LLAISYS_ISA {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-// out[0, n) = round(acc[0, n) + bias[0, n)); bias may be null
-template <class V, class T>
-inline void store_row(T* out, const float* acc, const T* bias, int64_t n) {
-    int64_t j = 0;
-    for (; j + V::W <= n; j += V::W) {
-        V v = V::load(acc + j);
-        if (bias) v = v + V::load(bias + j);
-        v.store(out + j);
-    }
-    if (j < n) {
-        const int rest = int(n - j);
-        V v = V::load_partial(acc + j, rest);
-        if (bias) v = v + V::load_partial(bias + j, rest);
-        v.store_partial(out + j, rest);
-    }
-}
-
 // ---- per-thread scratch, kept between calls (no page faults per call) ---------------------------------
 
 class Scratch {
@@ -87,27 +69,10 @@ class Scratch {
 };
 
 // One scratch per (thread, purpose). Threads of the OpenMP pool persist, so this is allocated once.
-enum ScratchSlot { kSlotX = 0, kSlotA, kSlotB, kSlotC, kSlotCount };
+enum ScratchSlot { kSlotX = 0, kSlotCount };
 inline Scratch& scratch(ScratchSlot slot) {
     static thread_local Scratch slots[kSlotCount];
     return slots[slot];
 }
-
-// Exceptions must not leave an OpenMP region: capture the first one and rethrow after it.
-struct ErrorSlot {
-    std::exception_ptr error;
-    template <class F>
-    void run(F&& body) noexcept {
-        try {
-            body();
-        } catch (...) {
-#pragma omp critical(llaisys_linear_error)
-            if (!error) error = std::current_exception();
-        }
-    }
-    void rethrow() {
-        if (error) std::rethrow_exception(error);
-    }
-};
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
