@@ -23,10 +23,7 @@ constexpr size_t kHugePage = size_t(2) << 20;
 // every 4 KiB. (Where THP is off, madvise is a no-op; its failure is ignored. LLAISYS_CPU_HUGE_PAGES=0:
 // never ask, read once.)
 bool huge_pages_allowed() {
-    static const bool allowed = [] {
-        const char* v = std::getenv("LLAISYS_CPU_HUGE_PAGES");
-        return !(v && !std::strcmp(v, "0"));
-    }();
+    static const bool allowed = cpu::env_switch_on("LLAISYS_CPU_HUGE_PAGES");
     return allowed;
 }
 

@@ -56,6 +56,11 @@ bool has_feature(Feature feature) {
     return false;
 }
 
+bool env_switch_on(const char* name) {
+    const char* v = std::getenv(name);
+    return !(v && !std::strcmp(v, "0"));
+}
+
 }  // namespace llaisys::cpu
 
 LLAISYS_EXPORT const char* LLAISYS_FN(simd_level)(void) {

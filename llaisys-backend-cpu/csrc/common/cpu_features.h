@@ -19,4 +19,7 @@ enum class Feature : int {
 };
 bool has_feature(Feature feature);
 
+// A run-time switch that is on unless the environment variable `name` is "0" (read by the caller once).
+bool env_switch_on(const char* name);
+
 }  // namespace llaisys::cpu

@@ -31,14 +31,7 @@ using Chain = FmaChain<Vec8>;
 void linear(const LinearArgs& a) {
     with_float_type(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        if (a.K == 0) {  // out = bias, or 0 (all-zero bits in every dtype)
-            for (int64_t m = 0; m < a.M; ++m) {
-                void* row = static_cast<T*>(a.out) + m * a.N;
-                if (a.bias) std::memcpy(row, a.bias, sizeof(T) * size_t(a.N));
-                else std::memset(row, 0, sizeof(T) * size_t(a.N));
-            }
-            return;
-        }
+        if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
 #if defined(LLAISYS_ISA_AVX512)
         if constexpr (std::is_same_v<T, bf16_t>) {
             if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
@@ -55,10 +48,7 @@ void linear(const LinearArgs& a) {
 namespace llaisys::cpu {
 
 bool linear_bf16dot_allowed() {
-    static const bool allowed = [] {
-        const char* v = std::getenv("LLAISYS_CPU_LINEAR_BF16DOT");
-        return !(v && !std::strcmp(v, "0"));
-    }();
+    static const bool allowed = env_switch_on("LLAISYS_CPU_LINEAR_BF16DOT");
     return allowed;
 }
 

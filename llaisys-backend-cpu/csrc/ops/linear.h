@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "../simd/simd.h"
@@ -41,6 +42,15 @@ namespace llaisys::cpu::LLAISYS_ISA {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// K == 0: every row of out [M, N] is the bias, or 0 (all-zero bits in every dtype).
+template <class T>
+void fill_rows_with_bias(T* out, const T* bias, int64_t M, int64_t N) {
+    for (int64_t m = 0; m < M; ++m) {
+        if (bias) std::memcpy(out + m * N, bias, sizeof(T) * size_t(N));
+        else std::memset(out + m * N, 0, sizeof(T) * size_t(N));
+    }
+}
 
 // ---- per-thread scratch, kept between calls (no page faults per call) ---------------------------------
 

@@ -13,14 +13,7 @@ namespace llaisys::cpu::LLAISYS_ISA {
 void linear_i8(const LinearI8Args& a) {
     with_float_type(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        if (a.K == 0) {  // out = bias, or 0 (all-zero bits in every dtype)
-            for (int64_t m = 0; m < a.M; ++m) {
-                void* row = static_cast<T*>(a.out) + m * a.N;
-                if (a.bias) std::memcpy(row, a.bias, sizeof(T) * size_t(a.N));
-                else std::memset(row, 0, sizeof(T) * size_t(a.N));
-            }
-            return;
-        }
+        if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
         const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
 #if defined(LLAISYS_ISA_AVX512)
         if (has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed())
@@ -41,10 +34,7 @@ void linear_i8(const LinearI8Args& a) {
 namespace llaisys::cpu {
 
 bool linear_vnni_allowed() {
-    static const bool allowed = [] {
-        const char* v = std::getenv("LLAISYS_CPU_LINEAR_VNNI");
-        return !(v && !std::strcmp(v, "0"));
-    }();
+    static const bool allowed = env_switch_on("LLAISYS_CPU_LINEAR_VNNI");
     return allowed;
 }
 
