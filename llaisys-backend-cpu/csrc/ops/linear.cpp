@@ -14,10 +14,11 @@ using Chain = FmaChain<Vec16>;
 
 // flatten: everything beneath is inlined here, in code built for AVX512-BF16 (Bf16PairChain::step)
 struct Bf16PairBlock {
+    template <int NR>
     LLAISYS_TARGET_AVX512BF16 __attribute__((flatten)) static void run(int64_t mc, const bf16_t* x, const bf16_t* w,
                                                                        int64_t n0, int64_t n1, int64_t K,
                                                                        const bf16_t* bias, bf16_t* out, int64_t N) {
-        dot_block<Bf16PairChain, kMR, kNR>(mc, x, w, n0, n1, K, bias, out, N);
+        dot_block<Bf16PairChain, kMR, NR>(mc, x, w, n0, n1, K, bias, out, N);
     }
 };
 #elif defined(LLAISYS_ISA_AVX2)
@@ -35,10 +36,10 @@ void linear(const LinearArgs& a) {
 #if defined(LLAISYS_ISA_AVX512)
         if constexpr (std::is_same_v<T, bf16_t>) {
             if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
-                return linear_dot<Bf16PairChain, kMR, T, Bf16PairBlock>(a);
+                return linear_dot<Bf16PairChain, kMR, kNR, T, Bf16PairBlock>(a);
         }
 #endif
-        linear_dot<Chain, kMR, T, DotBlock<Chain, kMR, kNR, T>>(a);
+        linear_dot<Chain, kMR, kNR, T, DotBlock<Chain, kMR, T>>(a);
     });
 }
 
