@@ -52,8 +52,10 @@ struct Bf16PairChain {
 
 // out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias.
 // prefetch: the weights come from memory (the first pass over them), not from cache; then each step also
-// requests the same k of the next tile's rows (a tile ahead: NR rows, e.g. 12 KiB at K = 1536, which covers
-// the latency of DRAM at this loop's speed; past the matrix's end a prefetch is a no-op).
+// requests NR lines of the next tile (a tile ahead: e.g. 12 KiB at K = 1536, which covers the latency of DRAM
+// at this loop's speed; past the matrix's end a prefetch is a no-op). In address order: requesting the same k
+// of each next row instead (NR streams a row apart) ran the first pass of a 16-row prefill at 27 GB/s, this
+// at 45 (Zen 4, K = 1536).
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
                                     int64_t K, const T* __restrict bias, T* __restrict out, int64_t N,
@@ -65,8 +67,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) acc[i][j] = Acc::zero();
-    // the next tile's NR rows are contiguous: its lines are requested in address order, NR per step (NR * KW
-    // values of k per step cover the NR * K of the tile), one stream the hardware prefetchers join
+    // the next tile's NR rows are contiguous: NR lines per step (NR * KW values of k) cover its NR * K
     const char* next = reinterpret_cast<const char*>(w + NR * K);
     int64_t k = 0;
     for (; k + KW <= K; k += KW) {
