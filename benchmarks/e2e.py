@@ -11,15 +11,16 @@ Each engine runs in its own subprocess (same thread count, same token ids) so th
 peak RSS is its own; this script prints one table with the ratio to HF per row.
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
-tok/s over 64 new tokens (greedy, EOS ignored), peak RSS; on a GPU also the peak device memory
+tok/s over 64 new tokens (greedy, EOS ignored; llaisys on the CPU: median of 3 runs), peak RSS; on a GPU also the peak device memory
 (torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys). llaisys runs
 as shipped (decode steps replayed from captured graphs where the backend has them), eager
 (LLAISYS_GRAPHS=0), and with int8 weights (quantize="int8", where the backend has the int8 linear).
 
 On the CPU the script also measures the machine's streaming read bandwidth (torch summing a 1 GiB tensor
-with the same threads) and prints decode against its bound: a decode step reads every weight once (the
-matrices of the layers and the lm_head; not the embedding table, of which it reads one row), so
-bound tok/s = bandwidth / weight bytes per token. llama.cpp's llama-bench (built from the llama-cpp-python
+with the same threads) just before and just after each decode run, and prints decode against its bound: a
+decode step reads every weight once (the matrices of the layers and the lm_head; not the embedding table,
+of which it reads one row), so bound tok/s = bandwidth / weight bytes per token. llaisys decodes in three
+such rounds and reports the medians (a VM's bandwidth can change from one 10 s stretch to the next). llama.cpp's llama-bench (built from the llama-cpp-python
 sdist's vendored tree with cmake) adds a column per GGUF file given (convert the same checkpoint with its
 convert_hf_to_gguf.py --outtype bf16 / q8_0).
 """
@@ -68,21 +69,50 @@ def decode_weight_bytes(model: Path) -> dict[str, int]:
     return {"bf16": bf16, "int8": int8}
 
 
+class StreamRead:
+    """Streaming read bandwidth: torch summing a 1 GiB float32 tensor, best of 5, with the given threads.
+
+    This VM's memory bandwidth changes under a running program: the same read swings between ~36 and ~60
+    GB/s from one 10-20 s stretch to the next. So a decode measurement is paired with readings taken just
+    before and just after it, in the same process, and judged against the higher of the two."""
+
+    def __init__(self, threads: int):
+        import torch  # (imported after llaisys' backend started the OpenMP runtime they share)
+
+        torch.set_num_threads(threads)
+        self.data = torch.arange(1 << 28, dtype=torch.float32)  # 1 GiB, touched, no two pages alike
+
+    def __call__(self) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            self.data.sum()
+            best = min(best, time.perf_counter() - t)
+        return self.data.numel() * 4 / best
+
+
 def bench_bandwidth(args) -> dict:
-    """Streaming read bandwidth: torch summing a 1 GiB float32 tensor, best of 5, args.threads threads.
+    return {"bandwidth": StreamRead(args.threads)()}
 
-    On this VM a single reading swings (32-35 GB/s, now and then 53-58), so main() takes it three times
-    over the run and uses the median."""
-    import torch
 
-    torch.set_num_threads(args.threads)
-    data = torch.arange(1 << 28, dtype=torch.float32)  # 1 GiB, touched, no two pages alike
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - t)
-    return {"bandwidth": data.numel() * 4 / best}
+def paired_decode(args, model, vocab: int, rounds: int = 3) -> dict:
+    """Decode tok/s and its fraction of the bandwidth bound, per round: a streaming read, args.decode_tokens
+    decode steps, a streaming read; the bound is the higher reading / weight bytes per token. Medians of
+    the rounds. (Call after peak_rss() was taken: the probe's 1 GiB is not the model's.)"""
+    per_token = decode_weight_bytes(args.model)["int8" if args.quantize == "int8" else "bf16"]
+    probe = StreamRead(args.threads)
+    speeds, readings, fractions = [], [], []
+    for _ in range(rounds):
+        before = probe()
+        model.generate(prompt(16, vocab), args.decode_tokens, eos_token_ids=())
+        speed = model.last_stats.decode_tokens_per_second
+        bandwidth = max(before, probe())
+        speeds.append(speed)
+        readings.append(bandwidth)
+        fractions.append(speed * per_token / bandwidth)
+    del probe
+    return {"decode": float(np.median(speeds)), "bound_fraction": float(np.median(fractions)),
+            "bound_readings": readings, "bound_fractions": fractions}
 
 
 # -- engines (each in its own process) -------------------------------------------------
@@ -108,11 +138,14 @@ def bench_llaisys(args, vocab: int) -> dict:
             model.generate(prompt(length, vocab), 1, eos_token_ids=())
             best = max(best, model.last_stats.prefill_tokens_per_second)
         result[f"prefill_{length}"] = best
-    model.generate(prompt(16, vocab), args.decode_tokens, eos_token_ids=())
-    result["decode"] = model.last_stats.decode_tokens_per_second
     if args.device != "cpu":
         import llaisys
+        model.generate(prompt(16, vocab), args.decode_tokens, eos_token_ids=())
+        result["decode"] = model.last_stats.decode_tokens_per_second
         result["peak_device"] = llaisys.memory_stats(args.device)["peak_allocated_bytes"]
+    else:
+        result["peak_rss"] = peak_rss()
+        result.update(paired_decode(args, model, vocab))
     return result
 
 
@@ -203,7 +236,7 @@ def worker(args) -> int:
         result = profile_llaisys(args, vocab)
     else:
         result = (bench_llaisys if args.engine == "llaisys" else bench_hf)(args, vocab)
-    result["peak_rss"] = peak_rss()
+    result.setdefault("peak_rss", peak_rss())
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -251,26 +284,24 @@ def main(argv=None) -> int:
         return worker(args)
 
     weights = sum(f.stat().st_size for f in args.model.glob("*.safetensors"))
-    readings = []  # streaming read bandwidth, measured at the start, the middle and the end of the run
+    def bandwidth_around(run):
+        """run() with a streaming read just before and after it (on the CPU): the higher one as its bound."""
+        before = run_engine(args, "bandwidth")["bandwidth"] if args.device == "cpu" else None
+        result = run()
+        if before is not None:
+            result["bound_readings"] = [max(before, run_engine(args, "bandwidth")["bandwidth"])]
+        return result
 
-    def measure_bandwidth():
-        if args.device == "cpu":
-            readings.append(run_engine(args, "bandwidth")["bandwidth"])
-
-    measure_bandwidth()
     columns = {"HF transformers": run_engine(args, "hf")}
     columns["llaisys"] = run_engine(args, "llaisys")
     columns["eager"] = run_engine(args, "llaisys", LLAISYS_GRAPHS="0")
-    measure_bandwidth()
     int8 = int8_available(args.device)
     if int8:
         columns["int8"] = run_engine(args, "llaisys", "--quantize", "int8")
     for spec in args.gguf if args.llama_bench else ():
         label, _, file = spec.partition("=")
-        columns[f"llama.cpp {label}"] = run_engine(args, "llama.cpp", "--llama-bench", args.llama_bench,
-                                                   "--gguf-file", file)
-    measure_bandwidth()
-    bandwidth = sorted(readings)[len(readings) // 2] if readings else None
+        columns[f"llama.cpp {label}"] = bandwidth_around(
+            lambda file=file: run_engine(args, "llama.cpp", "--llama-bench", args.llama_bench, "--gguf-file", file))
     profiles = {}
     if args.profile:
         profiles["bf16"] = run_engine(args, "llaisys-profile", LLAISYS_GRAPHS="0")["table"]
@@ -306,17 +337,21 @@ def main(argv=None) -> int:
     print("(x): ratio to HF transformers. llaisys: decode steps replayed from captured graphs where the backend has "
           "them; eager: LLAISYS_GRAPHS=0; int8: quantize='int8'")
     print(f"llaisys peak RSS / checkpoint bytes: {columns['llaisys']['peak_rss'] / weights:.2f}")
-    if bandwidth:
+    if args.device == "cpu":
         per_token = decode_weight_bytes(args.model)
-        shown = ", ".join(f"{r / 1e9:.1f}" for r in readings)
-        print(f"\ndecode against the bandwidth bound (streaming read: torch summing 1 GiB, {args.threads} threads, "
-              f"median of {shown} GB/s = {bandwidth / 1e9:.1f})")
-        for name, dtype in (("llaisys", "bf16"), ("eager", "bf16"), ("int8", "int8")):
-            if name in columns:
-                bound = bandwidth / per_token[dtype]
-                got = columns[name]["decode"]
-                print(f"  {name:8} {dtype}: {per_token[dtype] / 1e9:.2f} GB/token -> bound {bound:.2f} tok/s; "
-                      f"{got:.2f} tok/s = {100 * got / bound:.0f}% of it ({got * per_token[dtype] / 1e9:.1f} GB/s)")
+        print(f"\ndecode against the bandwidth bound: bound tok/s = streaming read (torch summing 1 GiB, "
+              f"{args.threads} threads, the higher of the readings just before and just after the decode "
+              f"run) / weight bytes per token; llaisys: per round of {args.decode_tokens} tokens, median of 3")
+        for name, result in columns.items():
+            dtype = "int8" if name == "int8" or name.endswith("q8_0") else "bf16"
+            if "bound_readings" not in result:
+                continue
+            got = result["decode"]
+            fractions = result.get("bound_fractions") or [got * per_token[dtype] / result["bound_readings"][0]]
+            rounds = ", ".join(f"{100 * f:.0f}% of {r / 1e9:.1f} GB/s"
+                               for f, r in zip(fractions, result["bound_readings"]))
+            print(f"  {name:15} {dtype} ({per_token[dtype] / 1e9:.2f} GB/token): {got:.2f} tok/s = "
+                  f"{100 * float(np.median(fractions)):.0f}% of the bound  [{rounds}]")
     for dtype, table in profiles.items():
         print(f"\none eager decode step, {dtype}, by op and size (M x N x K for linear), mean of "
               f"{args.decode_tokens} steps:\n{table}")
