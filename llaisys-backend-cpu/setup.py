@@ -98,7 +98,7 @@ def build_jobs() -> int:
 
 def foreign_code(unit: Unit) -> list[str]:
     """Functions an avx2 / avx512 object defines outside namespace llaisys::cpu::<isa>."""
-    own = re.compile(rf"_Z(?:T[WH])?Z?N[rVKRO]*7llaisys3cpu{len(unit.isa)}{unit.isa}")
+    own = re.compile(rf"_Z(?:T[WH])?Z*N[rVKRO]*7llaisys3cpu{len(unit.isa)}{unit.isa}")
     listing = subprocess.run(["nm", "--defined-only", "-P", str(unit.obj)], check=True, capture_output=True,
                              text=True).stdout
     code = (line.split()[0] for line in listing.splitlines() if line.split()[1] in ("T", "W", "i"))

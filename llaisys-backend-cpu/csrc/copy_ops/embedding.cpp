@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 
 namespace {
@@ -36,8 +37,9 @@ int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, 
         }
         auto* dst = static_cast<char*>(out);
         const auto* src = static_cast<const char*>(weight);
-#pragma omp parallel for schedule(static) if (n_index > 1 && n_index * dim >= kParallelElements)
-        for (int64_t i = 0; i < n_index; ++i)
-            std::memcpy(dst + size_t(i) * row_bytes, src + size_t(index[i]) * row_bytes, row_bytes);
+        llaisys::cpu::run_ranges(n_index, [&](int64_t i_begin, int64_t i_end) {
+            for (int64_t i = i_begin; i < i_end; ++i)
+                std::memcpy(dst + size_t(i) * row_bytes, src + size_t(index[i]) * row_bytes, row_bytes);
+        }, n_index > 1 && n_index * dim >= kParallelElements);
     });
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 
 using namespace llaisys;
@@ -38,23 +39,24 @@ void copy_rows(const std::vector<Dim>& dims, char* dst, const char* src) {
     for (int i = 0; i < outer_ndim; ++i) rows *= dims[i].size;
     const bool dense = inner.dst_stride == 1 && inner.src_stride == 1;
     const int64_t work = rows * inner.size;
-#pragma omp parallel for schedule(static) if (work > (1 << 16))
-    for (int64_t row = 0; row < rows; ++row) {
-        int64_t dst_off = 0, src_off = 0, rest = row;
-        for (int i = outer_ndim - 1; i >= 0; --i) {
-            int64_t idx = rest % dims[i].size;
-            rest /= dims[i].size;
-            dst_off += idx * dims[i].dst_stride;
-            src_off += idx * dims[i].src_stride;
+    llaisys::cpu::run_ranges(rows, [&](int64_t row_begin, int64_t row_end) {
+        for (int64_t row = row_begin; row < row_end; ++row) {
+            int64_t dst_off = 0, src_off = 0, rest = row;
+            for (int i = outer_ndim - 1; i >= 0; --i) {
+                int64_t idx = rest % dims[i].size;
+                rest /= dims[i].size;
+                dst_off += idx * dims[i].dst_stride;
+                src_off += idx * dims[i].src_stride;
+            }
+            T* d = reinterpret_cast<T*>(dst) + dst_off;
+            const T* s = reinterpret_cast<const T*>(src) + src_off;
+            if (dense) {
+                std::memcpy(d, s, sizeof(T) * inner.size);
+            } else {
+                for (int64_t j = 0; j < inner.size; ++j) d[j * inner.dst_stride] = s[j * inner.src_stride];
+            }
         }
-        T* d = reinterpret_cast<T*>(dst) + dst_off;
-        const T* s = reinterpret_cast<const T*>(src) + src_off;
-        if (dense) {
-            std::memcpy(d, s, sizeof(T) * inner.size);
-        } else {
-            for (int64_t j = 0; j < inner.size; ++j) d[j * inner.dst_stride] = s[j * inner.src_stride];
-        }
-    }
+    }, work > (1 << 16));
 }
 
 template <int N> struct Bytes { char b[N]; };

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
@@ -67,11 +69,11 @@ static int64_t argmax_of(const T* v, int64_t n) {
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     MaxScan scan;
     if (chunks >= 16) {  // >= 1M elements: the max pass in parallel (a vocabulary row is far below)
+        std::vector<MaxScan> parts(static_cast<size_t>(chunks));
+        run_tasks(chunks, [&](int64_t c) { parts[c] = max_scan(v, c * kChunk, std::min(n, (c + 1) * kChunk)); });
         float best = -INFINITY;
         bool any_nan = false;
-#pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : any_nan)
-        for (int64_t c = 0; c < chunks; ++c) {
-            const MaxScan part = max_scan(v, c * kChunk, (c + 1) * kChunk < n ? (c + 1) * kChunk : n);
+        for (const MaxScan& part : parts) {
             best = part.max > best ? part.max : best;
             any_nan = any_nan || part.nan;
         }

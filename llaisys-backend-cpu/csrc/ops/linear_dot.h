@@ -19,6 +19,7 @@
 
 #include <type_traits>
 
+#include "../common/thread_pool.h"
 #include "linear.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
@@ -162,8 +163,8 @@ struct DotBlock {
 };
 
 // The whole op in chain C (blocks run by Block::run). Rows of x go in chunks that stay in cache while every
-// weight row streams past them once; threads split each chunk's weight rows into blocks, handed out
-// dynamically (other processes may hold a core).
+// weight row streams past them once; the team (common/thread_pool.h) splits each chunk's weight rows into
+// blocks, handed out one at a time (other processes may hold a core).
 template <class C, int MR, int NR, class T, class Block>
 void linear_dot(const LinearArgs& a) {
     using X = typename C::XElem;
@@ -176,7 +177,7 @@ void linear_dot(const LinearArgs& a) {
     // Rows of x per chunk: ~2 MiB of them (a multiple of MR; they stay in L3 while the weights stream past
     // once), all of M when that is small.
     const int64_t chunk_rows = std::max<int64_t>(MR, (int64_t(2) << 20) / (K * int64_t(sizeof(X))) / MR * MR);
-    const int threads = omp_get_max_threads();
+    const int threads = team_size();
     const bool parallel = threads > 1 && M * N * K >= (int64_t(1) << 16);
     // A block of weight rows: ~16 per thread per chunk, at most 256 rows.
     const int64_t block = std::clamp<int64_t>(round_up(ceil_div(N, int64_t(threads) * 16), 8), 8, 256);
@@ -195,15 +196,15 @@ void linear_dot(const LinearArgs& a) {
         // At most MR rows of x (a decode step): a tile of one weight row, so that each thread reads its block
         // as one sequential stream. Tiles of NR rows read NR streams a row apart, which the hardware
         // prefetchers serve worse when rows are short (Zen 4, K = 1536: 27 against 37 GB/s).
-        if (mc <= MR) {
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-            for (int64_t b = 0; b < blocks; ++b)
-                Block::template run<1>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, out + m0 * N, N);
-        } else {
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-            for (int64_t b = 0; b < blocks; ++b)
-                Block::template run<NR>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, out + m0 * N, N);
-        }
+        T* outs = out + m0 * N;
+        if (mc <= MR)
+            run_tasks(blocks, [&](int64_t b) {
+                Block::template run<1>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, outs, N);
+            }, parallel);
+        else
+            run_tasks(blocks, [&](int64_t b) {
+                Block::template run<NR>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, outs, N);
+            }, parallel);
     }
 }
 

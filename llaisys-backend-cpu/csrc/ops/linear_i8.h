@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../common/thread_pool.h"
 #include "linear.h"
 
 namespace llaisys::cpu {
@@ -97,15 +98,16 @@ inline QuantizedX quantize_x(const T* x, int64_t M, int64_t K) {
     int8_t* q = reinterpret_cast<int8_t*>(buf);
     float* sx = reinterpret_cast<float*>(buf + q_bytes);
     int32_t* corr = reinterpret_cast<int32_t*>(buf + q_bytes + s_bytes);
-#pragma omp parallel for schedule(static) if (M > 1 && M * K >= kParallelGrain)
-    for (int64_t m = 0; m < M; ++m) {
-        int8_t* qm = q + m * ld;
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t k0 = g * kI8Group;
-            quantize_group(x + m * K + k0, int(std::min(kI8Group, K - k0)), qm + k0, sx + m * G + g, corr + m * G + g);
+    run_ranges(M, [&](int64_t m_begin, int64_t m_end) {
+        for (int64_t m = m_begin; m < m_end; ++m) {
+            int8_t* qm = q + m * ld;
+            for (int64_t g = 0; g < G; ++g) {
+                const int64_t k0 = g * kI8Group;
+                quantize_group(x + m * K + k0, int(std::min(kI8Group, K - k0)), qm + k0, sx + m * G + g, corr + m * G + g);
+            }
+            for (int64_t k = G * kI8Group; k < ld; ++k) qm[k] = 0;
         }
-        for (int64_t k = G * kI8Group; k < ld; ++k) qm[k] = 0;
-    }
+    }, M > 1 && M * K >= kParallelGrain);
     return QuantizedX{q, sx, corr, ld, G};
 }
 
@@ -115,8 +117,8 @@ void linear_i8_scalar(const LinearI8Args& a, const QuantizedX& xq) {
     const int64_t M = a.M, N = a.N, K = a.K, G = xq.G;
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
-#pragma omp parallel for schedule(dynamic, 16) if (N * K * M >= (int64_t(1) << 16))
-    for (int64_t n = 0; n < N; ++n) {
+    run_ranges(N, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
         const int8_t* w = a.weight + n * K;
         for (int64_t m = 0; m < M; ++m) {
             const int8_t* x = xq.q + m * xq.ld;
@@ -131,6 +133,7 @@ void linear_i8_scalar(const LinearI8Args& a, const QuantizedX& xq) {
             out[m * N + n] = from_f32<T>(acc);
         }
     }
+    }, N * K * M >= (int64_t(1) << 16));
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../common/thread_pool.h"
 #include "linear_i8.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
@@ -132,12 +133,11 @@ void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
     const int64_t blocks = ceil_div(N, W);
-    const int threads = omp_get_max_threads();
+    const int threads = team_size();
     // Chunks of blocks handed out dynamically (other processes share these cores), several per thread.
     const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
     const bool parallel = threads > 1 && N * K * (r1 - r0) >= (int64_t(1) << 16) && blocks > 1;
-#pragma omp parallel for schedule(dynamic, chunk) if (parallel)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
+    auto block_rows = [&](int64_t blk) {
         const int64_t n0 = blk * W;
         const int rows = int(std::min<int64_t>(W, N - n0));
         const V b = !bias ? V::zero() : rows == W ? V::load(bias + n0) : V::load_partial(bias + n0, rows);
@@ -166,7 +166,10 @@ void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1
                 default: group(std::integral_constant<int, 8>{}); break;
             }
         }
-    }
+    };
+    run_tasks(ceil_div(blocks, chunk), [&](int64_t c) {
+        for (int64_t blk = c * chunk; blk < std::min(blocks, (c + 1) * chunk); ++blk) block_rows(blk);
+    }, parallel);
 }
 
 // All M rows, in tiles of as many rows (a multiple of 8) as keep their xq within ~256 KiB: a weight block's

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
@@ -145,12 +146,13 @@ int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, i
         char* vc = static_cast<char*>(v_cache);
         const char* ks = static_cast<const char*>(k);
         const char* vs = static_cast<const char*>(v);
-#pragma omp parallel for schedule(static) if (T * int64_t(krow + vrow) >= (int64_t(1) << 20))
-        for (int64_t t = 0; t < T; ++t) {
-            if (slots[t] < 0) continue;
-            std::memcpy(kc + size_t(slots[t]) * krow, ks + size_t(t) * krow, krow);
-            std::memcpy(vc + size_t(slots[t]) * vrow, vs + size_t(t) * vrow, vrow);
-        }
+        llaisys::cpu::LLAISYS_ISA::run_ranges(T, [&](int64_t t_begin, int64_t t_end) {
+            for (int64_t t = t_begin; t < t_end; ++t) {
+                if (slots[t] < 0) continue;
+                std::memcpy(kc + size_t(slots[t]) * krow, ks + size_t(t) * krow, krow);
+                std::memcpy(vc + size_t(slots[t]) * vrow, vs + size_t(t) * vrow, vrow);
+            }
+        }, T * int64_t(krow + vrow) >= (int64_t(1) << 20));
     });
 }
 #endif

@@ -313,7 +313,7 @@ struct Paged {
             flops += 2.0 * double(p.H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(p.d + p.dv);
         }
         if (tiles == 0) return;
-        const int max_threads = omp_get_max_threads();
+        const int max_threads = team_size();
         const bool parallel = max_threads > 1 && flops > 4.0e5;
         const int threads = parallel ? max_threads : 1;
         // Few tiles (decode): share each tile's chunks among up to `spread` items.
@@ -362,19 +362,18 @@ struct Paged {
         PagedItem* const list = item_list;
         float* const gparts = global_parts;
 
-#pragma omp parallel num_threads(threads) if (parallel)
-        {
-            Scratch s = carve(base + per_thread * omp_get_thread_num());
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t i = 0; i < items; ++i)
+        run_team(parallel, [&](Team& team) {
+            Scratch s = carve(base + per_thread * team.member());
+            for_each(team, items, [&](int64_t i) {
                 with_mb(list[i].mb, [&](auto mb) { run_item<decltype(mb)::value>(list[i], s, gparts); });
-            if (global_floats) {
-#pragma omp for schedule(dynamic, 1)
-                for (int64_t i = 0; i < items; ++i)
+            }, /*nowait=*/global_floats == 0);
+            if (global_floats) {  // (after the barrier: every chunk of a shared tile is in)
+                for_each(team, items, [&](int64_t i) {
                     if (list[i].part >= 0 && list[i].c0 == 0)  // one merge per shared tile
                         with_mb(list[i].mb, [&](auto mb) { merge_item<decltype(mb)::value>(list[i], s, gparts); });
+                }, /*nowait=*/true);
             }
-        }
+        });
     }
 
     // MB for a (sequence, kv head) with M queries: enough vectors for M, at most kMaxMB.

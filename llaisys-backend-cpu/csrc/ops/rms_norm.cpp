@@ -11,6 +11,7 @@
 // and stays within the tolerances.
 #include <cmath>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 #include "../simd/simd.h"
 
@@ -67,8 +68,9 @@ void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const
         T* o = static_cast<T*>(out);
         const T* xs = static_cast<const T*>(x);
         const T* w = static_cast<const T*>(weight);
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= kParallelGrain)
-        for (int64_t row = 0; row < rows; ++row) rms_norm_row(dim, eps_f, o + row * dim, xs + row * dim, w);
+        run_ranges(rows, [&](int64_t row_begin, int64_t row_end) {
+            for (int64_t row = row_begin; row < row_end; ++row) rms_norm_row(dim, eps_f, o + row * dim, xs + row * dim, w);
+        }, rows > 1 && rows * dim >= kParallelGrain);
     });
 }
 

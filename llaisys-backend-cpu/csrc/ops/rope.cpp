@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 #include "../simd/simd.h"
 
@@ -67,19 +68,20 @@ static void sincos_row(float p, const float* inv_freq, int64_t half, float* cos_
 }
 
 void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids, float* table) {
-#pragma omp parallel for schedule(static) if (seq > 1 && seq * half >= 8192)
-    for (int64_t s = 0; s < seq; ++s) {
-        const float p = float(pos_ids[s]);  // position_ids.float()
-        float* c = table + s * 2 * half;
-        sincos_row(p, inv_freq, half, c, c + half);
-        for (int64_t j = 0; j < half; ++j) {
-            const double x = double(p * inv_freq[j]);
-            if (!(std::fabs(x) < kRopeFastAngle)) {  // huge, inf or NaN: the C library reduces exactly
-                c[j] = float(std::cos(x));
-                c[half + j] = float(std::sin(x));
+    run_ranges(seq, [&](int64_t s_begin, int64_t s_end) {
+        for (int64_t s = s_begin; s < s_end; ++s) {
+            const float p = float(pos_ids[s]);  // position_ids.float()
+            float* c = table + s * 2 * half;
+            sincos_row(p, inv_freq, half, c, c + half);
+            for (int64_t j = 0; j < half; ++j) {
+                const double x = double(p * inv_freq[j]);
+                if (!(std::fabs(x) < kRopeFastAngle)) {  // huge, inf or NaN: the C library reduces exactly
+                    c[j] = float(std::cos(x));
+                    c[half + j] = float(std::sin(x));
+                }
             }
         }
-    }
+    }, seq > 1 && seq * half >= 8192);
 }
 
 // The rotated halves (o1, o2) of x1 = x[j..], x2 = x[half + j..] with cos / sin lanes c, s: the products
@@ -120,11 +122,12 @@ static void rope_row(int64_t half, const float* cos_row, const float* sin_row, T
 template <class T, bool kHf>
 static void rope_rows(int64_t seq, int64_t heads, int64_t head_dim, const float* table, T* out, const T* x) {
     const int64_t half = head_dim / 2, rows = seq * heads;
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * head_dim >= kParallelGrain)
-    for (int64_t row = 0; row < rows; ++row) {
-        const float* cos_row = table + (row / heads) * 2 * half;
-        rope_row<T, kHf>(half, cos_row, cos_row + half, out + row * head_dim, x + row * head_dim);
-    }
+    run_ranges(rows, [&](int64_t row_begin, int64_t row_end) {
+        for (int64_t row = row_begin; row < row_end; ++row) {
+            const float* cos_row = table + (row / heads) * 2 * half;
+            rope_row<T, kHf>(half, cos_row, cos_row + half, out + row * head_dim, x + row * head_dim);
+        }
+    }, rows > 1 && rows * head_dim >= kParallelGrain);
 }
 
 void rope(int dtype, bool hf, int64_t seq, int64_t heads, int64_t head_dim, const float* table, void* out,

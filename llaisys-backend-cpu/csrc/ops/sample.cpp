@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/thread_pool.h"
 #include "../common/api.h"
 #include "../simd/simd.h"
 #include "argmax.h"
@@ -52,24 +53,25 @@ void sample_widen(int dtype, int64_t n, const void* src, float* dst) {
 void sample_exp(int64_t n, const float* v, float max, float temperature, float* p, double* block_sums) {
     const int64_t blocks = (n + kSampleBlock - 1) / kSampleBlock;
     const Vec m = Vec::set1(max), t = Vec::set1(temperature);
-#pragma omp parallel for schedule(static) if (n >= 4 * kParallelGrain)
-    for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t begin = b * kSampleBlock, end = begin + kSampleBlock < n ? begin + kSampleBlock : n;
-        Vec acc = Vec::zero();
-        int64_t i = begin;
-        for (; i + Vec::W <= end; i += Vec::W) {
-            Vec e = vexp((Vec::load(v + i) - m) / t);
-            e.store(p + i);
-            acc = acc + e;
+    run_ranges(blocks, [&](int64_t b_begin, int64_t b_end) {
+        for (int64_t b = b_begin; b < b_end; ++b) {
+            const int64_t begin = b * kSampleBlock, end = begin + kSampleBlock < n ? begin + kSampleBlock : n;
+            Vec acc = Vec::zero();
+            int64_t i = begin;
+            for (; i + Vec::W <= end; i += Vec::W) {
+                Vec e = vexp((Vec::load(v + i) - m) / t);
+                e.store(p + i);
+                acc = acc + e;
+            }
+            if (i < end) {
+                const int rest = int(end - i);
+                Vec e = select(Vec::first(rest), vexp((Vec::load_partial(v + i, rest) - m) / t), Vec::zero());
+                e.store_partial(p + i, rest);
+                acc = acc + e;
+            }
+            block_sums[b] = double(reduce_add(acc));
         }
-        if (i < end) {
-            const int rest = int(end - i);
-            Vec e = select(Vec::first(rest), vexp((Vec::load_partial(v + i, rest) - m) / t), Vec::zero());
-            e.store_partial(p + i, rest);
-            acc = acc + e;
-        }
-        block_sums[b] = double(reduce_add(acc));
-    }
+    }, n >= 4 * kParallelGrain);
 }
 
 int64_t sample_select(int64_t n, const float* v, float threshold, bool inclusive, int64_t base, int64_t* out) {

@@ -29,11 +29,10 @@
 // build of self_attention.cpp picks the tile shapes for its registers.
 #pragma once
 
-#include <omp.h>
-
 #include <cstdint>
 #include <cstring>
 
+#include "../common/thread_pool.h"
 #include "../simd/simd.h"
 
 namespace llaisys::cpu::attn {
@@ -171,7 +170,7 @@ void attention(const Problem& p) {
     // Threads only when the work pays for them; split the keys when (kv head, tile) pairs are few (never
     // with kHf: see the top).
     const double flops = 2.0 * double(H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(d + dv);
-    const int max_threads = omp_get_max_threads();
+    const int max_threads = team_size();
     const bool parallel = max_threads > 1 && flops > 4.0e5;
     const int threads = parallel ? max_threads : 1;
     const int64_t base_items = Hkv * ntiles;
@@ -198,9 +197,8 @@ void attention(const Problem& p) {
     float* const partial = base + per_thread * threads;
     const V neg_inf = V::set1(-__builtin_inff());
 
-#pragma omp parallel num_threads(threads) if (parallel)
-    {
-        float* sc = base + per_thread * omp_get_thread_num();
+    run_team(parallel, [&](Team& team) {
+        float* sc = base + per_thread * team.member();
         float* QT = sc; sc += round16(sz_qt);
         float* ST = sc; sc += round16(sz_st);
         float* OT = sc; sc += round16(sz_ot);
@@ -221,8 +219,7 @@ void attention(const Problem& p) {
             }
         };
 
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < items; ++item) {
+        for_each(team, items, [&](int64_t item) {
             // biggest (last) tiles first: they have the most keys under the causal mask
             const int64_t t = ntiles - 1 - item / (Hkv * nsplit);
             const int64_t g = (item / nsplit) % Hkv, s = item % nsplit;
@@ -307,12 +304,11 @@ void attention(const Problem& p) {
                 std::memcpy(part + LANES, lrun, sizeof(float) * LANES);
                 std::memcpy(part + 2 * LANES, OT, sizeof(float) * sz_ot);
             }
-        }
+        }, /*nowait=*/nsplit == 1);
 
         if (nsplit > 1) {
             // merge the key splits: M = max m_s, w_s = exp(m_s - M), out = sum w_s OT_s / sum w_s l_s
-#pragma omp for schedule(static)
-            for (int64_t gt = 0; gt < Hkv * ntiles; ++gt) {
+            for_each(team, Hkv * ntiles, [&](int64_t gt) {
                 const int64_t g = gt / ntiles, t = gt % ntiles;
                 const int64_t f0 = t * LANES, n = (M - f0) < LANES ? (M - f0) : LANES;
                 const float* parts = partial + gt * nsplit * part_stride;
@@ -338,9 +334,9 @@ void attention(const Problem& p) {
                     }
                 }
                 finish(g, f0, n, OT, lrun);
-            }
+            }, /*nowait=*/true);
         }
-    }
+    });
 }
 
 
@@ -398,7 +394,7 @@ void attention_rows(const Problem& p) {
     T* out = static_cast<T*>(p.out);
 
     const double flops = 2.0 * double(H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(d + dv);
-    const int max_threads = omp_get_max_threads();
+    const int max_threads = team_size();
     const bool parallel = max_threads > 1 && flops > 4.0e5;
     const int threads = parallel ? max_threads : 1;
     int64_t nsplit = 1;
@@ -421,9 +417,8 @@ void attention_rows(const Problem& p) {
     float* const base = scratch(0, per_thread * threads + part_floats);
     float* const partial = base + per_thread * threads;
 
-#pragma omp parallel num_threads(threads) if (parallel)
-    {
-        float* sc = base + per_thread * omp_get_thread_num();
+    run_team(parallel, [&](Team& team) {
+        float* sc = base + per_thread * team.member();
         float* Q = sc; sc += round16(MQ * d);
         float* ST = sc; sc += round16(MQ * BK);
         float* O = sc; sc += round16(MQ * dv);
@@ -445,8 +440,7 @@ void attention_rows(const Problem& p) {
             }
         };
 
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < items; ++item) {
+        for_each(team, items, [&](int64_t item) {
             const int64_t g = item / nsplit, s = item % nsplit;
             for (int64_t a = 0; a < M; ++a) {
                 const int64_t i = a / G, h = g * G + a % G;
@@ -516,11 +510,10 @@ void attention_rows(const Problem& p) {
                 std::memcpy(part + MQ, lrun, sizeof(float) * M);
                 std::memcpy(part + 2 * MQ, O, sizeof(float) * M * dv);
             }
-        }
+        }, /*nowait=*/nsplit == 1);
 
         if (nsplit > 1) {
-#pragma omp for schedule(static)
-            for (int64_t g = 0; g < Hkv; ++g) {
+            for_each(team, Hkv, [&](int64_t g) {
                 const float* parts = partial + g * nsplit * part_stride;
                 for (int64_t a = 0; a < M; ++a) {
                     float mmax = -__builtin_inff();
@@ -542,9 +535,9 @@ void attention_rows(const Problem& p) {
                     lrun[a] = l;
                 }
                 finish(g, O, lrun);
-            }
+            }, /*nowait=*/true);
         }
-    }
+    });
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

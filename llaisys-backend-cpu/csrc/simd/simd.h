@@ -36,6 +36,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../common/thread_pool.h"
 #include "../common/cpu_features.h"
 #include "../common/dtype.h"
 #include "llaisys/backend.h"
@@ -184,16 +185,17 @@ template <class T, class F>
 inline void map2(int64_t n, T* out, const T* a, const T* b, F f) {
     constexpr int64_t kBlock = 4096;  // a multiple of every W
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n >= kParallelGrain)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t i = blk * kBlock;
-        const int64_t end = n < i + kBlock ? n : i + kBlock;
-        for (; i + Vec::W <= end; i += Vec::W) f(Vec::load(a + i), Vec::load(b + i)).store(out + i);
-        if (i < end) {
-            const int rest = int(end - i);
-            f(Vec::load_partial(a + i, rest), Vec::load_partial(b + i, rest)).store_partial(out + i, rest);
+    run_ranges(blocks, [&](int64_t blk_begin, int64_t blk_end) {
+        for (int64_t blk = blk_begin; blk < blk_end; ++blk) {
+            int64_t i = blk * kBlock;
+            const int64_t end = n < i + kBlock ? n : i + kBlock;
+            for (; i + Vec::W <= end; i += Vec::W) f(Vec::load(a + i), Vec::load(b + i)).store(out + i);
+            if (i < end) {
+                const int rest = int(end - i);
+                f(Vec::load_partial(a + i, rest), Vec::load_partial(b + i, rest)).store_partial(out + i, rest);
+            }
         }
-    }
+    }, n >= kParallelGrain);
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

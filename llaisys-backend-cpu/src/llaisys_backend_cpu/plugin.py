@@ -8,14 +8,14 @@ from llaisys.backend import DLPACK_CPU
 
 from . import LIBRARY
 
-# How the kernels' idle OpenMP threads wait for the next kernel. libgomp's own default spins
-# for up to ~300,000 iterations (milliseconds) at every barrier: fine on idle cores, but when
-# another process shares them, a thread waiting for a preempted sibling burns its time slice
-# and a 10-token prefill of the demo took 70x longer. These settings stay fast either way
-# (measurements: the CPU threads section of the README). They apply only when the user has
-# set neither knob, and only when the process's OpenMP runtime starts with this library: a
-# process that imported torch first already runs one (torch ships libgomp.so.1 too, and the
-# two share it) and keeps the settings it started with.
+# The kernels run on the library's own thread team (csrc/common/thread_pool.h), not on OpenMP's threads.
+# But torch ships the same OpenMP runtime (libgomp.so.1) and shares it, and GNU OpenMP's own default spins
+# for up to ~300,000 iterations (milliseconds) at every barrier: in a process that uses torch and llaisys,
+# torch's spinning threads would take the cores from llaisys' team (and, when another process shares
+# them, a thread waiting for a preempted sibling burns its time slice: a 10-token prefill of the demo took
+# 70x longer). So the runtime starts passive, where it starts with this library. This applies only when
+# the user has set neither knob, and only when the process's OpenMP runtime starts with this library: a
+# process that imported torch first already runs one and keeps the settings it started with.
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "passive"}
 OPENMP_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
