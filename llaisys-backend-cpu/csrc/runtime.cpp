@@ -45,7 +45,7 @@ int g_event_token;  // events are distinct non-null handles, complete when recor
 }  // namespace
 
 const char* LLAISYS_FN(build_info)(void) {
-    return "llaisys CPU kernels: x86-64 baseline + AVX2 + AVX-512 paths, OpenMP";
+    return "llaisys CPU kernels: x86-64 baseline + AVX2 + AVX-512 paths, own thread team";
 }
 
 int LLAISYS_FN(device_count)(int* count) {

@@ -78,7 +78,7 @@ class Scratch {
     size_t capacity_ = 0;
 };
 
-// One scratch per (thread, purpose). Threads of the OpenMP pool persist, so this is allocated once.
+// One scratch per (thread, purpose). The thread team's threads persist, so this is allocated once.
 enum ScratchSlot { kSlotX = 0, kSlotCount };
 inline Scratch& scratch(ScratchSlot slot) {
     static thread_local Scratch slots[kSlotCount];

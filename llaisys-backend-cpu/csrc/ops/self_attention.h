@@ -47,7 +47,7 @@ struct Problem {
 };
 
 // Per calling thread, a cached buffer of at least `floats` floats (64-byte aligned); throws bad_alloc.
-// Defined once (self_attention.cpp, portable build). Never call it inside an OpenMP region.
+// Defined once (self_attention.cpp, portable build). Never call it inside a thread-team region.
 float* scratch(int slot, int64_t floats);
 
 }  // namespace llaisys::cpu::attn

@@ -134,7 +134,7 @@ using Vec = Vec8;
 template <class M, std::enable_if_t<std::is_integral_v<M>, int> = 0>
 inline uint32_t bits(M m) { return uint32_t(m); }
 
-// Run an OpenMP loop only when it has this many elements of work: below it, waking threads costs more.
+// Run a loop on the thread team only when it has this many elements of work: below it, waking threads costs more.
 constexpr int64_t kParallelGrain = 1 << 15;
 
 // exp(x) in f32 lanes, within ~2 ulp: x = n ln2 + r with |r| <= ln2 / 2, Cephes' expf polynomial for
@@ -180,7 +180,7 @@ inline void with_float_type(int dtype, F&& f) {
     }
 }
 
-// out[i] = f(a[i], b[i]) over n elements, in blocks of kBlock shared among OpenMP threads when large.
+// out[i] = f(a[i], b[i]) over n elements, in blocks of kBlock shared among the team (common/thread_pool.h) when large.
 template <class T, class F>
 inline void map2(int64_t n, T* out, const T* a, const T* b, F f) {
     constexpr int64_t kBlock = 4096;  // a multiple of every W
