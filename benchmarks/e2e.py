@@ -11,8 +11,9 @@ Each engine runs in its own subprocess (same thread count, same token ids) so th
 peak RSS is its own; this script prints one table with the ratio to HF per row.
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
-tok/s over 64 new tokens (greedy, EOS ignored; llaisys on the CPU: median of 3 runs), peak RSS; on a GPU also the peak device memory
-(torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's peak for llaisys). llaisys runs
+tok/s over 64 new tokens (greedy, EOS ignored; llaisys on the CPU: median of 3 runs), peak RSS; on a
+GPU also the peak device memory (torch.cuda.max_memory_allocated for HF, llaisys' caching allocator's
+peak for llaisys). llaisys runs
 as shipped (decode steps replayed from captured graphs where the backend has them), eager
 (LLAISYS_GRAPHS=0), and with int8 weights (quantize="int8", where the backend has the int8 linear).
 
@@ -20,9 +21,10 @@ On the CPU the script also measures the machine's streaming read bandwidth (torc
 with the same threads) just before and just after each decode run, and prints decode against its bound: a
 decode step reads every weight once (the matrices of the layers and the lm_head; not the embedding table,
 of which it reads one row), so bound tok/s = bandwidth / weight bytes per token. llaisys decodes in three
-such rounds and reports the medians (a VM's bandwidth can change from one 10 s stretch to the next). llama.cpp's llama-bench (built from the llama-cpp-python
-sdist's vendored tree with cmake) adds a column per GGUF file given (convert the same checkpoint with its
-convert_hf_to_gguf.py --outtype bf16 / q8_0).
+such rounds and reports the medians (a VM's bandwidth can change from one 10 s stretch to the next).
+llama.cpp's llama-bench (built from the llama-cpp-python sdist's vendored tree with cmake) adds a column
+per GGUF file given (convert the same checkpoint with its convert_hf_to_gguf.py --outtype bf16 / q8_0),
+bracketed by streaming reads too.
 """
 
 from __future__ import annotations

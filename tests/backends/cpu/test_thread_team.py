@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import queue as queues
 import os
+import queue as queues
 import subprocess
 import sys
 import threading
