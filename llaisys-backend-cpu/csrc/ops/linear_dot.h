@@ -18,6 +18,7 @@
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "../common/thread_pool.h"
 #include "linear.h"
@@ -51,16 +52,30 @@ struct Bf16PairChain {
 };
 #endif
 
-// out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias.
-// prefetch: the weights come from memory (the first pass over them), not from cache; then each step also
-// requests NR lines of the next tile (a tile ahead: e.g. 12 KiB at K = 1536, which covers the latency of DRAM
-// at this loop's speed; past the matrix's end a prefetch is a no-op). In address order: requesting the same k
-// of each next row instead (NR streams a row apart) ran the first pass of a 16-row prefill at 27 GB/s, this
-// at 45 (Zen 4, K = 1536).
+// Requests the weight rows a block reads next while the passes over its current L2 slice compute: every
+// tile of every pass requests an equal share of the next slice's lines, in address order (one stream that
+// the hardware prefetchers join; past the matrix's end a prefetch is a no-op).
+struct SlicePrefetch {
+    const char* next = nullptr;  // the first line not yet requested
+    int64_t lines = 0;           // lines left to request
+    int64_t per_tile = 0;        // each tile's share
+
+    // The next tile's share: (first line, count).
+    LLAISYS_ALWAYS_INLINE std::pair<const char*, int64_t> take() {
+        const int64_t n = std::min(per_tile, lines);
+        const char* first = next;
+        next += n * 64;
+        lines -= n;
+        return {first, n};
+    }
+};
+
+// out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias;
+// meanwhile requests pf_lines cache lines from pf on.
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
                                     int64_t K, const T* __restrict bias, T* __restrict out, int64_t N,
-                                    bool prefetch) {
+                                    const char* pf, int64_t pf_lines) {
     using Acc = typename C::Acc;
     constexpr int KW = C::KW;
     Acc acc[MR][NR];
@@ -68,16 +83,16 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) acc[i][j] = Acc::zero();
-    // the next tile's NR rows are contiguous: NR lines per step (NR * KW values of k) cover its NR * K
-    const char* next = reinterpret_cast<const char*>(w + NR * K);
+    // its share of the next slice, spread over the steps; locality 1 (prefetcht2): into L2, where the next
+    // slice's passes read it (with prefetcht0 the requests also filled L1, evicting this tile's operands:
+    // a 16-row prefill's linears ran at 245 instead of 285 GFLOP/s on Zen 4)
+    const int64_t per_step = ceil_div(pf_lines, ceil_div(K, KW));
     int64_t k = 0;
     for (; k + KW <= K; k += KW) {
+        for (int64_t p = 0; p < per_step && pf_lines > 0; ++p, --pf_lines, pf += 64) __builtin_prefetch(pf, 0, 1);
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-            if (prefetch) __builtin_prefetch(next + (k * NR + j * KW) * sizeof(T));
-            wv[j] = C::load(w + j * K + k);
-        }
+        for (int j = 0; j < NR; ++j) wv[j] = C::load(w + j * K + k);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
             const auto xv = C::load(x + i * ldx + k);
@@ -118,16 +133,22 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
 // Rows [0, R) of x against weight rows [n0, n1): tiles of NR weight rows, then the last few one at a time.
 template <class C, int R, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
-                                    const T* bias, T* out, int64_t N, bool prefetch) {
+                                    const T* bias, T* out, int64_t N, SlicePrefetch& pf) {
     int64_t n = n0;
-    for (; n + NR <= n1; n += NR)
-        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, prefetch);
-    for (; n < n1; ++n) dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, prefetch);
+    for (; n + NR <= n1; n += NR) {
+        const auto [first, lines] = pf.take();
+        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines);
+    }
+    for (; n < n1; ++n) {
+        const auto [first, lines] = pf.take();
+        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines);
+    }
 }
 
 // Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. The weight rows go in slices of
 // ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group stays in L1 / L2 across
-// the slice's tiles). The row count of the last group is a template argument too, so that every tile keeps
+// the slice's tiles); the passes over one slice request the next one (SlicePrefetch), so that memory streams
+// while they compute. The row count of the last group is a template argument too, so that every tile keeps
 // its accumulators in registers.
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
@@ -137,15 +158,22 @@ LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, con
     const int64_t slice = std::max<int64_t>(NR, (int64_t(256) << 10) / (K * int64_t(sizeof(T))) / NR * NR);
     for (int64_t s0 = n0; s0 < n1; s0 += slice) {
         const int64_t s1 = std::min(n1, s0 + slice);
+        SlicePrefetch pf;
+        if (prefetch) {
+            const int64_t next_lines = ceil_div((std::min(n1, s1 + slice) - s1) * K * int64_t(sizeof(T)), 64);
+            const int64_t tiles = (s1 - s0) / NR + (s1 - s0) % NR;
+            pf = SlicePrefetch{reinterpret_cast<const char*>(w + s1 * K), next_lines,
+                               ceil_div(next_lines, ceil_div(mc, MR) * tiles)};
+        }
         int64_t i = 0;
-        for (; i + MR <= mc; i += MR)  // the first group pulls the slice from memory, the others find it in L2
-            dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, prefetch && i == 0);
+        for (; i + MR <= mc; i += MR)  // (a block's first slice comes from memory, the others from L2)
+            dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, pf);
         const auto* xi = x + i * K;
         T* oi = out + i * N;
         switch (mc - i) {  // the last rows of x, fewer than MR
-            case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, prefetch && i == 0); break;
-            case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, prefetch && i == 0); break;
-            case 3: if constexpr (MR > 3) dot_rows<C, 3, NR>(xi, w, s0, s1, K, bias, oi, N, prefetch && i == 0); break;
+            case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
+            case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
+            case 3: if constexpr (MR > 3) dot_rows<C, 3, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
             default: break;
         }
     }
