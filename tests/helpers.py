@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -80,3 +82,23 @@ def skip_without_kernels(device, ops, what: str) -> None:
     if missing:
         pytest.skip(f"the '{llaisys.as_device(device).type}' backend does not implement {', '.join(missing)}, "
                     f"which {what} needs")
+
+
+def run_in_threads(work, args_list, timeout: float = 300.0) -> list[Exception]:
+    """work(*args) on one thread per args, all at once; asserts that none hung and returns the exceptions
+    they raised (a thread's own exception would vanish)."""
+    errors: list[Exception] = []
+
+    def guarded(*args):
+        try:
+            work(*args)
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=args) for args in args_list]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors

@@ -14,11 +14,11 @@ import os
 import queue as queues
 import subprocess
 import sys
-import threading
 
 import numpy as np
 
 import llaisys
+from helpers import run_in_threads
 
 # large enough that every kernel below runs on the team (linear: M*N*K >= 2^16; argmax: >= 1M elements;
 # rms_norm: rows * dim >= 2^15)
@@ -59,21 +59,12 @@ def test_callers_on_several_threads_at_once_get_their_own_results():
     """One thread holds the team, the others run alone meanwhile: nobody's work is mixed with another's."""
     expected = {seed: _run(seed) for seed in range(4)}
     got: dict[int, list] = {seed: [] for seed in range(4)}
-    errors = []
 
     def caller(seed: int):
-        try:
-            for _ in range(5):
-                got[seed].append(_run(seed))
-        except Exception as error:  # (reported below: a thread's exception would vanish)
-            errors.append(error)
+        for _ in range(5):
+            got[seed].append(_run(seed))
 
-    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a caller hung"
+    errors = run_in_threads(caller, [(seed,) for seed in range(4)])
     assert not errors, errors
     for seed in range(4):
         assert got[seed] == [expected[seed]] * 5, f"caller {seed} got another result"
@@ -102,7 +93,7 @@ def test_a_forked_child_starts_its_own_team():
 
 CHILD = """
 import json, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 from test_thread_team import _run
 print(json.dumps(_run(2)))
 """
@@ -111,7 +102,8 @@ print(json.dumps(_run(2)))
 def test_team_size_and_spin_budget_do_not_change_results():
     """One thread (no team), more threads than cores, and threads that sleep at once: the same bits."""
     expected = _run(2)
-    code = CHILD.format(here=os.path.dirname(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = CHILD.format(here=here, tests=os.path.dirname(os.path.dirname(here)))
     for env in ({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "3"}, {"LLAISYS_CPU_SPIN_US": "0"},
                 {"LLAISYS_CPU_SPIN_US": "5000", "OMP_NUM_THREADS": "2"}):
         child = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
