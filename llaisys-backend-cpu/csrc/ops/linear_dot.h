@@ -225,14 +225,14 @@ void linear_dot(const LinearArgs& a) {
         // as one sequential stream. Tiles of NR rows read NR streams a row apart, which the hardware
         // prefetchers serve worse when rows are short (Zen 4, K = 1536: 27 against 37 GB/s).
         T* outs = out + m0 * N;
-        if (mc <= MR)
+        auto run_blocks = [&](auto nr) {  // tiles of nr weight rows
             run_tasks(blocks, [&](int64_t b) {
-                Block::template run<1>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, outs, N);
+                Block::template run<decltype(nr)::value>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K,
+                                                         bias, outs, N);
             }, parallel);
-        else
-            run_tasks(blocks, [&](int64_t b) {
-                Block::template run<NR>(mc, xs, w, b * block, std::min(N, (b + 1) * block), K, bias, outs, N);
-            }, parallel);
+        };
+        if (mc <= MR) run_blocks(std::integral_constant<int, 1>{});
+        else run_blocks(std::integral_constant<int, NR>{});
     }
 }
 
