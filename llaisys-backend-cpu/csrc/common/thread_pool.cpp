@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -120,7 +121,11 @@ class Pool {
         context_ = context;
         size_ = size;
         error_ = nullptr;
-        for (auto& next : loop_next_) next.store(0, std::memory_order_relaxed);
+        if (share_capacity_ < kLoops * size) {  // (no worker reads it between jobs)
+            share_next_.reset(new ShareCounter[size_t(kLoops * size)]);
+            share_capacity_ = kLoops * size;
+        }
+        for (int c = 0; c < kLoops * size; ++c) share_next_[c].next.store(0, std::memory_order_relaxed);
         arrived_.store(0, std::memory_order_relaxed);
         pending_.store(uint32_t(workers_), std::memory_order_relaxed);
         change_and_wake(generation_, job_sleepers_);  // publishes the job
@@ -139,11 +144,22 @@ class Pool {
 
     void for_each(Team& team, int loop, int64_t n, void (*fn)(void*, int64_t), void* context, bool nowait) {
         if (loop >= kLoops) throw std::logic_error("a team job ran more loops than the pool keeps counters for");
-        for (int64_t i; (i = loop_next_[loop].fetch_add(1, std::memory_order_relaxed)) < n;) {
-            try {
-                fn(context, i);
-            } catch (...) {
-                record(std::current_exception());
+        // Member m's share: items [begin(m), begin(m + 1)), n / size each (the first n % size one more). It
+        // works through its own share in order, then helps with the others' (m + 1, m + 2, ...): the items
+        // a member takes are consecutive (a kernel's next block is the one it prefetched) unless the work
+        // is uneven (another program holds a core), and then the idle members take the rest.
+        const int size = team.size();
+        const int64_t q = n / size, r = n % size;
+        ShareCounter* next = &share_next_[size_t(loop * size)];
+        for (int k = 0; k < size; ++k) {
+            const int m = (team.member() + k) % size;
+            const int64_t begin = m * q + std::min<int64_t>(m, r), count = q + (m < r);
+            for (int64_t i; (i = next[m].next.fetch_add(1, std::memory_order_relaxed)) < count;) {
+                try {
+                    fn(context, begin + i);
+                } catch (...) {
+                    record(std::current_exception());
+                }
             }
         }
         if (!nowait && team.size() > 1) barrier();
@@ -208,7 +224,11 @@ class Pool {
     alignas(64) std::atomic<uint32_t> arrived_{0};  // members at the barrier
     std::atomic<uint32_t> phase_{0};                // futex word: barriers passed
     std::atomic<uint32_t> phase_sleepers_{0};
-    alignas(64) std::atomic<int64_t> loop_next_[kLoops];  // the next item of each loop
+    struct alignas(64) ShareCounter {  // one per cache line: each member claims from its own
+        std::atomic<int64_t> next;        // the next item of a member's share, from its beginning
+    };
+    std::unique_ptr<ShareCounter[]> share_next_;  // [loop][member] of the current job
+    int share_capacity_ = 0;
 };
 
 // The process's pool, made on first use and never destroyed (its threads are detached). A child of fork()

@@ -23,8 +23,10 @@ class Team {
   public:
     int member() const { return member_; }  // 0 (the caller) .. size() - 1
     int size() const { return size_; }
-    // fn(context, i) for every i in [0, n), handed out one at a time to whichever member is free; every
-    // member must call it (the same loops in the same order). Unless nowait, it returns when all members
+    // fn(context, i) for every i in [0, n): each member first takes the items of its own contiguous share
+    // (about n / size() of them) one at a time, in order, then helps with the other members' shares, so
+    // that a member's items are consecutive and a busy core's work goes to the free ones; every member
+    // must call it (the same loops in the same order). Unless nowait, it returns when all members
     // are done with the loop (a barrier). An exception thrown by fn is rethrown by run_team (the first
     // one; the loop's other items still run).
     // (for_each(team, n, body) below takes a lambda)
