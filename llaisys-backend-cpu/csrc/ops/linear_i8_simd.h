@@ -14,7 +14,8 @@
 //   (QuantizedX::corr), which removes the offset exactly.
 // - DotSigned (AVX2, AVX-512 without VNNI): dot4_i8, vpmaddubsw with the sign trick and vpmaddwd.
 // Decode (M <= 8) reads each weight byte exactly once; blocks of W rows are shared among the threads in
-// dynamic chunks; larger M re-reads a block (from L1 / L2) per group of 8 rows of x.
+// chunks (each thread takes its own consecutive chunks first, see thread_pool.h); larger M re-reads a block
+// (from L1 / L2) per group of 8 rows of x. The avx512 build takes W = 8 (ymm) for one row of x (linear_i8.cpp).
 // Prefetch (decode is bound by the weight reads): a block is W consecutive rows, so contiguous; while one is
 // read row-parallel, the next one is prefetched into L2 in address order (a stream the hardware prefetchers
 // join), and the scales, one strided line per group, a dozen groups ahead. On the 2-core Zen 4 this was
@@ -134,7 +135,8 @@ void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1
     T* out = static_cast<T*>(a.out);
     const int64_t blocks = ceil_div(N, W);
     const int threads = team_size();
-    // Chunks of blocks handed out dynamically (other processes share these cores), several per thread.
+    // Chunks of blocks, several per thread: a thread works through its own consecutive chunks, then helps
+    // the others (other processes may hold a core).
     const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
     const bool parallel = threads > 1 && N * K * (r1 - r0) >= (int64_t(1) << 16) && blocks > 1;
     auto block_rows = [&](int64_t blk) {

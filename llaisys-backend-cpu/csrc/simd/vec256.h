@@ -210,6 +210,15 @@ template <class T> inline Vec8 Vec8::round_to() const {
     else return *this;
 }
 
+#if defined(LLAISYS_ISA_AVX512)
+// dot4_u8i8: unsigned a, signed b, exact (vpdpbusd on ymm, AVX512-VNNI + VL: avx512 build only, on CPUs with
+// AVX512-VNNI; inline assembly for the reason given in vec512.h).
+inline Vec8i dot4_u8i8(Vec8i acc, Vec8i a, Vec8i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc.r) : "v"(a.r), "v"(b.r));
+    return acc;
+}
+#endif
+
 // In-register 8 x 8 transpose: r[i] lane j becomes r[j] lane i.
 inline void transpose(Vec8 (&r)[8]) {
     __m256 t[8], s[8];
