@@ -70,25 +70,36 @@ struct SlicePrefetch {
     }
 };
 
-// out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias;
-// meanwhile requests pf_lines cache lines from pf on.
+// The part [k0, k1) of a tile's k (all of it: 0, K). A part that ends before K leaves the accumulators in
+// carry (MR x NR of them) for the next part, which starts from them: each lane's chain over k is the same
+// whatever the parts, so the result is too.
+template <class Acc>
+struct KPart {
+    int64_t k0, k1;
+    Acc* carry;  // null when the part is all of K
+};
+
+// out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias, over
+// the part kp of k (the output is written when the part ends at K); meanwhile requests pf_lines cache lines
+// from pf on.
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
                                     int64_t K, const T* __restrict bias, T* __restrict out, int64_t N,
-                                    const char* pf, int64_t pf_lines) {
+                                    const char* pf, int64_t pf_lines, KPart<typename C::Acc> kp) {
     using Acc = typename C::Acc;
     constexpr int KW = C::KW;
     Acc acc[MR][NR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) acc[i][j] = Acc::zero();
+        for (int j = 0; j < NR; ++j) acc[i][j] = kp.k0 > 0 ? kp.carry[i * NR + j] : Acc::zero();
     // its share of the next slice, spread over the steps; locality 1 (prefetcht2): into L2, where the next
     // slice's passes read it (with prefetcht0 the requests also filled L1, evicting this tile's operands:
     // a 16-row prefill's linears ran at 245 instead of 285 GFLOP/s on Zen 4)
-    const int64_t per_step = ceil_div(pf_lines, ceil_div(K, KW));
-    int64_t k = 0;
-    for (; k + KW <= K; k += KW) {
+    const int64_t per_step = ceil_div(pf_lines, ceil_div(kp.k1 - kp.k0, KW));
+    const int64_t k_end = kp.k1;  // a multiple of KW, or K
+    int64_t k = kp.k0;
+    for (; k + KW <= k_end; k += KW) {
         for (int64_t p = 0; p < per_step && pf_lines > 0; ++p, --pf_lines, pf += 64) __builtin_prefetch(pf, 0, 1);
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
@@ -100,7 +111,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
             for (int j = 0; j < NR; ++j) acc[i][j] = C::step(acc[i][j], xv, wv[j]);
         }
     }
-    if (k < K) {  // the tail: both operands zero-filled past K (0 * 0 adds an exact 0)
+    if (k < k_end) {  // the tail (of the last part): both operands zero-filled past K (0 * 0 adds an exact 0)
         const int n = int(K - k);
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
@@ -111,6 +122,13 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
 #pragma GCC unroll 8
             for (int j = 0; j < NR; ++j) acc[i][j] = C::step(acc[i][j], xv, wv[j]);
         }
+    }
+    if (k_end < K) {  // more parts follow
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j) kp.carry[i * NR + j] = acc[i][j];
+        return;
     }
     float sums[MR][NR];
 #if defined(LLAISYS_ISA_AVX512)
@@ -130,24 +148,33 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
         for (int j = 0; j < NR; ++j) out[i * N + j] = from_f32<T>(bias ? sums[i][j] + to_f32(bias[j]) : sums[i][j]);
 }
 
-// Rows [0, R) of x against weight rows [n0, n1): tiles of NR weight rows, then the last few one at a time.
+// Rows [0, R) of x against weight rows [n0, n1): tiles of NR weight rows, then the last few one at a time,
+// over the part kp of k; tile t keeps its accumulators at kp.carry + t * kCarrySlot.
+constexpr int kCarrySlot = 16;  // accumulators per tile (MR x NR <= 16)
+
 template <class C, int R, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
-                                    const T* bias, T* out, int64_t N, SlicePrefetch& pf) {
+                                    const T* bias, T* out, int64_t N, SlicePrefetch& pf, KPart<typename C::Acc> kp) {
+    static_assert(R * NR <= kCarrySlot, "a tile's accumulators fit its carry slot");
+    auto next_tile = [&kp]() {  // this tile's part, then the carry moves to the next tile's slot
+        const auto part = kp;
+        if (kp.carry) kp.carry += kCarrySlot;
+        return part;
+    };
     int64_t n = n0;
     for (; n + NR <= n1; n += NR) {
         const auto [first, lines] = pf.take();
-        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines);
+        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines, next_tile());
     }
     for (; n < n1; ++n) {
         const auto [first, lines] = pf.take();
-        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines);
+        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, first, lines, next_tile());
     }
 }
 
 // Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. The weight rows go in slices of
-// ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group stays in L1 / L2 across
-// the slice's tiles); the passes over one slice request the next one (SlicePrefetch; after the last slice,
+// ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group, or its part of long
+// rows, stays in L1 across the slice's tiles); the passes over one slice request the next one (SlicePrefetch; after the last slice,
 // the first of the next block), so that memory streams while they compute. The row count of the last group
 // is a template argument too, so that every tile keeps its accumulators in registers.
 template <class C, int MR, int NR, class T>
@@ -155,29 +182,45 @@ LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, con
                                      int64_t K, const T* bias, T* out, int64_t N) {
     static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
     constexpr bool prefetch = NR > 1;  // one weight row at a time is one sequential stream: no help needed
+    using Acc = typename C::Acc;
     const int64_t slice = std::max<int64_t>(NR, (int64_t(256) << 10) / (K * int64_t(sizeof(T))) / NR * NR);
+    // Long rows (down_proj, K = 8960) go in parts of kc k (KPart), so that a group's part of x (8 KiB) stays
+    // in L1 while the slice's tiles pass it; else each step would load both x and the weights from L2
+    // (M = 16, Zen 4: 1536 x 8960 at 320 instead of 278 GFLOP/s). A tile's accumulators wait in carry
+    // (per thread) between parts.
+    const int64_t kc = std::max<int64_t>(C::KW, (int64_t(8) << 10) / (MR * int64_t(sizeof(typename C::XElem))) /
+                                                    C::KW * C::KW);
+    const int64_t parts = prefetch && K > 2 * kc ? ceil_div(K, kc) : 1;
+    const int64_t groups = ceil_div(mc, MR), max_tiles = slice / NR + NR;
+    Acc* carry = parts > 1 ? scratch(kSlotCarry).get<Acc>(size_t(groups * max_tiles * kCarrySlot)) : nullptr;
     for (int64_t s0 = n0; s0 < n1; s0 += slice) {
         const int64_t s1 = std::min(n1, s0 + slice);
+        const int64_t tiles = (s1 - s0) / NR + (s1 - s0) % NR;
         SlicePrefetch pf;
         if (prefetch) {
             // the next slice, past the block's end too: the block after it is, most of the time, this
             // thread's next one (see run_tasks), whose first slice is then not read cold (M = 16, Zen 4:
             // 8960 x 1536 at 346 instead of 293 GFLOP/s, 1536 x 1536 at 299 instead of 233)
             const int64_t next_lines = ceil_div((std::min(N, s1 + slice) - s1) * K * int64_t(sizeof(T)), 64);
-            const int64_t tiles = (s1 - s0) / NR + (s1 - s0) % NR;
             pf = SlicePrefetch{reinterpret_cast<const char*>(w + s1 * K), next_lines,
-                               ceil_div(next_lines, ceil_div(mc, MR) * tiles)};
+                               ceil_div(next_lines, groups * tiles * parts)};
         }
-        int64_t i = 0;
-        for (; i + MR <= mc; i += MR)  // (the weights come from L2, requested during the previous slice)
-            dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, pf);
-        const auto* xi = x + i * K;
-        T* oi = out + i * N;
-        switch (mc - i) {  // the last rows of x, fewer than MR
-            case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
-            case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
-            case 3: if constexpr (MR > 3) dot_rows<C, 3, NR>(xi, w, s0, s1, K, bias, oi, N, pf); break;
-            default: break;
+        for (int64_t p = 0; p < parts; ++p) {
+            const int64_t k0 = p * kc, k1 = p + 1 < parts ? k0 + kc : K;
+            auto part = [&](int64_t group) {  // group g's tiles keep their accumulators from carry + g * ...
+                return KPart<Acc>{k0, k1, carry ? carry + group * max_tiles * kCarrySlot : nullptr};
+            };
+            int64_t i = 0;
+            for (; i + MR <= mc; i += MR)  // (the weights come from L2, requested during the previous slice)
+                dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, pf, part(i / MR));
+            const auto* xi = x + i * K;
+            T* oi = out + i * N;
+            switch (mc - i) {  // the last rows of x, fewer than MR
+                case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, pf, part(i / MR)); break;
+                case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, pf, part(i / MR)); break;
+                case 3: if constexpr (MR > 3) dot_rows<C, 3, NR>(xi, w, s0, s1, K, bias, oi, N, pf, part(i / MR)); break;
+                default: break;
+            }
         }
     }
 }
