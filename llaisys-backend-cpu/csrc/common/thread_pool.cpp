@@ -18,11 +18,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <memory>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <thread>

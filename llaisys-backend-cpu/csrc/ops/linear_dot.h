@@ -174,9 +174,10 @@ LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int6
 
 // Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. The weight rows go in slices of
 // ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group, or its part of long
-// rows, stays in L1 across the slice's tiles); the passes over one slice request the next one (SlicePrefetch; after the last slice,
-// the first of the next block), so that memory streams while they compute. The row count of the last group
-// is a template argument too, so that every tile keeps its accumulators in registers.
+// rows, stays in L1 across the slice's tiles); the passes over one slice request the next one
+// (SlicePrefetch; after the last slice, the first of the next block), so that memory streams while they
+// compute. The row count of the last group is a template argument too, so that every tile keeps its
+// accumulators in registers.
 template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
                                      int64_t K, const T* bias, T* out, int64_t N) {
