@@ -162,7 +162,7 @@ class Pool {
                 }
             }
         }
-        if (!nowait && team.size() > 1) barrier();
+        if (!nowait && size > 1) barrier();
     }
 
   private:

@@ -71,7 +71,8 @@ void for_each(Team& team, int64_t n, F&& body, bool nowait = false) {
     team.for_each(n, [](void* c, int64_t i) { (*static_cast<Body*>(c))(i); }, &body, nowait);
 }
 
-// task(t) for every t in [0, tasks), handed out one at a time (on the team when `parallel`).
+// task(t) for every t in [0, tasks), one at a time, each member its own consecutive tasks first (see
+// Team::for_each; on the team when `parallel`).
 template <class F>
 void run_tasks(int64_t tasks, F&& task, bool parallel = true) {
     if (!parallel || tasks <= 1) {

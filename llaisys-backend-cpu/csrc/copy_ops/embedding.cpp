@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <vector>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 
 using namespace llaisys;
 

@@ -239,7 +239,8 @@ struct DotBlock {
 
 // The whole op in chain C (blocks run by Block::run). Rows of x go in chunks that stay in cache while every
 // weight row streams past them once; the team (common/thread_pool.h) splits each chunk's weight rows into
-// blocks, handed out one at a time (other processes may hold a core).
+// blocks, taken one at a time, each thread its own consecutive blocks first (the idle take over the blocks
+// of a thread another process slows).
 template <class C, int MR, int NR, class T, class Block>
 void linear_dot(const LinearArgs& a) {
     using X = typename C::XElem;

@@ -118,21 +118,21 @@ void linear_i8_scalar(const LinearI8Args& a, const QuantizedX& xq) {
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
     run_ranges(N, [&](int64_t n_begin, int64_t n_end) {
-    for (int64_t n = n_begin; n < n_end; ++n) {
-        const int8_t* w = a.weight + n * K;
-        for (int64_t m = 0; m < M; ++m) {
-            const int8_t* x = xq.q + m * xq.ld;
-            float acc = 0.0f;
-            for (int64_t g = 0; g < G; ++g) {
-                const int64_t k0 = g * kI8Group, k1 = std::min(K, k0 + kI8Group);
-                int32_t dot = 0;
-                for (int64_t k = k0; k < k1; ++k) dot += int32_t(w[k]) * int32_t(x[k]);
-                acc += (to_f32(a.scales[g * N + n]) * xq.sx[m * G + g]) * float(dot);
+        for (int64_t n = n_begin; n < n_end; ++n) {
+            const int8_t* w = a.weight + n * K;
+            for (int64_t m = 0; m < M; ++m) {
+                const int8_t* x = xq.q + m * xq.ld;
+                float acc = 0.0f;
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t k0 = g * kI8Group, k1 = std::min(K, k0 + kI8Group);
+                    int32_t dot = 0;
+                    for (int64_t k = k0; k < k1; ++k) dot += int32_t(w[k]) * int32_t(x[k]);
+                    acc += (to_f32(a.scales[g * N + n]) * xq.sx[m * G + g]) * float(dot);
+                }
+                if (bias) acc += to_f32(bias[n]);
+                out[m * N + n] = from_f32<T>(acc);
             }
-            if (bias) acc += to_f32(bias[n]);
-            out[m * N + n] = from_f32<T>(acc);
         }
-    }
     }, N * K * M >= (int64_t(1) << 16));
 }
 

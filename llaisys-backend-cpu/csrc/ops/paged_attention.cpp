@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
 

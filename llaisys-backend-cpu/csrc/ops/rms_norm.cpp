@@ -11,8 +11,8 @@
 // and stays within the tolerances.
 #include <cmath>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 #include "../simd/simd.h"
 
 LLAISYS_DECLARE_PER_ISA(void rms_norm(int dtype, int64_t rows, int64_t dim, double eps, void* out, const void* x,

@@ -21,8 +21,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 #include "../simd/simd.h"
 
 // table: [seq][2][d/2] f32, cos then sin for each position.

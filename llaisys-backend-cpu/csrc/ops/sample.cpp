@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "../common/thread_pool.h"
 #include "../common/api.h"
+#include "../common/thread_pool.h"
 #include "../simd/simd.h"
 #include "argmax.h"
 
