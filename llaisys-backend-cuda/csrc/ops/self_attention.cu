@@ -172,27 +172,27 @@ __global__ void __launch_bounds__(THREADS) attention_kernel(AttentionArgs<T> a) 
     }
 }
 
-// out rows = the splits' partial results merged: sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+// out = the splits' partial results merged, one thread per output element (row, column): a running merge
+// over the splits in order, sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), where a split that saw no
+// key (l_s = 0) contributes nothing.
 template <class T>
 __global__ void attention_combine_kernel(int64_t rows, int64_t dv, int splits, T* out, const float* part_acc,
                                          const float* part_ml) {
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        float m = -INFINITY;
-        for (int s = 0; s < splits; ++s)
-            if (part_ml[(s * rows + r) * 2 + 1] > 0.0f) m = fmaxf(m, part_ml[(s * rows + r) * 2]);
-        float l = 0.0f;
+    const int64_t n = rows * dv;
+    for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = idx / dv, c = idx % dv;
+        float m = -INFINITY, l = 0.0f, acc = 0.0f;
         for (int s = 0; s < splits; ++s) {
-            const float ls = part_ml[(s * rows + r) * 2 + 1];
-            if (ls > 0.0f) l += ls * expf(part_ml[(s * rows + r) * 2] - m);
+            const int64_t slot = int64_t(s) * rows + r;
+            const float ls = part_ml[slot * 2 + 1];
+            if (!(ls > 0.0f)) continue;
+            const float ms = part_ml[slot * 2], m_new = fmaxf(m, ms);
+            const float keep = expf(m - m_new), take = expf(ms - m_new);  // keep = 0 at the first split
+            l = l * keep + ls * take;
+            acc = acc * keep + part_acc[slot * dv + c] * take;
+            m = m_new;
         }
-        for (int64_t c = threadIdx.x; c < dv; c += blockDim.x) {
-            float acc = 0.0f;
-            for (int s = 0; s < splits; ++s) {
-                const float ls = part_ml[(s * rows + r) * 2 + 1];
-                if (ls > 0.0f) acc += part_acc[(s * rows + r) * dv + c] * expf(part_ml[(s * rows + r) * 2] - m);
-            }
-            out[r * dv + c] = from_float<T>(acc / l);
-        }
+        out[idx] = from_float<T>(acc / l);
     }
 }
 
@@ -255,7 +255,7 @@ void run_attention(StreamContext& s, AttentionArgs<T> a, bool out_overlaps_v) {
         const dim3 grid(unsigned((a.n_rows * a.G + R - 1) / R), unsigned(a.Hkv), unsigned(plan.splits));
         LLAISYS_LAUNCH(kernel, grid, threads, plan.shared_bytes, s.stream, a);
         const int64_t rows = a.n_rows * a.H;
-        const unsigned combine_blocks = blocks_for(rows, 1, int64_t(dev.sm_count) * 16);
+        const unsigned combine_blocks = blocks_for(rows * a.dv, 128, int64_t(dev.sm_count) * 16);
         LLAISYS_LAUNCH(combine, combine_blocks, 128, 0, s.stream, rows, a.dv, int(plan.splits),
                        a.out + a.row_begin * a.H * a.dv, a.part_acc, a.part_ml);
     }
