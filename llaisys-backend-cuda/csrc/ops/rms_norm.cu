@@ -1,8 +1,9 @@
 // rms_norm: per row of x [rows, dim], out = x * weight / sqrt(mean(x^2) + eps). One block per row: the
 // squares are summed in f32 (per thread, then a block reduction), r = 1 / sqrt(sum / dim + (float)eps)
-// as HF computes it, and out = (x * r) * weight in f32 with one rounding (LLAISYS_NUMERICS_EXACT), or with
-// x * r rounded to the dtype before the weight multiplies it, as HF's Qwen2RMSNorm does (LLAISYS_NUMERICS_HF).
-// out may be x: every element is read and written by the same thread.
+// as HF computes it, y = x * r rounded to the dtype, and out = y * weight rounded again: HF's Qwen2RMSNorm
+// (weight * h.to(input_dtype)). Both numerics modes compute this, as the CPU backend does: the op's
+// contract is HF's rounding of the normalised row (what models were trained with; ~1 ulp from the
+// exactly rounded result). out may be x: every element is read and written by the same thread.
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
@@ -11,7 +12,7 @@
 namespace llaisys::cuda {
 namespace {
 
-template <class T, bool kHf>
+template <class T>
 __global__ void rms_norm_kernel(int64_t rows, int64_t dim, float eps, T* out, const T* x, const T* weight) {
     __shared__ BlockScratch<float> scratch;
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -26,7 +27,7 @@ __global__ void rms_norm_kernel(int64_t rows, int64_t dim, float eps, T* out, co
         const float r = 1.0f / sqrtf(total / float(dim) + eps);
         for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
             const float normed = to_float(xr[c]) * r;
-            yr[c] = from_float<T>((kHf ? round_to<T>(normed) : normed) * to_float(weight[c]));
+            yr[c] = from_float<T>(round_to<T>(normed) * to_float(weight[c]));
         }
     }
 }
@@ -38,14 +39,14 @@ int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int6
                          void* out, const void* x, const void* weight) {
     using namespace llaisys::cuda;
     return guard("rms_norm", [&] {
-        const bool hf = hf_numerics(numerics);
+        (void)hf_numerics(numerics);  // validates the code: both modes round where HF does (above)
         StreamContext& s = stream_context(device, stream);
         if (rows <= 0 || dim <= 0) return;
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
             const int threads = dim >= 1024 ? 256 : 128;
             const unsigned blocks = blocks_for(rows, 1, int64_t(device_context(device).sm_count) * 16);
-            auto kernel = hf ? &rms_norm_kernel<T, true> : &rms_norm_kernel<T, false>;
+            auto kernel = &rms_norm_kernel<T>;
             LLAISYS_LAUNCH(kernel, blocks, threads, 0, s.stream, rows, dim, float(eps), static_cast<T*>(out),
                            static_cast<const T*>(x), static_cast<const T*>(weight));
         });
