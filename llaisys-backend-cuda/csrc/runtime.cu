@@ -34,6 +34,23 @@ void require_stream_for_capture(void* stream) {
         throw InvalidArgument("graph capture needs a stream from stream_create (the default stream cannot be captured)");
 }
 
+// The streams this thread is capturing. While there is one, the calls that a capture cannot record
+// (allocation, free, synchronization, synchronous copies) are refused here, before CUDA sees them: CUDA
+// would answer some with cudaErrorStreamCaptureUnsupported and invalidate the capture, and let others
+// (a synchronous copy) run at once instead of at replay.
+thread_local int t_capturing_streams = 0;
+
+void refuse_while_capturing(const char* call) {
+    if (t_capturing_streams > 0)
+        throw InvalidArgument(std::string(call) + " is not allowed on a thread that is capturing a graph "
+                              "(between graph_begin_capture and graph_end_capture)");
+}
+
+void capture_ended(StreamContext& s) {
+    if (s.capturing_thread) --*s.capturing_thread;
+    s.capturing_thread = nullptr;
+}
+
 }  // namespace
 
 const char* LLAISYS_FN(build_info)(void) {
@@ -103,6 +120,7 @@ int LLAISYS_FN(mem_info)(int device, size_t* free_bytes, size_t* total_bytes) {
 
 int LLAISYS_FN(device_synchronize)(int device) {
     return guard("device_synchronize", [&] {
+        refuse_while_capturing("device_synchronize");
         DeviceContext& ctx = device_context(device);
         CUDA_CHECK(cudaDeviceSynchronize());
         check_kernel_errors(ctx);
@@ -112,6 +130,7 @@ int LLAISYS_FN(device_synchronize)(int device) {
 int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr) {
     *ptr = nullptr;
     return guard("malloc", [&] {
+        refuse_while_capturing("malloc");
         device_context(device);
         if (nbytes == 0) return;  // malloc(0): NULL
         const cudaError_t err = cudaMalloc(ptr, nbytes);
@@ -126,6 +145,7 @@ int LLAISYS_FN(malloc)(int device, size_t nbytes, void** ptr) {
 
 int LLAISYS_FN(free)(int device, void* ptr) {
     return guard("free", [&] {
+        refuse_while_capturing("free");
         device_context(device);
         if (ptr) CUDA_CHECK(cudaFree(ptr));
     });
@@ -134,6 +154,7 @@ int LLAISYS_FN(free)(int device, void* ptr) {
 int LLAISYS_FN(malloc_host)(size_t nbytes, void** ptr) {
     *ptr = nullptr;
     return guard("malloc_host", [&] {
+        refuse_while_capturing("malloc_host");
         if (nbytes == 0) return;
         const cudaError_t err = cudaMallocHost(ptr, nbytes);
         if (err == cudaErrorMemoryAllocation) {
@@ -147,6 +168,7 @@ int LLAISYS_FN(malloc_host)(size_t nbytes, void** ptr) {
 
 int LLAISYS_FN(free_host)(void* ptr) {
     return guard("free_host", [&] {
+        refuse_while_capturing("free_host");
         if (ptr) CUDA_CHECK(cudaFreeHost(ptr));
     });
 }
@@ -160,6 +182,7 @@ int LLAISYS_FN(memset)(int device, void* ptr, int value, size_t nbytes, void* st
 
 int LLAISYS_FN(memcpy)(int device, void* dst, const void* src, size_t nbytes, int kind) {
     return guard("memcpy", [&] {
+        refuse_while_capturing("memcpy (synchronous)");
         const cudaMemcpyKind k = memcpy_kind(kind);
         DeviceContext& ctx = device_context(device);
         if (nbytes == 0) return;
@@ -198,12 +221,22 @@ int LLAISYS_FN(stream_create)(int device, void** stream) {
 int LLAISYS_FN(stream_destroy)(int device, void* stream) {
     return guard("stream_destroy", [&] {
         if (!stream) return;  // the default stream is not destroyed
-        destroy_stream_context(&stream_context(device, stream));
+        StreamContext& s = stream_context(device, stream);
+        if (s.capturing_thread) {  // a capture left open: end it and drop what it recorded
+            cudaGraph_t g = nullptr;
+            (void)cudaStreamEndCapture(s.stream, &g);
+            if (g) (void)cudaGraphDestroy(g);
+            (void)cudaGetLastError();
+            capture_ended(s);
+        }
+        refuse_while_capturing("stream_destroy");
+        destroy_stream_context(&s);
     });
 }
 
 int LLAISYS_FN(stream_synchronize)(int device, void* stream) {
     return guard("stream_synchronize", [&] {
+        refuse_while_capturing("stream_synchronize");
         StreamContext& s = stream_context(device, stream);
         CUDA_CHECK(cudaStreamSynchronize(s.stream));
         check_kernel_errors(device_context(device));
@@ -238,6 +271,7 @@ int LLAISYS_FN(event_record)(int device, void* event, void* stream) {
 
 int LLAISYS_FN(event_synchronize)(int device, void* event) {
     return guard("event_synchronize", [&] {
+        refuse_while_capturing("event_synchronize");
         DeviceContext& ctx = device_context(device);
         CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
         check_kernel_errors(ctx);
@@ -266,8 +300,11 @@ int LLAISYS_FN(graph_begin_capture)(int device, void* stream) {
     return guard("graph_begin_capture", [&] {
         require_stream_for_capture(stream);
         StreamContext& s = stream_context(device, stream);
-        // thread-local mode: only this thread's unsafe calls (synchronize, malloc) break the capture
+        if (s.capturing_thread) throw InvalidArgument("this stream is already being captured");
+        // thread-local mode: only this thread's unsafe calls (refused above) could break the capture
         CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
+        s.capturing_thread = &t_capturing_streams;
+        ++t_capturing_streams;
     });
 }
 
@@ -276,8 +313,11 @@ int LLAISYS_FN(graph_end_capture)(int device, void* stream, void** graph) {
     return guard("graph_end_capture", [&] {
         require_stream_for_capture(stream);
         StreamContext& s = stream_context(device, stream);
+        if (!s.capturing_thread) throw InvalidArgument("this stream is not being captured (graph_begin_capture first)");
         cudaGraph_t g = nullptr;
-        CUDA_CHECK(cudaStreamEndCapture(s.stream, &g));
+        const cudaError_t end_err = cudaStreamEndCapture(s.stream, &g);
+        capture_ended(s);  // the capture is over, recorded or not
+        CUDA_CHECK(end_err);
         cudaGraphExec_t exec = nullptr;
         const cudaError_t err = graph_instantiate(&exec, g);
         if (err != cudaSuccess) {

@@ -57,6 +57,7 @@ struct StreamContext {
     void* cublas_workspace = nullptr;
     void* workspace = nullptr;  // op_workspace_bytes(), 256-byte aligned
     size_t workspace_bytes = 0;
+    int* capturing_thread = nullptr;  // while a graph capture runs: the capturing thread's count (runtime.cu)
 };
 
 struct DeviceContext {
