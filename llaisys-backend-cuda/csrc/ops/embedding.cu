@@ -43,7 +43,7 @@ int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, 
     using namespace llaisys::cuda;
     return guard("embedding", [&] {
         StreamContext& s = stream_context(device, stream);
-        if (n_index <= 0 || dim <= 0) return;
+        if (n_index <= 0 || dim < 0) return;  // empty rows (dim 0) still have their indices checked
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
             const int64_t row_bytes = dim * int64_t(sizeof(T));
