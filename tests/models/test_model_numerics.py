@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import llaisys
 import llaisys_models
 from llaisys_models import ModelLoadError, parity
 from tiny_models import SPECS
@@ -36,6 +37,20 @@ def short_prompts(name: str) -> list[list[int]]:
     return [rng.integers(0, 256, size=1 + i % 4).tolist() for i in range(PROMPTS)]
 
 
+# a backend may decline numerics=hf for f16 / bf16 attention (CUDA: where HF's GPU attention kernels round is
+# not measured yet), with this in its NotSupportedError; the CPU backend implements it
+DECLINED = "not implemented by this backend"
+
+
+def skip_if_hf_attention_is_declined(model, device, ids):
+    try:
+        model.logits(ids)
+    except llaisys.NotSupportedError as e:
+        if device.type == "cpu" or DECLINED not in str(e):
+            raise
+        pytest.skip(str(e))
+
+
 @pytest.mark.parametrize("name", HALF)
 def test_hf_numerics_follow_hf_greedy(name, tiny_models, device):
     dtype = SPECS[name].dtype
@@ -43,6 +58,7 @@ def test_hf_numerics_follow_hf_greedy(name, tiny_models, device):
     models = {mode: llaisys_models.load(tiny_models.path(name), device=device, numerics=mode)
               for mode in ("exact", "hf")}
     assert models["hf"].numerics == "hf"
+    skip_if_hf_attention_is_declined(models["hf"], device, short_prompts(name)[0])
     identical = dict.fromkeys(models, 0)
     hf_rows = dict.fromkeys(models, 0)
     distance = dict.fromkeys(models, 0.0)
@@ -96,9 +112,14 @@ def test_cli_numerics_flag(tiny_models, device, capsys, monkeypatch):
 
     monkeypatch.delenv("LLAISYS_NUMERICS", raising=False)
     path = str(tiny_models.path("bf16_mha_hd64"))
-    assert main(["generate", "--model", path, "--device", str(device), "--prompt", "Hi", "--raw",
-                 "--max-new-tokens", "4", "--numerics", "hf"]) == 0
-    assert "(numerics hf)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt", "Hi", "--numerics", "fast"])
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+    status = main(["generate", "--model", path, "--device", str(device), "--prompt", "Hi", "--raw",
+                   "--max-new-tokens", "4", "--numerics", "hf"])
+    err = capsys.readouterr().err
+    declined = [line for line in err.splitlines() if line.startswith("llaisys: error:") and DECLINED in line]
+    if status == 2 and device.type != "cpu" and declined:  # the CLI reports a LlaisysError so, exit 2
+        pytest.skip(declined[0])
+    assert status == 0, err
+    assert "(numerics hf)" in err

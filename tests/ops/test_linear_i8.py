@@ -18,10 +18,21 @@ import torch
 from simd_paths import LEVELS, cpu_simd_level, run_in_child, skip_unless_level_available
 
 import llaisys
-from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, to_torch
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, skip_without_kernels, to_torch
 
 GROUP = 32
 assert llaisys.ops.INT8_GROUP == GROUP
+
+# tests that run on a device whose backend lacks the kernel: an empty output needs no kernel, and the error
+# for a non-empty one is checked there
+WITHOUT_THE_KERNEL = {"test_linear_i8_empty_m_and_n", "test_linear_i8_is_refused_where_not_implemented"}
+
+
+@pytest.fixture(autouse=True)
+def _device_has_the_kernel(request):
+    """A test on a device whose backend does not implement linear_i8 (CUDA so far) is skipped, naming it."""
+    if "device" in request.fixturenames and request.function.__name__ not in WITHOUT_THE_KERNEL:
+        skip_without_kernels(request.getfixturevalue("device"), ["linear_i8"], "this test")
 
 # (M, N, K): K tails 1, 31, 33, 100 (a short last group, odd chunks of 64), N tails 1, 15, 17, 50 (around the
 # kernels' 8 / 16 rows per vector), M = 1..9 (the decode sizes, the groups of up to 8 rows of x), 17 and 70.
@@ -213,6 +224,20 @@ def test_linear_i8_empty_m_and_n(device):
     out = llaisys.empty((2, 0), llaisys.float32, device)
     llaisys.ops.linear_i8(out, llaisys.zeros((2, 40), llaisys.float32, device),
                           llaisys.zeros((0, 40), llaisys.int8, device), llaisys.zeros((2, 0), llaisys.bfloat16, device))
+
+
+def test_linear_i8_is_refused_where_not_implemented(device):
+    """Where the backend has no linear_i8, a call that has work to do says so (a LlaisysError naming the op and
+    the backend), after the frontend's own checks, which are the same on every device."""
+    if llaisys.ops.implemented("linear_i8", device):
+        pytest.skip(f"the '{device.type}' backend implements linear_i8 (the tests above run it)")
+    f32, bf16, i8 = llaisys.float32, llaisys.bfloat16, llaisys.int8
+    out, x = llaisys.empty((3, 5), f32, device), llaisys.zeros((3, 40), f32, device)
+    w, s = llaisys.zeros((5, 40), i8, device), llaisys.zeros((2, 5), bf16, device)
+    with pytest.raises(ValueError, match="scales"):
+        llaisys.ops.linear_i8(out, x, w, llaisys.zeros((1, 5), bf16, device))
+    with pytest.raises(llaisys.LlaisysError, match=rf"op 'linear_i8' is not implemented by the '{device.type}' backend"):
+        llaisys.ops.linear_i8(out, x, w, s)
 
 
 def test_linear_i8_nan_in_a_group_poisons_its_row(device):

@@ -189,7 +189,14 @@ def test_self_attention_hf_matches_sdpa(device, case, dtype):
     q, k, v = rand((L, H, d), dtype, gen, 2.0), rand((S, Hkv, d), dtype, gen), rand((S, Hkv, d), dtype, gen)
     scale = d ** -0.5
     args = (from_torch(q, device), from_torch(k, device), from_torch(v, device), scale, device)
-    got = run_attention(*args, "hf")
+    try:
+        got = run_attention(*args, "hf")
+    except llaisys.errors.NotSupportedError as e:
+        # a backend may decline the hf mode of f16 / bf16 attention (CUDA: where HF's GPU kernels round is not
+        # measured yet); the CPU backend implements it
+        if device.type == "cpu":
+            raise
+        pytest.skip(str(e))
     want = sdpa(q, k, v, scale)
     if S < 16:  # torch takes std::exp for a tail of < 16 keys: bit for bit
         differs = got != want

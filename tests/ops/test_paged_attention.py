@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -229,24 +230,32 @@ def test_kv_write_slot_past_the_end_writes_nothing(device):
     slots = from_torch(torch.tensor([1, 8]), device)
     with pytest.raises(llaisys.LlaisysValueError, match="slot_mapping\\[1\\] = 8 is past the cache's 8 slots"):
         llaisys.ops.paged_kv_write(k_cache, v_cache, k, k, slots)
+        llaisys.synchronize(device)  # an asynchronous backend reports what its kernel found here
     assert not k_cache.numpy().any() and not v_cache.numpy().any()
 
 
+# (the change, the CPU backend's message, (the array and the value that every backend's message names))
 BAD_DATA = {
-    "block id past the pool": (dict(tables=[[0, 9]]), "block_tables\\[0, 1\\] = 9 is not a block in \\[0, 3\\)"),
-    "negative block id": (dict(tables=[[-1, 0]]), "block_tables\\[0, 0\\] = -1"),
-    "seq_len past the table": (dict(seq_lens=[9]), "seq_lens\\[0\\] = 9 is outside \\[0, max_blocks \\* block_size = 8\\]"),
-    "more queries than keys": (dict(seq_lens=[2]), "3 query rows but only 2 keys"),
-    "query_start descending": (dict(query_start=[2, 1]), "not ascending"),
-    "query_start past T": (dict(query_start=[1, 4]), "query_start\\[num_seqs\\] = 4 exceeds the 3 query rows"),
-    "negative query_start": (dict(query_start=[-1, 2]), "query_start\\[0\\] = -1 is negative"),
+    "block id past the pool": (dict(tables=[[0, 9]]), "block_tables\\[0, 1\\] = 9 is not a block in \\[0, 3\\)",
+                               ("block_tables", 9)),
+    "negative block id": (dict(tables=[[-1, 0]]), "block_tables\\[0, 0\\] = -1", ("block_tables", -1)),
+    "seq_len past the table": (dict(seq_lens=[9]), "seq_lens\\[0\\] = 9 is outside \\[0, max_blocks \\* block_size = 8\\]",
+                               ("seq_lens", 9)),
+    "more queries than keys": (dict(seq_lens=[2]), "3 query rows but only 2 keys", ("seq_lens", 2)),
+    "query_start descending": (dict(query_start=[2, 1]), "not ascending", ("query_start", 1)),
+    "query_start past T": (dict(query_start=[1, 4]), "query_start\\[num_seqs\\] = 4 exceeds the 3 query rows",
+                           ("query_start", 4)),
+    "negative query_start": (dict(query_start=[-1, 2]), "query_start\\[0\\] = -1 is negative", ("query_start", -1)),
 }
 
 
 @pytest.mark.parametrize("bad", BAD_DATA.values(), ids=BAD_DATA.keys())
 def test_bad_index_data_raises(device, bad):
-    """Data the kernel reads is checked there: a clear error, never a wild read."""
-    change, message = bad
+    """Data the kernel reads is checked there: a clear error, never a wild read.
+
+    Every backend's error names the array and the bad value; the wording checked in full is the CPU
+    backend's (an asynchronous backend reports at the next synchronizing call, in its own words)."""
+    change, cpu_message, (array, bad_value) = bad
     args = dict(tables=[[0, 2]], seq_lens=[5], query_start=[0, 3])
     args.update(change)
     dt = llaisys.float32
@@ -254,8 +263,14 @@ def test_bad_index_data_raises(device, bad):
     q = llaisys.zeros((3, 2, 8), dt, device)
     cache = llaisys.zeros((3, 4, 1, 8), dt, device)
     i32 = {name: from_torch(torch.tensor(value, dtype=torch.int32), device) for name, value in args.items()}
-    with pytest.raises(llaisys.LlaisysValueError, match=message):
+    with pytest.raises(llaisys.LlaisysValueError) as info:
         llaisys.ops.paged_attention(out, q, cache, cache, i32["tables"], i32["seq_lens"], i32["query_start"], 0.5)
+        llaisys.synchronize(device)  # an asynchronous backend reports what its kernel found here
+    message = str(info.value)
+    assert re.search(rf"\b{array}\b", message) and re.search(rf"(?<![\w-]){bad_value}(?!\w)", message), (
+        f"the error does not name {array} and its value {bad_value}: {message}")
+    if device.type == "cpu":
+        assert re.search(cpu_message, message), message
 
 
 def _attention_args(device, T=3, H=2, Hkv=1, d=8, dv=8, blocks=3, bs=4, seqs=1, max_blocks=2):

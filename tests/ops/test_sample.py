@@ -20,8 +20,10 @@ VOCAB = 151936
 LOGITS8 = [1.0, 2.0, 0.5, -1.0, 3.0, 0.0, 2.5, -0.5]
 
 
-def draw(logits, dtype=None, device="cpu", **kw) -> int:
-    out = from_torch(torch.full((1,), -1, dtype=torch.int64), device)
+def draw(logits, **kw) -> int:
+    """One token drawn from ``logits``, into an int64 [1] on the logits' device, read back to the host (which
+    also synchronizes: an asynchronous backend reports a kernel-detected error, NaN logits say, there)."""
+    out = from_torch(torch.full((1,), -1, dtype=torch.int64), logits.device)
     llaisys.ops.sample(out, logits, **kw)
     return int(to_torch(out)[0])
 
