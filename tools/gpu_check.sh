@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh — every check of the CUDA backend that needs an NVIDIA GPU, in one non-interactive run
-# (under 8 minutes on an H200-class machine), ending with a summary table:
+# (about 3 minutes on an H200), ending with a summary table:
 #   1. build llaisys-backend-cuda for this GPU only (LLAISYS_CUDA_ARCHS from nvidia-smi) and install the stack
 #   2. the op tests and the backend's package tests on cuda      (pytest tests/ops tests/backends/cuda --backend=cuda)
 #   3. model parity on cuda against HF transformers               (pytest tests/models --backend=cuda)
@@ -10,15 +10,20 @@
 # Each stage has its own time limit; a failed stage is reported and the next one still runs.
 #
 #   tools/gpu_check.sh [WORKDIR]        (default WORKDIR: /tmp/llaisys-gpu-check)
-# Environment: PYTHON (default python3); LLAISYS_GPU_CHECK_VENV=path reuses a venv instead of making one
-# (made with --system-site-packages, so a CUDA build of torch already installed is used); PIP_ARGS.
+# Environment: PYTHON (default python3); PIP_ARGS;
+#   LLAISYS_GPU_CHECK_VENV=path  reuse this venv instead of making one. A new one sees the packages of the
+#                                Python that made it (torch's CUDA build), also when that Python is itself a
+#                                venv's, through a .pth file (--system-site-packages alone would skip them);
+#   LLAISYS_GPU_CHECK_WHEELS=dir install the llaisys wheels (and any other *.whl) in dir, built elsewhere with
+#                                LLAISYS_CUDA_ARCHS naming this GPU, instead of building here (offline machines);
+#   LLAISYS_GPU_CHECK_LOG=dir    write the stage logs there (default WORKDIR/log).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="${1:-/tmp/llaisys-gpu-check}"
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$WORK"
-LOG="$WORK/log"
+LOG="${LLAISYS_GPU_CHECK_LOG:-$WORK/log}"
 mkdir -p "$LOG"
 START=$(date +%s)
 declare -a ROWS=()
@@ -28,7 +33,7 @@ row() { ROWS+=("$(printf '%-28s %-6s %6ss  %s' "$1" "$2" "$3" "$4")"); }
 # stage NAME LIMIT_S COMMAND... : runs COMMAND with a time limit, logs it, records a row
 stage() {
     local name="$1" limit="$2"; shift 2
-    local t0=$SECONDS log="$LOG/${name// /_}.log"
+    local t0=$SECONDS log="$LOG/${name//[^A-Za-z0-9_.-]/_}.log"
     echo "== $name (limit ${limit}s): $*" | tee "$log"
     timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
     local rc=$? detail
@@ -51,13 +56,23 @@ echo "GPU: $GPU -> LLAISYS_CUDA_ARCHS=$LLAISYS_CUDA_ARCHS"
 
 # ---- 1. build and install ------------------------------------------------------------------------------
 VENV="${LLAISYS_GPU_CHECK_VENV:-$WORK/venv}"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # the making Python's own site-packages (a venv's, where torch often lives) stay visible in the new venv
+    "$PYTHON" -c "import site; print('\n'.join(site.getsitepackages()))" \
+        >"$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")/_llaisys_gpu_check_parent.pth"
+fi
 PY="$VENV/bin/python"
-PACKAGES="$ROOT/llaisys-core $ROOT/llaisys-backend-cpu $ROOT/llaisys-models $ROOT/llaisys-backend-cuda"
-# online: build isolation fetches the CUDA wheels only if no toolkit is installed; offline: the installed
-# toolkit (CUDA_HOME / nvcc) and what the venv already has
-stage "build + install" 300 bash -c "'$PY' -m pip install -q ${PIP_ARGS:-} $PACKAGES -r '$ROOT/tests/requirements.txt' ||
-    '$PY' -m pip install -q --no-build-isolation --no-deps ${PIP_ARGS:-} $PACKAGES"
+if [ -n "${LLAISYS_GPU_CHECK_WHEELS:-}" ]; then
+    stage "install wheels" 120 "$PY" -m pip install -q --no-deps --no-index --force-reinstall ${PIP_ARGS:-} \
+        "$LLAISYS_GPU_CHECK_WHEELS"/*.whl
+else
+    PACKAGES="$ROOT/llaisys-core $ROOT/llaisys-backend-cpu $ROOT/llaisys-models $ROOT/llaisys-backend-cuda"
+    # online: build isolation fetches the CUDA wheels only if no toolkit is installed; offline: the installed
+    # toolkit (CUDA_HOME / nvcc) and what the venv already has
+    stage "build + install" 300 bash -c "'$PY' -m pip install -q ${PIP_ARGS:-} $PACKAGES -r '$ROOT/tests/requirements.txt' ||
+        '$PY' -m pip install -q --no-build-isolation --no-deps ${PIP_ARGS:-} $PACKAGES"
+fi
 stage "cuda visible" 60 "$PY" -c "
 import llaisys, sys
 print(llaisys.available_devices())
@@ -68,12 +83,20 @@ sys.exit(0 if any(d.type == 'cuda' for d in llaisys.available_devices()) else 1)
 
 # ---- 2, 3. tests on cuda -------------------------------------------------------------------------------
 cd "$ROOT"
-stage "op tests (cuda)" 180 "$PY" -m pytest -q -x --backend=cuda tests/ops tests/backends/cuda/test_package.py -p no:cacheprovider
-stage "model parity (cuda)" 150 "$PY" -m pytest -q --backend=cuda tests/models -p no:cacheprovider
+# the benchmark's model is written on the CPU while the tests run (it needs no GPU)
+MODEL="$WORK/qwen2-1.5b-random"
+MODEL_T0=$SECONDS
+if [ -f "$MODEL/config.json" ]; then true; else
+    timeout 150 "$PY" benchmarks/make_model.py --out "$MODEL" >"$LOG/make_model.log" 2>&1; fi &
+MAKE_MODEL=$!
+PYTEST=("$PY" -m pytest -q -rfE --durations=10 -p no:cacheprovider --backend=cuda)
+stage "op tests (cuda)" 200 "${PYTEST[@]}" tests/ops tests/core tests/backends/test_abi.py tests/backends/test_graphs.py \
+    tests/backends/cuda/test_package.py
+stage "model parity (cuda)" 180 "${PYTEST[@]}" tests/models
 
 # ---- 4. end to end against HF on the same GPU ----------------------------------------------------------
-MODEL="$WORK/qwen2-1.5b-random"
-[ -f "$MODEL/config.json" ] || stage "make 1.5B model" 120 "$PY" benchmarks/make_model.py --out "$MODEL"
+if wait "$MAKE_MODEL"; then row "make 1.5B model (beside)" ok $((SECONDS - MODEL_T0)) "$MODEL"
+else row "make 1.5B model (beside)" FAIL $((SECONDS - MODEL_T0)) "see $LOG/make_model.log"; fi
 stage "e2e benchmark" 240 "$PY" benchmarks/e2e.py --model "$MODEL" --device cuda --decode-tokens 64
 E2E="$LOG/e2e_benchmark.log"
 
