@@ -7,6 +7,7 @@
 #   4. benchmarks/e2e.py --device cuda on the Qwen2-1.5B-shaped random model: HF transformers (torch on the
 #      same GPU, bf16, eager) vs llaisys with and without decode graph replay (LLAISYS_GRAPHS=0) — prefill
 #      tok/s at 16 and 512 tokens, decode tok/s, peak device memory
+#   5. benchmarks/linear_gpu.py: the batch-invariant linear against torch's (cuBLAS) at the model's shapes
 # Each stage has its own time limit; a failed stage is reported and the next one still runs.
 #
 #   tools/gpu_check.sh [WORKDIR]        (default WORKDIR: /tmp/llaisys-gpu-check)
@@ -99,6 +100,8 @@ if wait "$MAKE_MODEL"; then row "make 1.5B model (beside)" ok $((SECONDS - MODEL
 else row "make 1.5B model (beside)" FAIL $((SECONDS - MODEL_T0)) "see $LOG/make_model.log"; fi
 stage "e2e benchmark" 240 "$PY" benchmarks/e2e.py --model "$MODEL" --device cuda --decode-tokens 64
 E2E="$LOG/e2e_benchmark.log"
+stage "linear vs torch" 120 "$PY" benchmarks/linear_gpu.py
+LINEAR="$LOG/linear_vs_torch.log"
 
 # ---- summary (last) ------------------------------------------------------------------------------------
 echo
@@ -107,7 +110,12 @@ echo "GPU: $GPU, archs $LLAISYS_CUDA_ARCHS, total $((($(date +%s) - START)))s"
 echo "llaisys column: decode steps replayed from CUDA graphs; eager column: LLAISYS_GRAPHS=0"
 printf '%-28s %-6s %7s  %s\n' stage status time detail
 for r in "${ROWS[@]}"; do echo "$r"; done
-if [ -f "$E2E" ] && grep -q "llaisys/HF" "$E2E"; then
+if [ -f "$E2E" ] && grep -q "^model " "$E2E"; then
     echo
     sed -n '/^model /,$p' "$E2E"
+fi
+if [ -f "$LINEAR" ] && grep -q "llaisys us" "$LINEAR"; then
+    echo
+    echo "linear, bf16 (ratio = torch / llaisys):"
+    sed -n '/llaisys us/,$p' "$LINEAR"
 fi

@@ -83,11 +83,7 @@ def check_rows_independent(device="cpu"):
                     f"{dtype.name} N={n} K={k}: rows [{start}, {start + m}) differ from the same rows in a batch of 20")
 
 
-def test_linear_rows_do_not_depend_on_the_batch(device, request):
-    if device.type == "cuda":  # a known gap, not a skip: strict, so the day it holds this fails and is removed
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the CUDA linear is cuBLAS, which picks its GEMM kernel (tiles, split-K) by shape: a row's last bits "
-            "may change with M (seen on an H200: f32 N=33 K=300, 1 row against 20)")))
+def test_linear_rows_do_not_depend_on_the_batch(device):
     check_rows_independent(device)
 
 

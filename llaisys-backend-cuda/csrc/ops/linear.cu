@@ -1,15 +1,117 @@
-// linear: out [M, N] = x [M, K] @ weight [N, K]^T + bias [N], through cublasGemmEx with f32 accumulation on
-// the stream's own cuBLAS handle. Row-major out is column-major out^T = weight @ x^T: weight read
-// transposed (lda = K), x as is (ldb = K), out with ldc = N. With a bias, a small kernel first fills every
-// row of out with it and the GEMM adds its product (beta = 1): f32 alpha * (x @ w^T) + bias, one rounding.
+// linear: out [M, N] = x [M, K] @ weight [N, K]^T + bias [N], f32 accumulation, one rounding.
+//
+// Batch invariant (the serving contract: a request's output does not depend on its batch): every output
+// out[m, n] is computed by the same arithmetic whatever M is and wherever row m sits. K is cut into
+// chunks of kChunk elements; lane j of a warp owns chunks j, j + WARP_SIZE, j + 2 * WARP_SIZE, ... and
+// keeps one f32 FMA chain over its chunks in order (k ascending inside a chunk); the lanes' sums are added
+// by warp_sum's fixed butterfly, then the bias, then one rounding. A warp computes a tile of MR rows x NR
+// columns, chosen by M: the tile decides which outputs share the loads, never how one is summed.
+//
+// cuBLAS picks its kernel (tiling, split-K) by shape, so its rows can change in the last bits with M
+// (seen on an H200). It is used only where LLAISYS_CUDA_LINEAR_CUBLAS_ROWS=R is set, for calls with at
+// least R rows (long prompts: tensor cores, no batch invariance). Row-major out is column-major
+// out^T = weight @ x^T; with a bias, a small kernel first fills out with it and the GEMM adds (beta = 1).
 #include <climits>
+#include <cstdlib>
 
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
+#include "../common/reduce.cuh"
 
 namespace llaisys::cuda {
 namespace {
+
+constexpr int kChunk = 8;             // k elements per chunk: 16 bytes of f16 / bf16, 32 of f32
+constexpr int kLinearThreads = 128;   // 4 warps (2 on CoreX) per block
+
+// The chunk of `row` at k0 as f32: one aligned load when the row allows it, else element by element;
+// both give the same values, and elements past K are 0 (only the last chunk has any).
+template <class T>
+__device__ __forceinline__ void load_chunk(const T* row, int64_t k0, int64_t K, bool aligned, float (&v)[kChunk]) {
+    if (aligned && k0 + kChunk <= K) {
+        const Pack<T, kChunk> p = *reinterpret_cast<const Pack<T, kChunk>*>(row + k0);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) v[e] = to_float(p.v[e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) v[e] = k0 + e < K ? to_float(row[k0 + e]) : 0.0f;
+    }
+}
+
+template <class T>
+__device__ __forceinline__ bool chunk_aligned(const T* row, int64_t K) {
+    return K % kChunk == 0 && (reinterpret_cast<uintptr_t>(row) % sizeof(Pack<T, kChunk>)) == 0;
+}
+
+template <class T, int MR, int NR>
+__global__ void __launch_bounds__(kLinearThreads) linear_rows_kernel(int64_t M, int64_t N, int64_t K, T* out,
+                                                                     const T* x, const T* w, const T* bias) {
+    const int lane = lane_id();
+    const int64_t warps_per_block = blockDim.x / WARP_SIZE;
+    const int64_t col_tiles = (N + NR - 1) / NR, tiles = col_tiles * ((M + MR - 1) / MR);
+    const int64_t chunks = (K + kChunk - 1) / kChunk;
+    for (int64_t tile = int64_t(blockIdx.x) * warps_per_block + warp_id(); tile < tiles;
+         tile += int64_t(gridDim.x) * warps_per_block) {
+        const int64_t m0 = tile / col_tiles * MR, n0 = tile % col_tiles * NR;  // a block's warps share rows
+        // rows / columns past the end repeat the last one (loaded, summed, never stored)
+        const T* xr[MR];
+        const T* wr[NR];
+        bool x_aligned[MR], w_aligned[NR];
+#pragma unroll
+        for (int i = 0; i < MR; ++i) {
+            xr[i] = x + (m0 + i < M ? m0 + i : M - 1) * K;
+            x_aligned[i] = chunk_aligned(xr[i], K);
+        }
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            wr[j] = w + (n0 + j < N ? n0 + j : N - 1) * K;
+            w_aligned[j] = chunk_aligned(wr[j], K);
+        }
+        float acc[MR][NR];
+#pragma unroll
+        for (int i = 0; i < MR; ++i)
+#pragma unroll
+            for (int j = 0; j < NR; ++j) acc[i][j] = 0.0f;
+
+#pragma unroll 2
+        for (int64_t c = lane; c < chunks; c += WARP_SIZE) {
+            const int64_t k0 = c * kChunk;
+            float wv[NR][kChunk];
+#pragma unroll
+            for (int j = 0; j < NR; ++j) load_chunk(wr[j], k0, K, w_aligned[j], wv[j]);
+#pragma unroll
+            for (int i = 0; i < MR; ++i) {
+                float xv[kChunk];
+                load_chunk(xr[i], k0, K, x_aligned[i], xv);
+#pragma unroll
+                for (int j = 0; j < NR; ++j)
+#pragma unroll
+                    for (int e = 0; e < kChunk; ++e) acc[i][j] = fmaf(xv[e], wv[j][e], acc[i][j]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MR; ++i)
+#pragma unroll
+            for (int j = 0; j < NR; ++j) {
+                const float sum = warp_sum(acc[i][j]);  // the same value in every lane
+                const int64_t m = m0 + i, n = n0 + j;
+                if (lane == (i * NR + j) % WARP_SIZE && m < M && n < N)
+                    out[m * N + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);
+            }
+    }
+}
+
+template <class T, int MR, int NR>
+void launch_rows(StreamContext& s, int64_t M, int64_t N, int64_t K, void* out, const void* x, const void* w,
+                 const void* bias) {
+    const int64_t tiles = (N + NR - 1) / NR * ((M + MR - 1) / MR);
+    const int64_t warps_per_block = kLinearThreads / WARP_SIZE;
+    const unsigned blocks = blocks_for(tiles, int(warps_per_block), int64_t(device_context(s.device).sm_count) * 64);
+    auto kernel = &linear_rows_kernel<T, MR, NR>;
+    LLAISYS_LAUNCH(kernel, blocks, kLinearThreads, 0, s.stream, M, N, K, static_cast<T*>(out),
+                   static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias));
+}
 
 // out[m, :] = bias (or 0 when bias is NULL) for every row m.
 template <class T>
@@ -23,6 +125,33 @@ template <class T> constexpr cudaDataType kCudaType = CUDA_R_32F;
 template <> constexpr cudaDataType kCudaType<f16> = CUDA_R_16F;
 template <> constexpr cudaDataType kCudaType<bf16> = CUDA_R_16BF;
 
+template <class T>
+void linear_cublas(StreamContext& s, int64_t M, int64_t N, int64_t K, void* out, const void* x, const void* w,
+                   const void* bias) {
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        throw NotSupported("cuBLAS takes dimensions below 2^31, got M=" + std::to_string(M) + " N=" +
+                           std::to_string(N) + " K=" + std::to_string(K));
+    if (bias) {
+        auto fill = &fill_rows_kernel<T>;
+        const unsigned blocks = blocks_for(M * N, 256, int64_t(device_context(s.device).sm_count) * 8);
+        LLAISYS_LAUNCH(fill, blocks, 256, 0, s.stream, M, N, static_cast<T*>(out), static_cast<const T*>(bias));
+    }
+    const float alpha = 1.0f, beta = bias ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, w, kCudaType<T>,
+                              int(K), x, kCudaType<T>, int(K), &beta, out, kCudaType<T>, int(N), CUDA_R_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+// LLAISYS_CUDA_LINEAR_CUBLAS_ROWS: calls with at least this many rows go to cuBLAS (unset or 0: none).
+int64_t cublas_rows() {
+    static const int64_t rows = [] {
+        const char* text = std::getenv("LLAISYS_CUDA_LINEAR_CUBLAS_ROWS");
+        const long long value = text ? std::atoll(text) : 0;
+        return value > 0 ? int64_t(value) : int64_t(0);
+    }();
+    return rows;
+}
+
 }  // namespace
 }  // namespace llaisys::cuda
 
@@ -32,22 +161,13 @@ int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N
     return guard("linear", [&] {
         StreamContext& s = stream_context(device, stream);
         if (M <= 0 || N <= 0) return;
-        if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
-            throw NotSupported("cuBLAS takes dimensions below 2^31, got M=" + std::to_string(M) + " N=" +
-                               std::to_string(N) + " K=" + std::to_string(K));
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
-            if (bias || K == 0) {
-                auto fill = &fill_rows_kernel<T>;
-                const unsigned blocks = blocks_for(M * N, 256, int64_t(device_context(device).sm_count) * 8);
-                LLAISYS_LAUNCH(fill, blocks, 256, 0, s.stream, M, N, static_cast<T*>(out), static_cast<const T*>(bias));
-            }
-            if (K == 0) return;
-            const float alpha = 1.0f, beta = bias ? 1.0f : 0.0f;
-            const cudaDataType type = kCudaType<T>;
-            CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &alpha, weight, type,
-                                      int(K), x, type, int(K), &beta, out, type, int(N), CUDA_R_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+            if (K > 0 && cublas_rows() > 0 && M >= cublas_rows()) return linear_cublas<T>(s, M, N, K, out, x, weight, bias);
+            if (M == 1) return launch_rows<T, 1, 2>(s, M, N, K, out, x, weight, bias);  // decode: weight-bound
+            if (M == 2) return launch_rows<T, 2, 2>(s, M, N, K, out, x, weight, bias);
+            if (M <= 4) return launch_rows<T, 4, 2>(s, M, N, K, out, x, weight, bias);
+            launch_rows<T, 8, 4>(s, M, N, K, out, x, weight, bias);
         });
     });
 }

@@ -113,7 +113,7 @@ def test_embedding_index_out_of_range_is_reported_at_the_next_sync(dev):
 # ---- linear ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
-@pytest.mark.parametrize("M,N,K", [(1, 3, 5), (4, 17, 33), (3, 5, 0)])
+@pytest.mark.parametrize("M,N,K", [(1, 3, 5), (2, 9, 64), (4, 17, 33), (9, 6, 300), (3, 5, 0)])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
 def test_linear(dev, dtype, M, N, K, with_bias):
     x, w, b = randn((M, K), dtype, 8), randn((N, K), dtype, 9), randn(N, dtype, 10)
@@ -121,6 +121,30 @@ def test_linear(dev, dtype, M, N, K, with_bias):
     dev.op("linear", CODE[dtype], M, N, K, out, dev.upload(x), dev.upload(w), dev.upload(b) if with_bias else None)
     want = x.double() @ w.double().T + (b.double() if with_bias else 0)
     check(dev.download(out), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("K", [264, 263], ids=["K%8=0", "K%8=7"])
+def test_linear_rows_do_not_depend_on_the_batch(dev, dtype, K):
+    # every tile shape (M = 1, 2, 3..4, >= 5 rows) and row position gives a row the same bits; a row read
+    # at an offset that breaks the 16-byte alignment of its chunks (x from row 1 of a copy shifted by one
+    # element) too
+    N = 11
+    x, w, b = randn((13, K), dtype, 31), randn((N, K), dtype, 32), randn(N, dtype, 33)
+    dw, db = dev.upload(w), dev.upload(b)
+
+    def rows(xs):
+        out = dev.empty((xs.shape[0], N), dtype)
+        dev.op("linear", CODE[dtype], xs.shape[0], N, K, out, dev.upload(xs), dw, db)
+        return dev.download(out)
+
+    everything = rows(x)
+    for start, m in ((0, 1), (12, 1), (3, 2), (5, 3), (0, 4), (2, 5), (4, 9)):
+        assert torch.equal(rows(x[start:start + m]), everything[start:start + m]), (start, m)
+    shifted = torch.cat([x.flatten()[:1], x.flatten()])  # row i of x starts at element 1 + i * K
+    out = dev.empty((13, N), dtype)
+    dev.op("linear", CODE[dtype], 13, N, K, out, dev.upload(shifted).offset(1, (13, K)), dw, db)
+    assert torch.equal(dev.download(out), everything)
 
 
 # ---- rearrange ----------------------------------------------------------------------------------------
