@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(THREADS) attention_kernel(AttentionArgs<T> a) 
 
 // out = the splits' partial results merged, one thread per output element (row, column): a running merge
 // over the splits in order, sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), where a split that saw no
-// key (l_s = 0) contributes nothing.
+// key (l_s = 0) contributes nothing. (An earlier two-pass form, one block per row, was miscompiled by nvcc
+// 13.0 for sm_90 once its split loops were unrolled: wrong from 4 splits on; see the README's H200 run.)
 template <class T>
 __global__ void attention_combine_kernel(int64_t rows, int64_t dv, int splits, T* out, const float* part_acc,
                                          const float* part_ml) {
