@@ -59,6 +59,15 @@ constexpr lane_mask_t kFullMask = static_cast<lane_mask_t>(~0ull);
     type* name = reinterpret_cast<type*>(llaisys_dynamic_shared_)
 #endif
 
+// An unroll hint for a loop whose trip count is known only at run time: nvcc honours "#pragma unroll 2"
+// there; clang (CoreX's compiler, the clang-22 check) reports it as a failed transformation, an error
+// under -Werror, so elsewhere the compiler decides. Unrolling never reorders the loop's arithmetic.
+#if defined(__NVCC__)
+#define LLAISYS_UNROLL_2 _Pragma("unroll 2")
+#else
+#define LLAISYS_UNROLL_2
+#endif
+
 // cudaGraphInstantiate: CUDA >= 12 takes flags; CoreX keeps the CUDA 11 form (error node, log buffer).
 inline cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) {
 #if defined(LLAISYS_COREX_CONFIG) && defined(__ILUVATAR__)

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kLinearThreads) linear_rows_kernel(int64_t M, 
 #pragma unroll
             for (int j = 0; j < NR; ++j) acc[i][j] = 0.0f;
 
-#pragma unroll 2
+        LLAISYS_UNROLL_2
         for (int64_t c = lane; c < chunks; c += WARP_SIZE) {
             const int64_t k0 = c * kChunk;
             float wv[NR][kChunk];
