@@ -301,7 +301,7 @@ int LLAISYS_FN(graph_begin_capture)(int device, void* stream) {
         require_stream_for_capture(stream);
         StreamContext& s = stream_context(device, stream);
         if (s.capturing_thread) throw InvalidArgument("this stream is already being captured");
-        // thread-local mode: only this thread's unsafe calls (refused above) could break the capture
+        // thread-local mode: only this thread's unsafe calls could break it, and refuse_while_capturing stops them
         CUDA_CHECK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
         s.capturing_thread = &t_capturing_streams;
         ++t_capturing_streams;

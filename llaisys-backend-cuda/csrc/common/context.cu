@@ -258,10 +258,15 @@ std::mutex g_error_mutex;
 
 }  // namespace
 
+int64_t env_positive(const char* name) {
+    const char* text = std::getenv(name);
+    const long long value = text ? std::atoll(text) : 0;
+    return value > 0 ? int64_t(value) : 0;
+}
+
 size_t op_workspace_bytes() {
     static const size_t bytes = [] {
-        const char* text = std::getenv("LLAISYS_CUDA_WORKSPACE_BYTES");
-        const long long value = text ? std::atoll(text) : 0;
+        const int64_t value = env_positive("LLAISYS_CUDA_WORKSPACE_BYTES");
         return value > 0 ? size_t(value) : size_t(16) << 20;
     }();
     return bytes;

@@ -45,6 +45,9 @@ __device__ __forceinline__ void report_kernel_error(KernelErrorRecord* record, i
     }
 }
 
+// The positive integer in environment variable `name`; 0 when it is unset, not a number or not positive.
+int64_t env_positive(const char* name);
+
 // Per stream: split-K partials of self_attention; LLAISYS_CUDA_WORKSPACE_BYTES overrides it (read once;
 // the tests shrink it to reach the chunked paths).
 size_t op_workspace_bytes();

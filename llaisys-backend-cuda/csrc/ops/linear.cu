@@ -12,7 +12,6 @@
 // least R rows (long prompts: tensor cores, no batch invariance). Row-major out is column-major
 // out^T = weight @ x^T; with a bias, a small kernel first fills out with it and the GEMM adds (beta = 1).
 #include <climits>
-#include <cstdlib>
 
 #include "../common/context.h"
 #include "../common/dtype.cuh"
@@ -144,11 +143,7 @@ void linear_cublas(StreamContext& s, int64_t M, int64_t N, int64_t K, void* out,
 
 // LLAISYS_CUDA_LINEAR_CUBLAS_ROWS: calls with at least this many rows go to cuBLAS (unset or 0: none).
 int64_t cublas_rows() {
-    static const int64_t rows = [] {
-        const char* text = std::getenv("LLAISYS_CUDA_LINEAR_CUBLAS_ROWS");
-        const long long value = text ? std::atoll(text) : 0;
-        return value > 0 ? int64_t(value) : int64_t(0);
-    }();
+    static const int64_t rows = env_positive("LLAISYS_CUDA_LINEAR_CUBLAS_ROWS");
     return rows;
 }
 
@@ -163,7 +158,8 @@ int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N
         if (M <= 0 || N <= 0) return;
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
-            if (K > 0 && cublas_rows() > 0 && M >= cublas_rows()) return linear_cublas<T>(s, M, N, K, out, x, weight, bias);
+            if (K > 0 && cublas_rows() > 0 && M >= cublas_rows())
+                return linear_cublas<T>(s, M, N, K, out, x, weight, bias);
             if (M == 1) return launch_rows<T, 1, 2>(s, M, N, K, out, x, weight, bias);  // decode: weight-bound
             if (M == 2) return launch_rows<T, 2, 2>(s, M, N, K, out, x, weight, bias);
             if (M <= 4) return launch_rows<T, 4, 2>(s, M, N, K, out, x, weight, bias);
