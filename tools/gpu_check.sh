@@ -87,8 +87,7 @@ cd "$ROOT"
 # the benchmark's model is written on the CPU while the tests run (it needs no GPU)
 MODEL="$WORK/qwen2-1.5b-random"
 MODEL_T0=$SECONDS
-if [ -f "$MODEL/config.json" ]; then true; else
-    timeout 150 "$PY" benchmarks/make_model.py --out "$MODEL" >"$LOG/make_model.log" 2>&1; fi &
+[ -f "$MODEL/config.json" ] || timeout 150 "$PY" benchmarks/make_model.py --out "$MODEL" >"$LOG/make_model.log" 2>&1 &
 MAKE_MODEL=$!
 PYTEST=("$PY" -m pytest -q -rfE --durations=10 -p no:cacheprovider --backend=cuda)
 stage "op tests (cuda)" 200 "${PYTEST[@]}" tests/ops tests/core tests/backends/test_abi.py tests/backends/test_graphs.py \
