@@ -30,6 +30,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -165,14 +166,14 @@ def linear_case(name, n, k, m, bias, rotate_bytes, machine_bw):
 
 
 def int8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 weights [N, K] and bf16 scales [ceil(K / 32), N] in the format of llaisys.ops.linear_i8: per row
-    and group of 32, scale = max|w| / 127 rounded up to bf16, q = round(w / scale). In slices of rows, so
+    """int8 weights and bf16 scales in the format of llaisys.ops.linear_i8 (blocks of 16 rows, pack_int8): per
+    row and group of 32, scale = max|w| / 127 rounded up to bf16, q = round(w / scale). In slices of rows, so
     that the f32 temporaries of the lm_head stay small."""
     n, k = w.shape
     group = llaisys.ops.INT8_GROUP
     groups = -(-k // group)
     q = torch.empty(n, k, dtype=torch.int8)
-    scales = torch.empty(groups, n, dtype=torch.bfloat16)
+    scales = torch.empty(n, groups, dtype=torch.bfloat16)
     for r0 in range(0, n, 8192):
         rows = w[r0:r0 + 8192]
         wg = F.pad(rows.float(), (0, groups * group - k)).view(rows.shape[0], groups, group)
@@ -181,8 +182,9 @@ def int8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scale = torch.where(bits & 0xFFFF != 0, (bits & ~0xFFFF) + 0x10000, bits).view(torch.float32)  # round up
         qg = torch.where(scale[..., None] > 0, torch.round(wg / scale[..., None]), 0).clamp(-127, 127)
         q[r0:r0 + 8192] = qg.view(rows.shape[0], -1)[:, :k].to(torch.int8)
-        scales[:, r0:r0 + 8192] = scale.t().to(torch.bfloat16)
-    return q, scales
+        scales[r0:r0 + 8192] = scale.to(torch.bfloat16)
+    blocks, block_scales = llaisys.ops.pack_int8(q.numpy(), scales.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+    return torch.from_numpy(blocks), torch.from_numpy(block_scales.view(np.int16)).view(torch.bfloat16)
 
 
 def linear_i8_case(name, n, k, bias, rotate_bytes):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+import llaisys
 import llaisys_models
 from gguf_files import write_gguf
 from llaisys_models.gguf import quants
@@ -138,9 +139,10 @@ def test_int8_from_a_gguf_file(gguf_models, arch, device):
     values = (q8 * d[:, :, None]).reshape(q8.shape[0], -1)  # exact in float32: an f16 times an int8
     want_q, want_scales = quantize(values)
     got = model.weights.layers[1].down_proj
-    np.testing.assert_array_equal(got.weight.numpy(), want_q)
-    np.testing.assert_array_equal(got.scales.numpy().view(np.uint16), want_scales.view(np.uint16))
-    scale = np.repeat(want_scales.astype(np.float32).T, 32, axis=1)
+    got_q, got_scales = llaisys.ops.unpack_int8(got.weight.numpy(), got.scales.numpy(), *got.shape)
+    np.testing.assert_array_equal(got_q, want_q)
+    np.testing.assert_array_equal(got_scales.view(np.uint16), want_scales.view(np.uint16))
+    scale = np.repeat(want_scales.astype(np.float32), 32, axis=1)
     assert np.all(np.abs(want_q * scale - values) <= scale / 2)
     # a group whose f16 scale is a bfloat16 already and whose largest integer is +-127 keeps its integers
     kept = (d.astype(ml_dtypes.bfloat16).astype(np.float32) == d) & (np.abs(q8).max(axis=2) == 127)

@@ -64,7 +64,7 @@ def test_rows_whose_length_is_not_a_multiple_of_32(tmp_path, int8_device):
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
         want = hf(torch.tensor([sequence])).logits[0].float().numpy()
     model = llaisys_models.load(path, device=int8_device, quantize="int8")
-    assert model.weights.layers[0].down_proj.scales.shape == (7, 80)  # ceil(200 / 32) groups
+    assert model.weights.layers[0].down_proj.scales.shape == (5, 7, 16)  # 80 rows in 5 blocks, ceil(200 / 32) groups
     err = relative_errors(model.logits(sequence), want)
     assert err.max() <= MAX_RELATIVE_ERROR and err.mean() <= MEAN_RELATIVE_ERROR, \
         f"relative logit error max {err.max():.4f} mean {err.mean():.4f}"
@@ -80,20 +80,23 @@ def test_what_is_quantized(tiny_models, int8_device, name):
     w = model.weights
     groups = -(-spec.hidden // 32)
     assert isinstance(w.lm_head, Int8Weight)
-    assert w.lm_head.weight.shape == (spec.vocab, spec.hidden) and w.lm_head.weight.dtype == llaisys.int8
-    assert w.lm_head.scales.shape == (groups, spec.vocab) and w.lm_head.scales.dtype == llaisys.bfloat16
+    blocks = -(-spec.vocab // 16)
+    assert w.lm_head.shape == (spec.vocab, spec.hidden)
+    assert w.lm_head.weight.shape == (blocks, groups, 8, 16, 4) and w.lm_head.weight.dtype == llaisys.int8
+    assert w.lm_head.scales.shape == (blocks, groups, 16) and w.lm_head.scales.dtype == llaisys.bfloat16
     assert w.embed_tokens.dtype == model.dtype and w.norm.dtype == model.dtype
     for layer in w.layers:
         for field in LINEARS[:-1]:
             weight = getattr(layer, field)
             assert isinstance(weight, Int8Weight), field
-            assert weight.scales.shape == (-(-weight.shape[1] // 32), weight.shape[0]), field
+            assert (weight.weight.shape, weight.scales.shape) == llaisys.ops.int8_shapes(*weight.shape), field
         assert layer.input_norm.dtype == layer.post_norm.dtype == model.dtype
         assert all(b is None or b.dtype == model.dtype for b in (layer.q_bias, layer.k_bias, layer.v_bias))
     if spec.tie:  # the lm_head's int8 values are the embedding's, quantized
         embedding = w.embed_tokens.numpy().astype(np.float32)
-        scales = np.repeat(w.lm_head.scales.numpy().astype(np.float32).T, 32, axis=1)[:, :spec.hidden]
-        dequantized = w.lm_head.weight.numpy() * scales
+        q, scales = llaisys.ops.unpack_int8(w.lm_head.weight.numpy(), w.lm_head.scales.numpy(), *w.lm_head.shape)
+        scales = np.repeat(scales.astype(np.float32), 32, axis=1)[:, :spec.hidden]
+        dequantized = q * scales
         assert np.all(np.abs(dequantized - embedding) <= scales / 2)
 
 
@@ -103,8 +106,9 @@ def test_int8_weights_use_about_half_the_memory_of_bf16(tiny_models, int8_device
     for layer in model.weights.layers:
         for field in LINEARS[:-1]:
             weight = getattr(layer, field)
-            n, k = weight.shape
-            assert weight.weight.nbytes + weight.scales.nbytes == n * k + 2 * n * -(-k // 32)  # 1 + 2/32 bytes
+            n, k = weight.shape  # in blocks: rows up to a multiple of 16, k up to one of 32
+            rows, groups = -(-n // 16) * 16, -(-k // 32)
+            assert weight.weight.nbytes + weight.scales.nbytes == rows * groups * (32 + 2)  # 1 + 2/32 bytes
 
 
 def test_progress_bar_counts_each_tensor_read(tiny_models, int8_device, monkeypatch):

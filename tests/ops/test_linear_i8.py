@@ -47,7 +47,7 @@ WIDE_SHAPES = [(1, 64, 1536), (3, 33, 1536), (2, 40, 8960), (1, 256, 1536), (9, 
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The contract's weight quantizer: per row and group of 32, scale = max|w| / 127 rounded up to bf16,
-    q = round-half-to-even(w / scale) in [-127, 127]. Returns (q int8 [N, K], scales bf16 [G, N])."""
+    q = round-half-to-even(w / scale) in [-127, 127]. Returns (q int8 [N, K], scales bf16 [N, G])."""
     n, k = w.shape
     groups = -(-k // GROUP)
     wp = np.zeros((n, groups * GROUP), np.float32)
@@ -61,7 +61,7 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(scale[:, :, None] > 0, np.rint(wp.reshape(n, groups, GROUP) / scale[:, :, None]), 0)
     assert np.abs(q).max(initial=0) <= 127
-    return q.reshape(n, -1)[:, :k].astype(np.int8), scale.T.astype(ml_dtypes.bfloat16)
+    return q.reshape(n, -1)[:, :k].astype(np.int8), scale.astype(ml_dtypes.bfloat16)
 
 
 def quantize_x(x32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,8 +96,9 @@ class Case:
         self.bias_t = torch.from_numpy(rng.standard_normal(n)).to(tdt) if with_bias else None
         self.dtype, self.device, self.shape = dtype, device, shape
         self.x = from_torch(self.x_t, device)
-        self.weight = llaisys.from_numpy(self.q, device)
-        self.scale_t = llaisys.from_numpy(self.scales, device)
+        blocks, block_scales = llaisys.ops.pack_int8(self.q, self.scales)
+        self.weight = llaisys.from_numpy(blocks, device)
+        self.scale_t = llaisys.from_numpy(block_scales, device)
         self.bias = None if self.bias_t is None else from_torch(self.bias_t, device)
 
     def run(self, x=None) -> torch.Tensor:
@@ -118,7 +119,7 @@ class Case:
         qp = np.zeros((n, groups * GROUP), np.int64)
         qp[:, :k] = self.q
         dots = np.einsum("mgi,ngi->mng", xq, qp.reshape(n, groups, GROUP))  # exact integers
-        scale64 = self.scales.astype(np.float64).T  # [N, G]
+        scale64 = self.scales.astype(np.float64)  # [N, G]
         terms = dots * scale64[None] * sx.astype(np.float64)[:, None, :]  # [M, N, G]
         exact = terms.sum(-1) + self.bias64()
         eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[self.dtype]
@@ -206,11 +207,11 @@ def test_linear_i8_every_simd_path(device, path):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
 def test_linear_i8_empty_k_gives_bias(device, dtype):
-    """K = 0: no groups (scales [0, N]), the sum is empty: out = bias, or 0."""
+    """K = 0: no groups (weight [1, 0, 8, 16, 4], scales [1, 0, 16]), the sum is empty: out = bias, or 0."""
     bias_t = torch.arange(5, dtype=TORCH_DTYPES[dtype])
     out = nan_filled((3, 5), dtype, device)
-    x, w = llaisys.zeros((3, 0), dtype, device), llaisys.zeros((5, 0), llaisys.int8, device)
-    scales = llaisys.zeros((0, 5), llaisys.bfloat16, device)
+    x, w = llaisys.zeros((3, 0), dtype, device), llaisys.zeros((1, 0, 8, 16, 4), llaisys.int8, device)
+    scales = llaisys.zeros((1, 0, 16), llaisys.bfloat16, device)
     llaisys.ops.linear_i8(out, x, w, scales, from_torch(bias_t, device))
     assert torch.equal(to_torch(out), bias_t.expand(3, 5))
     llaisys.ops.linear_i8(out, x, w, scales)
@@ -223,7 +224,8 @@ def test_linear_i8_empty_m_and_n(device):
     llaisys.ops.linear_i8(out, llaisys.zeros((0, 40), llaisys.float32, device), case.weight, case.scale_t)
     out = llaisys.empty((2, 0), llaisys.float32, device)
     llaisys.ops.linear_i8(out, llaisys.zeros((2, 40), llaisys.float32, device),
-                          llaisys.zeros((0, 40), llaisys.int8, device), llaisys.zeros((2, 0), llaisys.bfloat16, device))
+                          llaisys.zeros((0, 2, 8, 16, 4), llaisys.int8, device),
+                          llaisys.zeros((0, 2, 16), llaisys.bfloat16, device))
 
 
 def test_linear_i8_is_refused_where_not_implemented(device):
@@ -233,9 +235,9 @@ def test_linear_i8_is_refused_where_not_implemented(device):
         pytest.skip(f"the '{device.type}' backend implements linear_i8 (the tests above run it)")
     f32, bf16, i8 = llaisys.float32, llaisys.bfloat16, llaisys.int8
     out, x = llaisys.empty((3, 5), f32, device), llaisys.zeros((3, 40), f32, device)
-    w, s = llaisys.zeros((5, 40), i8, device), llaisys.zeros((2, 5), bf16, device)
+    w, s = llaisys.zeros((1, 2, 8, 16, 4), i8, device), llaisys.zeros((1, 2, 16), bf16, device)
     with pytest.raises(ValueError, match="scales"):
-        llaisys.ops.linear_i8(out, x, w, llaisys.zeros((1, 5), bf16, device))
+        llaisys.ops.linear_i8(out, x, w, llaisys.zeros((1, 1, 16), bf16, device))
     with pytest.raises(llaisys.LlaisysError, match=rf"op 'linear_i8' is not implemented by the '{device.type}' backend"):
         llaisys.ops.linear_i8(out, x, w, s)
 
@@ -250,21 +252,25 @@ def test_linear_i8_nan_in_a_group_poisons_its_row(device):
 
 def test_linear_i8_rejects_bad_arguments(device):
     f32, bf16, i8 = llaisys.float32, llaisys.bfloat16, llaisys.int8
-    m, n, k = 3, 5, 40  # 2 groups
+    m, n, k = 3, 5, 40  # 1 block of rows, 2 groups
     out, x = llaisys.empty((m, n), f32, device), llaisys.zeros((m, k), f32, device)
-    w, s = llaisys.zeros((n, k), i8, device), llaisys.zeros((2, n), bf16, device)
+    w, s = llaisys.zeros((1, 2, 8, 16, 4), i8, device), llaisys.zeros((1, 2, 16), bf16, device)
     cases = [
-        ("weight", dict(weight=llaisys.zeros((n, k), f32, device))),            # not int8
-        ("scales", dict(scales=llaisys.zeros((2, n), f32, device))),            # not bf16
-        ("scales", dict(scales=llaisys.zeros((n, 2), bf16, device))),           # [N, G], not [G, N]
-        ("scales", dict(scales=llaisys.zeros((1, n), bf16, device))),           # too few groups
-        ("weight", dict(weight=llaisys.zeros((n, k + 1), i8, device))),         # K mismatch
+        ("weight", dict(weight=llaisys.zeros((1, 2, 8, 16, 4), f32, device))),  # not int8
+        ("weight", dict(weight=llaisys.zeros((n, k), i8, device))),              # [N, K], not in blocks
+        ("weight", dict(weight=llaisys.zeros((1, 3, 8, 16, 4), i8, device))),    # K mismatch (3 groups)
+        ("weight", dict(weight=llaisys.zeros((2, 2, 8, 16, 4), i8, device))),    # N mismatch (2 blocks)
+        ("scales", dict(scales=llaisys.zeros((1, 2, 16), f32, device))),         # not bf16
+        ("scales", dict(scales=llaisys.zeros((2, n), bf16, device))),            # [G, N], not in blocks
+        ("scales", dict(scales=llaisys.zeros((1, 1, 16), bf16, device))),        # too few groups
         ("bias", dict(bias=llaisys.zeros((n,), llaisys.float16, device))),      # dtype mismatch
         ("bias", dict(bias=llaisys.zeros((n + 1,), f32, device))),              # N mismatch
-        ("out", dict(out=llaisys.empty((m, n + 1), f32, device))),              # N mismatch
+        ("out", dict(out=llaisys.empty((m + 1, n), f32, device))),              # M mismatch
+        ("weight", dict(out=llaisys.empty((m, 17), f32, device))),              # N of out: 2 blocks of rows
         ("out", dict(out=llaisys.empty((m, n), bf16, device))),                 # dtype mismatch
+        ("out", dict(out=llaisys.empty((m * n,), f32, device))),                # not 2-D
         ("x", dict(x=llaisys.zeros((k, m), f32, device).permute(1, 0))),        # non-contiguous
-        ("scales", dict(scales=llaisys.zeros((n, 2), bf16, device).permute(1, 0))),  # non-contiguous
+        ("scales", dict(scales=llaisys.zeros((1, 16, 2), bf16, device).permute(0, 2, 1))),  # non-contiguous
         ("x", dict(x=llaisys.zeros((m * k,), f32, device))),                    # not 2-D
         ("x", dict(x=llaisys.zeros((m, k), llaisys.int32, device), out=llaisys.empty((m, n), llaisys.int32, device))),
         ("bias", dict(bias=out.slice(0, 0, 1).view(n))),                       # out overlaps bias
@@ -278,6 +284,38 @@ def test_linear_i8_rejects_bad_arguments(device):
         with pytest.raises(llaisys.LlaisysError, match=name) as info:
             llaisys.ops.linear_i8(args["out"], args["x"], args["weight"], args["scales"], args["bias"])
         assert isinstance(info.value, ValueError), info.value
+
+
+def test_pack_int8_puts_each_weight_where_the_contract_says():
+    """weight[b, g, s, r, i] = q[16 b + r, 32 g + 4 s + i] and scales[b, g, r] = scale(16 b + r, g), zeros past
+    N and K; unpack_int8 gives q and the scales back."""
+    rng = np.random.default_rng(3)
+    for n, k in ((1, 1), (16, 32), (17, 33), (40, 100)):
+        q = rng.integers(-127, 128, (n, k), dtype=np.int8)
+        scales = rng.random((n, -(-k // 32))).astype(ml_dtypes.bfloat16)
+        blocks, block_scales = llaisys.ops.pack_int8(q, scales)
+        assert (blocks.shape, block_scales.shape) == llaisys.ops.int8_shapes(n, k)
+        for b, g, s, r, i in np.ndindex(blocks.shape):
+            row, col = 16 * b + r, 32 * g + 4 * s + i
+            assert blocks[b, g, s, r, i] == (q[row, col] if row < n and col < k else 0)
+        for b, g, r in np.ndindex(block_scales.shape):
+            row = 16 * b + r
+            assert block_scales[b, g, r] == (scales[row, g] if row < n else 0)
+        back_q, back_scales = llaisys.ops.unpack_int8(blocks, block_scales, n, k)
+        np.testing.assert_array_equal(back_q, q)
+        np.testing.assert_array_equal(back_scales, scales)
+
+
+def test_pack_int8_rejects_what_is_not_q_and_its_scales():
+    q, scales = np.zeros((5, 40), np.int8), np.zeros((5, 2), ml_dtypes.bfloat16)
+    for bad_q, bad_scales, what in ((q.astype(np.int16), scales, "q must be int8"), (q[0], scales, "q must be int8"),
+                                    (q, scales.T, "scales must be bf16"), (q, scales.astype(np.float32), "scales")):
+        with pytest.raises(ValueError, match=what):
+            llaisys.ops.pack_int8(bad_q, bad_scales)
+    with pytest.raises(ValueError, match="outputs must be"):
+        llaisys.ops.pack_int8(q, scales, out_weight=np.zeros((1, 1, 8, 16, 4), np.int8))
+    with pytest.raises(ValueError, match="blocks of an"):
+        llaisys.ops.unpack_int8(*llaisys.ops.pack_int8(q, scales), 5, 100)
 
 
 def test_linear_i8_replays_in_a_graph(device):

@@ -17,14 +17,7 @@ void linear_i8(const LinearI8Args& a) {
         const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
 #if defined(LLAISYS_ISA_AVX512)
         const bool vnni = has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed();
-        // One row of x (a decode step) is bound by the weight reads: blocks of 8 weight rows (ymm), whose 8
-        // streams the prefetchers serve better than 16 (Zen 4, weights streamed: down_proj and lm_head 4%
-        // faster at ~36 GB/s, down_proj up to 36% when the machine streams faster; no shape more than 2%
-        // slower). With more rows of x the 16-row blocks' fewer instructions per weight byte count (20-30%
-        // less compute at M = 4..16, weights in cache).
-        if (a.M == 1 && vnni) linear_i8_simd<Vec8, DotVnni<Vec8i>, T>(a, xq);
-        else if (a.M == 1) linear_i8_simd<Vec8, DotSigned<Vec8i>, T>(a, xq);
-        else if (vnni) linear_i8_simd<Vec16, DotVnni<Vec16i>, T>(a, xq);
+        if (vnni) linear_i8_simd<Vec16, DotVnni<Vec16i>, T>(a, xq);
         else linear_i8_simd<Vec16, DotSigned<Vec16i>, T>(a, xq);
 #elif defined(LLAISYS_ISA_AVX2)
         linear_i8_simd<Vec8, DotSigned<Vec8i>, T>(a, xq);

@@ -1,9 +1,12 @@
-// linear_i8: out[M, N] = x[M, K] @ w[N, K]^T + bias[N] with int8 weights w[n, k] = scales[k / 32, n] * q[n, k]
-// (backend.h, linear_i8; the format is made at load time by llaisys-models).
+// linear_i8: out[M, N] = x[M, K] @ w[N, K]^T + bias[N] with int8 weights w[n, k] = scale(n, k / 32) * q[n, k],
+// q and the scales stored in blocks of 16 rows (backend.h, linear_i8; llaisys.ops.int8 makes them):
+//     weight [NB, G, 8, 16, 4]: weight[b][g][s][r][i] = q[16 b + r, 32 g + 4 s + i]
+//     scales [NB, G, 16]:       scales[b][g][r] = scale(16 b + r, g)
+// zero past N and K, so a kernel reads whole blocks and groups.
 //
 // Every row of x is quantized on the fly per group of kI8Group k, like the weights: sx = max|x| / 127,
 // xq = round-half-to-even(x / sx) (quantize_x, into a per-thread scratch). Then
-//     out[m, n] = sum over g, in order, of (scales[g, n] * sx[m, g]) * dot_g(q[n], xq[m]) + bias[n]
+//     out[m, n] = sum over g, in order, of (scale(n, g) * sx[m, g]) * dot_g(q[n], xq[m]) + bias[n]
 // with every group dot product an exact int32 and the rest f32, rounded once to the output dtype.
 // A row of out depends on its row of x only: the integer dots are exact and the f32 chain over g runs in the
 // same order whatever M is (batch invariance).
@@ -21,15 +24,18 @@
 
 namespace llaisys::cpu {
 
-constexpr int64_t kI8Group = 32;  // k per scale (llaisys.ops.INT8_GROUP)
+constexpr int64_t kI8Group = 32;                                       // k per scale (llaisys.ops.INT8_GROUP)
+constexpr int kI8BlockRows = 16;                                       // rows per block (INT8_BLOCK_ROWS)
+constexpr int kI8Steps = int(kI8Group) / 4;                            // steps of 4 k per group
+constexpr int64_t kI8GroupBytes = kI8Group * kI8BlockRows;             // one group of one block: 512 bytes
 
 struct LinearI8Args {
     int dtype;                 // LLAISYS_F32 / _F16 / _BF16: out, x and bias
     int64_t M, N, K;           // M, N >= 1 (the entry point returns before), K >= 0
     void* out;                 // [M, N]
     const void* x;             // [M, K]
-    const int8_t* weight;      // [N, K], values in [-127, 127]
-    const bf16_t* scales;      // [G, N], G = ceil(K / kI8Group)
+    const int8_t* weight;      // [NB, G, 8, 16, 4] blocks, values in [-127, 127]
+    const bf16_t* scales;      // [NB, G, 16] blocks
     const void* bias;          // [N] or nullptr
 };
 
@@ -44,7 +50,7 @@ LLAISYS_DECLARE_PER_ISA(void linear_i8(const LinearI8Args& args))
 namespace llaisys::cpu::LLAISYS_ISA {
 
 // x quantized per row and group (quantize_x): rows of ld int8 values (the K values, then zeros up to ld, a
-// multiple of 64, so that a kernel reads whole chunks of 64), and per (row, group) the f32 scale sx and
+// multiple of 64: whole groups for the kernels, rows 64-byte apart), and per (row, group) the f32 scale sx and
 // -128 * the sum of the group's xq (the correction of vpdpbusd's unsigned operand, see linear_i8_simd.h).
 struct QuantizedX {
     const int8_t* q;       // [M, ld]
@@ -114,26 +120,30 @@ inline QuantizedX quantize_x(const T* x, int64_t M, int64_t K) {
 // The portable build's kernel: one output at a time, the same arithmetic in scalar code (without FMA).
 template <class T>
 void linear_i8_scalar(const LinearI8Args& a, const QuantizedX& xq) {
-    const int64_t M = a.M, N = a.N, K = a.K, G = xq.G;
+    const int64_t M = a.M, N = a.N, G = xq.G;
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
     run_ranges(N, [&](int64_t n_begin, int64_t n_end) {
         for (int64_t n = n_begin; n < n_end; ++n) {
-            const int8_t* w = a.weight + n * K;
+            const int64_t b = n / kI8BlockRows, r = n % kI8BlockRows;
+            const int8_t* w = a.weight + b * G * kI8GroupBytes + r * 4;  // + g * kI8GroupBytes + s * 64 + i
+            const bf16_t* sc = a.scales + b * G * kI8BlockRows + r;        // + g * kI8BlockRows
             for (int64_t m = 0; m < M; ++m) {
                 const int8_t* x = xq.q + m * xq.ld;
                 float acc = 0.0f;
                 for (int64_t g = 0; g < G; ++g) {
-                    const int64_t k0 = g * kI8Group, k1 = std::min(K, k0 + kI8Group);
-                    int32_t dot = 0;
-                    for (int64_t k = k0; k < k1; ++k) dot += int32_t(w[k]) * int32_t(x[k]);
-                    acc += (to_f32(a.scales[g * N + n]) * xq.sx[m * G + g]) * float(dot);
+                    int32_t dot = 0;  // the padding past K is zero in both
+                    for (int s = 0; s < kI8Steps; ++s)
+                        for (int i = 0; i < 4; ++i)
+                            dot += int32_t(w[g * kI8GroupBytes + s * 4 * kI8BlockRows + i]) *
+                                   int32_t(x[g * kI8Group + 4 * s + i]);
+                    acc += (to_f32(sc[g * kI8BlockRows]) * xq.sx[m * G + g]) * float(dot);
                 }
                 if (bias) acc += to_f32(bias[n]);
                 out[m * N + n] = from_f32<T>(acc);
             }
         }
-    }, N * K * M >= (int64_t(1) << 16));
+    }, N * a.K * M >= (int64_t(1) << 16));
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

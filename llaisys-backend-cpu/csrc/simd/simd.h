@@ -14,7 +14,7 @@
 //   Vec16    16 lanes, a zmm register (avx512 only)
 //   Vec      the widest of this build: Vec16 with AVX-512, else Vec8
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs;
-//            int8 dot products): load(p) / load_bytes_partial(p, n) (all / the first n bytes), + & | ^ << >>,
+//            int8 dot products): load(p) (W * 4 bytes), + & | ^ << >>,
 //            int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the products of the 4 signed bytes of each
 //            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i, and Vec8i
 //            in the avx512 build)
@@ -28,7 +28,7 @@
 //   reduce_add, reduce_max, lane0;
 //   masks: V::Mask (one per lane) from isnan_mask / eq_mask / lt_mask / gt_mask / ge_mask / V::first(n),
 //   combined with | and &, consumed by select(m, if_true, if_false) and bits(m) (bit i = lane i);
-//   transpose(V (&)[W]) in registers; reduce_add_each(const Vec8 (&a)[8]) (lane j = sum of a[j]).
+//   reduce_add_each(const Vec8 (&a)[8]) (lane j = sum of a[j]).
 // Below: scalar conversions (to_f32, from_f32<T>), vexp, convert, with_float_type, map2.
 #pragma once
 

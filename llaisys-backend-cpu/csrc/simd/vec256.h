@@ -17,16 +17,6 @@ struct Vec8i {
     Vec8i(__m256i x) : r(x) {}
     explicit Vec8i(uint32_t c) : r(_mm256_set1_epi32(int(c))) {}
     static Vec8i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }  // 32 bytes
-    // the first n (<= 32) bytes at p, the rest 0; nothing past p + n is read
-    static Vec8i load_bytes_partial(const void* p, int n) {
-#if defined(LLAISYS_ISA_AVX512)
-        return _mm256_maskz_loadu_epi8(n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1, p);
-#else
-        alignas(32) uint8_t buf[32] = {};
-        std::memcpy(buf, p, size_t(n));
-        return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-#endif
-    }
 };
 inline Vec8i operator+(Vec8i a, Vec8i b) { return _mm256_add_epi32(a.r, b.r); }
 inline Vec8i operator&(Vec8i a, Vec8i b) { return _mm256_and_si256(a.r, b.r); }
@@ -218,25 +208,6 @@ inline Vec8i dot4_u8i8(Vec8i acc, Vec8i a, Vec8i b) {
     return acc;
 }
 #endif
-
-// In-register 8 x 8 transpose: r[i] lane j becomes r[j] lane i.
-inline void transpose(Vec8 (&r)[8]) {
-    __m256 t[8], s[8];
-    for (int i = 0; i < 4; ++i) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i].r, r[2 * i + 1].r);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i].r, r[2 * i + 1].r);
-    }
-    for (int i = 0; i < 2; ++i) {  // s[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
-        s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-        r[c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x20);
-        r[4 + c] = _mm256_permute2f128_ps(s[c], s[4 + c], 0x31);
-    }
-}
 
 // Lane j = the sum of the lanes of a[j] (a transpose folded into the adds).
 inline Vec8 reduce_add_each(const Vec8 (&a)[8]) {

@@ -16,10 +16,6 @@ struct Vec16i {
     Vec16i(__m512i x) : r(x) {}
     explicit Vec16i(uint32_t c) : r(_mm512_set1_epi32(int(c))) {}
     static Vec16i load(const void* p) { return _mm512_loadu_si512(p); }  // 64 bytes
-    // the first n (<= 64) bytes at p, the rest 0; nothing past p + n is read
-    static Vec16i load_bytes_partial(const void* p, int n) {
-        return _mm512_maskz_loadu_epi8(n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1, p);
-    }
     // the first n (<= 32) 16-bit values at p, the rest 0 (lane i holds values 2i and 2i + 1)
     static Vec16i load_halves_partial(const void* p, int n) {
         return _mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << n) - 1), p);
@@ -140,31 +136,6 @@ template <class T> inline Vec16 Vec16::round_to() const {
     if constexpr (std::is_same_v<T, bf16_t>) return widen_bf16(bf16_bits(*this));
     else if constexpr (std::is_same_v<T, f16_t>) return _mm512_cvtph_ps(narrow(static_cast<const f16_t*>(nullptr)));
     else return *this;
-}
-
-// In-register 16 x 16 transpose (r[i] lane j becomes r[j] lane i): 2x2 blocks (unpack), 4x4 blocks
-// (shuffle_ps), then 128-bit lanes (two shuffle_f32x4 rounds).
-inline void transpose(Vec16 (&r)[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i].r, r[2 * i + 1].r);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].r, r[2 * i + 1].r);
-    }
-    for (int i = 0; i < 4; ++i) {  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
-        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; ++c) {
-        const __m512 a0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), a1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-        const __m512 a2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-        const __m512 a3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-        r[c] = _mm512_shuffle_f32x4(a0, a2, 0x88);
-        r[8 + c] = _mm512_shuffle_f32x4(a0, a2, 0xdd);
-        r[4 + c] = _mm512_shuffle_f32x4(a1, a3, 0x88);
-        r[12 + c] = _mm512_shuffle_f32x4(a1, a3, 0xdd);
-    }
 }
 
 // acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1] in f32 lane i, for a and b holding 16 pairs of bf16 values

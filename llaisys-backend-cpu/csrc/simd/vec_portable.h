@@ -108,14 +108,6 @@ inline Vec8 select(Mask8 m, Vec8 if_true, Vec8 if_false) {
     return Vec8::lanes([&](int i) { return m.m[i] ? if_true.v[i] : if_false.v[i]; });
 }
 
-// In-register transpose of 8 vectors: r[i].v[j] becomes r[j].v[i].
-inline void transpose(Vec8 (&r)[8]) {
-    Vec8 t[8];
-    for (int i = 0; i < 8; ++i)
-        for (int j = 0; j < 8; ++j) t[j].v[i] = r[i].v[j];
-    for (int i = 0; i < 8; ++i) r[i] = t[i];
-}
-
 // Lane j = the sum of the lanes of a[j].
 inline Vec8 reduce_add_each(const Vec8 (&a)[8]) { return Vec8::lanes([&](int j) { return reduce_add(a[j]); }); }
 

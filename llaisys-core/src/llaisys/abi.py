@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 2  # LLAISYS_API_VERSION
+API_VERSION = 3  # LLAISYS_API_VERSION
 
 
 class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>

@@ -6,24 +6,28 @@ quantizes the activations per row and group on the fly and runs integer dot prod
 norms and biases stay in the model dtype; a tied lm_head gets its own int8 copy (the embedding table
 stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
 
-The format (docs/architecture.md; the contract with the ``linear_i8`` kernels):
+The format (docs/architecture.md; ``llaisys.ops.int8`` holds the layout, the ``linear_i8`` kernels read it):
 
-    weight  int8 [N, K], q in [-127, 127]
-    scales  bfloat16 [G, N], G = ceil(K / 32), group-major (a kernel loads the scales of consecutive rows at once)
-    w[n, k] ~ scales[k // 32, n] * weight[n, k]
+    q       int8 [N, K], in [-127, 127]
+    scales  bfloat16 [N, G], G = ceil(K / 32): one per row and group of 32 consecutive k
+    w[n, k] ~ scales[n, k // 32] * q[n, k]
+
+stored in blocks of 16 rows (``llaisys.ops.pack_int8``), each block one sequential stream for the kernel.
 
 Per row n and group g, in float32 from the stored bf16/f16/f32 values: amax = max |w|; scale = amax / 127
 rounded up to a bfloat16 (so the scale is stored exactly and |w / scale| <= 127); q = w / scale rounded
 half to even, clipped to [-127, 127]; a group of zeros gets scale 0 and q 0. Every element then comes
 back within half a step: |w - scale * q| <= scale / 2.
 
-A weight is quantized chunk by chunk straight from the (mapped) checkpoint into the buffers that become
-the int8 tensors, so a load peaks at the int8 weights, the leftovers in the model dtype and one chunk.
+A weight is quantized chunk by chunk (whole blocks of rows) straight from the (mapped) checkpoint into the
+buffers that become the int8 tensors, so a load peaks at the int8 weights, the leftovers in the model dtype
+and one chunk.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import ml_dtypes
@@ -36,6 +40,7 @@ from .host_memory import bytes_of, host_buffer
 
 MODES = ("int8",)
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
+BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
 KERNELS = {"int8": ("linear_i8",)}  # the ops a quantized model needs beyond the float model's
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
@@ -68,14 +73,11 @@ def check_device(device: llaisys.Device, quantize: str | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Int8Weight:
-    """A linear's weight in the int8 format: ``weight`` int8 [N, K] and ``scales`` bfloat16 [G, N]."""
+    """A linear's [N, K] weight in the int8 format: the blocks ``weight`` and ``scales`` (llaisys.ops.int8)."""
 
     weight: llaisys.Tensor
     scales: llaisys.Tensor
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.weight.shape
+    shape: tuple[int, int]  # [N, K]
 
 
 def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Weight,
@@ -97,8 +99,9 @@ def bf16_round_up(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32).astype(BF16)
 
 
-def quantize_rows(rows: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.ndarray, name: str) -> None:
-    """Quantize ``rows`` (float [R, K], any float dtype) into ``q`` (int8 [R, K]) and ``scales`` (bfloat16 [G, R]).
+def quantize_rows(rows: np.ndarray, work: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` (float [R, K], any float dtype) quantized: (q int8 [R, G * 32], zeros from column K on;
+    scales bfloat16 [R, G]).
 
     ``work``: float32 [2, R, G * 32] whose first half has zeros from column K on (the short last group
     reads as padded with zeros, which change neither its amax nor anything else)."""
@@ -120,20 +123,19 @@ def quantize_rows(rows: np.ndarray, q: np.ndarray, scales: np.ndarray, work: np.
     np.divide(groups, divisor[:, :, None], out=groups)
     np.rint(x, out=x)  # half to even
     np.clip(x, -127, 127, out=x)
-    np.copyto(q, x[:, :k], casting="unsafe")
-    scales[...] = scale.T
+    return x.astype(np.int8), scale
 
 
-def quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], q: np.ndarray, scales: np.ndarray,
-                  name: str = "weight") -> None:
-    """Quantize the [N, K] matrix whose rows ``read(start, end)`` returns into ``q`` (int8 [N, K]) and
-    ``scales`` (bfloat16 [G, N]), a chunk of rows at a time."""
+def quantized_chunks(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], name: str = "weight"):
+    """Quantize the [N, K] matrix whose rows ``read(start, end)`` returns a chunk of rows at a time (whole
+    blocks of INT8_BLOCK_ROWS, the last one aside): yields (start, end, q int8 [end - start, G * 32] (zeros
+    past K), scales bfloat16 [end - start, G])."""
     n, k = shape
-    step = max(1, min(n, CHUNK_VALUES // max(k, 1)))
-    work = np.zeros((2, step, groups_of(k) * GROUP), np.float32)
+    step = max(1, min(n, CHUNK_VALUES // max(k, 1)) // BLOCK_ROWS) * BLOCK_ROWS
+    work = np.zeros((2, min(step, n), groups_of(k) * GROUP), np.float32)
     for start in range(0, n, step):
         end = min(start + step, n)
-        quantize_rows(read(start, end), q[start:end], scales[:, start:end], work[:, :end - start], name)
+        yield (start, end, *quantize_rows(read(start, end), work[:, :end - start], name))
 
 
 def groups_of(k: int) -> int:
@@ -142,10 +144,11 @@ def groups_of(k: int) -> int:
 
 
 def quantize(w: np.ndarray, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
-    """(q int8 [N, K], scales bfloat16 [G, N]) of the float matrix ``w`` [N, K]."""
+    """(q int8 [N, K], scales bfloat16 [N, G]) of the float matrix ``w`` [N, K] (not in blocks)."""
     n, k = w.shape
-    q, scales = np.empty((n, k), np.int8), np.empty((groups_of(k), n), BF16)
-    quantize_into(lambda start, end: w[start:end], (n, k), q, scales, name)
+    q, scales = np.empty((n, k), np.int8), np.empty((n, groups_of(k)), BF16)
+    for start, end, q_rows, s_rows in quantized_chunks(lambda start, end: w[start:end], (n, k), name):
+        q[start:end], scales[start:end] = q_rows[:, :k], s_rows
     return q, scales
 
 
@@ -153,25 +156,24 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
                 name: str = "weight") -> Int8Weight:
     """The int8 weight on ``device`` of the [N, K] matrix whose rows ``read(start, end)`` returns.
 
-    On the CPU the rows are quantized straight into the weight's own buffers; another device gets a copy
-    of host buffers."""
+    On the CPU the rows are quantized straight into the weight's own buffers (in blocks); another device
+    gets a copy of host buffers."""
     n, k = shape
-    g = groups_of(k)
+    weight_shape, scales_shape = llaisys.ops.int8_shapes(n, k)
     if device.type == "cpu":  # straight into the weight's own buffers (large ones on huge pages)
-        q, scales = llaisys.empty((n, k), llaisys.int8, device), llaisys.empty((g, n), llaisys.bfloat16, device)
-        quantize_into(read, shape, bytes_of(q).view(np.int8).reshape(n, k), bytes_of(scales).view(BF16).reshape(g, n),
-                      name)
-        return Int8Weight(q, scales)
-    q_bytes, scale_bytes = host_buffer(n * k), host_buffer(g * n * BF16.itemsize)
-    quantize_into(read, shape, q_bytes.view(np.int8).reshape(n, k), scale_bytes.view(BF16).reshape(g, n), name)
-    return Int8Weight(_placed(q_bytes, llaisys.int8, (n, k), device),
-                      _placed(scale_bytes, llaisys.bfloat16, (g, n), device))
-
-
-def _placed(host: np.ndarray, dtype: llaisys.DType, shape: tuple[int, int], device: llaisys.Device) -> llaisys.Tensor:
-    """The bytes ``host`` (uint8) as a tensor on ``device``: the buffer itself on the CPU, else a copy."""
-    tensor = llaisys.from_buffer(host, dtype, shape)
-    return tensor if device.type == "cpu" else tensor.to(device)
+        weight = llaisys.empty(weight_shape, llaisys.int8, device)
+        scales = llaisys.empty(scales_shape, llaisys.bfloat16, device)
+        w_bytes, s_bytes = bytes_of(weight), bytes_of(scales)
+    else:
+        w_bytes, s_bytes = host_buffer(math.prod(weight_shape)), host_buffer(math.prod(scales_shape) * BF16.itemsize)
+    blocks, block_scales = w_bytes.view(np.int8).reshape(weight_shape), s_bytes.view(BF16).reshape(scales_shape)
+    for start, end, q_rows, s_rows in quantized_chunks(read, shape, name):
+        first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
+        llaisys.ops.pack_int8(q_rows, s_rows, blocks[first:last], block_scales[first:last])
+    if device.type != "cpu":
+        weight = llaisys.from_buffer(w_bytes, llaisys.int8, weight_shape).to(device)
+        scales = llaisys.from_buffer(s_bytes, llaisys.bfloat16, scales_shape).to(device)
+    return Int8Weight(weight, scales, (n, k))
 
 
 def add_argument(parser) -> None:

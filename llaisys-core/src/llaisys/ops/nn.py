@@ -6,6 +6,7 @@ from ..dtype import bfloat16, int8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import NUMERICS
+from .int8 import INT8_GROUP, int8_shapes
 
 _embedding = new_plans()
 
@@ -93,18 +94,19 @@ def _plan_linear(out, x, weight, bias):
     return remember(_linear, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, n, k))
 
 
-INT8_GROUP = 32  # consecutive k per scale of linear_i8's int8 weights (and of its on-the-fly x quantization)
 _linear_i8 = new_plans()
 
 
 def linear_i8(out, x, weight, scales, bias=None) -> None:
-    """out = x @ w.T + bias for int8 weights w[n, k] = scales[k // 32, n] * weight[n, k].
+    """out = x @ w.T + bias for int8 weights w[n, k] = scale(n, k // 32) * q[n, k], stored in blocks.
 
-    x [M, K] f32 / f16 / bf16; weight int8 [N, K] (values in [-127, 127]); scales bf16 [ceil(K / 32), N]
-    (``INT8_GROUP`` consecutive k per scale, group-major); bias [N] or None; out [M, N] of x's dtype. Each
-    row of x is quantized per group of 32 to int8 on the fly (scale max|x| / 127, round half to even), the
-    group dot products are exact integers, the rest f32 (backend.h, ``linear_i8``). A row of out depends on
-    its row of x only. out must share no memory with x, weight, scales or bias.
+    x [M, K] f32 / f16 / bf16; out [M, N] of x's dtype; bias [N] or None. weight and scales are the blocks of
+    q (int8 [N, K], values in [-127, 127]) and its bf16 scales, one per row and group of ``INT8_GROUP``
+    consecutive k: weight int8 [ceil(N / 16), ceil(K / 32), 8, 16, 4], scales bf16 [ceil(N / 16), ceil(K / 32),
+    16] (``llaisys.ops.int8``; ``pack_int8`` makes them). Each row of x is quantized per group of 32 to int8 on
+    the fly (scale max|x| / 127, round half to even), the group dot products are exact integers, the rest f32
+    (backend.h, ``linear_i8``). A row of out depends on its row of x only. out must share no memory with x,
+    weight, scales or bias.
     """
     try:
         kernel, fail, device, code, m, n, k = _linear_i8[out._layout, x._layout, weight._layout, scales._layout,
@@ -137,13 +139,15 @@ def _plan_linear_i8(out, x, weight, scales, bias):
     check.dtype(op, "weight", weight, (int8,))
     check.dtype(op, "scales", scales, (bfloat16,))
     check.ndim(op, "x", x, 2)
-    check.ndim(op, "weight", weight, 2)
-    (m, k), n = x.shape, weight.shape[0]
-    check.shape(op, "weight", weight, (n, k))
-    groups = -(-k // INT8_GROUP)
-    if scales.shape != (groups, n):
-        check.fail(op, f"scales has shape {scales.shape}; expected {(groups, n)}: one bf16 scale per group of "
-                       f"{INT8_GROUP} consecutive k (ceil({k} / {INT8_GROUP}) = {groups}) per row of weight ({n})")
+    check.ndim(op, "out", out, 2)
+    (m, k), n = x.shape, out.shape[1]
+    weight_shape, scales_shape = int8_shapes(n, k)
+    if weight.shape != weight_shape:
+        check.fail(op, f"weight has shape {weight.shape}; expected {weight_shape}: the int8 blocks of an [N, K] = "
+                       f"[{n}, {k}] matrix (N from out, K from x; llaisys.ops.pack_int8 makes them)")
+    if scales.shape != scales_shape:
+        check.fail(op, f"scales has shape {scales.shape}; expected {scales_shape}: one bf16 scale per row and group "
+                       f"of {INT8_GROUP} consecutive k, in blocks of 16 rows (llaisys.ops.pack_int8 makes them)")
     if bias is not None:
         check.shape(op, "bias", bias, (n,))
     check.shape(op, "out", out, (m, n))

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 2
+#define LLAISYS_API_VERSION 3
 
 /* Status codes returned by every slot. */
 typedef enum llaisys_status {
@@ -235,15 +235,20 @@ LLAISYS_OP int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_
 LLAISYS_OP int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
                                   const void* x, const void* weight, const void* bias);
 
-/* [op] Linear with int8 weights: out [M, N] = x [M, K] @ dequant(weight)^T + bias [N] (bias may be NULL).
- * weight: int8 [N, K], symmetric (values in [-127, 127]); scales: bf16 [G, N], G = ceil(K / 32) groups of 32
- * consecutive k (the last may be short), group-major (the N scales of group g are contiguous); the weight is
- * w[n, k] = scales[k / 32, n] * weight[n, k]. Each row of x is quantized on the fly per the same groups:
- * sx[m, g] = max |x[m, k in g]| / 127 (f32), xq = round-half-to-even(x / sx) in [-127, 127] (0 where sx = 0), and
- * out[m, n] = sum over g in order of (scales[g, n] * sx[m, g]) * (sum_{k in g} weight[n, k] * xq[m, k]) + bias[n]:
- * integer dots exact in int32, the rest in f32, rounded once to `dtype` (the dtype of out, x and bias). A row
- * of out depends only on its row of x (the same bits alone or in a batch). A group of x holding inf or NaN
- * makes its row of out NaN. K may be 0 (out = bias, or 0). out shares no memory with x, weight, scales or bias. */
+/* [op] Linear with int8 weights: out [M, N] = x [M, K] @ w^T + bias [N] (bias may be NULL), where
+ * w[n, k] = scale(n, k / 32) * q[n, k] for a symmetric int8 q [N, K] (values in [-127, 127]) and one bf16 scale
+ * per row and group of 32 consecutive k (G = ceil(K / 32) groups, the last may be short). q and the scales come
+ * in blocks of 16 rows (llaisys.ops.int8; rows past N and k past K are zeros, scale 0), each block one
+ * sequential stream:
+ *     weight int8 [NB, G, 8, 16, 4]: weight[b][g][s][r][i] = q[16 b + r, 32 g + 4 s + i], NB = ceil(N / 16)
+ *     scales bf16 [NB, G, 16]:       scales[b][g][r] = scale(16 b + r, g)
+ * so 64 consecutive bytes hold the same 4 k of 16 rows. Each row of x is quantized on the fly per the same
+ * groups: sx[m, g] = max |x[m, k in g]| / 127 (f32), xq = round-half-to-even(x / sx) in [-127, 127] (0 where
+ * sx = 0), and out[m, n] = sum over g in order of (scale(n, g) * sx[m, g]) * (sum_{k in g} q[n, k] * xq[m, k])
+ * + bias[n]: integer dots exact in int32, the rest in f32, rounded once to `dtype` (the dtype of out, x and
+ * bias). A row of out depends only on its row of x (the same bits alone or in a batch). A group of x holding
+ * inf or NaN makes its row of out NaN. K may be 0 (out = bias, or 0). out shares no memory with x, weight,
+ * scales or bias. */
 LLAISYS_OP int LLAISYS_FN(linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
                                      const void* x, const void* weight, const void* scales, const void* bias);
 
