@@ -51,9 +51,10 @@ LLAISYS_ALWAYS_INLINE VI broadcast4(const int8_t* p) {
 
 // total[p][m] (p < P vectors of W rows, m < MM) = the block w (scales sc: [G, 16]) against rows m0 + m of x,
 // before the bias: the groups in order of k, so each total is the same f32 chain whatever M is.
+// next: the block to prefetch into L2 meanwhile (the one that follows in memory), or null.
 template <class V, class Dot, int MM>
 LLAISYS_ALWAYS_INLINE void i8_block(const int8_t* __restrict w, const bf16_t* __restrict sc, const QuantizedX& xq,
-                                    int64_t m0, V (&total)[kI8BlockRows / V::W][MM]) {
+                                    int64_t m0, const int8_t* next, V (&total)[kI8BlockRows / V::W][MM]) {
     using VI = typename V::Int;
     constexpr int W = V::W, P = kI8BlockRows / W, S = kI8Steps;
 #pragma GCC unroll 2
@@ -62,6 +63,10 @@ LLAISYS_ALWAYS_INLINE void i8_block(const int8_t* __restrict w, const bf16_t* __
         for (int m = 0; m < MM; ++m) total[p][m] = V::zero();
     for (int64_t g = 0; g < xq.G; ++g) {
         const int8_t* wg = w + g * kI8GroupBytes;
+        if (next)
+#pragma GCC unroll 8
+            for (int line = 0; line < int(kI8GroupBytes) / 64; ++line)
+                __builtin_prefetch(next + g * kI8GroupBytes + line * 64, 0, 2);
 #pragma GCC unroll 2
         for (int p = 0; p < P; ++p) {
             VI wt[S];  // step s: k = 32 g + 4 s .. + 3 of rows p W .. p W + W - 1
@@ -101,11 +106,14 @@ void i8_rows(const LinearI8Args& a, const QuantizedX& xq, int64_t r0, int64_t r1
     auto block_rows = [&](int64_t blk) {
         const int8_t* w = a.weight + blk * block_bytes;
         const bf16_t* sc = a.scales + blk * xq.G * kI8BlockRows;
+        // More than one group of rows of x reads the block again from cache, which breaks the stream the
+        // hardware prefetchers follow: the first pass then prefetches the next block itself.
+        const int8_t* next = r1 - r0 > kGemvMaxRows && blk + 1 < blocks ? w + block_bytes : nullptr;
         for (int64_t m0 = r0; m0 < r1; m0 += kGemvMaxRows) {
             auto group = [&](auto mm) {
                 constexpr int MM = decltype(mm)::value;
                 V total[P][MM];
-                i8_block<V, Dot, MM>(w, sc, xq, m0, total);
+                i8_block<V, Dot, MM>(w, sc, xq, m0, m0 == r0 ? next : nullptr, total);
                 for (int p = 0; p < P; ++p) {
                     const int64_t n0 = blk * kI8BlockRows + p * W;
                     const int rows = int(std::clamp<int64_t>(N - n0, 0, W));
