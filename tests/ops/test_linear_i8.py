@@ -290,7 +290,7 @@ def test_pack_int8_puts_each_weight_where_the_contract_says():
     """weight[b, g, s, r, i] = q[16 b + r, 32 g + 4 s + i] and scales[b, g, r] = scale(16 b + r, g), zeros past
     N and K; unpack_int8 gives q and the scales back."""
     rng = np.random.default_rng(3)
-    for n, k in ((1, 1), (16, 32), (17, 33), (40, 100)):
+    for n, k in ((1, 1), (16, 32), (17, 33), (40, 100), (0, 5), (3, 0)):
         q = rng.integers(-127, 128, (n, k), dtype=np.int8)
         scales = rng.random((n, -(-k // 32))).astype(ml_dtypes.bfloat16)
         blocks, block_scales = llaisys.ops.pack_int8(q, scales)

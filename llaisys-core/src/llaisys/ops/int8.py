@@ -33,8 +33,8 @@ def pack_int8(q: np.ndarray, scales: np.ndarray, out_weight: np.ndarray | None =
               out_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The blocks of q (int8 [N, K]) and scales (bf16 [N, G], a scale per row and group).
 
-    Writes into ``out_weight`` / ``out_scales`` when given (C-contiguous arrays of ``int8_shapes(N, K)``, e.g. a slice of
-    blocks of a larger weight), else into new arrays; returns both."""
+    Writes into ``out_weight`` / ``out_scales`` when given (C-contiguous arrays of ``int8_shapes(N, K)``, e.g.
+    a slice of blocks of a larger weight), else into new arrays; returns both."""
     q, scales = np.asarray(q), np.asarray(scales)
     if q.ndim != 2 or q.dtype != np.int8:
         raise ValueError(f"pack_int8: q must be int8 [N, K], got {q.dtype} {q.shape}")
@@ -74,4 +74,5 @@ def unpack_int8(weight: np.ndarray, scales: np.ndarray, n: int, k: int) -> tuple
                          f"{weight.shape} and {scales.shape}")
     blocks, groups = weight_shape[0], weight_shape[1]
     q = weight.transpose(0, 3, 1, 2, 4).reshape(blocks * INT8_BLOCK_ROWS, groups * INT8_GROUP)[:n, :k]
-    return np.ascontiguousarray(q), np.ascontiguousarray(scales.transpose(0, 2, 1).reshape(-1, groups)[:n])
+    per_row = scales.transpose(0, 2, 1).reshape(blocks * INT8_BLOCK_ROWS, groups)[:n]
+    return np.ascontiguousarray(q), np.ascontiguousarray(per_row)
