@@ -16,8 +16,7 @@
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs;
 //            int8 dot products): load(p) (W * 4 bytes), + & | ^ << >>,
 //            int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the products of the 4 signed bytes of each
-//            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i, and Vec8i
-//            in the avx512 build)
+//            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i)
 // Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
 //   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);
 //   V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n), v.round_to<T>(): p points to

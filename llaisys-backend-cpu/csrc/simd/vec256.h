@@ -200,15 +200,6 @@ template <class T> inline Vec8 Vec8::round_to() const {
     else return *this;
 }
 
-#if defined(LLAISYS_ISA_AVX512)
-// dot4_u8i8: unsigned a, signed b, exact (vpdpbusd on ymm, AVX512-VNNI + VL: avx512 build only, on CPUs with
-// AVX512-VNNI; inline assembly for the reason given in vec512.h).
-inline Vec8i dot4_u8i8(Vec8i acc, Vec8i a, Vec8i b) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc.r) : "v"(a.r), "v"(b.r));
-    return acc;
-}
-#endif
-
 // Lane j = the sum of the lanes of a[j] (a transpose folded into the adds).
 inline Vec8 reduce_add_each(const Vec8 (&a)[8]) {
     __m256 t[4], u[2];
