@@ -22,3 +22,16 @@ def pytest_generate_tests(metafunc):
         rows = "; ".join(f"{r.name}: {r.status} {r.reason}".strip() for r in llaisys.backend_report())
         metafunc.parametrize("device", [pytest.param(None, marks=pytest.mark.skip(
             reason=f"{reason} (backends: {rows or 'none installed'})"))], ids=[wanted or "none"])
+
+
+# Settings a user may export that change what the tests expect (the numerics mode of every model, an API key
+# that the CLI's server would then require): the suite runs with the defaults whatever the runner's
+# environment holds; tests that need a setting set it themselves (monkeypatch, or a child's env).
+RUNNER_SETTINGS = ("LLAISYS_NUMERICS", "LLAISYS_API_KEY")
+
+
+def pytest_configure(config):
+    import os
+
+    for name in RUNNER_SETTINGS:
+        os.environ.pop(name, None)

@@ -102,3 +102,4 @@ def run_in_threads(work, args_list, timeout: float = 300.0) -> list[Exception]:
         t.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return errors
+

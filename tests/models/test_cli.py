@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from child_process import popen
 
 import llaisys_models
 from llaisys.cli import main
@@ -262,8 +263,8 @@ def test_ctrl_c_during_start_up_exits_quietly(demo, monkeypatch, capsys):
 
 def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
     """A real SIGINT to a running ``llaisys generate --chat`` waiting for input."""
-    proc = subprocess.Popen([sys.executable, "-m", "llaisys.cli", "generate", "--chat"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = popen([sys.executable, "-m", "llaisys.cli", "generate", "--chat"], stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         proc.stdin.write(b"12+34=\n")
         proc.stdin.flush()
@@ -276,6 +277,19 @@ def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err
 
+
+
+def test_signal_tests_hold_when_the_runner_ignores_sigint(pytestconfig):
+    """The suite started in the background by a non-interactive shell (``cmd &``) inherits SIGINT as ignored:
+    the Ctrl-C test above (and the serve fixture's SIGTERM) must not depend on how the runner started."""
+    test = f"{__file__}::test_ctrl_c_in_a_chat_exits_quietly_with_130"
+    backend = pytestconfig.getoption("--backend")
+    runner = ("import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+    command = [sys.executable, "-c", runner, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    result = subprocess.run(command + ([f"--backend={backend}"] if backend else []), capture_output=True, text=True,
+                            timeout=300, cwd=pytestconfig.rootpath)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
 
 # -- --quantize int8 (issue 14) ----------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +30,7 @@ from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys
 import llaisys_models
+from child_process import popen
 from helpers import skip_without_kernels
 from llaisys_models.qwen2 import KERNELS
 
@@ -66,12 +67,6 @@ def serve_device(config) -> str | None:
         pytest.skip(f"no '{wanted}' device available")
     skip_without_kernels(devices[0], KERNELS, "serving a model")
     return str(devices[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ChatServer:
@@ -164,24 +159,28 @@ def demo_server_process(tmp_path_factory, pytestconfig):
     exe = str(exe) if exe.exists() else shutil.which("llaisys")
     if exe is None:
         pytest.skip("the llaisys command is not installed (pip install ./llaisys-core ./llaisys-models)")
-    port = free_port()
     env = {**os.environ, "LLAISYS_API_KEY": API_KEY}
     log_path = tmp_path_factory.mktemp("demo_server") / "serve.log"
     log = open(log_path, "w")
     device = serve_device(pytestconfig)
-    command = [exe, "serve", "--port", str(port)] + (["--device", device] if device else [])
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base_url = f"http://127.0.0.1:{port}"
+    # --port 0: the server binds a free port itself and names it in its banner (no race for a port)
+    command = [exe, "serve", "--port", "0"] + (["--device", device] if device else [])
+    proc = popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)  # SIGTERM ends it at the end
     try:
         deadline = time.monotonic() + 120
+        base_url = None
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"llaisys serve exited with {proc.returncode}:\n{log_path.read_text()}")
-            with contextlib.suppress(OSError):
-                if http_request(base_url, "GET", "/health", timeout=2).status == 200:
-                    break
+            if base_url is None:
+                announced = re.search(r" at (http://127\.0\.0\.1:\d+)/", log_path.read_text())
+                base_url = announced and announced.group(1)
+            if base_url is not None:
+                with contextlib.suppress(OSError):
+                    if http_request(base_url, "GET", "/health", timeout=2).status == 200:
+                        break
             if time.monotonic() > deadline:
-                pytest.fail("llaisys serve did not answer /health within 120 s")
+                pytest.fail(f"llaisys serve did not answer /health within 120 s:\n{log_path.read_text()}")
             time.sleep(0.2)
         yield base_url, log_path
     finally:

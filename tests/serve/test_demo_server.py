@@ -85,3 +85,28 @@ def test_bad_command_line_values_are_refused(capsys, flag, value):
         assert f"{value!r}" in err and ("not a memory size" in err or "must be positive" in err)
     else:
         assert f"{flag} = {value} is out of range" in err
+
+
+def test_port_zero_is_announced_as_the_port_bound(demo_server, demo_server_log):
+    """The fixture starts ``llaisys serve --port 0``: the banner names the port the server listens on."""
+    port = int(demo_server.rsplit(":", 1)[1])
+    assert port != 0 and f"at http://127.0.0.1:{port}/" in demo_server_log.read_text()
+    assert http_request(demo_server, "GET", "/health").status == 200
+
+
+def test_a_port_in_use_fails_at_once_in_one_line(capsys, monkeypatch):
+    import socket
+
+    from llaisys.cli import main
+
+    loaded = []
+    monkeypatch.setattr(llaisys_models, "load", lambda *a, **k: loaded.append(1))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err and "Traceback" not in err
+    assert " at http://" not in err, "the banner announced a port the server could not bind"
+    assert not loaded, "the model was loaded before the port was found busy"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -57,18 +58,15 @@ def run_serve(args) -> int:
     from llaisys import LlaisysValueError
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 (the extra's packages, checked before anything else runs)
 
-        from .app import Server, create_app
+        from .app import Server  # noqa: F401
     except ImportError as e:
         print(f"llaisys: error: serving needs the 'serve' extra ({e.name or e} is missing): "
               f"pip install 'llaisys-models[serve]'", file=sys.stderr)
         return 2
-    from .. import load
     from ..cli import model_dir
-    from ..tokenizer import load_tokenizer
-    from .engine import Engine
-    from .kv_memory import describe, parse_size
+    from .kv_memory import parse_size
 
     for name in ("port", "max_running", "max_batch_tokens", "block_size"):
         low = 0 if name == "port" else 1
@@ -76,6 +74,23 @@ def run_serve(args) -> int:
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     path = model_dir(args)
+    # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
+    listener = bind(args.host, args.port)
+    try:
+        return _serve(args, path, kv_memory, listener)
+    finally:
+        listener.close()
+
+
+def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket) -> int:
+    import uvicorn
+
+    from .. import load
+    from ..tokenizer import load_tokenizer
+    from .app import Server, create_app
+    from .engine import Engine
+    from .kv_memory import describe
+
     tokenizer_path = args.tokenizer or path
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
@@ -88,14 +103,31 @@ def run_serve(args) -> int:
     if not _is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if api_key else " without an API key"), file=sys.stderr)
+    port = listener.getsockname()[1]
     weights = f", {model.quantize} linears" if model.quantize else ""
-    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{args.port}/"
+    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
-          f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr)
+          f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
     # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[listener])
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); port 0 takes a free one. A port in use is a one-line error."""
+    from llaisys import LlaisysValueError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise LlaisysValueError(f"cannot listen on {_url_host(host)}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
 
 
 def default_model_name(path: Path) -> str:
