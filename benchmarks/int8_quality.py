@@ -66,7 +66,6 @@ def demo() -> None:
             right = 0
             for a, b in problems:
                 ids = tokenizer(f"{a}+{b}=")["input_ids"]
-                model.reset()
                 right += answer(tokenizer, model.generate(ids, max_new_tokens=8), len(ids)) == str(a + b)
             accuracy[quantize] = right / n
         errors, agreement = [], []

@@ -11,7 +11,7 @@ same tiny op; the ratio column is against the raw ctypes call of the same op.
 Decode step: a checkpoint with the structure of Qwen2-1.5B (28 layers, 12 query heads,
 2 KV heads, qkv biases, untied lm_head) but tiny widths (head_dim 8), so every op call of
 a real decode step happens while the kernels cost next to nothing. It reports the
-milliseconds of one ``model.forward([token])`` with these tiny kernels and with every
+milliseconds of one ``session.forward([token])`` with these tiny kernels and with every
 kernel stubbed out (a Python no-op in the kernel cache): the latter is the pure Python
 cost of the step, which an accelerator cannot hide.
 """
@@ -170,11 +170,11 @@ def step_ms(model, steps: int) -> float:
     prompt = [1, 2, 3]
     best = float("inf")
     for _ in range(5):
-        model.reset()
-        model.forward(prompt)
+        session = model.session()
+        session.forward(prompt)
         t0 = time.perf_counter()
         for i in range(steps):
-            model.forward([4 + i % 100])
+            session.forward([4 + i % 100])
         best = min(best, (time.perf_counter() - t0) / steps * 1e3)
     return best
 
@@ -185,9 +185,9 @@ def decode_costs(steps: int):
     with tempfile.TemporaryDirectory() as folder:
         write_tiny_checkpoint(Path(folder))
         model = llaisys_models.load(folder, device="cpu")
-        model.reset()
-        model.forward([1, 2, 3])
-        calls = count_op_calls(lambda: model.forward([4]))
+        session = model.session()
+        session.forward([1, 2, 3])
+        calls = count_op_calls(lambda: session.forward([4]))
         tiny = step_ms(model, steps)
         undo = stub_kernels("cpu")
         try:

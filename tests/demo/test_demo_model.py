@@ -46,7 +46,6 @@ def test_demo_adds_numbers_through_llaisys(device, tokenizer, quantize):
     correct = 0
     for a, b in problems:
         ids = tokenizer(f"{a}+{b}=")["input_ids"]
-        model.reset()
         tokens = model.generate(ids, max_new_tokens=8)
         correct += answer(tokenizer, tokens, len(ids)) == str(a + b)
         assert tokens[-1] in model.eos_token_ids, f"{a}+{b}= did not end with EOS: {tokens}"
@@ -63,7 +62,6 @@ def test_demo_matches_hf_transformers(device, tokenizer):
         with torch.no_grad():
             want = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                                pad_token_id=tokenizer.eos_token_id)[0].tolist()
-        model.reset()
         assert model.generate(ids, max_new_tokens=8) == want, f"{a}+{b}="
 
 

@@ -3,6 +3,8 @@ generate, in batches and across a KV pool that grows; LLAISYS_GRAPHS=0 turns the
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -32,11 +34,11 @@ def test_replayed_decode_logits_equal_the_eager_ones_bit_for_bit(pair, name):
     ids = prompt(name, 7, SPECS[name].vocab)
     logits = {}
     for model in (graphed, eager):
-        model.reset()
-        rows = [model.forward(ids).numpy()]
+        session = model.session()
+        rows = [session.forward(ids).numpy()]
         token = int(np.argmax(rows[0][-1].astype(np.float32)))
         for _ in range(6):
-            rows.append(model.forward([token]).numpy())
+            rows.append(session.forward([token]).numpy())
             token = int(np.argmax(rows[-1][-1].astype(np.float32)))
         logits[model] = rows
     assert graphed._decode_graphs.replays == 6 - 1  # one warm-up step, then every step replayed
@@ -62,9 +64,9 @@ def test_a_growing_kv_pool_is_captured_again(pair):
     graphed, eager = pair("f32_gqa2_hd32")
     p = prompt("f32_gqa2_hd32", 5, SPECS["f32_gqa2_hd32"].vocab)
     short = graphed.generate(p, 8, eos_token_ids=())
-    blocks = graphed.kv_pool.num_blocks
+    blocks = graphed.generator.pool.num_blocks
     longer = graphed.generate(p, 16 * blocks, eos_token_ids=())  # more positions than the pool holds
-    assert graphed.kv_pool.num_blocks > blocks
+    assert graphed.generator.pool.num_blocks > blocks
     assert longer == eager.generate(p, 16 * blocks, eos_token_ids=())
     assert longer[:len(short)] == short
 
@@ -78,3 +80,20 @@ def test_graphs_keep_their_memory_from_others(pair):
         t.load(np.full(4096, 7.0, np.float32))
     assert graphed.generate(p, 12, eos_token_ids=()) == first
     assert all((t.numpy() == 7.0).all() for t in hoard), "a replay wrote memory the allocator gave to others"
+
+
+def test_graphs_do_not_keep_pools_that_are_gone(pair):
+    """Each generate_batch makes a KV pool of its own; the decode steps captured on it must not keep its memory
+    alive once the call returns (16 calls used to leave 16 pools allocated)."""
+    graphed, _ = pair("f32_gqa2_hd32")
+    prompts = [prompt("f32_gqa2_hd32", n, SPECS["f32_gqa2_hd32"].vocab) for n in (3, 9)]
+    kv_memory = 64 * 16 * graphed.kv_shape.bytes_per_token  # 64 blocks per call
+    graphed.generate_batch(prompts, 12, eos_token_ids=(), kv_memory=kv_memory)  # warm the allocator's cache
+    gc.collect()
+    before = llaisys.memory_stats("cpu")["allocated_bytes"]
+    replays = graphed._decode_graphs.replays
+    for _ in range(16):
+        graphed.generate_batch(prompts, 12, eos_token_ids=(), kv_memory=kv_memory)
+    gc.collect()
+    assert graphed._decode_graphs.replays > replays, "the batches were not replayed from graphs"
+    assert llaisys.memory_stats("cpu")["allocated_bytes"] - before < kv_memory, "a pool outlived its call"

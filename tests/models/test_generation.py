@@ -34,27 +34,27 @@ def test_decode_step_equals_full_recompute(name, rel, tiny_models, device):
     model = llaisys_models.load(tiny_models.path(name), device=device)
     ids = prompt(name, 20, SPECS[name].vocab)
     full = model.logits(ids)
-    model.reset()
-    model.forward(ids[:-3])
-    steps = [model.forward([t]).numpy().astype(np.float32)[0] for t in ids[-3:]]
-    assert len(model.cache) == len(ids)
+    session = model.session()
+    session.forward(ids[:-3])
+    steps = [session.forward([t]).numpy().astype(np.float32)[0] for t in ids[-3:]]
+    assert len(session) == len(ids)
     assert_logits_close(np.stack(steps), full[-3:], rel)
     # a chunk of several tokens on top of a cache gives the same as well
-    model.truncate(10)
-    chunk = model.forward(ids[10:], all_logits=True).numpy().astype(np.float32)
+    session.truncate(10)
+    chunk = session.forward(ids[10:], all_logits=True).numpy().astype(np.float32)
     assert_logits_close(chunk, full[10:], rel)
 
 
 def test_cache_grows_and_keeps_its_content(f32_path, device):
-    """Growing the model's KV pool past its first allocation keeps the cached keys/values intact."""
+    """Growing a KV pool past its first allocation keeps the cached keys/values intact."""
     model = llaisys_models.load(f32_path, device=device)
     ids = np.random.default_rng(0).integers(0, 256, size=300).tolist()
     full = model.logits(ids)
-    model.kv_pool = model.new_kv_pool(num_blocks=2, prefix_caching=False)  # room for 32 positions
-    model.forward(ids[:200])
-    blocks = model.kv_pool.num_blocks
-    rest = model.forward(ids[200:], all_logits=True).numpy()
-    assert model.kv_pool.num_blocks > blocks >= 200 // model.kv_pool.block_size
+    session = model.session()  # starts with one block of 16 positions
+    session.forward(ids[:200])
+    blocks = session.pool.num_blocks
+    rest = session.forward(ids[200:], all_logits=True).numpy()
+    assert session.pool.num_blocks > blocks >= 200 // session.pool.block_size
     assert_logits_close(rest, full[200:], 1e-5)
 
 
@@ -62,21 +62,28 @@ def test_cache_is_allocated_once_per_generation(f32_path, device):
     model = llaisys_models.load(f32_path, device=device)
     ids = prompt(F32, 5, SPECS[F32].vocab)
     model.generate(ids, 20, eos_token_ids=())
-    keys = [k.data_ptr() for k in model.kv_pool.keys]
+    pool = model.generator.pool
+    keys = [k.data_ptr() for k in pool.keys]
     model.generate(ids, 30, eos_token_ids=())  # fits in the same pool: no reallocation
-    assert [k.data_ptr() for k in model.kv_pool.keys] == keys
-    assert model.kv_pool.check()["used"] == len(model.cache.blocks)  # the first generation's blocks came back
+    assert [k.data_ptr() for k in pool.keys] == keys
+    assert pool.check()["used"] == 0  # every generation's blocks came back (cached or free)
+    longer = prompt(F32, 300, SPECS[F32].vocab)
+    model.generate(longer, 4, eos_token_ids=())  # more than the first pool holds: it grows
+    assert model.generator.pool is pool and pool.capacity_tokens >= 304 and pool.check()["used"] == 0
 
 
-def test_reuse_cache_continues_from_a_prefix(f32_path, device):
+def test_a_prompt_that_starts_like_an_earlier_one_reuses_its_cache(f32_path, device):
+    """A chat's next turn: the prompt is the last prompt + reply + a new message. Prefix caching computes
+    only the tokens after the cached ones (the last token is always computed), with the same result."""
     model = llaisys_models.load(f32_path, device=device)
     ids = prompt(F32, 13, SPECS[F32].vocab)
     first = model.generate(ids, 8, eos_token_ids=())
     longer = first + [5, 6, 7]
-    fresh = model.generate(longer, 10, eos_token_ids=())
+    fresh = llaisys_models.load(f32_path, device=device).generate(longer, 10, eos_token_ids=())
     model.generate(ids, 8, eos_token_ids=())
-    reused = model.generate(longer, 10, eos_token_ids=(), reuse_cache=True)
-    assert model.last_stats.prompt_tokens == len(longer) - (len(first) - 1)  # only the new part was prefilled
+    reused = model.generate(longer, 10, eos_token_ids=())
+    # the cache holds ids + the first 7 new tokens (the 8th was never fed back)
+    assert model.last_stats.prompt_tokens == len(longer) - (len(first) - 1)
     assert reused == fresh
 
 
@@ -104,10 +111,11 @@ def test_stream_generate_yields_the_generated_tokens(f32_path, device):
     ids = prompt(F32, 7, SPECS[F32].vocab)
     stream = model.stream_generate(ids, 12, eos_token_ids=())
     first = next(stream)
-    assert [first, *stream] == model.generate(ids, 12, eos_token_ids=())[len(ids):]
+    streamed = [first, *stream]
     stats = model.last_stats
     assert stats.prompt_tokens == len(ids) and stats.new_tokens == 12
     assert stats.prefill_tokens_per_second > 0 and stats.decode_tokens_per_second > 0
+    assert streamed == model.generate(ids, 12, eos_token_ids=())[len(ids):]
 
 
 def test_stream_generate_checks_arguments_before_iterating(f32_path, device):
@@ -192,4 +200,4 @@ def test_bad_generate_arguments_fail_before_the_prefill(f32_path, device, kwargs
     kwargs = dict(dict(max_new_tokens=4), **kwargs)
     with pytest.raises(llaisys.LlaisysValueError, match=match):
         model.generate([1, 2, 3], **kwargs)
-    assert model.last_stats is None and len(model.cache) == 0, "the prefill ran before the check"
+    assert model.last_stats is None and model._generator is None, "the prefill ran before the check"

@@ -241,7 +241,7 @@ def test_bad_prompts(tiny_models, device):
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.generate(prompt(F32, 10, vocab), limit - 9)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        model.forward([1] * (limit + 1))
+        model.session().forward([1] * (limit + 1))
     assert len(model.generate(prompt(F32, 10, vocab), 3)) <= 13  # still usable after the errors
 
 
@@ -329,3 +329,31 @@ def test_cpu_default_reads_the_weights_into_memory(name, tiny_models, cpu):
     for (field, t), (_, m) in zip(all_weights(model), all_weights(mapped)):
         np.testing.assert_array_equal(t.numpy(), m.numpy(), err_msg=field)
     np.testing.assert_array_equal(model.logits(ids), mapped.logits(ids))
+
+
+def test_a_backend_without_the_paged_kernels_is_refused_when_the_model_loads(tiny_models, monkeypatch):
+    """A backend that lacks paged_attention / paged_kv_write (CUDA before it has them) is named at load,
+    and device=None passes over it; never a failure in the middle of a forward."""
+    registry = llaisys.plugins.registry()
+
+    def drop_paged_kernels(device_type):
+        backend = registry.backend(device_type)
+        real = backend.kernel
+        monkeypatch.setattr(backend, "kernel", lambda op: None if op.startswith("paged_") else real(op))
+        monkeypatch.setattr(registry, "_kernels", {})  # resolve again, through the patched backend
+
+    path = tiny_models.path("f32_gqa2_hd32")
+    accelerators = sorted({d.type for d in llaisys.available_devices()} - {"cpu"})
+    for device_type in accelerators:  # (a CPU-only machine has none: the CPU is the backend without them below)
+        drop_paged_kernels(device_type)
+        with pytest.raises(llaisys.BackendUnavailableError,
+                           match=f"'{device_type}' backend does not implement paged_kv_write, paged_attention"):
+            llaisys_models.load(path, device=device_type)
+    if accelerators:
+        assert llaisys_models.load(path).device.type == "cpu", "device=None should pass over the accelerators"
+    drop_paged_kernels("cpu")
+    with pytest.raises(llaisys.BackendUnavailableError,
+                       match="'cpu' backend does not implement paged_kv_write, paged_attention, which the model"):
+        llaisys_models.load(path, device="cpu")
+    with pytest.raises(llaisys.BackendUnavailableError, match="does not implement paged_kv_write"):
+        llaisys_models.load(path)  # no device can run it

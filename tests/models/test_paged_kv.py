@@ -1,4 +1,6 @@
-"""The paged KV pool's bookkeeping: block states, reference counts, the prefix index, copy on write."""
+"""The paged KV cache: its bookkeeping (kv_blocks.BlockManager, plain Python, driven here without a device:
+block states, reference counts, the prefix index and its scopes) and the keys / values copied on write
+(kv_cache.KVPool, on each device)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import numpy as np
 import pytest
 
 import llaisys
-from llaisys_models.paged_kv import KVPool, KVShape
+from llaisys_models.kv_blocks import BlockManager
+from llaisys_models.kv_cache import KVPool, KVShape
 
 BS = 4  # positions per block
 
@@ -18,10 +21,18 @@ def pool(device):
     return KVPool(KVShape(num_layers=2, kv_heads=1, head_dim=2, dtype=llaisys.float32, device=device), 12, BS)
 
 
-def filled(pool, tokens, limit=None):
+@pytest.fixture
+def blocks():
+    """The bookkeeping alone: no device, the copies it asks for recorded."""
+    manager = BlockManager(12, BS, copy_block=lambda dst, src: manager.copies.append((dst, src)))
+    manager.copies = []
+    return manager
+
+
+def filled(pool, tokens, limit=None, scope=""):
     """A sequence holding ``tokens``, reusing what the cache has; the rest 'computed': each position's keys
-    and values written as (token id, position)."""
-    seq = pool.sequence()
+    and values written as (token id, position) when ``pool`` has tensors."""
+    seq = pool.sequence(scope)
     start = seq.adopt_prefix(tokens, len(tokens) if limit is None else limit)
     assert seq.reserve(len(tokens))
     write(pool, seq, tokens[start:], start)
@@ -30,7 +41,7 @@ def filled(pool, tokens, limit=None):
 
 
 def write(pool, seq, tokens, start):
-    if not tokens:
+    if not tokens or isinstance(pool, BlockManager):
         return
     pos = np.arange(start, start + len(tokens))
     slots = np.asarray(seq.blocks)[pos // BS] * BS + pos % BS
@@ -56,23 +67,23 @@ def expected(tokens):
     return [(float(t), float(p)) for p, t in enumerate(tokens)]
 
 
-def test_blocks_come_back_and_a_double_release_is_caught(pool):
-    a, b = pool.allocate(), pool.allocate()
-    assert pool.check() == {"used": 2, "cached": 0, "free": 10}
-    pool.incref(a)
-    pool.decref(a)
-    pool.decref(a)
-    pool.decref(b)
-    assert pool.check() == {"used": 0, "cached": 0, "free": 12}
+def test_blocks_come_back_and_a_double_release_is_caught(blocks):
+    a, b = blocks.allocate(), blocks.allocate()
+    assert blocks.check() == {"used": 2, "cached": 0, "free": 10}
+    blocks.incref(a)
+    blocks.decref(a)
+    blocks.decref(a)
+    blocks.decref(b)
+    assert blocks.check() == {"used": 0, "cached": 0, "free": 12}
     with pytest.raises(RuntimeError, match="released more often than it was taken"):
-        pool.decref(a)
+        blocks.decref(a)
 
 
-def test_reserve_takes_nothing_when_the_pool_is_short(pool):
-    seq = pool.sequence()
+def test_reserve_takes_nothing_when_the_pool_is_short(blocks):
+    seq = blocks.sequence()
     assert not seq.reserve(13 * BS)
-    assert seq.blocks == [] and pool.check()["free"] == 12
-    assert seq.reserve(12 * BS) and pool.num_free == 0
+    assert seq.blocks == [] and blocks.check()["free"] == 12
+    assert seq.reserve(12 * BS) and blocks.num_free == 0
 
 
 def test_a_follow_up_reuses_full_blocks_and_copies_the_partial_one(pool):
@@ -89,7 +100,8 @@ def test_a_follow_up_reuses_full_blocks_and_copies_the_partial_one(pool):
     assert second.blocks[:2] == held[:2]  # shared blocks
     assert second.blocks[2] != held[2]  # the partial block was copied before it got written
     assert content(pool, second) == expected(turn2)
-    assert pool.refcount(held[0]) == 1 and pool.refcount(held[2]) == 0  # turn 1's partial block stays cached
+    # turn 1's partial block stays cached
+    assert pool.blocks.refcount(held[0]) == 1 and pool.blocks.refcount(held[2]) == 0
 
 
 def test_an_edit_inside_a_block_reuses_the_positions_before_it(pool):
@@ -102,32 +114,32 @@ def test_an_edit_inside_a_block_reuses_the_positions_before_it(pool):
     assert content(pool, again) == expected(edited)
 
 
-def test_running_sequences_share_a_prompt_and_end_with_one_copy_each_block(pool):
+def test_running_sequences_share_a_prompt_and_end_with_one_copy_each_block(blocks):
     system = list(range(50, 58))  # two full blocks
-    a, _ = filled(pool, system + [1, 2])
-    b, reused = filled(pool, system + [3, 4, 5], limit=10)
+    a, _ = filled(blocks, system + [1, 2])
+    b, reused = filled(blocks, system + [3, 4, 5], limit=10)
     assert reused == 8 and a.blocks[:2] == b.blocks[:2]
-    assert [pool.refcount(x) for x in a.blocks[:2]] == [2, 2]
+    assert [blocks.refcount(x) for x in a.blocks[:2]] == [2, 2]
     a.release()
     b.release()
-    state = pool.check()
+    state = blocks.check()
     assert state["used"] == 0 and state["cached"] == 4  # 2 shared full + 2 partial tails; nothing freed twice
 
 
-def test_the_same_block_computed_twice_is_kept_once(pool):
+def test_the_same_block_computed_twice_is_kept_once(blocks):
     tokens = list(range(10, 18))
-    a, b = pool.sequence(), pool.sequence()
+    a, b = blocks.sequence(), blocks.sequence()
     for seq in (a, b):  # both computed before either indexed its blocks (two requests in one step)
         assert seq.reserve(8)
-        write(pool, seq, tokens, 0)
+        write(blocks, seq, tokens, 0)
     a.commit(tokens)
     own = list(b.blocks)
     b.commit(tokens)
     assert b.blocks == a.blocks  # b now uses a's blocks, its own went back
-    assert all(pool.refcount(x) == 0 for x in own) and pool.check()["used"] == 2
+    assert all(blocks.refcount(x) == 0 for x in own) and blocks.check()["used"] == 2
     a.release()
     b.release()
-    assert pool.check() == {"used": 0, "cached": 2, "free": 10}
+    assert blocks.check() == {"used": 0, "cached": 2, "free": 10}
 
 
 def test_truncating_into_a_shared_block_copies_it(pool):
@@ -142,33 +154,33 @@ def test_truncating_into_a_shared_block_copies_it(pool):
     assert content(pool, b) == expected(tokens[:6] + [77, 78])
 
 
-def test_cached_blocks_are_evicted_least_recent_first_leaves_before_parents(pool):
+def test_cached_blocks_are_evicted_least_recent_first_leaves_before_parents(blocks):
     old_tokens, new_tokens = list(range(0, 9)), list(range(500, 509))
     for tokens in (old_tokens, new_tokens):  # 2 full blocks + 1 partial each
-        seq, _ = filled(pool, tokens)
+        seq, _ = filled(blocks, tokens)
         seq.release()
-    assert pool.check() == {"used": 0, "cached": 6, "free": 6}
+    assert blocks.check() == {"used": 0, "cached": 6, "free": 6}
 
     def reusable(tokens):
-        full, _, n = pool.match(tokens, len(tokens))
+        full, _, n = blocks.match(tokens, len(tokens))
         return len(full) * BS + n
 
-    hog = pool.sequence()
+    hog = blocks.sequence()
     assert reusable(old_tokens) == 9
     for taken, left in ((7, 8), (8, 4), (9, 0)):  # the free blocks first, then the old conversation, leaf first
         assert hog.reserve(taken * BS)
         assert reusable(old_tokens) == left and reusable(new_tokens) == 9
-    assert pool.check() == {"used": 9, "cached": 3, "free": 0}
+    assert blocks.check() == {"used": 9, "cached": 3, "free": 0}
 
 
-def test_random_operations_keep_every_block_in_one_state(pool):
+def test_random_operations_keep_every_block_in_one_state(blocks):
     rng = random.Random(0)
     live = []
     for _ in range(400):
         op = rng.random()
         if op < 0.45 and len(live) < 6:
             tokens = [rng.choice((1, 2)) for _ in range(rng.randint(1, 14))]  # few symbols: many shared prefixes
-            seq = pool.sequence()
+            seq = blocks.sequence()
             start = seq.adopt_prefix(tokens, len(tokens) - 1)
             if seq.reserve(len(tokens)):
                 seq.commit(tokens[start:])
@@ -180,7 +192,22 @@ def test_random_operations_keep_every_block_in_one_state(pool):
         elif live:
             seq = rng.choice(live)
             seq.truncate(rng.randint(0, len(seq)))
-        pool.check()
+        blocks.check()
     for seq in live:
         seq.release()
-    assert pool.check()["used"] == 0
+    assert blocks.check()["used"] == 0
+
+
+def test_scopes_do_not_see_each_others_blocks(blocks):
+    """The prefix index is per scope (a server's tenant): the same tokens cached by "alice" are not found by
+    "bob", not even the partial last block, while alice's follow-up finds them."""
+    tokens = list(range(300, 311))  # 2 full blocks + 3 positions
+    seq, _ = filled(blocks, tokens, scope="alice")
+    seq.release()
+    assert blocks.match(tokens + [1], len(tokens), "bob") == ([], None, 0)
+    theirs, reused = filled(blocks, tokens + [1], limit=len(tokens), scope="bob")
+    assert reused == 0
+    mine, reused = filled(blocks, tokens + [1], limit=len(tokens), scope="alice")
+    assert reused == len(tokens)
+    assert not set(theirs.blocks) & set(mine.blocks)
+    blocks.check()

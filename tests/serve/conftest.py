@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from child_process import popen
 from models.tiny_models import Spec, make_checkpoint
 from safetensors.torch import load_file, save_file
 from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys
 import llaisys_models
-from child_process import popen
 from helpers import skip_without_kernels
-from llaisys_models.qwen2 import KERNELS
+from llaisys_models.loading import KERNELS
 
 # fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)

@@ -1,5 +1,7 @@
 """Sessions: a follow-up turn, or an edited last message, computes only the tokens after the
-prefix it shares with what the engine has cached; the reply is still the one from scratch."""
+prefix it shares with what the engine has cached; the reply is still the one from scratch. Responses
+report the reused tokens in whole KV blocks (a count to the token would tell a client how far its prompt
+matches what others sent)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,11 @@ from serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
 require_serving()
 
 REPLY = 16
+BLOCK = 16  # the chat server's KV block size
+
+
+def whole_blocks(n: int) -> int:
+    return n // BLOCK * BLOCK
 
 
 def prompt_counters(chat_server) -> tuple[float, float]:
@@ -44,7 +51,7 @@ def test_follow_up_turn_and_edited_message_reuse_the_cached_prefix(chat_server, 
     reply2, usage2 = ask(client, turn2)
     computed1, reused1 = prompt_counters(chat_server)
     assert (reused1 - reused0, computed1 - computed0) == (reusable, len(turn2_ids) - reusable)
-    assert usage2.prompt_tokens == len(turn2_ids) and usage2.prompt_tokens_details.cached_tokens == reusable
+    assert usage2.prompt_tokens == len(turn2_ids) and usage2.prompt_tokens_details.cached_tokens == whole_blocks(reusable)
     assert reply2 == generate_text(chat_reference, tokenizer, turn2_ids, REPLY)  # same as from an empty cache
 
     # the last user message edited: everything before the edit is reused
@@ -55,5 +62,5 @@ def test_follow_up_turn_and_edited_message_reuse_the_cached_prefix(chat_server, 
     reply3, usage3 = ask(client, edited)
     computed2, reused2 = prompt_counters(chat_server)
     assert (reused2 - reused1, computed2 - computed1) == (reusable, len(edited_ids) - reusable)
-    assert usage3.prompt_tokens_details.cached_tokens == reusable
+    assert usage3.prompt_tokens_details.cached_tokens == whole_blocks(reusable)
     assert reply3 == generate_text(chat_reference, tokenizer, edited_ids, REPLY)

@@ -11,15 +11,17 @@ import importlib.util
 import os
 from pathlib import Path
 
-from . import gguf
+from . import gguf, loading
+from .causal_lm import CausalLM, Session
 from .config import ModelConfig
-from .errors import ModelLoadError
-from .files import is_gguf, model_directory
+from .errors import ModelBusyError, ModelLoadError
 from .generation import GenerationStats
-from .locking import ModelBusyError
-from .paged_kv import KVPool, KVShape, SequenceKV
+from .kv_blocks import BlockManager, SequenceKV
+from .kv_cache import KVPool, KVShape
 from .qwen2 import Llama, Qwen2
+from .registry import MODEL_CLASSES
 from .safetensors import Checkpoint, SafetensorsFile
+from .sampling import SamplingParams
 from .tokenizer import load_tokenizer
 
 if importlib.util.find_spec("torch") is None:
@@ -29,14 +31,13 @@ if importlib.util.find_spec("torch") is None:
 
 __version__ = "0.1.0"
 
-MODEL_CLASSES = {arch: cls for cls in (Qwen2, Llama) for arch in cls.architectures}
 DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None) -> Qwen2:
-    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by config.json's
-    architectures.
+         numerics: str | None = None, quantize: str | None = None) -> CausalLM:
+    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
+    its config names (``llaisys_models.registry``).
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
     ``mmap`` True maps the safetensors files (zero copy on CPU, instant load: but a file truncated or
@@ -51,17 +52,9 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     half of bf16's memory and bytes read per token, on devices whose backend has the ``linear_i8`` kernel.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
     """
-    if is_gguf(path):  # hook: GGUF files (issue 15)
-        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
-    path = model_directory(path)
-    config = ModelConfig.from_file(path)
-    cls = MODEL_CLASSES.get(config.architecture)
-    if cls is None:
-        raise ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
-                             f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
-    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
+    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
-__all__ = ["Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape", "Llama", "MODEL_CLASSES",
-           "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile", "SequenceKV", "load",
-           "load_tokenizer"]
+__all__ = ["BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
+           "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile",
+           "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]

@@ -133,7 +133,7 @@ def _quiet_transformers() -> None:
 def _sampling(args) -> dict:
     from llaisys import LlaisysValueError
 
-    from .generation import check_sampling
+    from .sampling import check_sampling
 
     sampling = args.temperature not in (None, 0.0) or args.top_p not in (None, 1.0)
     top_k = args.top_k if args.top_k is not None else (0 if sampling else 1)
@@ -147,11 +147,11 @@ def _sampling(args) -> dict:
     return chosen
 
 
-def _stream(model, tokenizer, ids, max_new_tokens, sampling, reuse_cache=False) -> list[int]:
+def _stream(model, tokenizer, ids, max_new_tokens, sampling) -> list[int]:
     from .tokenizer import IncrementalDecoder
 
     decoder = IncrementalDecoder(tokenizer)
-    for token in model.stream_generate(ids, max_new_tokens, reuse_cache=reuse_cache, **sampling):
+    for token in model.stream_generate(ids, max_new_tokens, **sampling):
         sys.stdout.write(decoder.push(token))
         sys.stdout.flush()
     sys.stdout.write(decoder.finish() + "\n")
@@ -229,7 +229,8 @@ def _chat(model, tokenizer, args, sampling) -> int:
         if turn.dropped:
             print(f"(the {turn.dropped} oldest exchange{'s' * (turn.dropped > 1)} no longer fit in the model's "
                   f"context of {model.context_length} positions and were dropped)", file=sys.stderr)
-        reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling, reuse_cache=True)
+        # the conversation so far is in the model's prefix cache: only the new message and reply are computed
+        reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling)
         history.add(turn, line, tokenizer.decode(reply, skip_special_tokens=True))
 
 

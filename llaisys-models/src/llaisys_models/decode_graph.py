@@ -14,10 +14,12 @@ saves the Python per op); ``LLAISYS_GRAPHS=0`` turns it off.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import llaisys
 
-from .paged_kv import KVPool, SequenceKV
+from .kv_cache import KVPool
+from .step_inputs import Batch, load_step_inputs, static_step_inputs
 
 # Eager decode steps of a batch size on its static buffers before it is captured: the first one fills the
 # allocator's cache with the blocks the step needs, which the capture then takes without asking the backend
@@ -29,11 +31,13 @@ MAX_SIZES = 16  # batch sizes kept captured at once (a serving engine runs 1 .. 
 
 
 class _DecodeStep:
-    """One batch size: its static input buffers, and once captured the graph reading them."""
+    """One batch size: its static input buffers, and once captured the graph reading them. It refers to its
+    pool weakly: a graph holds the pool's tensors, so a pool that is gone (or grown: new tensors) must take
+    its graphs with it, never be kept alive by them."""
 
     def __init__(self, pool: KVPool, size: int):
-        self.step = pool.static_step_inputs(size)
-        self.pool, self.num_blocks, self.keys = pool, pool.num_blocks, pool.keys[0]
+        self.step = static_step_inputs(size, pool.num_blocks, pool.shape.device)  # tables as wide as the pool
+        self.pool, self.generation = weakref.ref(pool), pool.generation
         self.graph: llaisys.Graph | None = None
         self.numerics = None  # the model's numerics when captured (a benchmark may switch it)
         self.logits: llaisys.Tensor | None = None  # what the graph writes
@@ -42,8 +46,8 @@ class _DecodeStep:
         self.failures = 0
 
     def fits(self, pool: KVPool) -> bool:
-        """Whether the buffers still point at ``pool``'s memory (growing a pool reallocates it)."""
-        return pool is self.pool and pool.num_blocks == self.num_blocks and pool.keys[0] is self.keys
+        """Whether the graph still points at ``pool``'s memory (growing a pool reallocates it)."""
+        return self.pool() is pool and pool.generation == self.generation
 
     def close(self) -> None:
         if self.graph is not None:
@@ -60,14 +64,15 @@ class DecodeGraphs:
         self._steps: dict[int, _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
-    def run(self, batch: list[tuple[SequenceKV, list[int]]], logits_of: list[bool] | None) -> llaisys.Tensor | None:
+    def run(self, pool: KVPool, batch: Batch, logits_of: list[bool] | None) -> llaisys.Tensor | None:
         """The logits [B, vocab] of a decode step (one new token per sequence, logits for each), run from its
         graph once captured; None for any other forward, which the caller runs as usual."""
         if not self.enabled or any(len(ids) != 1 for _, ids in batch):
             return None
         if logits_of is not None and not all(logits_of):
             return None
-        pool, size = batch[0][0].pool, len(batch)
+        self._drop_dead_pools()
+        size = len(batch)
         entry = self._steps.get(size)
         if entry is not None and not (entry.fits(pool) and entry.numerics in (None, self.model.numerics)):
             self._drop(size)
@@ -76,8 +81,8 @@ class DecodeGraphs:
             if len(self._steps) >= MAX_SIZES:
                 self._drop(next(iter(self._steps)))
             entry = self._steps[size] = _DecodeStep(pool, size)
-        pool.load_step_inputs(entry.step, batch)
-        if entry.graph is None and not self._ready(entry):
+        load_step_inputs(entry.step, batch)
+        if entry.graph is None and not self._ready(pool, entry):
             entry.eager_steps += 1
             return self.model._run_step(pool, entry.step)
         entry.graph.replay()
@@ -87,7 +92,7 @@ class DecodeGraphs:
         llaisys.ops.rearrange(logits, entry.logits)
         return logits
 
-    def _ready(self, entry: _DecodeStep) -> bool:
+    def _ready(self, pool: KVPool, entry: _DecodeStep) -> bool:
         """Capture ``entry`` if it is time; whether it now has a graph."""
         if entry.eager_steps < WARM_UP_STEPS or entry.failures >= MAX_CAPTURE_FAILURES:
             return False
@@ -95,7 +100,7 @@ class DecodeGraphs:
         workspace = self.model._workspace(entry.step.num_tokens)
         try:
             with graph.capture():
-                logits = self.model._run_step(entry.pool, entry.step)
+                logits = self.model._run_step(pool, entry.step)
         except llaisys.LlaisysError:
             graph.close()
             entry.failures += 1
@@ -104,6 +109,14 @@ class DecodeGraphs:
         entry.graph, entry.logits, entry.workspace = graph, logits, workspace
         entry.numerics = self.model.numerics
         return True
+
+    def _drop_dead_pools(self) -> None:
+        self.release(None)
+
+    def release(self, pool: KVPool | None) -> None:
+        """Drop the graphs captured on ``pool`` (a pool its owner is done with), and those of pools gone."""
+        for size in [size for size, entry in self._steps.items() if entry.pool() in (None, pool)]:
+            self._drop(size)
 
     def _drop(self, size: int) -> None:
         entry = self._steps.pop(size)

@@ -1,6 +1,6 @@
 """Errors raised while reading a model directory or running a model."""
 
-from llaisys import LlaisysValueError
+from llaisys import LlaisysError, LlaisysValueError
 
 
 class ModelLoadError(LlaisysValueError):
@@ -8,6 +8,10 @@ class ModelLoadError(LlaisysValueError):
 
     Raised before the model object exists, so nothing is ever half-loaded.
     """
+
+
+class ModelBusyError(LlaisysError, RuntimeError):
+    """The calling thread already runs this model (an unfinished ``stream_generate``)."""
 
 
 def shown(value) -> str:

@@ -40,13 +40,22 @@ def model_directory(path) -> Path:
     raise ModelLoadError(f"{path} does not exist: a model is a directory (config.json and the weights) or a GGUF file")
 
 
-def is_gguf(path) -> bool:
-    """``gguf.is_gguf(path)`` (by suffix, else by magic), sniffing only regular files: a FIFO must not
-    block the look at its first bytes."""
-    from . import gguf
+GGUF_MAGIC = b"GGUF"
 
+
+def is_gguf(path) -> bool:
+    """Whether ``path`` names a GGUF file: by its suffix, else by its first four bytes, sniffing only regular
+    files (a FIFO must not block the look at its first bytes)."""
     path = Path(path)
-    return (path.suffix.lower() == ".gguf" or path.is_file()) and gguf.is_gguf(path)
+    if path.suffix.lower() == ".gguf":
+        return True
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
 
 
 def check_regular(path) -> None:

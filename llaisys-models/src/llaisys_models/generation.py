@@ -1,31 +1,34 @@
-"""Token generation on top of a model's ``forward``: prefill the prompt once, then one token per step.
+"""``generate``, ``stream_generate`` and ``generate_batch``: runs of the scheduler (scheduler.py).
 
-The model provides ``_forward(ids) -> logits [1, vocab]`` (appending to its KV cache; the
-caller holds ``lock``), ``lock`` (a ModelLock), ``cache``, ``config``, ``device`` and
-``eos_token_ids``. Greedy decoding (top_k=1 or
-temperature=0) takes ``argmax``; anything else goes through the ``sample`` op with a
-seed derived from (seed, step), so a seeded run repeats exactly on every device.
+A model keeps one ``Generator`` for ``generate`` / ``stream_generate``: a KV pool of its own, with prefix
+caching (a chat's next turn, or the same prompt again, computes only what the cache does not hold), and a
+scheduler over it that runs one call at a time: calls from several threads take turns, and the thread whose
+``stream_generate`` is still open gets a ``ModelBusyError`` if it starts another (it would wait for itself).
+``generate_batch`` runs its prompts together through a scheduler and pool of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
-import secrets
+import threading
 import time
-from collections.abc import Iterator, Sequence
-
-import numpy as np
+from collections.abc import Iterator
 
 import llaisys
 
-MASK64 = (1 << 64) - 1
+from .errors import ModelBusyError
+from .sampling import SamplingParams, check_max_new_tokens, check_sampling
+from .scheduler import Scheduler, Sequence
+
+BLOCK_SIZE = 16
+FIRST_POOL_TOKENS = 256  # the model's own pool at first use; it grows when a sequence needs more
 
 
 @dataclasses.dataclass
 class GenerationStats:
     prompt_tokens: int = 0  # tokens run by the prefill (the prompt minus any reused cache prefix)
-    prefill_seconds: float = 0.0  # prefill forward + choosing the first new token
+    prefill_seconds: float = 0.0  # prefill forwards + choosing the first new token
     new_tokens: int = 0
     decode_seconds: float = 0.0  # the decode steps: one forward + choice per token after the first
 
@@ -39,166 +42,127 @@ class GenerationStats:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
-def step_seed(seed: int, step: int) -> int:
-    """A 64-bit seed for one step: splitmix64 of (seed, step), so steps draw independently."""
-    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
+def run(scheduler: Scheduler, seq: Sequence, stats: GenerationStats) -> Iterator[int]:
+    """Step ``scheduler`` until ``seq`` finishes, yielding its tokens (the scheduler runs nothing else)."""
+    try:
+        while not seq.finished:
+            t0 = time.perf_counter()
+            events = scheduler.step()
+            elapsed = time.perf_counter() - t0
+            for _, token in events:
+                if stats.new_tokens == 0:
+                    stats.prompt_tokens = seq.prompt_len - (seq.reused or 0)
+                stats.new_tokens += 1
+                yield token
+            if stats.new_tokens <= 1:
+                stats.prefill_seconds += elapsed
+            else:
+                stats.decode_seconds += elapsed
+    finally:
+        scheduler.finish(seq)  # a no-op once finished; frees the blocks of a stream closed early
 
 
-def _check_number(name, value, low, high=None, integer=False, low_open=False):
-    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not (integer or math.isfinite(value)):
-        what = "an integer" if integer else "a finite number"
-        raise llaisys.LlaisysValueError(f"{name} must be {what}, got {value!r}")
-    if value < low or (low_open and value == low) or (high is not None and value > high):
-        bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-        raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
+class Generator:
+    """The model's own scheduler and KV pool, one call at a time."""
 
+    def __init__(self, model):
+        self.model = model
+        self.pool = model.new_kv_pool(num_blocks=-(-FIRST_POOL_TOKENS // BLOCK_SIZE), block_size=BLOCK_SIZE)
+        # no token budget: nothing else runs beside the one sequence, so its prompt is read in one forward
+        self.scheduler = Scheduler(model, self.pool, max_running=1, max_batch_tokens=1 << 62)
+        self._lock = threading.Lock()
+        self._owner: int | None = None
 
-def check_max_new_tokens(max_new_tokens) -> None:
-    _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+    @contextlib.contextmanager
+    def hold(self, what: str):
+        me = threading.get_ident()
+        if self._owner == me:
+            raise ModelBusyError(f"{what}: this thread is already running the model (a stream_generate not "
+                                 f"finished); finish or close() the stream first, or load a second model")
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
 
-
-def check_sampling(top_k, top_p, temperature, seed) -> None:
-    """The sampling arguments of ``generate`` (seed None = random), checked in Python before any of them
-    reaches a C type: a huge top_k must not wrap to greedy, an infinite temperature fails here."""
-    _check_number("top_k", top_k, 0, integer=True)
-    _check_number("top_p", top_p, 0, 1, low_open=True)
-    _check_number("temperature", temperature, 0)
-    if seed is not None:
-        _check_number("seed", seed, 0, MASK64, integer=True)
+    def stream(self, ids: list[int], params: SamplingParams) -> Iterator[int]:
+        with self.hold("stream_generate"):  # until the last token, or until the stream is closed
+            stats = self.model.last_stats = GenerationStats()
+            self.pool.prefix_caching = self.model.numerics == "exact"  # a benchmark may switch numerics
+            total = len(ids) + params.max_tokens
+            if total > self.pool.capacity_tokens:  # grow, at least doubling
+                blocks = -(-total // self.pool.block_size)
+                self.pool.grow(max(blocks, 2 * self.pool.num_blocks))
+            seq = self.scheduler.add(ids, params)
+            yield from run(self.scheduler, seq, stats)
 
 
 class GenerationMixin:
-    """``generate`` and ``stream_generate`` for a model with ``forward`` and a ``cache``."""
+    """What a model (causal_lm.CausalLM) offers for generating: every path is a run of the scheduler."""
 
     last_stats: GenerationStats | None = None
-
-    def check_input_ids(self, input_ids) -> list[int]:
-        """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""
-        if isinstance(input_ids, llaisys.Tensor):
-            input_ids = input_ids.numpy()
-        if isinstance(input_ids, np.ndarray):
-            if input_ids.ndim != 1 or input_ids.dtype.kind not in "iu":
-                raise llaisys.LlaisysValueError(f"input_ids must be a 1-D integer array, got shape "
-                                                f"{input_ids.shape} of {input_ids.dtype}")
-            input_ids = input_ids.tolist()
-        if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
-            raise llaisys.LlaisysValueError(f"input_ids must be a sequence of token ids, got "
-                                            f"{type(input_ids).__name__} (tokenize text first)")
-        ids = list(input_ids)
-        if not ids:
-            raise llaisys.LlaisysValueError("input_ids is empty: the prompt needs at least one token")
-        vocab = self.config.vocab_size
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
-                raise llaisys.LlaisysValueError(f"input_ids[{i}] = {t!r} is not a token id in [0, {vocab})")
-        return [int(t) for t in ids]
+    _generator: Generator | None = None
 
     @property
-    def context_length(self) -> int:
-        """The most positions (prompt + new tokens) one sequence may take."""
-        window = self.config.sliding_window
-        return min(self.config.max_position_embeddings, window or self.config.max_position_embeddings)
-
-    def check_length(self, total: int) -> None:
-        limit = self.config.max_position_embeddings
-        if total > limit:
-            raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
-                                            f"max_position_embeddings = {limit}")
-        window = self.config.sliding_window
-        if window is not None and total > window:
-            raise llaisys.LlaisysValueError(f"{total} positions exceed the sliding window of {window}, which "
-                                            f"llaisys does not implement")
+    def generator(self) -> Generator:
+        if self._generator is None:
+            self._generator = Generator(self)
+        return self._generator
 
     def generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
-                 temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
-                 reuse_cache: bool = False) -> list[int]:
+                 temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None) -> list[int]:
         """Prompt + new tokens; stops right after an EOS token (which is included).
 
-        top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early.
-        ``reuse_cache=True`` keeps the part of the KV cache that matches the prompt's start.
+        top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early. A prompt that starts
+        like an earlier one reuses its cached keys and values (the same tokens as computing them).
         """
         ids = self.check_input_ids(input_ids)
         return ids + list(self.stream_generate(ids, max_new_tokens, top_k, top_p, temperature, seed,
-                                               eos_token_ids=eos_token_ids, reuse_cache=reuse_cache))
+                                               eos_token_ids=eos_token_ids))
 
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
-                        temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
-                        reuse_cache: bool = False) -> Iterator[int]:
+                        temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None) -> Iterator[int]:
         """Yield each new token as soon as it is chosen (the EOS token included). Arguments are
         checked here, before the first token is asked for."""
         ids = self.check_input_ids(input_ids)
-        check_max_new_tokens(max_new_tokens)
-        check_sampling(top_k, top_p, temperature, seed)
-        if seed is None:
-            seed = secrets.randbits(63)
-        self.check_length(len(ids) + max_new_tokens)
-        eos = set(self.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        greedy = top_k == 1 or temperature == 0
-        return self._stream(ids, int(max_new_tokens), greedy, int(top_k), float(top_p), float(temperature),
-                            int(seed), eos, reuse_cache)
+        params = self._params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids)
+        self.check_length(len(ids) + params.max_tokens)
+        return self.generator.stream(ids, params)
 
     def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
-                       temperature: float = 1.0, seed=None, **options) -> list[list[int]]:
+                       temperature: float = 1.0, seed=None, *, eos_token_ids=None, kv_memory: int | None = None,
+                       max_running: int | None = None, max_batch_tokens: int = 128) -> list[list[int]]:
         """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
-        them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed`` may be one int or
-        one per prompt; options: ``eos_token_ids``, ``kv_memory`` (bytes), ``max_running``,
-        ``max_batch_tokens`` (see ``scheduler.generate_batch``)."""
-        from .scheduler import generate_batch
-
-        return generate_batch(self, prompts, max_new_tokens, top_k, top_p, temperature, seed, **options)
-
-    def _stream(self, ids, max_new_tokens, greedy, top_k, top_p, temperature, seed, eos, reuse_cache):
-        if max_new_tokens == 0:
-            self.last_stats = GenerationStats()
-            return
-        with self.lock.hold("stream_generate"):  # until the last token, or until the stream is closed
-            stats = self.last_stats = GenerationStats()
-            if reuse_cache:
-                self.cache.truncate(_common_prefix(self.cache.tokens, ids, limit=len(ids) - 1))
-            else:
-                self.cache.release()
-            self.reserve(self.cache, len(ids) + max_new_tokens - 1)
-            pending = ids[len(self.cache):]
-            for step in range(max_new_tokens):
-                t0 = time.perf_counter()
-                logits = self._forward(pending)
-                token = self.select(logits.view(logits.shape[-1]), greedy, top_k, top_p, temperature,
-                                    step_seed(seed, step))
-                elapsed = time.perf_counter() - t0
-                if step == 0:
-                    stats.prompt_tokens, stats.prefill_seconds = len(pending), elapsed
-                else:
-                    stats.decode_seconds += elapsed
-                stats.new_tokens += 1
-                yield token
-                if token in eos:
-                    return
-                pending = [token]
-
-    def select(self, logits: llaisys.Tensor, greedy: bool, top_k: int, top_p: float, temperature: float,
-               seed: int) -> int:
-        """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
-        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold)."""
-        if self._chosen is None:
-            self._chosen = llaisys.empty((1,), llaisys.int64, self.device)
-            self._chosen_value = llaisys.empty((1,), self.dtype, self.device)
-        if greedy:
-            llaisys.ops.argmax(self._chosen, self._chosen_value, logits)
+        them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed``: None (a random
+        seed per prompt), one int for every prompt, or one per prompt. ``kv_memory``: the KV pool's bytes
+        (None: room for every sequence at full length; less makes the scheduler preempt and recompute, with
+        the same results)."""
+        prompts = [self.check_input_ids(p) for p in prompts]
+        seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise llaisys.LlaisysValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids) for s in seeds]
+        if not prompts or max_new_tokens == 0:
+            return [list(p) for p in prompts]
+        if kv_memory is None:
+            blocks = sum(-(-(len(p) + max_new_tokens) // BLOCK_SIZE) for p in prompts)
+            pool = self.new_kv_pool(num_blocks=blocks, block_size=BLOCK_SIZE)
         else:
-            llaisys.ops.sample(self._chosen, logits, temperature, min(top_k, logits.shape[0]), top_p, seed)
-        return int(self._chosen.numpy()[0])
+            pool = self.new_kv_pool(memory=kv_memory, block_size=BLOCK_SIZE)
+        scheduler = Scheduler(self, pool, max_running=max_running or len(prompts), max_batch_tokens=max_batch_tokens)
+        sequences = [scheduler.add(p, ps) for p, ps in zip(prompts, params)]
+        try:
+            while scheduler.has_work:
+                scheduler.step()
+        finally:
+            self.release_kv_pool(pool)
+        return [seq.tokens for seq in sequences]
 
-    _chosen: llaisys.Tensor | None = None
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y or n >= limit:
-            break
-        n += 1
-    return n
+    @staticmethod
+    def _params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids) -> SamplingParams:
+        check_max_new_tokens(max_new_tokens)
+        check_sampling(top_k, top_p, temperature, seed)
+        eos = None if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
+        return SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(min(top_k, 1 << 62)),
+                              None if seed is None else int(seed), eos_token_ids=eos)

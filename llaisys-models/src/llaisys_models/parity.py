@@ -168,10 +168,10 @@ def teacher_forced_logits(model, prompt: Sequence[int], tokens: Sequence[int]) -
     if not tokens:
         return np.zeros((0, model.config.vocab_size), np.float32)
     model.check_length(len(prompt) + len(tokens) - 1)
-    model.reset()
+    session = model.session()
     rows, pending = [], prompt
     for token in tokens:
-        rows.append(model.forward(pending).numpy().astype(np.float32)[0])
+        rows.append(session.forward(pending).numpy().astype(np.float32)[0])
         pending = [token]
     return np.stack(rows)
 
@@ -201,10 +201,11 @@ def load_hf(path, dtype: str):
     from transformers import AutoModelForCausalLM
 
     from . import gguf
+    from .files import is_gguf
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    where, kwargs = gguf.hf_from_pretrained_args(path) if gguf.is_gguf(path) else (str(path), {})  # hook: issue 15
+    where, kwargs = gguf.hf_from_pretrained_args(path) if is_gguf(path) else (str(path), {})
     with quiet_transformers():
         return AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs).eval()
 

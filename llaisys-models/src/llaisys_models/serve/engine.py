@@ -9,9 +9,10 @@ an ``emit`` callback) and ``submit`` it; they never touch the model. The engine 
                of prompts being read, so a long prompt holds the others up by one chunk at most
     consume    each new token -> text (detokenized, stop strings) -> ``emit(Delta | Finished)``
 
-KV memory is a paged pool (``--kv-memory``) shared by all sequences; prompts that start alike share
-blocks, and a finished conversation's blocks stay cached, so its next turn computes only its new
-tokens. When the pool runs out the newest sequence is preempted and later recomputed, invisibly to
+KV memory is a paged pool (``--kv-memory``) shared by all sequences; prompts of one cache scope (a
+tenant: an API key, plus an optional salt) that start alike share blocks, and a finished conversation's
+blocks stay cached, so its next turn computes only its new tokens; the cached tokens a response reports
+are whole blocks. When the pool runs out the newest sequence is preempted and later recomputed, invisibly to
 its client. A request's tokens do not depend on what else is batched with it.
 
 ``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for the HTTP
@@ -24,14 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import itertools
 import logging
-import secrets
 import threading
 import time
 
-from ..generation import MASK64
-from ..scheduler import Sampling, Scheduler
+from ..sampling import SamplingParams
+from ..scheduler import Scheduler, Sequence
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
 from .output import TextStream
@@ -40,24 +39,10 @@ log = logging.getLogger("llaisys.serve")
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int  # new tokens at most (>= 1)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: all tokens; 1: greedy
-    seed: int | None = None  # None: a random seed per request
-    stop: tuple[str, ...] = ()
-
-    @property
-    def greedy(self) -> bool:
-        return self.top_k == 1 or self.temperature == 0
-
-
-@dataclasses.dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int  # prompt tokens whose KV came from the cache instead of being computed
+    cached_tokens: int  # prompt tokens whose KV came from the cache, in whole KV blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,22 +62,20 @@ class Failed:
     message: str
 
 
-_ids = itertools.count()
-
-
 class Request:
     """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``,
-    then exactly one ``Finished`` or ``Failed``."""
+    then exactly one ``Finished`` or ``Failed``. ``cache_scope``: whose cached prompt prefixes this
+    request may reuse (a server's tenant: requests of different scopes never share KV blocks)."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = ""):
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
-        self.id = next(_ids)
         self.prompt = list(prompt)
         self.params = params
-        self.seed = params.seed & MASK64 if params.seed is not None else secrets.randbits(63)
         self.emit = emit
+        self.cache_scope = cache_scope
         self.arrival = time.perf_counter()
+        self.text: TextStream | None = None  # the engine's: its text so far, once admitted
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -102,15 +85,6 @@ class Request:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
-
-
-class Job:
-    """A request the engine is working on: its sequence in the scheduler and its text so far."""
-
-    def __init__(self, request: Request, tokenizer):
-        self.request = request
-        self.text = TextStream(tokenizer, request.params.stop)
-        self.seq = None  # the scheduler's Sequence
 
 
 class EngineUnavailable(RuntimeError):
@@ -141,10 +115,9 @@ class Engine:
         self.pool = model.new_kv_pool(memory=memory, block_size=block_size, prefix_caching=prefix_reuse)
         self.scheduler = Scheduler(model, self.pool, max_running=max_running, max_batch_tokens=max_batch_tokens,
                                    batched=batched)
-        self.eos = frozenset(model.eos_token_ids)
         self.metrics = EngineMetrics()
         self._incoming: collections.deque[Request] = collections.deque()  # guarded by _cv
-        self._jobs: list[Job] = []  # engine thread only: every request in the scheduler
+        self._sequences: list[Sequence] = []  # engine thread only: every request in the scheduler (its tag)
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -153,7 +126,7 @@ class Engine:
     @property
     def max_length(self) -> int:
         """The longest prompt + reply this engine can complete (the model's context, or the KV pool's)."""
-        return self.scheduler.max_length()
+        return self.scheduler.max_length
 
     # -- the caller's side (any thread) ------------------------------------------------
 
@@ -204,8 +177,8 @@ class Engine:
             log.exception("engine thread died")
         finally:
             reason = self.error or "the server is shutting down"
-            for job in self._jobs:
-                job.request.emit(Failed(reason))
+            for seq in self._sequences:
+                seq.tag.emit(Failed(reason))
             with self._cv:
                 self._stopping = True
                 incoming, self._incoming = list(self._incoming), collections.deque()
@@ -214,7 +187,7 @@ class Engine:
 
     def _wait_for_work(self) -> bool:
         with self._cv:
-            while not self._stopping and not self._incoming and not self._jobs:
+            while not self._stopping and not self._incoming and not self._sequences:
                 self._cv.wait()
             return not self._stopping
 
@@ -228,59 +201,58 @@ class Engine:
             if request.cancelled:
                 self._report(request, Finished("cancelled", Usage(len(request.prompt), 0, 0)))
                 continue
-            job = Job(request, self.tokenizer)
-            p = request.params
             try:
-                job.seq = self.scheduler.add(self.model.check_input_ids(request.prompt),
-                                             Sampling(p.greedy, p.top_k, p.top_p, p.temperature, request.seed),
-                                             p.max_tokens, tag=job)
+                seq = self.scheduler.add(self.model.check_input_ids(request.prompt), request.params,
+                                         scope=request.cache_scope, tag=request, arrival_time=request.arrival)
             except Exception as e:  # the request's failure (a bad prompt, too long for the cache)
                 self._report(request, Failed(f"{type(e).__name__}: {e}"))
                 continue
-            self._jobs.append(job)
+            request.text = TextStream(self.tokenizer, request.params.stop)
+            self._sequences.append(seq)
 
     def _step(self) -> None:
-        for job in [j for j in self._jobs if j.request.cancelled]:
-            self._finish(job, "cancelled")
-        if not self._jobs:
+        for seq in [s for s in self._sequences if s.tag.cancelled]:
+            self.scheduler.finish(seq, "cancelled")
+            self._done(seq)
+        if not self._sequences:
             return
         try:
             events = self.scheduler.step()
         except Exception as e:  # the running requests fail; the engine and the waiting ones go on
             log.exception("engine step failed")
-            for job in [j for j in self._jobs if j.seq.kv is not None]:
-                self._finish(job, None, error=f"{type(e).__name__}: {e}")
+            for seq in [s for s in self._sequences if s.kv is not None]:
+                self.scheduler.finish(seq, "error")
+                self._done(seq, error=f"{type(e).__name__}: {e}")
             return
         for seq, token in events:
-            self._consume(seq.tag, token)
+            self._consume(seq, token)
 
-    def _consume(self, job: Job, token: int) -> None:
-        seq = job.seq
-        if seq.generated == 1:  # the prompt is read: its first token
-            self.metrics.prompt_tokens_computed += seq.prompt_len - seq.reused
-            self.metrics.prompt_tokens_reused += seq.reused
-            self.metrics.observe_first_token(seq.first_token_time - job.request.arrival)
+    def _consume(self, seq: Sequence, token: int) -> None:
+        """A new token of ``seq``: its text (stop strings), and its end if this was its last token."""
+        text_stream = seq.tag.text
+        if seq.num_generated == 1:  # the prompt is read: its first token
+            self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
-        if token in self.eos:
-            text, stopped = job.text.finish()
-            reason = "stop"
+        if seq.finish_reason == "stop":  # an EOS token: no text of its own
+            text, _ = text_stream.finish()
         else:
-            text, stopped = job.text.push(token)
-            reason = "stop" if stopped else None
-            if reason is None and seq.generated >= job.request.params.max_tokens:
-                text_end, stopped = job.text.finish()
-                text, reason = text + text_end, "stop" if stopped else "length"
+            text, stopped = text_stream.push(token)
+            if not stopped and seq.finished:  # max_tokens: what is held back may still complete a stop string
+                text_end, stopped = text_stream.finish()
+                text += text_end
+            if stopped:
+                self.scheduler.finish(seq, "stop")
+                seq.finish_reason = "stop"
         if text:
-            job.request.emit(Delta(text))
-        if reason:
-            self._finish(job, reason)
+            seq.tag.emit(Delta(text))
+        if seq.finished:
+            self._done(seq)
 
-    def _finish(self, job: Job, reason: str | None, error: str | None = None) -> None:
-        self._jobs.remove(job)
-        self.scheduler.finish(job.seq)
-        seq = job.seq
-        usage = Usage(len(job.request.prompt), seq.generated, seq.reused or 0)
-        self._report(job.request, Failed(error) if error else Finished(reason, usage))
+    def _done(self, seq: Sequence, error: str | None = None) -> None:
+        self._sequences.remove(seq)
+        block = self.pool.block_size
+        usage = Usage(seq.prompt_len, seq.num_generated, (seq.reused or 0) // block * block)
+        self._report(seq.tag, Failed(error) if error else Finished(seq.finish_reason, usage))
 
     def _report(self, request: Request, event) -> None:
         self.metrics.count_finished(event.reason if isinstance(event, Finished) else "error")
@@ -294,10 +266,10 @@ class AsyncStream:
     is gone (the server is stopping) the request is cancelled instead.
     """
 
-    def __init__(self, prompt: list[int], params: SamplingParams):
+    def __init__(self, prompt: list[int], params: SamplingParams, cache_scope: str = ""):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.request = Request(prompt, params, self._emit)
+        self.request = Request(prompt, params, self._emit, cache_scope)
 
     def _emit(self, event) -> None:
         try:

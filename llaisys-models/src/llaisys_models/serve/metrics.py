@@ -13,8 +13,6 @@ import dataclasses
 @dataclasses.dataclass
 class EngineMetrics:
     requests_received: int = 0
-    prompt_tokens_computed: int = 0  # prompt tokens run through the model (prefill)
-    prompt_tokens_reused: int = 0  # prompt tokens whose KV came from the cache
     generation_tokens: int = 0
     first_token_seconds_sum: float = 0.0  # arrival -> first token chosen, over every request that got one
     first_token_count: int = 0
@@ -59,10 +57,10 @@ def render(engine, model_name: str) -> str:
         ("llaisys_requests_running", "gauge", "Sequences being generated now.", [("", model, engine.running)]),
         ("llaisys_requests_waiting", "gauge", "Requests queued for a free slot.", [("", model, engine.waiting)]),
         ("llaisys_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model (prefill).",
-         [("", model, m.prompt_tokens_computed)]),
+         [("", model, engine.scheduler.stats.prompt_tokens_computed)]),
         ("llaisys_prompt_tokens_reused_total", "counter",
          "Prompt tokens whose keys/values were reused from the KV cache instead of being computed.",
-         [("", model, m.prompt_tokens_reused)]),
+         [("", model, engine.scheduler.stats.prompt_tokens_reused)]),
         ("llaisys_generation_tokens_total", "counter", "Tokens generated.", [("", model, m.generation_tokens)]),
         ("llaisys_time_to_first_token_seconds", "summary", "From a request's arrival to its first token.",
          [("_sum", model, f"{m.first_token_seconds_sum:.6f}"), ("_count", model, m.first_token_count)]),

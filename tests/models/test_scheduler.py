@@ -1,5 +1,6 @@
-"""Continuous batching: a sequence's tokens are the same alone (``generate``) or batched with others,
-chunked, preempted and recomputed; KV blocks shared between prompts are freed exactly once."""
+"""The scheduler (continuous batching): a sequence's tokens are the same alone (``generate``) or batched with
+others, chunked, preempted and recomputed; KV blocks shared between prompts are freed exactly once and never
+across cache scopes; numerics that round by chunk never chunk, preempt or reuse."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 import llaisys
 import llaisys_models
-from llaisys_models.scheduler import Sampling, Scheduler
+from llaisys_models.sampling import SamplingParams
+from llaisys_models.scheduler import Scheduler
 from tiny_models import SPECS, prompt
 
 NAMES = ["f32_gqa2_hd32", "bf16_mha_hd64", "f16_gqa3_hd64_legacy"]
@@ -64,11 +66,15 @@ def test_each_sequence_stops_at_its_own_eos(models):
     assert len(alone[2]) == len(ps[2]) + 4
 
 
-def run(scheduler, sequences, max_tokens):
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens, top_k=1, eos_token_ids=frozenset())  # no EOS: exactly max_tokens
+
+
+def run(scheduler, sequences):
+    """Step until every sequence finished by itself (at max_tokens: the scheduler stops it)."""
     while scheduler.has_work:
-        for seq, _ in scheduler.step():
-            if seq.generated >= max_tokens:
-                scheduler.finish(seq)
+        scheduler.step()
+    assert all(seq.finish_reason == "length" for seq in sequences)
     return [seq.tokens for seq in sequences]
 
 
@@ -76,13 +82,13 @@ def run(scheduler, sequences, max_tokens):
 def test_preemption_under_a_tiny_kv_budget_completes_every_request(models, name):
     model = models[name]
     ps = prompts(name)
-    sampling = Sampling(greedy=False, top_k=0, top_p=1.0, temperature=1.0, seed=5)
+    sampling = SamplingParams(NEW, top_k=0, top_p=1.0, temperature=1.0, seed=5, eos_token_ids=frozenset())
     alone = [model.generate(p, NEW, top_k=0, seed=5, eos_token_ids=()) for p in ps]
     # room for the longest request and a little more: the others take turns, preempting the newest
     pool = model.new_kv_pool(num_blocks=(70 + NEW) // 16 + 3, block_size=16)
     scheduler = Scheduler(model, pool, max_running=len(ps), max_batch_tokens=32)
-    sequences = [scheduler.add(p, sampling, NEW) for p in ps]
-    assert run(scheduler, sequences, NEW) == alone
+    sequences = [scheduler.add(p, sampling) for p in ps]
+    assert run(scheduler, sequences) == alone
     assert scheduler.stats.preemptions > 0 and scheduler.stats.recomputed_tokens > 0
     assert pool.check()["used"] == 0
 
@@ -91,7 +97,7 @@ def test_a_request_that_can_never_fit_is_refused(models):
     model = models["f32_gqa2_hd32"]
     scheduler = Scheduler(model, model.new_kv_pool(num_blocks=2, block_size=16))
     with pytest.raises(llaisys.LlaisysValueError, match="exceed the KV cache's 32"):
-        scheduler.add(list(range(30)), Sampling(), 3)
+        scheduler.add(list(range(30)), greedy(3))
     with pytest.raises(llaisys.LlaisysValueError, match="exceed the KV cache's 32"):
         model.generate_batch([list(range(30))], 3, kv_memory=2 * 16 * model.kv_shape.bytes_per_token)
 
@@ -107,25 +113,23 @@ def test_shared_prefix_blocks_are_freed_exactly_once(models, device):
 
     pool = model.new_kv_pool(num_blocks=64, block_size=16)
     scheduler = Scheduler(model, pool, max_running=8, max_batch_tokens=64)
-    run(scheduler, [scheduler.add(rng.integers(0, vocab, 20).tolist(), Sampling(), 4)], 4)  # warm up
+    run(scheduler, [scheduler.add(rng.integers(0, vocab, 20).tolist(), greedy(4))])  # warm up
     model.clear_decode_graphs()  # captured decode steps keep their buffers: counted out on both sides
     gc.collect()
     baseline = llaisys.memory_stats(device)["allocated_bytes"]
 
-    first = scheduler.add(ps[0], Sampling(), 12)
-    run(scheduler, [first], 12)  # the system prompt is now cached
-    rest = [scheduler.add(p, Sampling(), 12) for p in ps[1:]]
+    first = scheduler.add(ps[0], greedy(12))
+    run(scheduler, [first])  # the system prompt is now cached
+    rest = [scheduler.add(p, greedy(12)) for p in ps[1:]]
     shared_seen = []
     while scheduler.has_work:
-        shared_seen.append(max(pool.refcount(b) for b in range(pool.num_blocks)))
-        for seq, _ in scheduler.step():
-            if seq.generated >= 12:
-                scheduler.finish(seq)
+        shared_seen.append(max(pool.blocks.refcount(b) for b in range(pool.num_blocks)))
+        scheduler.step()
     assert [first.tokens] + [s.tokens for s in rest] == alone
     assert max(shared_seen) == len(rest)  # the system prompt's blocks were held by every request at once
     assert all(s.reused >= 32 for s in rest)
     assert pool.check() == {"used": 0, "cached": pool.stats()["cached"], "free": pool.stats()["free"]}
-    assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
+    assert all(pool.blocks.refcount(b) == 0 for b in range(pool.num_blocks))
     model.clear_decode_graphs()
     gc.collect()
     assert llaisys.memory_stats(device)["allocated_bytes"] == baseline  # every step's tensors came back
@@ -135,29 +139,46 @@ def test_shared_prefix_blocks_are_freed_exactly_once(models, device):
     assert llaisys.memory_stats(device)["allocated_bytes"] <= baseline - 64 * 16 * model.kv_shape.bytes_per_token
 
 
-def test_a_backend_without_the_paged_kernels_is_refused_when_the_model_loads(tiny_models, monkeypatch):
-    """A backend that lacks paged_attention / paged_kv_write (CUDA before it has them) is named at load,
-    and device=None passes over it; never a failure in the middle of a forward."""
-    registry = llaisys.plugins.registry()
+def test_cache_scopes_never_share_blocks(models):
+    """Two tenants of a server: a prompt of scope "b" reuses nothing that scope "a" cached, however alike
+    the prompts; the same scope reuses it, with the same tokens."""
+    model = models["f32_gqa2_hd32"]
+    p = prompt("f32_gqa2_hd32", 40, SPECS["f32_gqa2_hd32"].vocab)
+    alone = model.generate(p, 6, eos_token_ids=())
+    pool = model.new_kv_pool(num_blocks=32, block_size=16)
+    scheduler = Scheduler(model, pool)
+    first = scheduler.add(p, greedy(6), scope="a")
+    other = scheduler.add(p, greedy(6), scope="b")
+    run(scheduler, [first, other])
+    again = scheduler.add(p, greedy(6), scope="a")
+    stranger = scheduler.add(p, greedy(6), scope="b2")
+    run(scheduler, [again, stranger])
+    assert first.reused == 0 and other.reused == 0, "a scope found blocks another scope was still computing"
+    assert again.reused == len(p) - 1 and stranger.reused == 0
+    assert [s.tokens for s in (first, other, again, stranger)] == [alone] * 4
+    assert pool.check()["used"] == 0
 
-    def drop_paged_kernels(device_type):
-        backend = registry.backend(device_type)
-        real = backend.kernel
-        monkeypatch.setattr(backend, "kernel", lambda op: None if op.startswith("paged_") else real(op))
-        monkeypatch.setattr(registry, "_kernels", {})  # resolve again, through the patched backend
 
-    path = tiny_models.path("f32_gqa2_hd32")
-    accelerators = sorted({d.type for d in llaisys.available_devices()} - {"cpu"})
-    for device_type in accelerators:  # (a CPU-only machine has none: the CPU is the backend without them below)
-        drop_paged_kernels(device_type)
-        with pytest.raises(llaisys.BackendUnavailableError,
-                           match=f"'{device_type}' backend does not implement paged_kv_write, paged_attention"):
-            llaisys_models.load(path, device=device_type)
-    if accelerators:
-        assert llaisys_models.load(path).device.type == "cpu", "device=None should pass over the accelerators"
-    drop_paged_kernels("cpu")
-    with pytest.raises(llaisys.BackendUnavailableError,
-                       match="'cpu' backend does not implement paged_kv_write, paged_attention, which the model"):
-        llaisys_models.load(path, device="cpu")
-    with pytest.raises(llaisys.BackendUnavailableError, match="does not implement paged_kv_write"):
-        llaisys_models.load(path)  # no device can run it
+def test_hf_numerics_never_chunk_preempt_or_reuse(tiny_models, device):
+    """numerics="hf" rounds attention by the pieces a sequence is computed in, so a chunked prefill, a reused
+    prefix or a recomputed (preempted) sequence would change its tokens: under that mode the scheduler gives
+    each sequence its whole length at admission and reads each prompt in one piece, and batched tokens equal
+    the solo runs even in a KV budget that makes exact mode preempt."""
+    name = "bf16_mha_hd64"
+    model = llaisys_models.load(tiny_models.path(name), device=device, numerics="hf")
+    ps = prompts(name)
+    alone = [model.generate(p, NEW, eos_token_ids=()) for p in ps]
+    pool = model.new_kv_pool(num_blocks=(70 + NEW) // 16 + 3, block_size=16)
+    scheduler = Scheduler(model, pool, max_running=len(ps), max_batch_tokens=16)
+    sequences = [scheduler.add(p, greedy(NEW)) for p in ps]
+    reads = []
+    real_forward = model.forward_batch
+
+    def recording(pool, batch, logits_of=None):
+        reads.extend(len(ids) for _, ids in batch)
+        return real_forward(pool, batch, logits_of)
+
+    model.forward_batch = recording
+    assert run(scheduler, sequences) == alone
+    assert scheduler.stats.preemptions == 0 and scheduler.stats.prompt_tokens_reused == 0
+    assert sorted(n for n in reads if n > 1) == sorted(n for n in LENGTHS if n > 1), "a prompt was chunked"

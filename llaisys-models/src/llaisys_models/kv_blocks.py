@@ -1,0 +1,310 @@
+"""The paged KV cache's bookkeeping, in plain Python: which block holds which positions of which sequence.
+
+    blocks = BlockManager(num_blocks, block_size, copy_block=...)   # no device: tests drive it directly
+    seq = blocks.sequence(scope)          # an empty block table (scope: whose prefix cache it may use)
+    seq.adopt_prefix(prompt, limit)       # reuse cached blocks that hold the prompt's start
+    seq.reserve(n)                        # blocks for n positions (False: the pool is out)
+    ... a forward writes positions len(seq) .. n-1 ... seq.commit(new tokens)
+    seq.release()                         # blocks back; cached ones stay findable
+
+The keys and values themselves live in ``kv_cache.KVPool``, which hands its tensor copy to ``copy_block``.
+
+Prefix sharing. A full block is indexed by (its parent, its token ids): the chain of parents makes the key
+cover the whole prefix, and a dict lookup compares the token ids themselves, so a match is exact (no hash
+collision can share the wrong keys). The parent of a sequence's first block is the root of its scope: two
+scopes (tenants of a server) never see each other's blocks. Sequences that start with the same tokens hold
+the same blocks (reference counted). When a sequence ends, its last, partly filled block is kept too (as a
+child of its parent), so a follow-up turn or an edited message reuses every token before the first
+difference: the best-matching child block is copied into a new block of the sequence (copy on write) and
+only the rest is computed. A block is written only by the sequence that owns it alone and has not indexed it.
+
+Freeing. A block whose count drops to 0 goes back to the free list, or — if indexed — to the cached list
+(least recently released first), whose blocks are reused only when the free list is empty; taking one
+unindexes it and everything indexed below it. Each block is always in exactly one state: in use (count > 0),
+cached (count 0, indexed) or free (count 0, not indexed); ``check()`` verifies it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Hashable
+
+
+@dataclasses.dataclass(frozen=True)
+class Root:
+    """The parent of a sequence's first block: one per scope."""
+    scope: str = ""
+
+
+Parent = Hashable  # a block id (int) or a Root
+
+
+class BlockManager:
+    """Reference counts, free and cached lists and the prefix index of ``num_blocks`` blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
+                 copy_block: Callable[[int, int], None] | None = None):
+        if block_size < 1 or num_blocks < 1:
+            raise ValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got {block_size} and {num_blocks}")
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching  # may be switched at any time: read at each adopt / commit
+        self.copy_block = copy_block or (lambda dst, src: None)  # copies a block's keys and values
+        self.num_blocks = 0
+        self._refs: list[int] = []
+        self._free: collections.deque[int] = collections.deque()
+        self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        self._index: dict[tuple, int] = {}  # (parent, token ids) of a full block -> block
+        self._entry: dict[int, tuple[Parent, tuple[int, ...]]] = {}  # indexed block -> (parent, token ids)
+        self._children: dict[Parent, set[int]] = {}  # indexed parent (or a Root) -> indexed blocks below it
+        self.add_blocks(num_blocks)
+
+    def add_blocks(self, num_blocks: int) -> None:
+        """Have ``num_blocks`` blocks in all (the new ones free)."""
+        if num_blocks > self.num_blocks:
+            self._free.extend(range(self.num_blocks, num_blocks))
+            self._refs.extend([0] * (num_blocks - self.num_blocks))
+            self.num_blocks = num_blocks
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def sequence(self, scope: str = "") -> SequenceKV:
+        return SequenceKV(self, scope)
+
+    # -- blocks ------------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        """Blocks a sequence can take now (free, or cached and evictable)."""
+        return len(self._free) + len(self._cached)
+
+    def allocate(self) -> int | None:
+        """A block for one owner (count 1), or None when every block is in use."""
+        if self._free:
+            block = self._free.popleft()
+        elif self._cached:
+            block, _ = self._cached.popitem(last=False)
+            self._unindex(block)
+        else:
+            return None
+        self._refs[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        if self._refs[block] == 0:
+            self._cached.pop(block)  # a cached block comes back into use (free blocks are never shared)
+        self._refs[block] += 1
+
+    def decref(self, block: int) -> None:
+        if self._refs[block] <= 0:
+            raise RuntimeError(f"KV block {block} released more often than it was taken")
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            if block in self._entry:
+                self._cached[block] = None  # most recently released last
+            else:
+                self._free.append(block)
+
+    def refcount(self, block: int) -> int:
+        return self._refs[block]
+
+    # -- the prefix index ---------------------------------------------------------------------
+
+    def _add_entry(self, block: int, parent: Parent, tokens: tuple[int, ...]) -> None:
+        self._entry[block] = (parent, tokens)
+        self._children.setdefault(parent, set()).add(block)
+        if len(tokens) == self.block_size:
+            self._index[(parent, tokens)] = block
+
+    def _reachable(self, parent: Parent) -> bool:
+        return isinstance(parent, Root) or parent in self._entry
+
+    def _unindex(self, block: int) -> None:
+        """Forget block's entry and, recursively, the entries below it (their prefix is gone). A block
+        below that is still in use stays with its owners, unindexed; cached ones become free."""
+        parent, tokens = self._entry.pop(block)
+        if self._index.get((parent, tokens)) == block:
+            del self._index[(parent, tokens)]
+        siblings = self._children.get(parent)
+        if siblings is not None:
+            siblings.discard(block)
+            if not siblings:
+                del self._children[parent]
+        for child in list(self._children.get(block, ())):
+            if self._refs[child] == 0:
+                self._cached.pop(child)
+                self._free.append(child)
+            self._unindex(child)
+        self._children.pop(block, None)
+
+    def is_indexed(self, block: int) -> bool:
+        return block in self._entry
+
+    def index_full(self, block: int, parent: Parent, tokens: tuple[int, ...]) -> int:
+        """Index a block that just became full; returns the block standing for this content: ``block``, or
+        an earlier block with the same parent and tokens (the caller then uses that one)."""
+        if not self._reachable(parent):
+            return block  # below an unindexed block: unreachable, keep it private
+        existing = self._index.get((parent, tokens))
+        if existing is not None:
+            return existing
+        if block not in self._entry:
+            self._add_entry(block, parent, tokens)
+        return block
+
+    def index_partial(self, block: int, parent: Parent, tokens: tuple[int, ...]) -> None:
+        """Keep a sequence's last, partly filled block findable after the sequence ends."""
+        if tokens and block not in self._entry and self._reachable(parent):
+            self._add_entry(block, parent, tokens)
+
+    def match(self, tokens: list[int], limit: int, scope: str = "") -> tuple[list[int], int | None, int]:
+        """Cached blocks of ``scope`` holding the longest prefix of ``tokens[:limit]``: (full blocks, a block
+        whose first ``n`` positions continue it (to copy), n)."""
+        bs, parent, full, start = self.block_size, Root(scope), [], 0
+        while start + bs <= limit:
+            block = self._index.get((parent, tuple(tokens[start:start + bs])))
+            if block is None:
+                break
+            full.append(block)
+            parent, start = block, start + bs
+        best, best_n = None, 0
+        window = tokens[start:min(start + bs, limit)]
+        for child in self._children.get(parent, ()):
+            n = _common_prefix(self._entry[child][1], window)
+            if n > best_n:
+                best, best_n = child, n
+        return full, best, best_n
+
+    # -- accounting -------------------------------------------------------------------------------
+
+    def check(self) -> dict[str, int]:
+        """Verify that every block is in exactly one state; return the counts (used, cached, free)."""
+        free, cached = set(self._free), set(self._cached)
+        if len(free) != len(self._free):
+            raise AssertionError("a block is on the free list twice")
+        used = {b for b in range(self.num_blocks) if self._refs[b] > 0}
+        if any(r < 0 for r in self._refs):
+            raise AssertionError("a negative reference count")
+        if free & cached or used & (free | cached) or len(used | free | cached) != self.num_blocks:
+            raise AssertionError(f"blocks in two states or none: used {len(used)}, cached {len(cached)}, "
+                                 f"free {len(free)} of {self.num_blocks}")
+        if any(b in self._entry for b in free) or any(b not in self._entry for b in cached):
+            raise AssertionError("the free list holds an indexed block, or the cached list an unindexed one")
+        return {"used": len(used), "cached": len(cached), "free": len(free)}
+
+    def stats(self) -> dict[str, int]:
+        used = sum(1 for r in self._refs if r > 0)
+        return {"blocks": self.num_blocks, "used": used, "cached": len(self._cached), "free": len(self._free)}
+
+
+class SequenceKV:
+    """One sequence's block table and the token ids whose keys/values are stored, in ``scope``."""
+
+    def __init__(self, blocks: BlockManager, scope: str = ""):
+        self.manager = blocks
+        self.scope = scope
+        self.blocks: list[int] = []
+        self.tokens: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def _parent(self, b: int) -> Parent:
+        """The index parent of the sequence's block ``b``."""
+        return self.blocks[b - 1] if b else Root(self.scope)
+
+    def blocks_for(self, length: int) -> int:
+        """New blocks needed to hold ``length`` positions."""
+        return max(-(-length // self.manager.block_size) - len(self.blocks), 0)
+
+    def reserve(self, length: int) -> bool:
+        """Blocks for ``length`` positions in all; False (taking nothing) when the pool has too few."""
+        need = self.blocks_for(length)
+        if need > self.manager.num_free:
+            return False
+        self.blocks.extend(self.manager.allocate() for _ in range(need))
+        return True
+
+    def adopt_prefix(self, tokens: list[int], limit: int) -> int:
+        """Start an empty sequence from the cached blocks that hold the longest prefix of
+        ``tokens[:limit]``; returns how many positions were reused (the rest must be computed)."""
+        if self.blocks:
+            raise RuntimeError("adopt_prefix needs an empty sequence")
+        m = self.manager
+        if not m.prefix_caching or limit <= 0:
+            return 0
+        full, source, n = m.match(tokens, limit, self.scope)
+        for block in full:
+            m.incref(block)
+        self.blocks = list(full)
+        self.tokens = list(tokens[:len(full) * m.block_size])
+        if source is not None:
+            m.incref(source)  # keep it while a block is taken for the copy
+            block = m.allocate()
+            if block is not None:
+                m.copy_block(block, source)
+                self.blocks.append(block)
+                self.tokens.extend(tokens[len(self.tokens):len(self.tokens) + n])
+            m.decref(source)
+        return len(self.tokens)
+
+    def commit(self, new_tokens: list[int]) -> None:
+        """Record that the keys/values of ``new_tokens`` were written after the stored ones. Blocks that
+        became full are indexed for sharing; one whose content another block already holds is swapped
+        for that block (the same keys and values), so a sequence always holds its whole chain of parents."""
+        m, bs = self.manager, self.manager.block_size
+        start = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        if not m.prefix_caching:
+            return
+        for b in range(start // bs, len(self.tokens) // bs):
+            block = self.blocks[b]
+            standing = m.index_full(block, self._parent(b), tuple(self.tokens[b * bs:(b + 1) * bs]))
+            if standing != block:
+                m.incref(standing)
+                m.decref(block)
+                self.blocks[b] = standing
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions. A kept, partly filled last block that others share or that
+        is indexed is replaced by a private copy before anything writes into it."""
+        if not 0 <= length <= len(self.tokens):
+            raise ValueError(f"cannot truncate a sequence of {len(self.tokens)} tokens to {length}")
+        m, bs = self.manager, self.manager.block_size
+        keep = -(-length // bs)
+        for block in reversed(self.blocks[keep:]):
+            m.decref(block)
+        del self.blocks[keep:], self.tokens[length:]
+        if length % bs:
+            last = self.blocks[-1]
+            if m.refcount(last) > 1 or m.is_indexed(last):
+                copy = m.allocate()
+                if copy is None:  # no block for the copy: drop the partial block (recomputed later)
+                    m.decref(last)
+                    del self.blocks[-1], self.tokens[length - length % bs:]
+                else:
+                    m.copy_block(copy, last)
+                    m.decref(last)
+                    self.blocks[-1] = copy
+
+    def release(self) -> None:
+        """Give every block back. Indexed blocks stay cached; the last, partly filled one is indexed too
+        (when prefix caching is on), so the next turn of the conversation finds it."""
+        m, bs = self.manager, self.manager.block_size
+        if m.prefix_caching and len(self.tokens) % bs and len(self.blocks) > len(self.tokens) // bs:
+            b = len(self.tokens) // bs
+            m.index_partial(self.blocks[b], self._parent(b), tuple(self.tokens[b * bs:]))
+        for block in reversed(self.blocks):  # the last block first: cached leaves are evicted before parents
+            m.decref(block)
+        self.blocks, self.tokens = [], []
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,110 @@
+"""The paged KV cache's memory: per layer, keys and values in one pool of fixed-size blocks.
+
+    pool = KVPool(shape, num_blocks, block_size)   # keys[layer], values[layer]: [blocks, block_size, Hkv, d]
+    seq = pool.sequence(scope)                     # a block table (kv_blocks.SequenceKV)
+
+Which block holds what, reference counts and the prefix index are ``pool.blocks`` (kv_blocks.BlockManager,
+plain Python); this file only owns the tensors and copies a block when the manager copies on write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import llaisys
+
+from .kv_blocks import BlockManager, SequenceKV
+
+
+@dataclasses.dataclass(frozen=True)
+class KVShape:
+    """What one token's keys and values look like in every layer."""
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: llaisys.DType
+    device: llaisys.Device
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+class KVPool:
+    """Keys and values of ``num_blocks`` blocks of ``block_size`` positions, for every layer."""
+
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int = 16, *, prefix_caching: bool = True):
+        if block_size < 1 or num_blocks < 1:
+            raise llaisys.LlaisysValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got "
+                                            f"{block_size} and {num_blocks}")
+        self.shape = shape
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching, copy_block=self.copy_block)
+        self.keys: list[llaisys.Tensor] = []
+        self.values: list[llaisys.Tensor] = []
+        self.generation = 0  # bumped whenever the tensors are reallocated (decode graphs point into them)
+        self._allocate(num_blocks, 0)
+
+    def _allocate(self, num_blocks: int, kept: int) -> None:
+        s = self.shape
+        keys, values = [], []
+        for layer in range(s.num_layers):
+            for new, old in ((keys, self.keys), (values, self.values)):
+                t = llaisys.empty((num_blocks, self.block_size, s.kv_heads, s.head_dim), s.dtype, s.device)
+                if kept:
+                    llaisys.ops.rearrange(t.slice(0, 0, kept), old[layer])
+                new.append(t)
+        self.keys, self.values = keys, values
+        self.generation += 1
+
+    def grow(self, num_blocks: int) -> None:
+        """Have ``num_blocks`` blocks in all (more memory; block ids and their content stay)."""
+        if num_blocks > self.num_blocks:
+            self._allocate(num_blocks, self.num_blocks)
+            self.blocks.add_blocks(num_blocks)
+
+    def copy_block(self, dst: int, src: int) -> None:
+        for t in (*self.keys, *self.values):
+            llaisys.ops.rearrange(t.slice(0, dst, dst + 1), t.slice(0, src, src + 1))
+
+    def sequence(self, scope: str = "") -> SequenceKV:
+        return self.blocks.sequence(scope)
+
+    # -- sizes and state, for callers and tests --------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.blocks.num_free
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks.capacity_tokens
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_size * self.shape.bytes_per_token
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.blocks.prefix_caching
+
+    @prefix_caching.setter
+    def prefix_caching(self, on: bool) -> None:
+        self.blocks.prefix_caching = on
+
+    def check(self) -> dict[str, int]:
+        return self.blocks.check()
+
+    def stats(self) -> dict[str, int]:
+        return self.blocks.stats()

@@ -1,0 +1,120 @@
+"""From a path to a model on a device: the class (registry.py), the device, the dtype, the weights, EOS.
+
+    model = load("path/to/hf-dir")          # or a GGUF file (gguf/)
+
+Device choice: the one asked for, or the best available device whose backend runs every kernel a model
+calls (KERNELS, plus the quantized linear when asked for one); a device whose backend lacks one is refused
+here, naming the kernels, never in the middle of a forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llaisys
+from llaisys.device import as_device
+from llaisys.dtype import as_dtype
+
+from . import quantize as quantization
+from .config import ModelConfig, token_ids
+from .errors import ModelLoadError
+from .files import is_gguf, model_directory, read_json
+from .safetensors import Checkpoint
+from .weights import FLOAT_WEIGHTS, default_dtype, load_weights
+
+# Every op a forward, the paged KV cache and sampling call: a device whose backend lacks one cannot run the
+# model (there is no second, unpaged code path).
+KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_attention", "swiglu", "add",
+           "rearrange", "argmax", "sample")
+
+
+def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
+         numerics: str | None = None, quantize: str | None = None):
+    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
+    its config names (registry.py). See ``llaisys_models.load`` for the options."""
+    from .registry import MODEL_CLASSES
+
+    if is_gguf(path):
+        from . import gguf
+
+        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
+    path = model_directory(path)
+    config = ModelConfig.from_file(path)
+    cls = MODEL_CLASSES.get(config.architecture)
+    if cls is None:
+        raise unsupported(path, config)
+    return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
+
+
+def unsupported(path: Path, config: ModelConfig) -> ModelLoadError:
+    from .registry import MODEL_CLASSES
+
+    return ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
+                          f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
+
+
+def read_directory(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
+                   quantize: str | None = None) -> dict:
+    """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``."""
+    from .registry import MODEL_CLASSES
+
+    quantize = quantization.resolve(quantize)
+    path = model_directory(path)
+    config = ModelConfig.from_file(path)
+    if config.architecture not in MODEL_CLASSES:
+        raise unsupported(path, config)
+    device = pick_device(device, quantize)
+    if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
+        mmap = device.type != "cpu" or quantize is not None
+    checkpoint = Checkpoint(path, mapped=mmap)
+    dtype = default_dtype(checkpoint, config) if dtype is None else float_dtype(dtype)
+    eos = eos_token_ids(path, config)
+    weights = load_weights(checkpoint, config, dtype, device, progress=progress, quantize=quantize)
+    # the checkpoint stays alive with the model: its memory maps are what the weights may point into
+    return dict(path=path, config=config, weights=weights, device=device, dtype=dtype, eos_token_ids=eos,
+                source=checkpoint, quantize=quantize)
+
+
+def float_dtype(dtype) -> llaisys.DType:
+    dtype = as_dtype(dtype)
+    if dtype not in FLOAT_WEIGHTS:
+        raise ModelLoadError(f"dtype must be float32, float16 or bfloat16, got {dtype.name}")
+    return dtype
+
+
+def missing_kernels(device: llaisys.Device) -> list[str]:
+    return [op for op in KERNELS if not llaisys.ops.implemented(op, device)]
+
+
+def pick_device(device, quantize: str | None = None) -> llaisys.Device:
+    """The device asked for, or (None) the best available one whose backend runs every op of KERNELS (and
+    the quantized linear when ``quantize`` asks for one)."""
+    if device is None:
+        devices = llaisys.available_devices()
+        if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
+            raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
+        able = [d for d in devices if not missing_kernels(d) and not quantization.missing_kernels(d, quantize)]
+        device = able[0] if able else devices[0]  # none able: the best one's error below
+    device = as_device(device)
+    llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
+    missing = missing_kernels(device)
+    if missing:
+        raise llaisys.BackendUnavailableError(
+            f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs (its KV "
+            f"cache is paged); run it on another device (e.g. device='cpu', --device cpu)")
+    quantization.check_device(device, quantize)
+    return device
+
+
+def eos_token_ids(path: Path, config: ModelConfig) -> tuple[int, ...]:
+    """EOS ids from config.json and generation_config.json (HF generate stops at either)."""
+    ids = list(config.eos_token_ids)
+    gen_path = path / "generation_config.json"
+    if gen_path.exists():
+        gen = read_json(gen_path)
+        if isinstance(gen, dict):
+            try:
+                ids += [i for i in token_ids(gen.get("eos_token_id"), "eos_token_id") if i not in ids]
+            except ModelLoadError as e:
+                raise ModelLoadError(f"{gen_path}: {e}") from None
+    return tuple(ids)

@@ -1,0 +1,18 @@
+"""Which model class runs which architecture: one row per family, named as HuggingFace's config.json
+(``architectures``) and llama.cpp's GGUF files (``general.architecture``) name it.
+
+A new family is a model file (or a declared variation of a shared decoder) plus one row here.
+"""
+
+from __future__ import annotations
+
+from .qwen2 import Llama, Qwen2
+
+#  HF architecture        GGUF architecture  model class
+FAMILIES = [
+    ("Qwen2ForCausalLM",  "qwen2",           Qwen2),
+    ("LlamaForCausalLM",  "llama",           Llama),
+]
+
+MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}
+GGUF_CLASSES = {gguf: cls for _, gguf, cls in FAMILIES}

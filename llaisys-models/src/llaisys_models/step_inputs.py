@@ -1,0 +1,98 @@
+"""What one forward over several sequences reads besides the weights: token ids, positions, KV slots and
+block tables, as device tensors (the paged ops' arguments, backend.h).
+
+A batch is a list of (sequence, new token ids), each sequence with blocks reserved for its new length.
+Decode graphs (decode_graph.py) keep one static set of these buffers per batch size and reload them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import llaisys
+
+from .kv_blocks import SequenceKV
+
+Batch = list[tuple[SequenceKV, list[int]]]
+
+
+@dataclasses.dataclass
+class StepInputs:
+    tokens: llaisys.Tensor        # int64 [T]: the new token ids, sequence after sequence
+    positions: llaisys.Tensor     # int64 [T]: their positions in their sequences (rope)
+    slots: llaisys.Tensor         # int64 [T]: cache row (block * block_size + offset) of each new token
+    block_tables: llaisys.Tensor  # int32 [num_seqs, max_blocks]
+    seq_lens: llaisys.Tensor      # int32 [num_seqs]: positions after this forward
+    query_start: llaisys.Tensor   # int32 [num_seqs + 1]: first row of each sequence
+    logit_rows: llaisys.Tensor | None  # int64 [R]: the rows whose logits are wanted (None: every row)
+    num_tokens: int
+
+
+STATIC = ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start")
+
+
+def step_inputs(batch: Batch, device, logits_of: list[bool] | None = None) -> StepInputs:
+    """Device tensors for one forward that appends ``ids`` to each sequence. ``logits_of[i]``: whether
+    sequence i's last new row needs logits (None: every row of the batch)."""
+    arrays = _host_arrays(batch, logits_of)
+    rows = arrays.pop("logit_rows")
+    tensors = {name: llaisys.from_numpy(array, device) for name, array in arrays.items()}
+    return StepInputs(**tensors, logit_rows=None if rows is None else llaisys.from_numpy(rows, device),
+                      num_tokens=len(arrays["tokens"]))
+
+
+def static_step_inputs(num_seqs: int, table_width: int, device) -> StepInputs:
+    """Buffers for decode steps of ``num_seqs`` sequences (one new token each, logits for each) with block
+    tables ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured decode graph."""
+    n, zeros = num_seqs, llaisys.zeros
+    return StepInputs(tokens=zeros((n,), llaisys.int64, device), positions=zeros((n,), llaisys.int64, device),
+                      slots=zeros((n,), llaisys.int64, device),
+                      block_tables=zeros((n, table_width), llaisys.int32, device),
+                      seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
+                      logit_rows=None, num_tokens=n)
+
+
+def load_step_inputs(step: StepInputs, batch: Batch) -> None:
+    """Copy a decode step's inputs into the buffers of ``static_step_inputs``."""
+    arrays = _host_arrays(batch, None, table_width=step.block_tables.shape[1])
+    for name in STATIC:
+        getattr(step, name).load(arrays[name])
+
+
+def _host_arrays(batch: Batch, logits_of, table_width: int | None = None) -> dict[str, np.ndarray | None]:
+    """The host arrays of ``step_inputs`` (block tables ``table_width`` wide, default the longest)."""
+    manager = batch[0][0].manager
+    bs = manager.block_size
+    lengths = [len(ids) for _, ids in batch]
+    total = sum(lengths)
+    tokens = np.fromiter((t for _, ids in batch for t in ids), np.int64, total)
+    positions = np.empty(total, np.int64)
+    slots = np.empty(total, np.int64)
+    max_blocks = max(len(seq.blocks) for seq, _ in batch) if table_width is None else table_width
+    tables = np.zeros((len(batch), max_blocks), np.int32)
+    seq_lens = np.empty(len(batch), np.int32)
+    query_start = np.zeros(len(batch) + 1, np.int32)
+    row = 0
+    for i, ((seq, _), n) in enumerate(zip(batch, lengths)):
+        if seq.manager is not manager:
+            raise ValueError("every sequence of a forward must belong to the same KV pool")
+        start = len(seq)
+        if start + n > len(seq.blocks) * bs:
+            raise RuntimeError(f"sequence needs {start + n} positions but holds blocks for "
+                               f"{len(seq.blocks) * bs}; reserve first")
+        pos = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(seq.blocks, dtype=np.int64)
+        positions[row:row + n] = pos
+        slots[row:row + n] = table[pos // bs] * bs + pos % bs
+        tables[i, :len(seq.blocks)] = seq.blocks
+        seq_lens[i] = start + n
+        row += n
+        query_start[i + 1] = row
+    if logits_of is None:
+        rows = None
+    else:
+        rows = np.array([query_start[i + 1] - 1 for i, want in enumerate(logits_of) if want], np.int64)
+    return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables,
+            "seq_lens": seq_lens, "query_start": query_start, "logit_rows": rows}
