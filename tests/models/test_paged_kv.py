@@ -21,12 +21,20 @@ def pool(device):
     return KVPool(KVShape(num_layers=2, kv_heads=1, head_dim=2, dtype=llaisys.float32, device=device), 12, BS)
 
 
+class RecordingManager(BlockManager):
+    """The bookkeeping alone, no device: the copies it asks for are recorded."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.copies: list[tuple[int, int]] = []
+
+    def copy_block(self, dst: int, src: int) -> None:
+        self.copies.append((dst, src))
+
+
 @pytest.fixture
 def blocks():
-    """The bookkeeping alone: no device, the copies it asks for recorded."""
-    manager = BlockManager(12, BS, copy_block=lambda dst, src: manager.copies.append((dst, src)))
-    manager.copies = []
-    return manager
+    return RecordingManager(12, BS)
 
 
 def filled(pool, tokens, limit=None, scope=""):
@@ -41,7 +49,7 @@ def filled(pool, tokens, limit=None, scope=""):
 
 
 def write(pool, seq, tokens, start):
-    if not tokens or isinstance(pool, BlockManager):
+    if not tokens or not isinstance(pool, KVPool):
         return
     pos = np.arange(start, start + len(tokens))
     slots = np.asarray(seq.blocks)[pos // BS] * BS + pos % BS
@@ -100,8 +108,7 @@ def test_a_follow_up_reuses_full_blocks_and_copies_the_partial_one(pool):
     assert second.blocks[:2] == held[:2]  # shared blocks
     assert second.blocks[2] != held[2]  # the partial block was copied before it got written
     assert content(pool, second) == expected(turn2)
-    # turn 1's partial block stays cached
-    assert pool.blocks.refcount(held[0]) == 1 and pool.blocks.refcount(held[2]) == 0
+    assert pool.refcount(held[0]) == 1 and pool.refcount(held[2]) == 0  # turn 1's partial block stays cached
 
 
 def test_an_edit_inside_a_block_reuses_the_positions_before_it(pool):
@@ -203,11 +210,13 @@ def test_scopes_do_not_see_each_others_blocks(blocks):
     "bob", not even the partial last block, while alice's follow-up finds them."""
     tokens = list(range(300, 311))  # 2 full blocks + 3 positions
     seq, _ = filled(blocks, tokens, scope="alice")
+    partial = seq.blocks[2]
     seq.release()
     assert blocks.match(tokens + [1], len(tokens), "bob") == ([], None, 0)
     theirs, reused = filled(blocks, tokens + [1], limit=len(tokens), scope="bob")
-    assert reused == 0
+    assert reused == 0 and blocks.copies == []
     mine, reused = filled(blocks, tokens + [1], limit=len(tokens), scope="alice")
     assert reused == len(tokens)
+    assert blocks.copies == [(mine.blocks[2], partial)]  # alice's partial block, copied before she writes into it
     assert not set(theirs.blocks) & set(mine.blocks)
     blocks.check()

@@ -123,13 +123,13 @@ def test_shared_prefix_blocks_are_freed_exactly_once(models, device):
     rest = [scheduler.add(p, greedy(12)) for p in ps[1:]]
     shared_seen = []
     while scheduler.has_work:
-        shared_seen.append(max(pool.blocks.refcount(b) for b in range(pool.num_blocks)))
+        shared_seen.append(max(pool.refcount(b) for b in range(pool.num_blocks)))
         scheduler.step()
     assert [first.tokens] + [s.tokens for s in rest] == alone
     assert max(shared_seen) == len(rest)  # the system prompt's blocks were held by every request at once
     assert all(s.reused >= 32 for s in rest)
     assert pool.check() == {"used": 0, "cached": pool.stats()["cached"], "free": pool.stats()["free"]}
-    assert all(pool.blocks.refcount(b) == 0 for b in range(pool.num_blocks))
+    assert all(pool.refcount(b) == 0 for b in range(pool.num_blocks))
     model.clear_decode_graphs()
     gc.collect()
     assert llaisys.memory_stats(device)["allocated_bytes"] == baseline  # every step's tensors came back

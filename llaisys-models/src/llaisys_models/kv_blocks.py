@@ -1,13 +1,14 @@
 """The paged KV cache's bookkeeping, in plain Python: which block holds which positions of which sequence.
 
-    blocks = BlockManager(num_blocks, block_size, copy_block=...)   # no device: tests drive it directly
+    blocks = BlockManager(num_blocks, block_size)   # no device: tests drive it directly
     seq = blocks.sequence(scope)          # an empty block table (scope: whose prefix cache it may use)
     seq.adopt_prefix(prompt, limit)       # reuse cached blocks that hold the prompt's start
     seq.reserve(n)                        # blocks for n positions (False: the pool is out)
     ... a forward writes positions len(seq) .. n-1 ... seq.commit(new tokens)
     seq.release()                         # blocks back; cached ones stay findable
 
-The keys and values themselves live in ``kv_cache.KVPool``, which hands its tensor copy to ``copy_block``.
+The keys and values themselves live in ``kv_cache.KVPool``, a BlockManager that owns them and copies a
+block's tensors in ``copy_block``.
 
 Prefix sharing. A full block is indexed by (its parent, its token ids): the chain of parents makes the key
 cover the whole prefix, and a dict lookup compares the token ids themselves, so a match is exact (no hash
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
+
+import llaisys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +46,12 @@ Parent = Hashable  # a block id (int) or a Root
 class BlockManager:
     """Reference counts, free and cached lists and the prefix index of ``num_blocks`` blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True,
-                 copy_block: Callable[[int, int], None] | None = None):
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True):
         if block_size < 1 or num_blocks < 1:
-            raise ValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got {block_size} and {num_blocks}")
+            raise llaisys.LlaisysValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got "
+                                            f"{block_size} and {num_blocks}")
         self.block_size = block_size
         self.prefix_caching = prefix_caching  # may be switched at any time: read at each adopt / commit
-        self.copy_block = copy_block or (lambda dst, src: None)  # copies a block's keys and values
         self.num_blocks = 0
         self._refs: list[int] = []
         self._free: collections.deque[int] = collections.deque()
@@ -72,6 +74,9 @@ class BlockManager:
 
     def sequence(self, scope: str = "") -> SequenceKV:
         return SequenceKV(self, scope)
+
+    def copy_block(self, dst: int, src: int) -> None:
+        """Copy block ``src``'s keys and values into ``dst`` (copy on write): the pool's tensors do (kv_cache)."""
 
     # -- blocks ------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
     pool = KVPool(shape, num_blocks, block_size)   # keys[layer], values[layer]: [blocks, block_size, Hkv, d]
     seq = pool.sequence(scope)                     # a block table (kv_blocks.SequenceKV)
 
-Which block holds what, reference counts and the prefix index are ``pool.blocks`` (kv_blocks.BlockManager,
-plain Python); this file only owns the tensors and copies a block when the manager copies on write.
+Which block holds what, reference counts and the prefix index are the plain-Python ``BlockManager`` this
+class extends (kv_blocks.py); it adds only the tensors, and copies a block's when the manager copies on write.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 
 import llaisys
 
-from .kv_blocks import BlockManager, SequenceKV
+from .kv_blocks import BlockManager
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,19 +30,16 @@ class KVShape:
         return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
 
 
-class KVPool:
+class KVPool(BlockManager):
     """Keys and values of ``num_blocks`` blocks of ``block_size`` positions, for every layer."""
 
     def __init__(self, shape: KVShape, num_blocks: int, block_size: int = 16, *, prefix_caching: bool = True):
-        if block_size < 1 or num_blocks < 1:
-            raise llaisys.LlaisysValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got "
-                                            f"{block_size} and {num_blocks}")
+        super().__init__(num_blocks, block_size, prefix_caching=prefix_caching)
         self.shape = shape
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching, copy_block=self.copy_block)
         self.keys: list[llaisys.Tensor] = []
         self.values: list[llaisys.Tensor] = []
         self.generation = 0  # bumped whenever the tensors are reallocated (decode graphs point into them)
-        self._allocate(num_blocks, 0)
+        self._allocate(num_blocks, kept=0)
 
     def _allocate(self, num_blocks: int, kept: int) -> None:
         s = self.shape
@@ -59,33 +56,12 @@ class KVPool:
     def grow(self, num_blocks: int) -> None:
         """Have ``num_blocks`` blocks in all (more memory; block ids and their content stay)."""
         if num_blocks > self.num_blocks:
-            self._allocate(num_blocks, self.num_blocks)
-            self.blocks.add_blocks(num_blocks)
+            self._allocate(num_blocks, kept=self.num_blocks)
+            self.add_blocks(num_blocks)
 
     def copy_block(self, dst: int, src: int) -> None:
         for t in (*self.keys, *self.values):
             llaisys.ops.rearrange(t.slice(0, dst, dst + 1), t.slice(0, src, src + 1))
-
-    def sequence(self, scope: str = "") -> SequenceKV:
-        return self.blocks.sequence(scope)
-
-    # -- sizes and state, for callers and tests --------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        return self.blocks.block_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.blocks.num_blocks
-
-    @property
-    def num_free(self) -> int:
-        return self.blocks.num_free
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self.blocks.capacity_tokens
 
     @property
     def bytes_per_block(self) -> int:
@@ -94,17 +70,3 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
-
-    @property
-    def prefix_caching(self) -> bool:
-        return self.blocks.prefix_caching
-
-    @prefix_caching.setter
-    def prefix_caching(self, on: bool) -> None:
-        self.blocks.prefix_caching = on
-
-    def check(self) -> dict[str, int]:
-        return self.blocks.check()
-
-    def stats(self) -> dict[str, int]:
-        return self.blocks.stats()
