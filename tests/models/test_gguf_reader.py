@@ -216,6 +216,29 @@ def test_the_tiny_file_loads(tiny_file):
     assert model.config.num_hidden_layers == 2 and len(model.generate([1, 2, 3], 2)) == 5
 
 
+@pytest.mark.parametrize("value,match", [
+    ((513, V.UINT32), r"qwen2.block_count must be an integer in \[1, 512\], got 513"),
+    ((0, V.UINT32), r"qwen2.block_count must be an integer in \[1, 512\], got 0"),
+    ((3, V.UINT32), r"the metadata says 3 layers \(block_count\), but the file holds tensors of layers 0..1 "
+                    r"\(2 layers; layer 2 is missing\)"),
+])
+def test_layer_count(tmp_path, value, match):
+    """Past llama.cpp's 512 layers, or past the layers the file holds tensors for: refused before any
+    per-layer plan is built."""
+    path = write_tiny_gguf(tmp_path / "layers.gguf", extra={"qwen2.block_count": value})
+    load_error(path, match)
+
+
+@pytest.mark.parametrize("key", ["embedding_length", "feed_forward_length", "attention.head_count",
+                                 "attention.head_count_kv", "attention.key_length", "context_length", "vocab_size"])
+@pytest.mark.parametrize("value,shown", [((2 ** 32, V.UINT64), "4294967296"), ((-1, V.INT32), "-1"),
+                                         ((True, V.BOOL), "True"), (("8", V.STRING), "'8'"), ((1.5, V.FLOAT32), "1.5")])
+def test_sizes_are_bounded(tmp_path, key, value, shown):
+    """Every size hyper-parameter is an integer in [1, 2**32 - 1] (llama.cpp keeps them in uint32_t)."""
+    path = write_tiny_gguf(tmp_path / "size.gguf", extra={f"qwen2.{key}": value})
+    load_error(path, rf"metadata key qwen2.{key} must be an integer in \[1, 4294967295\], got {shown}$")
+
+
 @pytest.mark.parametrize("tensor", ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"])
 @pytest.mark.parametrize("shift", [4, 16, 1])
 def test_misaligned_tensor_offset(tmp_path, tiny_file, tensor, shift):
