@@ -294,6 +294,31 @@ def test_nested_arrays(tmp_path, tiny_file):
         load_error(path, r"metadata key 't.deep': arrays are nested more than 8 deep \(at byte \d+\)$")
 
 
+TOKENIZER = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": (["a", "b", "c"], V.ARRAY, V.STRING)}
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("tokenizer.ggml.tokens", ([1, 2, 3], V.ARRAY, V.INT32), "must be an array of strings, but item 0 is 1$"),
+    ("tokenizer.ggml.tokens", (7, V.UINT32), "must be an array of strings, got 7$"),
+    ("tokenizer.ggml.tokens", ("abc", V.STRING), "must be an array of strings, got 'abc'$"),
+    ("tokenizer.ggml.merges", ([1, 2], V.ARRAY, V.INT32), "must be an array of strings, but item 0 is 1$"),
+    ("tokenizer.ggml.token_type", (["1", "1", "1"], V.ARRAY, V.STRING), "must be an array of integers, but item 0"),
+    ("tokenizer.ggml.token_type", ([1, 1], V.ARRAY, V.INT32), "has 2 entries for 3 tokens$"),
+    ("tokenizer.ggml.scores", ([0.0], V.ARRAY, V.FLOAT32), "has 1 entries for 3 tokens$"),
+    ("tokenizer.ggml.model", (2, V.UINT32), "must be a string, got 2$"),
+    ("tokenizer.chat_template", (2, V.UINT32), "must be a string, got 2$"),
+    ("tokenizer.ggml.bos_token_id", ("1", V.STRING), "must be a token id, got '1'$"),
+    ("tokenizer.ggml.add_bos_token", (1, V.UINT32), "must be true or false, got 1$"),
+])
+def test_tokenizer_metadata_of_the_wrong_type(tmp_path, key, value, match):
+    """A tokenizer key of the wrong type (a scalar used to raise TypeError) or length: one line naming the key."""
+    path = write_tiny_gguf(tmp_path / "tok.gguf", extra={**TOKENIZER, key: value})
+    with pytest.raises(ModelLoadError, match=match) as e:
+        llaisys_models.load_tokenizer(path)
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message and f"metadata key {key} " in message
+
+
 ARCH, EMBD = "general.architecture", "token_embd.weight"
 HEADER_CASES = {  # what: (where in the file, the bytes written there, the message)
     "tensor count": (lambda p: 8, u64(2 ** 62), r"the header declares 4611686018427387904 tensors and \d+ metadata "
