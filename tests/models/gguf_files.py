@@ -14,6 +14,7 @@ only needs llaisys and HF to read the same bytes.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import gguf
@@ -118,8 +119,8 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
                skip: tuple[str, ...] = ()) -> Path:
     """Write ``hf_model`` (a transformers Qwen2/Llama causal LM) as a GGUF file at ``path``.
 
-    For the error tests: ``arch`` overrides general.architecture, ``extra`` adds metadata keys,
-    ``types`` sets the type of single tensors (by GGUF name), ``skip`` leaves tensors out.
+    For the error tests: ``arch`` overrides general.architecture, ``extra`` adds metadata keys (see
+    ``add_extra``), ``types`` sets the type of single tensors (by GGUF name), ``skip`` leaves tensors out.
     """
     c = hf_model.config
     model_arch = c.model_type
@@ -141,8 +142,7 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     if tokenizer:
         write_tokenizer_metadata(writer, tokenizer_dir, c.vocab_size)
-    for key, value in (extra or {}).items():  # after the standard keys, so it can replace one
-        {str: writer.add_string, float: writer.add_float32, int: writer.add_uint32}[type(value)](key, value)
+    add_extra(writer, extra)  # after the standard keys, so it can replace one
 
     rng = np.random.default_rng(seed)
     for hf_name, param in hf_model.state_dict().items():
@@ -165,3 +165,99 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def add_extra(writer: gguf.GGUFWriter, extra: dict | None) -> None:
+    """Metadata keys: a str, float or int value as STRING, FLOAT32 or UINT32; a tuple ``(value, GGUFValueType)``
+    or ``(value, ARRAY, item type)`` as that type. A key already written is replaced (the writer keeps the last)."""
+    for key, value in (extra or {}).items():
+        if isinstance(value, tuple):
+            writer.add_key_value(key, value[0], value[1], sub_type=value[2] if len(value) > 2 else None)
+        else:
+            {str: writer.add_string, float: writer.add_float32, int: writer.add_uint32}[type(value)](key, value)
+
+
+def write_tiny_gguf(path: Path, *, layers: int = 2, vocab: int = 64, hidden: int = 64, inter: int = 96,
+                    heads: int = 2, kv_heads: int = 1, alignment: int | None = None, extra: dict | None = None,
+                    seed: int = 0) -> Path:
+    """A small random qwen2 GGUF file (F32 weights, no tokenizer) made with the gguf package alone, no
+    transformers or torch: the valid file the malformed-file tests patch."""
+    head_dim = hidden // heads
+    writer = gguf.GGUFWriter(path, "qwen2")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_eos_token_id(vocab - 1)
+    add_extra(writer, extra)
+    rng = np.random.default_rng(seed)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(layers):
+        q, kv = heads * head_dim, kv_heads * head_dim
+        shapes.update({f"blk.{i}.{name}": shape for name, shape in {
+            "attn_norm.weight": (hidden,), "ffn_norm.weight": (hidden,),
+            "attn_q.weight": (q, hidden), "attn_k.weight": (kv, hidden), "attn_v.weight": (kv, hidden),
+            "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,), "attn_output.weight": (hidden, q),
+            "ffn_gate.weight": (inter, hidden), "ffn_up.weight": (inter, hidden), "ffn_down.weight": (hidden, inter),
+        }.items()})
+    for name, shape in shapes.items():
+        scale = 1.0 if len(shape) == 1 else shape[-1] ** -0.5
+        writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# -- malformed files: byte positions in a valid file, and patches ------------------------------------------
+
+TENSOR_PARTS = ("name length", "name", "dimension count", "dimensions", "type", "offset")
+
+
+def metadata_at(path: Path, key: str, part: int = 0) -> int:
+    """The byte position of part ``part`` of metadata key ``key``'s record (0 the key's length, 1 its bytes,
+    2 the value type, 3... the value: a string's length then bytes, an array's item type, count, items)."""
+    field = gguf.GGUFReader(path).fields[key]
+    return field.offset + sum(int(p.nbytes) for p in field.parts[:part])
+
+
+def tensor_at(path: Path, name: str, part: str) -> int:
+    """The byte position of ``part`` (one of TENSOR_PARTS) of tensor ``name``'s entry in the tensor table."""
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == name)
+    return tensor.field.offset + sum(int(p.nbytes) for p in tensor.field.parts[:TENSOR_PARTS.index(part)])
+
+
+def patched(path: Path, out: Path, at: int, value: bytes) -> Path:
+    """A copy of ``path`` at ``out`` with ``value`` written over the bytes at ``at``."""
+    data = bytearray(path.read_bytes())
+    data[at:at + len(value)] = value
+    out.write_bytes(data)
+    return out
+
+
+def kv_record(key: str, vtype: gguf.GGUFValueType, payload: bytes) -> bytes:
+    """A metadata record as the file stores it: key length and bytes, value type, then the value's bytes."""
+    name = key.encode()
+    return struct.pack("<Q", len(name)) + name + struct.pack("<I", vtype) + payload
+
+
+def with_records(path: Path, out: Path, records: list[bytes], alignment: int = 32) -> Path:
+    """A copy of ``path`` at ``out`` with raw metadata ``records`` put before its own, and a filler string
+    key after them that keeps the rest of the file (tensor table, data section) where the alignment wants it."""
+    raw = b"".join(records)
+    filler = kv_record("t.pad", gguf.GGUFValueType.STRING, b"")
+    pad = -(len(raw) + len(filler) + 8) % alignment
+    raw += kv_record("t.pad", gguf.GGUFValueType.STRING, struct.pack("<Q", pad) + b"-" * pad)
+    data = bytearray(path.read_bytes())
+    (kv_count,) = struct.unpack_from("<Q", data, 16)
+    struct.pack_into("<Q", data, 16, kv_count + len(records) + 1)
+    data[24:24] = raw
+    out.write_bytes(data)
+    return out

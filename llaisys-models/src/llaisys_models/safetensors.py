@@ -5,7 +5,8 @@ Format: an 8-byte little-endian header length N, N bytes of JSON
 (``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``),
 then the data; offsets are relative to the start of the data. Every entry is checked
 against the file size before any tensor is made, so a truncated or corrupt file fails
-with a message instead of a wild read.
+with a message instead of a wild read; every size in the header is bounded before any
+work depends on it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DTYPES = {"F32": llaisys.float32, "F16": llaisys.float16, "BF16": llaisys.bfloat
           "I64": llaisys.int64, "I32": llaisys.int32, "I8": llaisys.int8, "U8": llaisys.uint8,
           "BOOL": llaisys.bool_}
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
+MAX_DIMS = 64  # numpy's limit on dimensions (NPY_MAXDIMS)
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,9 @@ class SafetensorsFile:
         dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if not isinstance(dtype_name, str):
             raise ModelLoadError(f"{where} has no dtype")
-        if (not isinstance(shape, list)
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
                 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
-            raise ModelLoadError(f"{where} has an invalid shape {shown(shape)}")
+            raise ModelLoadError(f"{where} has an invalid shape {shown(shape)} (at most {MAX_DIMS} sizes, each >= 0)")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise ModelLoadError(f"{where} has invalid data_offsets {shown(offsets)}")
@@ -92,8 +94,11 @@ class SafetensorsFile:
             raise ModelLoadError(f"{where} lies at bytes [{begin}, {end}) but the file holds {data_size} data "
                                  f"bytes: the file is truncated or corrupt")
         dtype = DTYPES.get(dtype_name)
-        if dtype is not None and end - begin != math.prod(shape) * dtype.itemsize:
-            raise ModelLoadError(f"{where}: {end - begin} bytes do not hold shape {tuple(shape)} of {dtype_name}")
+        elements = math.prod(shape)  # of at most MAX_DIMS sizes: cheap however large they are
+        if dtype is not None and end - begin != elements * dtype.itemsize:
+            raise ModelLoadError(f"{where}: {end - begin} bytes do not hold shape {shown(tuple(shape))} of {dtype_name}")
+        if dtype is None and elements > 8 * (end - begin):  # an unknown dtype: still at least one bit a value
+            raise ModelLoadError(f"{where}: {end - begin} bytes cannot hold shape {shown(tuple(shape))} of any dtype")
         return TensorInfo(name, dtype, dtype_name, tuple(shape), data_start + begin, end - begin, self)
 
     def tensor(self, name: str) -> llaisys.Tensor:
@@ -131,7 +136,7 @@ class SafetensorsFile:
     def _known(self, name: str) -> TensorInfo:
         info = self.infos[name]
         if info.dtype is None:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} has dtype {info.dtype_name}, which llaisys "
+            raise ModelLoadError(f"{self.path}: tensor {shown(name)} has dtype {shown(info.dtype_name)}, which llaisys "
                                  f"does not support")
         return info
 

@@ -4,7 +4,8 @@ llama.cpp's converter writes ``config.json`` fields under its own keys, prefixed
 architecture (``qwen2.block_count``, ...). They are translated back to the ``config.json``
 names, so ``ModelConfig.from_dict`` checks them exactly as it checks a HuggingFace
 directory; what a GGUF file says through its tensors instead (tied output, biases) is read
-from the tensor table.
+from the tensor table. Every size is bounded first (as llama.cpp bounds them), so a hostile
+value costs nothing before the tensors are checked against it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ModelConfig
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, shown
 from .reader import GGUFFile
 
 # GGUF architecture -> the HuggingFace class that runs it
@@ -30,13 +31,16 @@ HYPERPARAMETERS = {
     "rope_theta": ("rope.freq_base", False),
     "max_position_embeddings": ("context_length", True),
 }
+FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")  # the others are sizes
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
+MAX_SIZE = 2 ** 32 - 1  # llama.cpp holds every size hyper-parameter in a uint32_t
 
 
 def architecture(f: GGUFFile) -> str:
     """The file's ``general.architecture``, if llaisys runs it (else a ModelLoadError naming it)."""
     arch = f.architecture
     if arch not in ARCHITECTURES:
-        found = repr(arch) if arch is not None else "no general.architecture"
+        found = shown(arch) if arch is not None else "no general.architecture"
         raise ModelLoadError(f"{f.path}: GGUF architecture {found} is not supported; llaisys runs "
                              f"{', '.join(sorted(ARCHITECTURES))}")
     return arch
@@ -52,16 +56,14 @@ def model_config(f: GGUFFile) -> ModelConfig:
             if required:
                 raise ModelLoadError(f"{f.path}: metadata key {arch}.{key} ({field}) is missing")
             continue
-        if isinstance(value, list):
-            raise ModelLoadError(f"{f.path}: {arch}.{key} varies per layer ({value[:4]}...), which llaisys does "
-                                 f"not support")
-        raw[field] = value
+        limit = MAX_LAYERS if field == "num_hidden_layers" else MAX_SIZE
+        raw[field] = value if field in FLOAT_FIELDS else _size(f, f"{arch}.{key}", value, limit)
     _check_attention_and_rope(f, arch, raw)
 
     embed = f.tensors.get("token_embd.weight")
     if embed is None:
         raise ModelLoadError(f"{f.path}: tensor 'token_embd.weight' is missing")
-    raw["vocab_size"] = meta.get(f"{arch}.vocab_size", embed.shape[0])
+    raw["vocab_size"] = _size(f, f"{arch}.vocab_size", meta.get(f"{arch}.vocab_size", embed.shape[0]))
     raw["tie_word_embeddings"] = "output.weight" not in f.tensors
     raw["eos_token_id"] = eos_token_ids(f)
     raw["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
@@ -79,6 +81,15 @@ def model_config(f: GGUFFile) -> ModelConfig:
     )
 
 
+def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:
+    """A size hyper-parameter: an integer in [1, limit]."""
+    if isinstance(value, list):
+        raise ModelLoadError(f"{f.path}: {key} varies per layer ({shown(value)}), which llaisys does not support")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ModelLoadError(f"{f.path}: metadata key {key} must be an integer in [1, {limit}], got {shown(value)}")
+    return value
+
+
 def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
     """Refuse what the decoder does not compute: a value width other than the key width, a
     partial rotary dimension, rope scaling (llama3-style frequency factors included)."""
@@ -86,17 +97,17 @@ def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
     head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
     if value_dim != head_dim:
-        raise ModelLoadError(f"{f.path}: value head size {value_dim} differs from key head size {head_dim}, which "
-                             f"llaisys does not support")
+        raise ModelLoadError(f"{f.path}: value head size {shown(value_dim)} differs from key head size {head_dim}, "
+                             f"which llaisys does not support")
     rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise ModelLoadError(f"{f.path}: rope covers {rope_dims} of {head_dim} head dimensions; llaisys supports "
-                             f"full rotary embeddings only")
+        raise ModelLoadError(f"{f.path}: rope covers {shown(rope_dims)} of {head_dim} head dimensions; llaisys "
+                             f"supports full rotary embeddings only")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
     if (scaling != "none" and factor not in (0.0, 1.0)) or "rope_freqs.weight" in f.tensors:
-        kind = scaling if scaling != "none" else "llama3 (rope_freqs.weight)"
-        raise ModelLoadError(f"{f.path}: rope scaling of type {kind!r} is not supported (only the default rotary "
+        kind = shown(scaling) if scaling != "none" else "'llama3 (rope_freqs.weight)'"
+        raise ModelLoadError(f"{f.path}: rope scaling of type {kind} is not supported (only the default rotary "
                              f"embedding)")
 
 
@@ -118,4 +129,4 @@ def _file_type(value) -> str | None:
     try:
         return LlamaFileType(value).name if value is not None else None
     except ValueError:
-        return str(value)
+        return shown(value)

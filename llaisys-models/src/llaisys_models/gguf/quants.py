@@ -26,7 +26,6 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 CHUNK_VALUES = 1 << 17  # values decoded per numpy pass: temporaries stay in L2 and memory stays bounded
-QK_K = 256
 
 F16 = np.dtype("<f2")
 NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8)

@@ -9,8 +9,13 @@ The format's constants (value types, ggml types and their block sizes) come from
 package, ggml's own Python library. Its ``GGUFReader`` is not used to parse the header: it builds
 two numpy arrays for every string of a metadata array, and so takes seconds on a 150k-token
 vocabulary, where the loop below takes a tenth of a second (the tests parse every file with both
-and compare). Every read is bounds-checked, so a truncated or corrupt file fails with one line
-naming the problem, never with a wild read.
+and compare).
+
+The file is untrusted: every size it declares (counts, string and array lengths, nesting, tensor
+dimensions and offsets, the alignment) is bounded before any loop, allocation or read depends on
+it, so a truncated, corrupt or hostile file fails at once with one line naming the file and the
+problem: never a wild read, a hang, a runaway allocation or another exception. The bounds are
+llama.cpp's (ggml/src/gguf.cpp) unless said otherwise.
 """
 
 from __future__ import annotations
@@ -24,11 +29,21 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, shown
 from . import MAGIC
 
 VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter (ggml keeps names in a char[64])
+MAX_STRING = 1 << 30  # GGUF_MAX_STRING_LENGTH
+MAX_ARRAY = 1 << 30  # GGUF_MAX_ARRAY_ELEMENTS
+MAX_ARRAY_DEPTH = 8  # arrays inside arrays: llama.cpp reads none at all; the gguf package writes them
+MAX_ELEMENTS = 2 ** 63 - 1  # a tensor's element count must fit in int64
+MIN_ALIGNMENT = 8  # the GGUF specification: general.alignment "must be a multiple of 8"
+# the fewest bytes one record takes: a count the rest of the file cannot hold is refused before any loop
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
+MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, ggml type, offset
+MIN_ITEM_BYTES = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 4 + 8}  # a length; an item type and a count
 
 # fixed-size metadata value types -> numpy dtype (little-endian)
 _SCALARS = {
@@ -68,6 +83,10 @@ class _Cursor:
     def __init__(self, buf: mmap.mmap, pos: int):
         self.buf, self.pos, self.size = buf, pos, len(buf)
 
+    @property
+    def left(self) -> int:
+        return self.size - self.pos
+
     def take(self, n: int) -> int:
         """Advance by n bytes; returns where they start."""
         start = self.pos
@@ -85,31 +104,45 @@ class _Cursor:
     def u64(self) -> int:
         return self.unpack("<Q")[0]
 
-    def string(self) -> str:
+    def string(self, what: str = "a string", limit: int = MAX_STRING) -> str:
+        at = self.pos
         n = self.u64()
+        if n > limit:
+            raise ModelLoadError(f"{what} at byte {at} declares {n} bytes (at most {limit} allowed)")
         start = self.take(n)
         try:
             return self.buf[start:start + n].decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ModelLoadError(f"a string at byte {start} is not valid UTF-8 ({e.reason})") from None
+            raise ModelLoadError(f"{what} at byte {at} is not valid UTF-8 ({e.reason})") from None
 
     def value(self, kind: int):
-        kind = _value_type(kind, self.pos)
+        """A metadata value of type ``kind`` (the u32 just read)."""
+        kind = _value_type(kind, self.pos - 4)
         if kind == GGUFValueType.STRING:
             return self.string()
         if kind == GGUFValueType.ARRAY:
-            item, count = _value_type(self.u32(), self.pos), self.u64()
-            if item == GGUFValueType.STRING:
-                if count > self.size - self.pos:  # every string takes >= 8 bytes: a corrupt count
-                    raise _Truncated(f"a string array of {count} items at byte {self.pos} cannot fit in the file")
-                return [self.string() for _ in range(count)]
-            if item == GGUFValueType.ARRAY:
-                return [self.value(GGUFValueType.ARRAY) for _ in range(count)]
-            dtype = _SCALARS[item]
-            start = self.take(count * dtype.itemsize)
-            return np.frombuffer(self.buf, dtype, count, start).tolist()
+            return self.array(depth=1)
         dtype = _SCALARS[kind]
         return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize))[0].item()
+
+    def array(self, depth: int) -> list:
+        """An array's item type, count and items; ``depth``: 1 for a key's value, 2 for an array in it, ..."""
+        at = self.pos
+        item, count = _value_type(self.u32(), at), self.u64()
+        if item == GGUFValueType.ARRAY and depth >= MAX_ARRAY_DEPTH:
+            raise ModelLoadError(f"arrays are nested more than {MAX_ARRAY_DEPTH} deep (at byte {at})")
+        if count > MAX_ARRAY:
+            raise ModelLoadError(f"an array at byte {at} declares {count} items (at most {MAX_ARRAY} allowed)")
+        item_bytes = MIN_ITEM_BYTES.get(item) or _SCALARS[item].itemsize
+        if count * item_bytes > self.left:
+            raise _Truncated(f"an array of {count} {item.name} items at byte {at} cannot fit in the "
+                             f"{self.left} bytes left")
+        if item == GGUFValueType.STRING:
+            return [self.string() for _ in range(count)]
+        if item == GGUFValueType.ARRAY:
+            return [self.array(depth + 1) for _ in range(count)]
+        dtype = _SCALARS[item]
+        return np.frombuffer(self.buf, dtype, count, self.take(count * dtype.itemsize)).tolist()
 
 
 def _value_type(kind: int, pos: int) -> GGUFValueType:
@@ -117,6 +150,16 @@ def _value_type(kind: int, pos: int) -> GGUFValueType:
         return GGUFValueType(kind)
     except ValueError:
         raise ModelLoadError(f"unknown metadata value type {kind} at byte {pos}: the file is corrupt") from None
+
+
+def _alignment(kind: int, value) -> int:
+    """general.alignment: a UINT32 (as llama.cpp requires), a power of two and a multiple of 8 (as the
+    GGUF specification does: every tensor then starts on a boundary its element type can be read from)."""
+    if kind != GGUFValueType.UINT32 or value < MIN_ALIGNMENT or value & (value - 1):
+        shown_value = shown(value) if kind == GGUFValueType.UINT32 else f"a {GGUFValueType(kind).name}"
+        raise ModelLoadError(f"general.alignment must be a UINT32 power of two of at least {MIN_ALIGNMENT}, "
+                             f"got {shown_value}")
+    return value
 
 
 class GGUFFile:
@@ -157,16 +200,30 @@ class GGUFFile:
     def _parse(self) -> None:
         cur = _Cursor(self._map, 8)
         tensor_count, kv_count = cur.u64(), cur.u64()
+        if tensor_count * MIN_TENSOR_BYTES + kv_count * MIN_KV_BYTES > cur.left:
+            raise _Truncated(f"the header declares {tensor_count} tensors and {kv_count} metadata keys, more than "
+                             f"the {cur.left} bytes after it can hold")
         self.metadata: dict[str, object] = {}
-        for _ in range(kv_count):
-            key = cur.string()
+        alignment = GGUF_DEFAULT_ALIGNMENT
+        for i in range(kv_count):
+            key = cur.string(f"metadata key {i}")
+            if not key:
+                raise ModelLoadError(f"metadata key {i} is empty")
             if key in self.metadata:
-                raise ModelLoadError(f"metadata key {key!r} appears twice")
-            self.metadata[key] = cur.value(cur.u32())
+                raise ModelLoadError(f"metadata key {shown(key)} appears twice")
+            kind = cur.u32()
+            try:
+                self.metadata[key] = value = cur.value(kind)
+            except _Truncated as e:
+                raise _Truncated(f"metadata key {shown(key)}: {e}") from None
+            except ModelLoadError as e:
+                raise ModelLoadError(f"metadata key {shown(key)}: {e}") from None
+            if key == "general.alignment":
+                alignment = _alignment(kind, value)
 
         table = []
-        for _ in range(tensor_count):
-            name = cur.string()
+        for i in range(tensor_count):
+            name = cur.string(f"the name of tensor {i}", limit=MAX_NAME - 1)
             n_dims = cur.u32()
             if not 1 <= n_dims <= MAX_DIMS:
                 raise ModelLoadError(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
@@ -174,17 +231,18 @@ class GGUFFile:
             type_id, offset = cur.u32(), cur.u64()
             table.append((name, dims, type_id, offset))
 
-        alignment = self.metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ModelLoadError(f"general.alignment must be a power of two, got {alignment!r}")
-        data_start = -(-cur.pos // alignment) * alignment
+        data_start = -(-cur.pos // alignment) * alignment  # the data section starts at the next aligned byte
+        if table and data_start > len(self._map):
+            raise _Truncated(f"the data section would start at byte {data_start}, past the end of the file "
+                             f"({len(self._map)} bytes)")
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, type_id, offset in table:
             if name in self.tensors:
                 raise ModelLoadError(f"tensor {name!r} appears twice")
-            self.tensors[name] = self._tensor_info(name, dims, type_id, data_start + offset)
+            self.tensors[name] = self._tensor_info(name, dims, type_id, offset, data_start, alignment)
 
-    def _tensor_info(self, name: str, dims, type_id: int, offset: int) -> TensorInfo:
+    def _tensor_info(self, name: str, dims, type_id: int, offset: int, data_start: int, alignment: int) -> TensorInfo:
+        """The tensor's entry, once its type, size and place (``offset`` into the data section) are checked."""
         try:
             qtype = GGMLQuantizationType(type_id)
         except ValueError:
@@ -192,14 +250,20 @@ class GGUFFile:
                                  f"does not know (a newer quantization type?)") from None
         block, type_size = GGML_QUANT_SIZES[qtype]
         shape = tuple(int(d) for d in reversed(dims))
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise ModelLoadError(f"tensor {name!r} has shape {shape}: more than {MAX_ELEMENTS} elements")
         if shape[-1] % block:
             raise ModelLoadError(f"tensor {name!r}: rows of {shape[-1]} values are not whole {qtype.name} blocks "
                                  f"of {block}")
+        if offset % alignment:
+            raise ModelLoadError(f"tensor {name!r} is at offset {offset} of the data section, which is not a "
+                                 f"multiple of general.alignment ({alignment})")
         nbytes = math.prod(shape) // block * type_size
-        if offset + nbytes > len(self._map):
-            raise _Truncated(f"tensor {name!r} lies at bytes [{offset}, {offset + nbytes}) but the file ends at "
+        start, end = data_start + offset, data_start + offset + nbytes
+        if end > len(self._map):
+            raise _Truncated(f"tensor {name!r} lies at bytes [{start}, {end}) but the file ends at "
                              f"{len(self._map)} (an incomplete download?)")
-        return TensorInfo(name, qtype, shape, offset, nbytes)
+        return TensorInfo(name, qtype, shape, start, nbytes)
 
     # -- access ---------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ those rows back in HF order. Qwen2 files are written unpermuted.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -36,11 +37,24 @@ LAYER_NAMES = {
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
 }
 PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
+_LAYER = re.compile(r"blk\.([0-9]+)\.")
+
+
+def check_layer_count(f: GGUFFile, layers: int) -> None:
+    """The metadata's layer count against the layers the file holds tensors for, before anything per layer is
+    built (a corrupt count would otherwise cost time and memory in proportion to it)."""
+    present = {int(m.group(1)) for name in f.tensors if (m := _LAYER.match(name))}
+    missing = next((i for i in range(layers) if i not in present), None)  # stops by len(present)
+    if missing is not None:
+        have = f"layers 0..{max(present)}" if present else "no decoder layers"
+        raise ModelLoadError(f"{f.path}: the metadata says {layers} layers (block_count), but the file holds tensors "
+                             f"of {have} ({len(present)} layers; layer {missing} is missing)")
 
 
 def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
     """{field: (GGUF name, shape)} for the top-level weights and for each layer, once every one
     of them is checked to be in the file, with its shape and a type llaisys can decode."""
+    check_layer_count(f, config.num_hidden_layers)
     top, layers = plan(config)
     top = {field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()}
     layers = [{field: (f"blk.{i}.{LAYER_NAMES[field]}", shape) for field, (_, shape) in layer.items()}
