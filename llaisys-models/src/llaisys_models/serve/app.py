@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from llaisys import LlaisysValueError
 
@@ -59,7 +60,7 @@ class Server:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             raise self._too_large() if declared.isdigit() else invalid("bad Content-Length header", None)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        async for chunk in request.stream():  # ClientDisconnect if the client hangs up (see create_app)
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise self._too_large()
@@ -68,6 +69,8 @@ class Server:
             body = json.loads(b"".join(chunks), parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        except RecursionError:
+            raise invalid("the request body nests arrays or objects too deeply", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise invalid(f"the request body must be a JSON object, got {schemas.json_type(body)}", None,
                           "invalid_type")
@@ -232,6 +235,13 @@ def create_app(server: Server) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e: RequestValidationError):
         return error_response(400, error_body(400, str(e)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnect(request, e: ClientDisconnect):  # not an error of the server: no traceback
+        server.engine.metrics.client_disconnects += 1
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.warning("%s hung up before its request %s %s was read", client, request.method, request.url.path)
+        return Response(status_code=499)  # nginx's "client closed request"; nobody is left to read it
 
     @app.exception_handler(Exception)
     async def server_error(request, e: Exception):  # a bug: log it, answer in OpenAI's shape
