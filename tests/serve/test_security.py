@@ -1,16 +1,21 @@
-"""The server under attack (issue 27): a client's misbehaviour is never a 500."""
+"""The server under attack (issue 27): no prompt stalls the others, and a client's misbehaviour is
+never a 500."""
 
 from __future__ import annotations
 
 import json
 import logging
 import socket
+import threading
 import time
 
-from serve_helpers import CHAT_MODEL, require_serving, user
+import pytest
+from serve_helpers import CHAT_MODEL, http_request, require_serving, user
 
 require_serving()
 
+from llaisys_models.serve import app as app_module  # noqa: E402
+from llaisys_models.tokenizer import PromptTooLongError, encode, longest_token  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 
@@ -38,6 +43,109 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
 
 def metric(server, name: str) -> float:
     return server.metrics().get(f'{name}{{model="{CHAT_MODEL}"}}', 0)
+
+
+def prompt_chars(prompt) -> int:
+    return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+
+
+# -- B: prompts are bounded before tokenizing, and tokenized side by side ---------------------------------
+
+@pytest.fixture
+def encode_calls(monkeypatch):
+    """The prompts the server's tokenizers encode, in order."""
+    calls, real = [], app_module.encode
+
+    def counting(tokenizer, prompt, **kwargs):
+        calls.append(prompt)
+        return real(tokenizer, prompt, **kwargs)
+    monkeypatch.setattr(app_module, "encode", counting)
+    return calls
+
+
+def test_prompt_beyond_what_the_context_can_hold_is_refused_without_tokenizing(chat_server, encode_calls):
+    server = chat_server.server
+    bound = server.max_prompt_chars
+    assert bound == server.context * 13  # the tokenizer's longest token is "<|endoftext|>"
+    for path, body, param in [(CHAT, chat(messages=user("x" * 3_900_000)), "messages"),  # under the 4 MB body cap
+                              (CHAT, chat(messages=[*user("x" * (bound // 2)), *user("y" * (bound // 2 + 1))]),
+                               "messages"),
+                              ("/v1/completions", {"model": CHAT_MODEL, "prompt": "z" * (bound + 1)}, "prompt")]:
+        message = error_of(http_request(chat_server.base_url, "POST", path, body), 400, param,
+                           "context_length_exceeded")
+        assert f"{prompt_chars(body.get('messages') or body.get('prompt'))} characters" in message
+        assert str(bound) in message and str(server.context) in message
+    assert encode_calls == []
+
+
+def test_prompt_within_the_character_bound_is_tokenized_then_checked_in_tokens(chat_server, encode_calls):
+    bound = chat_server.server.max_prompt_chars
+    r = http_request(chat_server.base_url, "POST", "/v1/completions", {"model": CHAT_MODEL, "prompt": "z" * bound})
+    assert "maximum context length is 4096 tokens; the prompt has" in error_of(r, 400, "prompt",
+                                                                                "context_length_exceeded")
+    assert len(encode_calls) == 1
+
+
+def test_many_short_messages_are_bounded_once_in_the_chat_template(chat_server, encode_calls):
+    """Their text is under the bound, the rendered template is not: refused before the tokenizer reads it."""
+    bound, count = chat_server.server.max_prompt_chars, 2048  # as many messages as a request may have
+    size = (bound - count * len("<user>\n") // 2) // count  # each message's text; the template adds "<user>", "\n"
+    messages = user("a" * size) * count
+    assert size * count <= bound < count * (size + len("<user>\n"))
+    message = error_of(http_request(chat_server.base_url, "POST", CHAT, chat(messages=messages)), 400, "messages",
+                       "context_length_exceeded")
+    assert "once in the chat template" in message and len(encode_calls) == 1
+
+
+def test_encode_refuses_before_tokenizing(tokenizer):
+    messages = user("ab") * 10
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    with pytest.raises(PromptTooLongError) as e:
+        encode(tokenizer, messages, max_chars=len(rendered) - 1)
+    assert e.value.chars == len(rendered)
+    assert encode(tokenizer, messages, max_chars=len(rendered)) == tokenizer(rendered, add_special_tokens=False).input_ids
+    with pytest.raises(PromptTooLongError):
+        encode(tokenizer, "abc", chat=False, max_chars=2)
+
+
+def test_longest_token_bounds_the_characters_per_token(tokenizer):
+    longest = longest_token(tokenizer)
+    assert longest == max(len(t) for t in tokenizer.get_vocab())
+    for text in ["plain ascii text", "héllo 世界 🙂", "<|endoftext|>" * 5, " " * 40]:
+        assert len(tokenizer(text).input_ids) * longest >= len(text)
+
+
+def test_short_prompt_is_tokenized_while_long_ones_are(chat_server, monkeypatch):
+    """Two long prompts hold every thread for long prompts (their tokenization is stopped in the middle),
+    a third waits for one: a short chat still gets its answer, before any long one is let go."""
+    real, started, release = app_module.encode, threading.Semaphore(0), threading.Event()
+
+    def slow_for_long(tokenizer, prompt, **kwargs):
+        if prompt_chars(prompt) > app_module.LONG_PROMPT_CHARS:
+            started.release()
+            release.wait(120)
+        return real(tokenizer, prompt, **kwargs)
+    monkeypatch.setattr(app_module, "encode", slow_for_long)
+
+    long_body = chat(messages=user("y" * (app_module.LONG_PROMPT_CHARS + 1)))  # over the context once tokenized
+    replies = []
+    threads = [threading.Thread(target=lambda: replies.append(http_request(chat_server.base_url, "POST", CHAT,
+                                                                           long_body, timeout=180)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        assert started.acquire(timeout=60) and started.acquire(timeout=60), "the long prompts were not tokenized"
+        r = chat_server.client(timeout=60).chat.completions.create(model=CHAT_MODEL, messages=user("1+2="),
+                                                                   max_tokens=2, temperature=0)
+        assert r.usage.completion_tokens == 2
+        assert not release.is_set() and replies == []  # every long prompt is still being tokenized
+    finally:
+        release.set()
+        for t in threads:
+            t.join(180)
+    assert [r.status for r in replies] == [400] * 3
+    assert {r.json()["error"]["code"] for r in replies} == {"context_length_exceeded"}
 
 
 # -- D: a client's misbehaviour is a 4xx (or a disconnect), never a 500 or a traceback ----------------------

@@ -1,7 +1,7 @@
 """The HTTP side: OpenAI's routes over an ``Engine``, the web page, health and metrics.
 
-Handlers parse and check the request, tokenize the prompt (a tokenizer of their own, on a worker
-thread), queue it with the engine and relay its events: a JSON body, or server-sent events
+Handlers parse and check the request, tokenize the prompt (copies of a tokenizer of their own, on
+worker threads), queue it with the engine and relay its events: a JSON body, or server-sent events
 (``data: {chunk}`` ... ``data: [DONE]``). A client that goes away cancels its request.
 """
 
@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hmac
 import importlib.resources
 import json
 import logging
+import queue
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from llaisys import LlaisysValueError
 
-from ..tokenizer import EmptyPromptError, encode
+from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import metrics, schemas
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
 from .errors import APIError, error_body, invalid
@@ -33,16 +36,17 @@ from .errors import APIError, error_body, invalid
 log = logging.getLogger("llaisys.serve")
 
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413)
+LONG_PROMPT_CHARS = 1 << 13  # prompts longer than this are tokenized on threads of their own
 
 
 class Server:
-    """What the routes share: the engine, the prompt tokenizer and the served model's limits."""
+    """What the routes share: the engine, the prompt tokenizers and the served model's limits."""
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES):
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
-        self._tokenizer_lock = threading.Lock()
+        self.tokenizers = PromptTokenizers(tokenizer)
         self.model_name = model_name
         self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
@@ -52,6 +56,9 @@ class Server:
         # the longest prompt + reply: the model's context, the sliding window, or what the KV cache holds
         self.context = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings,
                            engine.max_length)
+        # a prompt of more characters has more tokens than the context holds (see longest_token)
+        self.longest_token = longest_token(tokenizer)
+        self.max_prompt_chars = self.context * self.longest_token
 
     # -- request parsing ----------------------------------------------------------------
 
@@ -86,7 +93,8 @@ class Server:
                            "model", "model_not_found")
 
     async def tokenize(self, prompt, chat: bool) -> list[int]:
-        """Token ids of chat messages (through the chat template) or of a plain text."""
+        """Token ids of chat messages (through the chat template) or of a plain text. A text longer than
+        the context could hold is refused before any tokenizer reads it."""
         if isinstance(prompt, list) and not chat:
             return prompt  # already token ids
         if chat and not getattr(self.tokenizer, "chat_template", None):
@@ -94,21 +102,30 @@ class Server:
                           "no_chat_template")
 
         param = "messages" if chat else "prompt"
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        if chars > self.max_prompt_chars:
+            raise self._too_many_chars(param, chars)
 
-        def run() -> list[int]:
-            with self._tokenizer_lock:
-                try:
-                    return encode(self.tokenizer, prompt, chat=chat)
-                except EmptyPromptError as e:  # says which text and which tokenizer
-                    raise invalid(str(e), param, "empty_prompt") from None
-                except LlaisysValueError as e:  # text that is not valid Unicode (a lone surrogate)
-                    raise invalid(str(e), param, "invalid_text") from None
-                except Exception as e:  # a template that rejects these messages (e.g. their order)
-                    if not chat:
-                        raise
-                    raise invalid(f"the chat template cannot render these messages: {e}", "messages",
-                                  "template_error") from None
-        return await asyncio.to_thread(run)
+        def run(tokenizer) -> list[int]:
+            try:
+                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars)
+            except EmptyPromptError as e:  # says which text and which tokenizer
+                raise invalid(str(e), param, "empty_prompt") from None
+            except PromptTooLongError as e:  # the messages in their chat template
+                raise self._too_many_chars(param, e.chars, " once in the chat template") from None
+            except LlaisysValueError as e:  # text that is not valid Unicode (a lone surrogate)
+                raise invalid(str(e), param, "invalid_text") from None
+            except Exception as e:  # a template that rejects these messages (e.g. their order)
+                if not chat:
+                    raise
+                raise invalid(f"the chat template cannot render these messages: {e}", "messages",
+                              "template_error") from None
+        return await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+
+    def _too_many_chars(self, param: str, chars: int, where: str = "") -> APIError:
+        return invalid(f"'{param}': {chars} characters{where}, more than this model's maximum context length of "
+                       f"{self.context} tokens can hold ({self.max_prompt_chars} characters: a token of its tokenizer "
+                       f"stands for {self.longest_token} at most)", param, "context_length_exceeded")
 
     # -- responding ----------------------------------------------------------------------
 
@@ -121,6 +138,39 @@ class Server:
         except EngineUnavailable as e:
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
+
+
+class PromptTokenizers:
+    """Copies of the prompt tokenizer, each owned by one worker thread.
+
+    A HF fast tokenizer raises "Already borrowed" when two threads use one instance, and one instance
+    behind a lock let a single long prompt hold every other request up for its whole tokenization
+    (seconds). Prompts longer than LONG_PROMPT_CHARS have threads of their own, so however many of them
+    are being tokenized, a short prompt waits at most for other short ones.
+    """
+
+    def __init__(self, tokenizer, short_threads: int = 1, long_threads: int = 2):
+        copies = queue.SimpleQueue()
+        copies.put(tokenizer)
+        for _ in range(short_threads + long_threads - 1):
+            copies.put(copy.deepcopy(tokenizer))
+        local = threading.local()
+
+        def take_copy():  # each worker thread, once, when it starts
+            local.tokenizer = copies.get_nowait()
+
+        self._local = local
+        self._short = ThreadPoolExecutor(short_threads, "llaisys-tokenize", take_copy)
+        self._long = ThreadPoolExecutor(long_threads, "llaisys-tokenize-long", take_copy)
+
+    async def run(self, fn, long: bool):
+        """``fn(tokenizer)`` on a worker thread, with that thread's copy."""
+        executor = self._long if long else self._short
+        return await asyncio.get_running_loop().run_in_executor(executor, lambda: fn(self._local.tokenizer))
+
+    def shutdown(self) -> None:
+        for executor in (self._short, self._long):
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _reject_constant(name: str):
@@ -139,7 +189,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     if chat:
         prompt, param = schemas.chat_messages(body), "messages"
     else:
-        prompt, param = schemas.completion_prompt(body, server.vocab_size), "prompt"
+        prompt, param = schemas.completion_prompt(body, server.vocab_size, server.context), "prompt"
     ids = await server.tokenize(prompt, chat)
     if not ids:
         raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
@@ -204,6 +254,7 @@ def create_app(server: Server) -> FastAPI:
             yield
         finally:
             server.engine.stop()
+            server.tokenizers.shutdown()
 
     app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
