@@ -1,8 +1,9 @@
-"""The server under attack (issue 27): no prompt stalls the others, and a client's misbehaviour is
-never a 500."""
+"""The server under attack (issue 27): no prompt stalls the others, tenants are kept apart, and a
+client's misbehaviour is never a 500."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -14,10 +15,12 @@ from serve_helpers import CHAT_MODEL, http_request, require_serving, user
 
 require_serving()
 
+import llaisys_models  # noqa: E402
 from llaisys_models.serve import app as app_module  # noqa: E402
 from llaisys_models.tokenizer import PromptTooLongError, encode, longest_token  # noqa: E402
 
 CHAT = "/v1/chat/completions"
+KEY_A, KEY_B = "tenant-a-key", "tenant-b-key"
 
 
 def chat(**fields) -> dict:
@@ -146,6 +149,79 @@ def test_short_prompt_is_tokenized_while_long_ones_are(chat_server, monkeypatch)
             t.join(180)
     assert [r.status for r in replies] == [400] * 3
     assert {r.json()["error"]["code"] for r in replies} == {"context_length_exceeded"}
+
+
+# -- C and E: API keys are tenants; the cache scope of each request ----------------------------------------
+
+@pytest.fixture(scope="module")
+def keyed_server(chat_server, chat_model_dir):
+    """The chat model served again, with two API keys (a small engine of its own)."""
+    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.background import BackgroundServer
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.tokenizer import load_tokenizer
+
+    model = llaisys_models.load(chat_model_dir, device=str(chat_server.engine.model.device))
+    engine = Engine(model, load_tokenizer(chat_model_dir), max_running=2, kv_memory=16 << 20)
+    with BackgroundServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL, api_keys=[KEY_A, KEY_B])) as s:
+        yield s
+
+
+@pytest.fixture
+def submitted(monkeypatch):
+    """Returns a list that collects each Request the given server's engine is handed."""
+    def watch(server) -> list:
+        seen, real = [], server.engine.submit
+
+        def record(request):
+            seen.append(request)
+            real(request)
+        monkeypatch.setattr(server.engine, "submit", record)
+        return seen
+    return watch
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_each_key_is_a_tenant_with_its_own_cache_scope(keyed_server, submitted):
+    seen = submitted(keyed_server.server)
+    url = keyed_server.base_url
+    for headers in [{}, bearer("wrong-key"), {"Authorization": KEY_A}]:
+        error_of(http_request(url, "POST", CHAT, chat(), headers=headers), 401, None, "invalid_api_key")
+    assert seen == []
+    scopes = []
+    for key, salt in [(KEY_A, None), (KEY_B, None), (KEY_A, "conversation-1"), (KEY_B, "conversation-1")]:
+        body = chat() if salt is None else chat(cache_salt=salt)
+        assert http_request(url, "POST", CHAT, body, headers=bearer(key)).status == 200
+        scopes.append(seen[-1].cache_scope)
+    digest_a, digest_b = (hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B))
+    assert scopes == [digest_a, digest_b, f"{digest_a}:conversation-1", f"{digest_b}:conversation-1"]
+    assert not any(KEY_A in s or KEY_B in s for s in scopes)  # the key itself goes nowhere
+    assert http_request(url, "GET", "/health").status == 200  # open without a key
+
+
+def test_without_keys_everyone_is_one_tenant(chat_server, submitted):
+    seen = submitted(chat_server.server)
+    for body in [chat(), chat(cache_salt="s" * 256)]:
+        assert http_request(chat_server.base_url, "POST", CHAT, body).status == 200
+    assert [r.cache_scope for r in seen] == ["", ":" + "s" * 256]
+
+
+@pytest.mark.parametrize("salt, code", [("", "invalid_value"), ("s" * 257, "invalid_value"), (7, "invalid_type"),
+                                        ("a\ud800", "invalid_text")])
+def test_bad_cache_salt(chat_server, salt, code):
+    raw = json.dumps(chat(cache_salt=salt)).encode()
+    error_of(http_request(chat_server.base_url, "POST", CHAT, raw=raw), 400, "cache_salt", code)
+
+
+@pytest.mark.parametrize("key", ["", " padded", "line\nbreak"])
+def test_server_refuses_a_key_no_client_can_send(key):
+    from llaisys_models.serve.app import Server
+
+    with pytest.raises(ValueError, match="empty" if not key else "spaces or holds control"):
+        Server(None, None, CHAT_MODEL, api_keys=[KEY_A, key])
 
 
 # -- D: a client's misbehaviour is a 4xx (or a disconnect), never a 500 or a traceback ----------------------

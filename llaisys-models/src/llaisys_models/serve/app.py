@@ -3,6 +3,9 @@
 Handlers parse and check the request, tokenize the prompt (copies of a tokenizer of their own, on
 worker threads), queue it with the engine and relay its events: a JSON body, or server-sent events
 (``data: {chunk}`` ... ``data: [DONE]``). A client that goes away cancels its request.
+
+With API keys, each key is a tenant: its requests share cached prompt prefixes only with each
+other (``cache_scope``).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import hmac
 import importlib.resources
 import json
@@ -40,15 +44,22 @@ LONG_PROMPT_CHARS = 1 << 13  # prompts longer than this are tokenized on threads
 
 
 class Server:
-    """What the routes share: the engine, the prompt tokenizers and the served model's limits."""
+    """What the routes share: the engine, the prompt tokenizers and the served model's limits.
 
-    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+    ``api_keys``: each key its own tenant (none: no key needed, one tenant).
+    """
+
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES):
+        api_keys = tuple(api_keys)
+        for key in api_keys:
+            check_api_key(key)
+        # tenants by the digest of their key: the server keeps no key, and a tenant's name is no secret
+        self._tenants = {hashlib.sha256(key.encode()).digest(): hashlib.sha256(key.encode()).hexdigest()
+                         for key in api_keys}
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
         self.tokenizers = PromptTokenizers(tokenizer)
         self.model_name = model_name
-        self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
         self.created = int(time.time())
         config = engine.model.config
@@ -59,6 +70,23 @@ class Server:
         # a prompt of more characters has more tokens than the context holds (see longest_token)
         self.longest_token = longest_token(tokenizer)
         self.max_prompt_chars = self.context * self.longest_token
+
+    def tenant(self, authorization: str) -> str:
+        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
+        A missing or unknown key is a 401."""
+        if not self._tenants:
+            return ""
+        scheme, _, key = authorization.partition(" ")
+        # the header came as latin-1: its bytes are the key's UTF-8
+        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
+        found = ""
+        for known, name in self._tenants.items():  # every key compared, in constant time
+            if hmac.compare_digest(digest, known):
+                found = name
+        if scheme.lower() != "bearer" or not found:
+            raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key")
+        return found
 
     # -- request parsing ----------------------------------------------------------------
 
@@ -129,8 +157,9 @@ class Server:
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params) -> AsyncStream:
-        stream = AsyncStream(prompt, params)
+    def submit(self, prompt: list[int], params, cache_scope: str = "") -> AsyncStream:
+        """Queue a request; it shares cached prompt prefixes only with requests of the same ``cache_scope``."""
+        stream = AsyncStream(prompt, params, cache_scope=cache_scope)
         try:
             self.engine.submit(stream.request)
         except EngineBusy as e:
@@ -173,6 +202,23 @@ class PromptTokenizers:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
+def check_api_key(key: str, source: str = "an API key") -> None:
+    """A LlaisysValueError unless ``key`` can be sent as 'Authorization: Bearer <key>' (``source`` names
+    where it came from). An empty key above all: it would turn authentication off."""
+    if not isinstance(key, str) or not key:
+        raise LlaisysValueError(f"{source} is empty (an unset variable?): it would let anyone in; give a key, or "
+                                f"no key option at all to serve without one")
+    if key != key.strip() or not key.isprintable():
+        raise LlaisysValueError(f"{source} begins or ends with spaces or holds control characters: a client "
+                                f"cannot send it")
+
+
+def cache_scope(tenant: str, salt: str | None) -> str:
+    """The prefix cache's scope of a request: its tenant (a hex digest, or '' with no key), then ':' and
+    its ``cache_salt`` if it has one (a hex digest holds no ':', so no two pairs give one scope)."""
+    return tenant if salt is None else f"{tenant}:{salt}"
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -190,6 +236,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         prompt, param = schemas.chat_messages(body), "messages"
     else:
         prompt, param = schemas.completion_prompt(body, server.vocab_size, server.context), "prompt"
+    scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
     ids = await server.tokenize(prompt, chat)
     if not ids:
         raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
@@ -197,7 +244,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(ids, params)
+    events = server.submit(ids, params, cache_scope=scope)
     if stream:
         return StreamingResponse(_stream_events(events, shape, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -260,13 +307,7 @@ def create_app(server: Server) -> FastAPI:
     page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
     def require_key(request: Request) -> None:
-        if server.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, key = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), server.api_key.encode()):
-            raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
-                           "invalid_api_key")
+        request.state.tenant = server.tenant(request.headers.get("authorization", ""))
 
     def error_response(status: int, body: dict) -> JSONResponse:
         server.engine.metrics.http_errors[status] += 1

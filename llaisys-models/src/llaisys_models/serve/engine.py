@@ -84,7 +84,7 @@ class Request:
     """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``,
     then exactly one ``Finished`` or ``Failed``."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = ""):
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         self.id = next(_ids)
@@ -92,6 +92,7 @@ class Request:
         self.params = params
         self.seed = params.seed & MASK64 if params.seed is not None else secrets.randbits(63)
         self.emit = emit
+        self.cache_scope = cache_scope  # prefix-cache tenant: cached blocks are shared only within one scope
         self.arrival = time.perf_counter()
         self._cancelled = threading.Event()
 
@@ -294,10 +295,10 @@ class AsyncStream:
     is gone (the server is stopping) the request is cancelled instead.
     """
 
-    def __init__(self, prompt: list[int], params: SamplingParams):
+    def __init__(self, prompt: list[int], params: SamplingParams, cache_scope: str = ""):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.request = Request(prompt, params, self._emit)
+        self.request = Request(prompt, params, self._emit, cache_scope=cache_scope)
 
     def _emit(self, event) -> None:
         try:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 
+from llaisys import LlaisysValueError
+
+from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
 from .errors import invalid
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
+MAX_CACHE_SALT = 256  # characters of ``cache_salt``, as vLLM
 SEED_RANGE = (-(1 << 63), 1 << 64)
 
 
@@ -169,6 +173,21 @@ def check_unsupported(body: dict, chat: bool) -> None:
         _unsupported(body, "echo", (False,))
         _unsupported(body, "suffix", ("",))
         _unsupported(body, "best_of", (1,))
+
+
+def cache_salt(body: dict) -> str | None:
+    """``cache_salt``: a text that keeps this request's cached prompt prefix apart from requests without it."""
+    salt = field(body, "cache_salt", "string")
+    if salt is None:
+        return None
+    if not 0 < len(salt) <= MAX_CACHE_SALT:
+        raise invalid(f"'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT} characters, got "
+                      f"{len(salt)} characters", "cache_salt")
+    try:
+        check_text(salt, "'cache_salt'")
+    except LlaisysValueError as e:  # a lone surrogate
+        raise invalid(str(e), "cache_salt", "invalid_text") from None
+    return salt
 
 
 # -- sampling -----------------------------------------------------------------------------
