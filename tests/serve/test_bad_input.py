@@ -131,7 +131,7 @@ def test_error_message_names_the_problem(chat_server):
 def test_oversized_declared_length_is_refused_before_reading(chat_server):
     """A Content-Length over the limit is answered 413 before any of the body is sent."""
     with socket.create_connection(("127.0.0.1", chat_server.port), timeout=30) as s:
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{chat_server.port}\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {64 << 20}\r\n\r\n".encode())
         response = b""
         while b"}}" not in response:  # the JSON error body ends with "}}"

@@ -1,5 +1,5 @@
-"""The server under attack (issue 27): no prompt stalls the others, tenants are kept apart, and a
-client's misbehaviour is never a 500."""
+"""The server under attack (issue 27): no prompt stalls the others, tenants are kept apart, a page on
+another site cannot reach a server on 127.0.0.1, and a client's misbehaviour is never a 500."""
 
 from __future__ import annotations
 
@@ -253,3 +253,75 @@ def test_client_hanging_up_during_upload_is_a_disconnect_not_an_error(chat_serve
     assert len([line for line in lines if "hung up" in line]) == 1, lines
     assert not any(r.exc_info or r.levelno >= logging.ERROR for r in handler.records), lines
     assert not any(k.startswith("llaisys_http_errors_total") and 'status="5' in k for k in chat_server.metrics())
+
+
+# -- F: a page on another site cannot reach a server bound to 127.0.0.1 -------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "LocalHost:{port}", "[::1]:{port}",
+                                  "127.0.0.2:{port}"])
+def test_loopback_host_names_are_served(chat_server, host):
+    headers = {"Host": host.format(port=chat_server.port)}
+    assert http_request(chat_server.base_url, "GET", "/health", headers=headers).status == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example:{port}", "evil.example", "127.0.0.1", "127.0.0.1:{other}",
+                                  "localhost.evil.example:{port}", "127.0.0.1.nip.io:{port}", "0.0.0.0:{port}",
+                                  "[::2]:{port}", "user@127.0.0.1:{port}", ""])
+@pytest.mark.parametrize("method, path", [("GET", "/health"), ("GET", "/"), ("GET", "/v1/models"), ("POST", CHAT)])
+def test_other_host_names_are_refused(chat_server, submitted, host, method, path):
+    """A DNS-rebound name (the page's own origin, so no CORS check applies) gets 421 from every route."""
+    seen = submitted(chat_server.server)
+    headers = {"Host": host.format(port=chat_server.port, other=chat_server.port + 1)}
+    r = http_request(chat_server.base_url, method, path, chat() if method == "POST" else None, headers=headers)
+    assert "this server answers requests for localhost:" in error_of(r, 421, None, "invalid_host")
+    assert seen == []
+
+
+def test_request_without_a_host_header_is_refused(chat_server):
+    with socket.create_connection(("127.0.0.1", chat_server.port), timeout=30) as s:
+        s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+        response = b""
+        while data := s.recv(65536):
+            response += data
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 421") and json.loads(body)["error"]["code"] == "invalid_host"
+
+
+def test_any_host_is_served_when_bound_beyond_loopback(chat_server, monkeypatch):
+    monkeypatch.setattr(chat_server.server, "host", "0.0.0.0")
+    headers = {"Host": f"my-server.example:{chat_server.port}"}
+    assert http_request(chat_server.base_url, "GET", "/health", headers=headers).status == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          "", "application/jsonx", "text/plain; a=application/json"])
+def test_post_must_be_json(chat_server, submitted, content_type):
+    """The content types a cross-origin page may send without a CORS preflight (and others) get 415."""
+    seen = submitted(chat_server.server)
+    r = http_request(chat_server.base_url, "POST", CHAT, chat(), headers={"Content-Type": content_type})
+    error_of(r, 415, None, "unsupported_media_type")
+    assert seen == []
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+def test_json_content_types_are_accepted(chat_server, content_type):
+    r = http_request(chat_server.base_url, "POST", CHAT, chat(), headers={"Content-Type": content_type})
+    assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models/"), ("POST", CHAT + "/"), ("GET", "/health/")])
+def test_no_trailing_slash_redirects(chat_server, method, path):
+    headers = {"Host": f"localhost:{chat_server.port}"}
+    r = http_request(chat_server.base_url, method, path, chat() if method == "POST" else None, headers=headers)
+    assert r.status == 404 and "location" not in r.headers
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_no_cors_headers(chat_server):
+    origin = {"Origin": "http://evil.example"}
+    preflight = http_request(chat_server.base_url, "OPTIONS", CHAT, headers={
+        **origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    simple = http_request(chat_server.base_url, "GET", "/v1/models", headers=origin)
+    assert preflight.status >= 400 and simple.status == 200
+    for r in (preflight, simple):
+        assert not any(name.startswith("access-control-") for name in r.headers), r.headers

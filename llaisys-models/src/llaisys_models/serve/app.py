@@ -4,8 +4,11 @@ Handlers parse and check the request, tokenize the prompt (copies of a tokenizer
 worker threads), queue it with the engine and relay its events: a JSON body, or server-sent events
 (``data: {chunk}`` ... ``data: [DONE]``). A client that goes away cancels its request.
 
-With API keys, each key is a tenant: its requests share cached prompt prefixes only with each
-other (``cache_scope``).
+Bound to a loopback address, the server answers only requests addressed to a loopback name (a web
+page on another site, its name rebound to 127.0.0.1 by DNS, gets 421), and every POST must be
+``application/json`` (415), which a page on another origin cannot send without CORS, which stays
+closed. With API keys, each key is a tenant: its requests share cached prompt prefixes only with
+each other (``cache_scope``).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import copy
 import hashlib
 import hmac
 import importlib.resources
+import ipaddress
 import json
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
@@ -27,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -46,10 +52,13 @@ LONG_PROMPT_CHARS = 1 << 13  # prompts longer than this are tokenized on threads
 class Server:
     """What the routes share: the engine, the prompt tokenizers and the served model's limits.
 
-    ``api_keys``: each key its own tenant (none: no key needed, one tenant).
+    ``api_keys``: each key its own tenant (none: no key needed, one tenant). ``host`` and ``port``: the
+    address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
+    on a loopback address, requests must name a loopback host and that port.
     """
 
-    def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
+                 host: str | None = None, port: int | None = None):
         api_keys = tuple(api_keys)
         for key in api_keys:
             check_api_key(key)
@@ -61,6 +70,7 @@ class Server:
         self.tokenizers = PromptTokenizers(tokenizer)
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
+        self.host, self.port = host, port
         self.created = int(time.time())
         config = engine.model.config
         self.vocab_size = config.vocab_size
@@ -88,9 +98,24 @@ class Server:
                            "invalid_api_key")
         return found
 
+    def host_allowed(self, host: str | None) -> bool:
+        """Whether a request's ``Host`` header may reach this server: any, unless it listens on a loopback
+        address, where only a loopback name (localhost, 127.x.x.x, [::1]) with the port it listens on."""
+        if self.host is None or self.port is None or not is_loopback(self.host):
+            return True
+        match = _HOST.fullmatch(host or "")
+        if match is None or int(match["port"] or 80) != self.port:
+            return False
+        name = (match["ipv6"] or match["name"]).lower()
+        return name in ("localhost", self.host.lower()) or is_loopback(name)
+
     # -- request parsing ----------------------------------------------------------------
 
     async def read_json(self, request: Request) -> dict:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(415, f"the request body must be JSON sent as 'Content-Type: application/json', got "
+                                f"{media_type or 'no Content-Type'}", None, "unsupported_media_type")
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             raise self._too_large() if declared.isdigit() else invalid("bad Content-Length header", None)
@@ -202,6 +227,20 @@ class PromptTokenizers:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
+# a Host header: a name or [IPv6 address], then maybe a port
+_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine only: localhost, 127.x.x.x, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_api_key(key: str, source: str = "an API key") -> None:
     """A LlaisysValueError unless ``key`` can be sent as 'Authorization: Bearer <key>' (``source`` names
     where it came from). An empty key above all: it would turn authentication off."""
@@ -303,7 +342,9 @@ def create_app(server: Server) -> FastAPI:
             server.engine.stop()
             server.tokenizers.shutdown()
 
-    app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect from /v1/models/ to /v1/models: its Location would be built from the Host header
+    app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
     def require_key(request: Request) -> None:
@@ -380,4 +421,21 @@ def create_app(server: Server) -> FastAPI:
         return await _complete(server, request, chat=False)
 
     app.include_router(api)
+
+    class LocalHostsOnly:  # plain ASGI (a BaseHTTPMiddleware would stand between streams and disconnects)
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            host = Headers(scope=scope).get("host") if scope["type"] == "http" else None
+            if scope["type"] == "http" and not server.host_allowed(host):
+                port = server.port
+                response = error_response(421, error_body(
+                    421, f"this server answers requests for localhost:{port}, 127.0.0.1:{port} or [::1]:{port} "
+                         f"only, not for Host: {host or '(none)'}", None, "invalid_host"))
+                await response(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+
+    app.add_middleware(LocalHostsOnly)
     return app

@@ -6,7 +6,6 @@ with a clear message when the ``serve`` extra is not installed.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import sys
@@ -124,7 +123,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
 
     from .. import load
     from ..tokenizer import load_tokenizer
-    from .app import Server, create_app
+    from .app import Server, create_app, is_loopback
     from .engine import Engine
     from .kv_memory import describe
 
@@ -135,11 +134,11 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching)
     name = args.served_model_name or default_model_name(path)
-    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys)
-    if not _is_loopback(args.host):
+    port = listener.getsockname()[1]
+    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port)
+    if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
-    port = listener.getsockname()[1]
     weights = f", {model.quantize} linears" if model.quantize else ""
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
@@ -170,15 +169,6 @@ def default_model_name(path: Path) -> str:
     from .. import DEMO_MODEL_DIR
 
     return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _url_host(host: str) -> str:

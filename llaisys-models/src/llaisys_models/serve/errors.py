@@ -7,8 +7,8 @@ AuthenticationError, 404 NotFoundError, ...) and reads ``message`` from this bod
 from __future__ import annotations
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               503: "server_error"}
+               405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               421: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 
 
 class APIError(Exception):
