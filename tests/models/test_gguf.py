@@ -135,7 +135,10 @@ def test_int8_from_a_gguf_file(gguf_models, arch, device):
     np.testing.assert_array_equal(from_gguf.logits(ids), from_dir.logits(ids))
 
     model = llaisys_models.load(gguf_models.file(arch, Q.Q8_0), device=device, quantize="int8")
-    q8, d = quants.int8_groups(GGUFFile(gguf_models.file(arch, Q.Q8_0)).raw("blk.1.ffn_down.weight"), Q.Q8_0)
+    raw = GGUFFile(gguf_models.file(arch, Q.Q8_0)).raw("blk.1.ffn_down.weight")
+    blocks = raw.reshape(-1, 34)  # Q8_0: an f16 scale, then 32 int8 values
+    q8 = blocks[:, 2:].view(np.int8).reshape(raw.shape[0], -1, 32)
+    d = blocks[:, :2].view(np.float16).astype(np.float32).reshape(raw.shape[0], -1)
     values = (q8 * d[:, :, None]).reshape(q8.shape[0], -1)  # exact in float32: an f16 times an int8
     want_q, want_scales = quantize(values)
     got = model.weights.layers[1].down_proj

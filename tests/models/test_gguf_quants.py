@@ -104,18 +104,6 @@ def test_quantized_weights_decode_like_the_reference(qtype):
     assert (np.abs(decoded - blocks).max(axis=1) <= 1.1 * STEP_ERROR[qtype] * np.abs(blocks).max(axis=1)).all()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
-def test_int8_groups_are_exact(qtype):
-    """The symmetric types as int8 values times one scale per 32: exactly the decoded floats."""
-    rng = np.random.default_rng([qtype.value, 5])
-    raw = random_tensor(qtype, 17, 4, rng)
-    q, d = quants.int8_groups(raw, qtype)
-    assert q.dtype == np.int8 and q.shape == (17, 4, 32) and d.shape == (17, 4)
-    np.testing.assert_array_equal((d[:, :, None] * q.astype(np.float32)).reshape(17, -1), reference(raw, qtype))
-    if qtype == Q.Q8_0:
-        assert np.shares_memory(q, raw), "Q8_0's integers should be a view of the stored bytes"
-
-
 def test_a_raw_shape_that_does_not_fit_is_refused():
     raw = np.zeros((2, 34 * 3), np.uint8)
     with pytest.raises(ValueError, match="cannot hold"):

@@ -33,6 +33,8 @@ CASES = [
     ("nan", CHAT, b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
      400, None, "invalid_json"),
     ("body-not-object", CHAT, b'[1, 2]', 400, None, "invalid_type"),
+    ("deeply-nested", CHAT, b'{"model": "tiny-chat", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None,
+     "invalid_json"),
     ("missing-messages", CHAT, without(chat(), "messages"), 400, "messages", "missing_required_parameter"),
     ("missing-model", CHAT, without(chat(), "model"), 400, "model", "missing_required_parameter"),
     ("messages-wrong-type", CHAT, chat(messages="hi"), 400, "messages", "invalid_type"),
@@ -44,10 +46,15 @@ CASES = [
     ("image-part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
      "messages[0].content[0].type", "unsupported_content"),
     ("empty-messages", CHAT, chat(messages=[]), 400, "messages", "empty_array"),
+    ("too-many-messages", CHAT, chat(messages=user("") * 2049), 400, "messages", "array_too_long"),
     ("unknown-role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role",
      "invalid_role"),
     ("role-wrong-type", CHAT, chat(messages=[{"role": 3, "content": "x"}]), 400, "messages[0].role", "invalid_type"),
     ("prompt-beyond-context", CHAT, chat(messages=user("x" * CONTEXT)), 400, "messages", "context_length_exceeded"),
+    ("prompt-beyond-any-context", CHAT, chat(messages=user("x" * 3_900_000)), 400, "messages",
+     "context_length_exceeded"),
+    ("completion-ids-far-beyond-context", COMPLETIONS, {"model": CHAT_MODEL, "prompt": [65] * 500_000}, 400,
+     "prompt", "context_length_exceeded"),
     ("max-tokens-zero", CHAT, chat(max_tokens=0), 400, "max_tokens", "invalid_value"),
     ("max-tokens-negative", CHAT, chat(max_tokens=-5), 400, "max_tokens", "invalid_value"),
     ("max-completion-tokens-zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", "invalid_value"),
@@ -68,6 +75,7 @@ CASES = [
     ("logprobs", CHAT, chat(logprobs=True), 400, "logprobs", "unsupported_parameter"),
     ("penalty", CHAT, chat(presence_penalty=0.5), 400, "presence_penalty", "unsupported_parameter"),
     ("unknown-model", CHAT, chat(model="gpt-9"), 404, "model", "model_not_found"),
+    ("model-lone-surrogate", CHAT, json.dumps(chat(model="\ud800")).encode(), 404, "model", "model_not_found"),
     ("oversized-body", CHAT, chat(messages=user("x" * (5 << 20))), 413, None, "request_too_large"),
     ("completion-missing-prompt", COMPLETIONS, {"model": CHAT_MODEL}, 400, "prompt", "missing_required_parameter"),
     ("completion-empty-prompt", COMPLETIONS, {"model": CHAT_MODEL, "prompt": ""}, 400, "prompt", "empty_prompt"),
@@ -98,7 +106,7 @@ def post(server, path: str, body) -> Reply:
 def check_error_body(r: Reply, status: int, param, code) -> dict:
     assert r.status == status, r.text
     assert r.headers["content-type"].startswith("application/json")
-    error = r.json()["error"]
+    error = json.loads(r.body.decode("utf-8"))["error"]  # strict UTF-8: what the client echoed included
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
     assert error["type"] == {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
@@ -112,6 +120,8 @@ def test_bad_request_gets_openai_error(chat_server, path, body, status, param, c
 
 
 def test_error_message_names_the_problem(chat_server):
+    r = post(chat_server, CHAT, json.dumps(chat(model="a\ud800b")).encode())
+    assert "'a\\ud800b' does not exist" in r.json()["error"]["message"]  # the lone surrogate, escaped
     r = post(chat_server, CHAT, chat(messages=[{"role": "wizard", "content": "x"}]))
     assert "'wizard'" in r.json()["error"]["message"] and "user" in r.json()["error"]["message"]
     r = post(chat_server, CHAT, chat(max_tokens=CONTEXT))
@@ -121,7 +131,7 @@ def test_error_message_names_the_problem(chat_server):
 def test_oversized_declared_length_is_refused_before_reading(chat_server):
     """A Content-Length over the limit is answered 413 before any of the body is sent."""
     with socket.create_connection(("127.0.0.1", chat_server.port), timeout=30) as s:
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{chat_server.port}\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {64 << 20}\r\n\r\n".encode())
         response = b""
         while b"}}" not in response:  # the JSON error body ends with "}}"

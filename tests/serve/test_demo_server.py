@@ -110,3 +110,49 @@ def test_a_port_in_use_fails_at_once_in_one_line(capsys, monkeypatch):
     assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err and "Traceback" not in err
     assert " at http://" not in err, "the banner announced a port the server could not bind"
     assert not loaded, "the model was loaded before the port was found busy"
+
+
+@pytest.mark.parametrize("argv, env, says", [
+    (["--api-key", ""], {"LLAISYS_API_KEY": "set-but-unused"}, "--api-key is empty"),  # --api-key "$UNSET"
+    (["--api-key", "good", "--api-key", ""], {}, "--api-key is empty"),
+    ([], {"LLAISYS_API_KEY": ""}, "LLAISYS_API_KEY is empty"),
+    (["--api-key", " padded"], {}, "--api-key begins or ends with spaces"),
+    (["--api-key-file", "{comments_only}"], {}, "holds no key"),
+    (["--api-key-file", "{missing}"], {}, "does not exist"),
+], ids=["empty-flag", "one-empty-flag", "empty-variable", "padded", "no-key-in-file", "missing-file"])
+def test_a_key_that_would_open_the_server_is_refused_at_start_up(capsys, monkeypatch, tmp_path, argv, env, says):
+    """An empty key would silently turn authentication off: one line, before the port or the model."""
+    from llaisys.cli import main
+    from llaisys_models.serve import cli as serve_cli
+
+    started = []
+    monkeypatch.setattr(llaisys_models, "load", lambda *a, **k: started.append("load"))
+    monkeypatch.setattr(serve_cli, "bind", lambda *a: started.append("bind"))
+    monkeypatch.delenv("LLAISYS_API_KEY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    comments_only = tmp_path / "keys.txt"
+    comments_only.write_text("# no key yet\n\n   \n")
+    argv = [a.format(comments_only=comments_only, missing=tmp_path / "absent.txt") for a in argv]
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert started == []
+
+
+def test_api_keys_from_flags_file_and_environment(tmp_path):
+    from llaisys.cli import build_parser
+    from llaisys_models.serve.cli import api_keys
+
+    key_file = tmp_path / "keys"
+    key_file.write_text("# team keys\nkey-one\n\n  key-two  \n# key-retired\nkey-three\r\n")
+
+    def parse(*argv):
+        return build_parser().parse_args(["serve", *argv])
+    env = {"LLAISYS_API_KEY": "env-key"}
+    assert api_keys(parse("--api-key", "a", "--api-key", "b", "--api-key-file", str(key_file)), env) == [
+        "a", "b", "key-one", "key-two", "key-three"]
+    assert api_keys(parse("--api-key-file", str(key_file)), {}) == ["key-one", "key-two", "key-three"]
+    assert api_keys(parse(), env) == ["env-key"]  # the variable: one key, when no option gives any
+    assert api_keys(parse("--api-key", "a"), {"LLAISYS_API_KEY": ""}) == ["a"]  # not read when a key is given
+    assert api_keys(parse(), {}) == []

@@ -52,14 +52,17 @@ def check_text(text: str, what: str = "the prompt") -> None:
         raise LlaisysValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start}") from None
 
 
-def encode(tokenizer, messages_or_text, chat: bool = True) -> list[int]:
+def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None = None) -> list[int]:
     """Token ids of a prompt: a list of chat messages, or a text wrapped as one user message when
     ``chat`` and the tokenizer has a chat template (else the bare text). A prompt that is not valid
-    text, or that the tokenizer turns into no tokens at all, is a LlaisysValueError naming it."""
+    text, or that the tokenizer turns into no tokens at all, is a LlaisysValueError naming it; one of
+    more than ``max_chars`` characters (once its chat template is applied) is a PromptTooLongError,
+    raised before the tokenizer reads it."""
     if isinstance(messages_or_text, str):
         text = messages_or_text
         check_text(text)
         if not (chat and getattr(tokenizer, "chat_template", None)):
+            _check_length(text, max_chars)
             return _nonempty(list(tokenizer(text).input_ids), text, tokenizer)
         messages = [{"role": "user", "content": text}]
     else:
@@ -68,7 +71,31 @@ def encode(tokenizer, messages_or_text, chat: bool = True) -> list[int]:
             check_text(str(m.get("content", "")), f"the {m.get('role', 'chat')} message")
         text = str(messages[-1].get("content", "")) if messages else ""
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    _check_length(rendered, max_chars)
     return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)
+
+
+def longest_token(tokenizer) -> int:
+    """The most characters of text one token of ``tokenizer`` can stand for: its longest vocabulary
+    entry. A byte-level token's entry has one character per byte, and text has at least one byte per
+    character, so a text of more than ``n * longest_token(tokenizer)`` characters has more than ``n``
+    tokens (for tokenizers that drop or merge characters before encoding, e.g. collapsing spaces, the
+    bound can refuse a text that would have fit)."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
+class PromptTooLongError(LlaisysValueError):
+    """A prompt of more characters than the caller's bound (``chars`` of at most ``max_chars``)."""
+
+    def __init__(self, chars: int, max_chars: int):
+        super().__init__(f"the prompt has {chars} characters, more than the {max_chars} allowed")
+        self.chars = chars
+        self.max_chars = max_chars
+
+
+def _check_length(text: str, max_chars: int | None) -> None:
+    if max_chars is not None and len(text) > max_chars:
+        raise PromptTooLongError(len(text), max_chars)
 
 
 class EmptyPromptError(LlaisysValueError):

@@ -14,10 +14,11 @@ import dataclasses
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError, shown
+from ..registry import FAMILIES
 from .reader import GGUFFile
 
-# GGUF architecture -> the HuggingFace class that runs it
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+# GGUF architecture -> the HuggingFace architecture of the same family (registry.py)
+ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {

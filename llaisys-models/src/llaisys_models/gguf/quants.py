@@ -11,9 +11,8 @@ Each decoder computes in float32 with exactly the operations, in the order, of g
 the tests require bit-equality with it), then the result is rounded once to the output dtype.
 
 The symmetric 8-bit-or-narrower types (Q8_0, Q4_0, Q5_0) are exactly ``int8 * scale`` per
-32 values; ``int8_groups`` returns those integers and scales without going through floats.
-(``quantize="int8"`` does not need it: their decoded float32 values ``d * q`` are exact, and
-requantizing them per the same groups of 32 only re-expresses each f16 ``d`` as a bfloat16 scale.)
+32 values: their decoded float32 values ``d * q`` are exact, so ``quantize="int8"`` requantizing them
+per the same groups of 32 only re-expresses each f16 ``d`` as a bfloat16 scale.
 """
 
 from __future__ import annotations
@@ -200,7 +199,6 @@ DECODERS: dict[Q, Callable[[np.ndarray, np.ndarray], None]] = {
     Q.Q4_1: _q4_1, Q.Q5_1: _q5_1,
     Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
 }
-INT8_GROUPS = {Q.Q8_0: _q8_0_ints, Q.Q4_0: _q4_0_ints, Q.Q5_0: _q5_0_ints}
 SUPPORTED = (*FLOATS, *DECODERS)
 
 
@@ -230,11 +228,3 @@ def dequantize(raw: np.ndarray, qtype: Q, out: np.ndarray, rows: np.ndarray | No
             np.copyto(dst, values, casting="unsafe")
     return out
 
-
-def int8_groups(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray]:
-    """A Q8_0/Q4_0/Q5_0 tensor as exact integers and scales: (q int8 [R, C // 32, 32], d float32
-    [R, C // 32]), value (r, 32 g + i) = d[r, g] * q[r, g, i]. Q8_0's integers are a view of ``raw``."""
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    n_rows, groups = raw.shape[0], raw.shape[1] // type_size
-    q, d = INT8_GROUPS[qtype](raw.reshape(-1, type_size))
-    return q.reshape(n_rows, groups, block), d.reshape(n_rows, groups)

@@ -1,30 +1,44 @@
 """The HTTP side: OpenAI's routes over an ``Engine``, the web page, health and metrics.
 
-Handlers parse and check the request, tokenize the prompt (a tokenizer of their own, on a worker
-thread), queue it with the engine and relay its events: a JSON body, or server-sent events
+Handlers parse and check the request, tokenize the prompt (copies of a tokenizer of their own, on
+worker threads), queue it with the engine and relay its events: a JSON body, or server-sent events
 (``data: {chunk}`` ... ``data: [DONE]``). A client that goes away cancels its request.
+
+Bound to a loopback address, the server answers only requests addressed to a loopback name (a web
+page on another site, its name rebound to 127.0.0.1 by DNS, gets 421), and every POST must be
+``application/json`` (415), which a page on another origin cannot send without CORS, which stays
+closed. With API keys, each key is a tenant: its requests share cached prompt prefixes only with
+each other (``cache_scope``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import hashlib
 import hmac
 import importlib.resources
+import ipaddress
 import json
 import logging
+import queue
+import re
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from llaisys import LlaisysValueError
 
-from ..tokenizer import EmptyPromptError, encode
+from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import metrics, schemas
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
 from .errors import APIError, error_body, invalid
@@ -32,34 +46,79 @@ from .errors import APIError, error_body, invalid
 log = logging.getLogger("llaisys.serve")
 
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413)
+LONG_PROMPT_CHARS = 1 << 13  # prompts longer than this are tokenized on threads of their own
 
 
 class Server:
-    """What the routes share: the engine, the prompt tokenizer and the served model's limits."""
+    """What the routes share: the engine, the prompt tokenizers and the served model's limits.
 
-    def __init__(self, engine: Engine, tokenizer, model_name: str, api_key: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+    ``api_keys``: each key its own tenant (none: no key needed, one tenant). ``host`` and ``port``: the
+    address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
+    on a loopback address, requests must name a loopback host and that port.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
+                 host: str | None = None, port: int | None = None):
+        api_keys = tuple(api_keys)
+        for key in api_keys:
+            check_api_key(key)
+        # tenants by the digest of their key: the server keeps no key, and a tenant's name is no secret
+        self._tenants = {hashlib.sha256(key.encode()).digest(): hashlib.sha256(key.encode()).hexdigest()
+                         for key in api_keys}
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
-        self._tokenizer_lock = threading.Lock()
+        self.tokenizers = PromptTokenizers(tokenizer)
         self.model_name = model_name
-        self.api_key = api_key or None
         self.max_body_bytes = max_body_bytes
+        self.host, self.port = host, port
         self.created = int(time.time())
         config = engine.model.config
         self.vocab_size = config.vocab_size
-        # the longest prompt + reply: the model's context, the sliding window, or what the KV cache holds
-        self.context = min(config.max_position_embeddings, config.sliding_window or config.max_position_embeddings,
-                           engine.max_length)
+        self.context = engine.max_length  # the longest prompt + reply: the model's context, or what the KV cache holds
+        # a prompt of more characters has more tokens than the context holds (see longest_token)
+        self.longest_token = longest_token(tokenizer)
+        self.max_prompt_chars = self.context * self.longest_token
+
+    def tenant(self, authorization: str) -> str:
+        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
+        A missing or unknown key is a 401."""
+        if not self._tenants:
+            return ""
+        scheme, _, key = authorization.partition(" ")
+        # the header came as latin-1: its bytes are the key's UTF-8
+        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
+        found = ""
+        for known, name in self._tenants.items():  # every key compared, in constant time
+            if hmac.compare_digest(digest, known):
+                found = name
+        if scheme.lower() != "bearer" or not found:
+            raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key")
+        return found
+
+    def host_allowed(self, host: str | None) -> bool:
+        """Whether a request's ``Host`` header may reach this server: any, unless it listens on a loopback
+        address, where only a loopback name (localhost, 127.x.x.x, [::1]) with the port it listens on."""
+        if self.host is None or self.port is None or not is_loopback(self.host):
+            return True
+        match = _HOST.fullmatch(host or "")
+        if match is None or int(match["port"] or 80) != self.port:
+            return False
+        name = (match["ipv6"] or match["name"]).lower()
+        return name in ("localhost", self.host.lower()) or is_loopback(name)
 
     # -- request parsing ----------------------------------------------------------------
 
     async def read_json(self, request: Request) -> dict:
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(415, f"the request body must be JSON sent as 'Content-Type: application/json', got "
+                                f"{media_type or 'no Content-Type'}", None, "unsupported_media_type")
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             raise self._too_large() if declared.isdigit() else invalid("bad Content-Length header", None)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        async for chunk in request.stream():  # ClientDisconnect if the client hangs up (see create_app)
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise self._too_large()
@@ -68,6 +127,8 @@ class Server:
             body = json.loads(b"".join(chunks), parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        except RecursionError:
+            raise invalid("the request body nests arrays or objects too deeply", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise invalid(f"the request body must be a JSON object, got {schemas.json_type(body)}", None,
                           "invalid_type")
@@ -83,7 +144,8 @@ class Server:
                            "model", "model_not_found")
 
     async def tokenize(self, prompt, chat: bool) -> list[int]:
-        """Token ids of chat messages (through the chat template) or of a plain text."""
+        """Token ids of chat messages (through the chat template) or of a plain text. A text longer than
+        the context could hold is refused before any tokenizer reads it."""
         if isinstance(prompt, list) and not chat:
             return prompt  # already token ids
         if chat and not getattr(self.tokenizer, "chat_template", None):
@@ -91,26 +153,36 @@ class Server:
                           "no_chat_template")
 
         param = "messages" if chat else "prompt"
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        if chars > self.max_prompt_chars:
+            raise self._too_many_chars(param, chars)
 
-        def run() -> list[int]:
-            with self._tokenizer_lock:
-                try:
-                    return encode(self.tokenizer, prompt, chat=chat)
-                except EmptyPromptError as e:  # says which text and which tokenizer
-                    raise invalid(str(e), param, "empty_prompt") from None
-                except LlaisysValueError as e:  # text that is not valid Unicode (a lone surrogate)
-                    raise invalid(str(e), param, "invalid_text") from None
-                except Exception as e:  # a template that rejects these messages (e.g. their order)
-                    if not chat:
-                        raise
-                    raise invalid(f"the chat template cannot render these messages: {e}", "messages",
-                                  "template_error") from None
-        return await asyncio.to_thread(run)
+        def run(tokenizer) -> list[int]:
+            try:
+                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars)
+            except EmptyPromptError as e:  # says which text and which tokenizer
+                raise invalid(str(e), param, "empty_prompt") from None
+            except PromptTooLongError as e:  # the messages in their chat template
+                raise self._too_many_chars(param, e.chars, " once in the chat template") from None
+            except LlaisysValueError as e:  # text that is not valid Unicode (a lone surrogate)
+                raise invalid(str(e), param, "invalid_text") from None
+            except Exception as e:  # a template that rejects these messages (e.g. their order)
+                if not chat:
+                    raise
+                raise invalid(f"the chat template cannot render these messages: {e}", "messages",
+                              "template_error") from None
+        return await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+
+    def _too_many_chars(self, param: str, chars: int, where: str = "") -> APIError:
+        return invalid(f"'{param}': {chars} characters{where}, more than this model's maximum context length of "
+                       f"{self.context} tokens can hold ({self.max_prompt_chars} characters: a token of its tokenizer "
+                       f"stands for {self.longest_token} at most)", param, "context_length_exceeded")
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params) -> AsyncStream:
-        stream = AsyncStream(prompt, params)
+    def submit(self, prompt: list[int], params, cache_scope: str = "") -> AsyncStream:
+        """Queue a request; it shares cached prompt prefixes only with requests of the same ``cache_scope``."""
+        stream = AsyncStream(prompt, params, cache_scope=cache_scope)
         try:
             self.engine.submit(stream.request)
         except EngineBusy as e:
@@ -118,6 +190,70 @@ class Server:
         except EngineUnavailable as e:
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
+
+
+class PromptTokenizers:
+    """Copies of the prompt tokenizer, each owned by one worker thread.
+
+    A HF fast tokenizer raises "Already borrowed" when two threads use one instance, and one instance
+    behind a lock let a single long prompt hold every other request up for its whole tokenization
+    (seconds). Prompts longer than LONG_PROMPT_CHARS have threads of their own, so however many of them
+    are being tokenized, a short prompt waits at most for other short ones.
+    """
+
+    def __init__(self, tokenizer, short_threads: int = 1, long_threads: int = 2):
+        copies = queue.SimpleQueue()
+        copies.put(tokenizer)
+        for _ in range(short_threads + long_threads - 1):
+            copies.put(copy.deepcopy(tokenizer))
+        local = threading.local()
+
+        def take_copy():  # each worker thread, once, when it starts
+            local.tokenizer = copies.get_nowait()
+
+        self._local = local
+        self._short = ThreadPoolExecutor(short_threads, "llaisys-tokenize", take_copy)
+        self._long = ThreadPoolExecutor(long_threads, "llaisys-tokenize-long", take_copy)
+
+    async def run(self, fn, long: bool):
+        """``fn(tokenizer)`` on a worker thread, with that thread's copy."""
+        executor = self._long if long else self._short
+        return await asyncio.get_running_loop().run_in_executor(executor, lambda: fn(self._local.tokenizer))
+
+    def shutdown(self) -> None:
+        for executor in (self._short, self._long):
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+# a Host header: a name or [IPv6 address], then maybe a port
+_HOST = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>[0-9]{1,5}))?")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine only: localhost, 127.x.x.x, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_api_key(key: str, source: str = "an API key") -> None:
+    """A LlaisysValueError unless ``key`` can be sent as 'Authorization: Bearer <key>' (``source`` names
+    where it came from). An empty key above all: it would turn authentication off."""
+    if not isinstance(key, str) or not key:
+        raise LlaisysValueError(f"{source} is empty (an unset variable?): it would let anyone in; give a key, or "
+                                f"no key option at all to serve without one")
+    if key != key.strip() or not key.isprintable():
+        raise LlaisysValueError(f"{source} begins or ends with spaces or holds control characters: a client "
+                                f"cannot send it")
+
+
+def cache_scope(tenant: str, salt: str | None) -> str:
+    """The prefix cache's scope of a request: its tenant (a hex digest, or '' with no key), then ':' and
+    its ``cache_salt`` if it has one (a hex digest holds no ':', so no two pairs give one scope)."""
+    return tenant if salt is None else f"{tenant}:{salt}"
 
 
 def _reject_constant(name: str):
@@ -136,7 +272,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     if chat:
         prompt, param = schemas.chat_messages(body), "messages"
     else:
-        prompt, param = schemas.completion_prompt(body, server.vocab_size), "prompt"
+        prompt, param = schemas.completion_prompt(body, server.vocab_size, server.context), "prompt"
+    scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
     ids = await server.tokenize(prompt, chat)
     if not ids:
         raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
@@ -144,7 +281,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(ids, params)
+    events = server.submit(ids, params, cache_scope=scope)
     if stream:
         return StreamingResponse(_stream_events(events, shape, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -201,18 +338,15 @@ def create_app(server: Server) -> FastAPI:
             yield
         finally:
             server.engine.stop()
+            server.tokenizers.shutdown()
 
-    app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect from /v1/models/ to /v1/models: its Location would be built from the Host header
+    app = FastAPI(title="llaisys", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
     def require_key(request: Request) -> None:
-        if server.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, key = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), server.api_key.encode()):
-            raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
-                           "invalid_api_key")
+        request.state.tenant = server.tenant(request.headers.get("authorization", ""))
 
     def error_response(status: int, body: dict) -> JSONResponse:
         server.engine.metrics.http_errors[status] += 1
@@ -232,6 +366,13 @@ def create_app(server: Server) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e: RequestValidationError):
         return error_response(400, error_body(400, str(e)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnect(request, e: ClientDisconnect):  # not an error of the server: no traceback
+        server.engine.metrics.client_disconnects += 1
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.warning("%s hung up before its request %s %s was read", client, request.method, request.url.path)
+        return Response(status_code=499)  # nginx's "client closed request"; nobody is left to read it
 
     @app.exception_handler(Exception)
     async def server_error(request, e: Exception):  # a bug: log it, answer in OpenAI's shape
@@ -278,4 +419,21 @@ def create_app(server: Server) -> FastAPI:
         return await _complete(server, request, chat=False)
 
     app.include_router(api)
+
+    class LocalHostsOnly:  # plain ASGI (a BaseHTTPMiddleware would stand between streams and disconnects)
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            host = Headers(scope=scope).get("host") if scope["type"] == "http" else None
+            if scope["type"] == "http" and not server.host_allowed(host):
+                port = server.port
+                response = error_response(421, error_body(
+                    421, f"this server answers requests for localhost:{port}, 127.0.0.1:{port} or [::1]:{port} "
+                         f"only, not for Host: {host or '(none)'}", None, "invalid_host"))
+                await response(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+
+    app.add_middleware(LocalHostsOnly)
     return app

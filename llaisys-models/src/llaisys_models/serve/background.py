@@ -4,7 +4,8 @@
         openai.OpenAI(base_url=s.base_url + "/v1", api_key="-").chat.completions.create(...)
 
 It binds a free port on 127.0.0.1 (or the given one) before uvicorn starts, so there is no race
-for the port, and returns from ``__enter__`` once the engine runs and the port accepts requests.
+for the port, tells the ``Server`` the address (it checks requests' Host header against it), and
+returns from ``__enter__`` once the engine runs and the port accepts requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class BackgroundServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
+        server.host, server.port = host, self.port
         self.base_url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         self._uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning",
                                                       timeout_graceful_shutdown=5))

@@ -6,7 +6,6 @@ with a clear message when the ``serve`` extra is not installed.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import sys
@@ -33,9 +32,13 @@ def register_serve(subparsers) -> None:
     quantize.add_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health and the page "
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health and the page; "
+                        "repeatable, each key its own tenant (its cached prompts are its own) "
                         "(default: $LLAISYS_API_KEY, else no key)")
+    p.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
+                   help="API keys, one per line (blank lines and lines starting with # are ignored); "
+                        "with --api-key, the keys of both")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
     p.add_argument("--max-running", type=int, default=16,
@@ -68,6 +71,7 @@ def run_serve(args) -> int:
     from ..cli import model_dir
     from .kv_memory import parse_size
 
+    keys = api_keys(args, os.environ)  # before anything else: an empty key must not start a server without one
     for name in ("port", "max_running", "max_batch_tokens", "block_size"):
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
@@ -77,17 +81,49 @@ def run_serve(args) -> int:
     # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
     listener = bind(args.host, args.port)
     try:
-        return _serve(args, path, kv_memory, listener)
+        return _serve(args, path, kv_memory, listener, keys)
     finally:
         listener.close()
 
 
-def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket) -> int:
+def api_keys(args, environ) -> list[str]:
+    """The keys of every --api-key and of --api-key-file; without either, $LLAISYS_API_KEY (one key) if set.
+    An empty key, from any of them, is an error: it would serve without a key."""
+    from .app import check_api_key
+
+    keys = [(key, "--api-key") for key in args.api_key or ()]
+    if args.api_key_file is not None:
+        keys += _read_key_file(args.api_key_file)
+    if not keys and "LLAISYS_API_KEY" in environ:
+        keys = [(environ["LLAISYS_API_KEY"], "LLAISYS_API_KEY")]
+    for key, source in keys:
+        check_api_key(key, source)
+    return [key for key, _ in keys]
+
+
+def _read_key_file(path: Path) -> list[tuple[str, str]]:
+    from llaisys import LlaisysValueError
+
+    from ..files import check_regular
+
+    try:
+        check_regular(path)
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (LlaisysValueError, OSError, UnicodeError) as e:
+        raise LlaisysValueError(f"--api-key-file {path}: {e}") from None
+    keys = [(line.strip(), f"line {n} of {path}") for n, line in enumerate(lines, 1)
+            if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise LlaisysValueError(f"--api-key-file {path} holds no key (one per line; # starts a comment line)")
+    return keys
+
+
+def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
     import uvicorn
 
     from .. import load
     from ..tokenizer import load_tokenizer
-    from .app import Server, create_app
+    from .app import Server, create_app, is_loopback
     from .engine import Engine
     from .kv_memory import describe
 
@@ -98,15 +134,14 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket) -> 
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching)
     name = args.served_model_name or default_model_name(path)
-    api_key = args.api_key if args.api_key is not None else os.environ.get("LLAISYS_API_KEY")
-    server = Server(engine, load_tokenizer(tokenizer_path), name, api_key=api_key)
-    if not _is_loopback(args.host):
-        print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
-              + ("" if api_key else " without an API key"), file=sys.stderr)
     port = listener.getsockname()[1]
+    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port)
+    if not is_loopback(args.host):
+        print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
+              + ("" if keys else " without an API key"), file=sys.stderr)
     weights = f", {model.quantize} linears" if model.quantize else ""
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
-          f"  (OpenAI API under /v1{', API key required' if api_key else ''})", file=sys.stderr)
+          f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
     # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
@@ -134,15 +169,6 @@ def default_model_name(path: Path) -> str:
     from .. import DEMO_MODEL_DIR
 
     return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _url_host(host: str) -> str:

@@ -73,7 +73,7 @@ class Request:
         self.prompt = list(prompt)
         self.params = params
         self.emit = emit
-        self.cache_scope = cache_scope
+        self.cache_scope = cache_scope  # prefix-cache tenant: cached blocks are shared only within one scope
         self.arrival = time.perf_counter()
         self.text: TextStream | None = None  # the engine's: its text so far, once admitted
         self._cancelled = threading.Event()
@@ -269,7 +269,7 @@ class AsyncStream:
     def __init__(self, prompt: list[int], params: SamplingParams, cache_scope: str = ""):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.request = Request(prompt, params, self._emit, cache_scope)
+        self.request = Request(prompt, params, self._emit, cache_scope=cache_scope)
 
     def _emit(self, event) -> None:
         try:

@@ -7,8 +7,8 @@ AuthenticationError, 404 NotFoundError, ...) and reads ``message`` from this bod
 from __future__ import annotations
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               503: "server_error"}
+               405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               421: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 
 
 class APIError(Exception):
@@ -27,7 +27,13 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": printable(message), "type": kind, "param": param, "code": code}}
+
+
+def printable(text: str) -> str:
+    """``text`` with what cannot be UTF-8 (lone surrogates, as in a JSON string's ``"\\ud800"``) written as
+    backslash escapes: a message that echoes the client's input must still encode as a JSON body."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:

@@ -18,6 +18,7 @@ class EngineMetrics:
     first_token_count: int = 0
     finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by reason
     http_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by status
+    client_disconnects: int = 0  # requests whose client hung up before its request was read (HTTP side)
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_seconds_sum += seconds
@@ -78,6 +79,9 @@ def render(engine, model_name: str) -> str:
          [("", model, engine.scheduler.stats.steps)]),
         ("llaisys_http_errors_total", "counter", "Requests rejected with an HTTP error, by status code.",
          [("", {**model, "status": s}, n) for s, n in sorted(m.http_errors.items())]),
+        ("llaisys_http_client_disconnects_total", "counter",
+         "Requests whose client hung up before the request was read (not answered, not an error).",
+         [("", model, m.client_disconnects)]),
     ]
     lines = [line for family in families for line in _family(*family)]
     return "\n".join(lines) + "\n"

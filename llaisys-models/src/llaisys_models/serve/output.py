@@ -10,31 +10,80 @@ from ..tokenizer import IncrementalDecoder
 
 
 class StopMatcher:
-    """Finds the first stop string in a growing text, holding back a tail that may start one."""
+    """Finds the first stop string in a growing text, holding back a tail that may start one.
+
+    Each push costs time in proportion to the new text (amortized; at worst the new text plus the
+    longest stop string): every stop string is matched by a Knuth-Morris-Pratt automaton that reads
+    each character of the output once, instead of comparing every prefix of every stop string
+    against the text's end at each token, which cost the square of a stop string's length per token.
+    """
 
     def __init__(self, stops):
-        self.stops = tuple(s for s in stops if s)
-        self._held = ""  # text not released yet: a suffix that is a prefix of some stop string
+        self._automata = [_StopAutomaton(s) for s in stops if s]
+        self._held = ""  # text not released yet: the longest suffix that is a prefix of some stop string
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to release, whether a stop string was hit).
-        After a hit the released text ends right before the stop string."""
-        if not self.stops:
+        After a hit the released text ends right before the stop string (of those that occur in the
+        held text and ``text``, the one that begins first)."""
+        if not self._automata:
             return text, False
         pending = self._held + text
-        hits = [i for i in (pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
+        start = None  # where the earliest stop string found in ``pending`` begins
+        for end, char in enumerate(text, len(self._held) + 1):
+            for automaton in self._automata:
+                if automaton.feed(char):
+                    begin = end - len(automaton.stop)
+                    start = begin if start is None else min(start, begin)
+        if start is not None:
             self._held = ""
-            return pending[:min(hits)], True
-        keep = max((n for s in self.stops for n in range(min(len(s) - 1, len(pending)), 0, -1)
-                    if pending.endswith(s[:n])), default=0)
+            return pending[:start], True
+        keep = max(automaton.matched for automaton in self._automata)  # <= len(pending)
         self._held = pending[len(pending) - keep:] if keep else ""
         return pending[:len(pending) - keep], False
 
     def flush(self) -> str:
         """The held-back tail, at the end of the sequence (no stop string can complete any more)."""
         held, self._held = self._held, ""
+        for automaton in self._automata:
+            automaton.matched = 0
         return held
+
+
+class _StopAutomaton:
+    """Knuth-Morris-Pratt matching of one stop string against a text fed a character at a time.
+
+    ``matched`` is the length of the longest suffix of the text so far that is a proper prefix of the
+    stop string. The failure table is built only as far as ``matched`` has reached, so a long stop
+    string costs nothing up front, and each character fed costs O(1) amortized.
+    """
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        self.matched = 0
+        self._borders = [0]  # _borders[i]: the longest proper prefix of stop[:i + 1] that is also its suffix
+
+    def feed(self, char: str) -> bool:
+        """Advance by one character; True when the stop string ends with it."""
+        stop, k = self.stop, self.matched
+        while k and stop[k] != char:
+            k = self._border(k - 1)
+        if stop[k] == char:
+            k += 1
+        if k == len(stop):
+            self.matched = self._border(k - 1)  # an occurrence may overlap the next one
+            return True
+        self.matched = k
+        return False
+
+    def _border(self, i: int) -> int:
+        borders, stop = self._borders, self.stop
+        while len(borders) <= i:  # the prefix function, extended to index i
+            n, k = len(borders), borders[-1]
+            while k and stop[k] != stop[n]:
+                k = borders[k - 1]
+            borders.append(k + 1 if stop[k] == stop[n] else k)
+        return borders[i]
 
 
 class TextStream:

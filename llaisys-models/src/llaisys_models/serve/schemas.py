@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import math
 
+from llaisys import LlaisysValueError
+
+from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
 from .errors import invalid
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
+MAX_CACHE_SALT = 256  # characters of ``cache_salt``, as vLLM
 SEED_RANGE = (-(1 << 63), 1 << 64)
 
 
@@ -106,6 +111,9 @@ def chat_messages(body: dict) -> list[dict]:
     messages = field(body, "messages", "array", required=True)
     if not messages:
         raise invalid("'messages' must contain at least one message", "messages", "empty_array")
+    if len(messages) > MAX_MESSAGES:
+        raise invalid(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} are allowed", "messages",
+                      "array_too_long")
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -124,11 +132,14 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def completion_prompt(body: dict, vocab_size: int) -> str | list[int]:
+def completion_prompt(body: dict, vocab_size: int, context: int) -> str | list[int]:
     """``prompt`` as a text, or as token ids (an array of integers). One prompt per request."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and len(prompt) >= context:  # refused before each item is looked at
+        raise invalid(f"'prompt' holds {len(prompt)} items; this model's maximum context length is {context} tokens, "
+                      f"which leaves no room for a completion", "prompt", "context_length_exceeded")
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_KINDS["integer"](t) for t in prompt):
@@ -162,6 +173,21 @@ def check_unsupported(body: dict, chat: bool) -> None:
         _unsupported(body, "echo", (False,))
         _unsupported(body, "suffix", ("",))
         _unsupported(body, "best_of", (1,))
+
+
+def cache_salt(body: dict) -> str | None:
+    """``cache_salt``: a text that keeps this request's cached prompt prefix apart from requests without it."""
+    salt = field(body, "cache_salt", "string")
+    if salt is None:
+        return None
+    if not 0 < len(salt) <= MAX_CACHE_SALT:
+        raise invalid(f"'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT} characters, got "
+                      f"{len(salt)} characters", "cache_salt")
+    try:
+        check_text(salt, "'cache_salt'")
+    except LlaisysValueError as e:  # a lone surrogate
+        raise invalid(str(e), "cache_salt", "invalid_text") from None
+    return salt
 
 
 # -- sampling -----------------------------------------------------------------------------
