@@ -1,6 +1,7 @@
 """llaisys: a plugin-based LLM inference SDK. Core: tensors, devices, ops and backend discovery."""
 
 from . import ops
+from ._version import __version__
 from .abi import API_VERSION
 from .backend import Backend
 from .device import Device, as_device
@@ -23,7 +24,7 @@ from .stream import Stream, stream, synchronize
 from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 
 __all__ = [
-    "API_VERSION", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "Graph",
+    "API_VERSION", "__version__", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "Graph",
     "KernelOverride", "LlaisysError", "LlaisysValueError", "LlaisysWarning", "NativeBackend", "NotSupportedError",
     "OpProfile", "OutOfMemoryError",
     "Stream", "Tensor", "as_device", "as_dtype", "available_devices", "backend_report", "bfloat16", "bool_", "empty",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pluggy
 
+from ._version import __version__ as CORE_VERSION
 from .abi import API_VERSION
 from .backend import Backend
 from .device import Device, as_device
@@ -149,7 +150,7 @@ class Registry:
         record = BackendRecord(spec.name, package, version, "failed", priority=spec.priority)
         self.records.append(record)
         if spec.api_version != API_VERSION:
-            record.reason = (f"backend API version {spec.api_version}, but llaisys-core {_core_version()} "
+            record.reason = (f"backend API version {spec.api_version}, but llaisys-core {CORE_VERSION} "
                              f"speaks version {API_VERSION}; install matching versions of llaisys-core and {package}")
             return
         try:
@@ -276,13 +277,6 @@ def _distribution_of(ep) -> tuple[str, str]:
     if dist is None:
         return ep.value.split(".")[0].split(":")[0], "?"
     return dist.metadata["Name"], dist.version
-
-
-def _core_version() -> str:
-    try:
-        return importlib.metadata.version("llaisys-core")
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def _describe(e: BaseException) -> str:
