@@ -105,10 +105,20 @@ def _accelerator_checks(session: nox.Session, backend: str) -> None:
     session.run("pytest", f"--backend={backend}", *session.posargs)
 
 
+# vulture: every package's sources (tools/vulture_whitelist.py lists what they use only from outside); 60 is
+# its lowest confidence, the one at which it reports unused functions, methods and attributes, not just imports.
+VULTURE = ["llaisys-core/src", "llaisys-backend-cpu/src", "llaisys-backend-cuda/src", "llaisys-backend-iluvatar/src",
+           "llaisys-models/src", "tools/vulture_whitelist.py", "--min-confidence", "60",
+           "--ignore-decorators", "@*hookimpl,@hookspec,@app.*,@api.*"]  # plugin hooks, FastAPI routes
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    """ruff over the tree, mypy over llaisys-core (mypy.ini), vulture for unused code."""
+    session.install("ruff", "mypy", "vulture", str(ROOT / "llaisys-core"))  # core's dependencies: numpy's types
     session.run("ruff", "check", ".")
+    session.run("mypy", "--cache-dir", str(Path(session.create_tmp()) / "mypy"), "llaisys-core/src/llaisys")
+    session.run("vulture", *VULTURE)
 
 
 @nox.session

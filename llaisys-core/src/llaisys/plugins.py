@@ -55,10 +55,12 @@ class _Specs:
     @hookspec
     def llaisys_backends(self) -> list[BackendSpec]:
         """Return the backends this plugin offers (called once per process)."""
+        raise NotImplementedError  # a specification: pluggy calls the plugins' implementations
 
     @hookspec
     def llaisys_kernels(self) -> list[KernelOverride]:
         """Return kernel overrides (called once per process)."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -139,8 +141,8 @@ class Registry:
         for spec in specs:
             self._load_spec(spec, package, version)
 
-    def _call_hook(self, plugin, hook_name):
-        results = []
+    def _call_hook(self, plugin, hook_name) -> list:
+        results: list = []
         for impl in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
             if impl.plugin is plugin:
                 results.extend(impl.function() or [])
@@ -206,6 +208,7 @@ class Registry:
                 raise BackendUnavailableError(
                     f"device {device} does not exist: backend '{device.type}' ({record.package}) "
                     f"has {record.devices} device(s)")
+            assert record.backend is not None  # self.backends holds loaded records only
             return record.backend
         raise BackendUnavailableError(self._why_missing(device.type))
 
