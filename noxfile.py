@@ -43,34 +43,36 @@ def _install_packages(session: nox.Session, backend: str, extras: str = "") -> N
     session.install(*packages)
 
 
+_APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
+_apt_updated = False  # apt-get update runs once per nox run, before the first install
+
+
+def _apt_install(session: nox.Session, package: str, what: str) -> None:
+    """apt-get install ``package`` (Debian's), or a warning that ``what`` will skip."""
+    global _apt_updated
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.warn(f"{package} is not installed and apt-get cannot run here as root: {what} will skip")
+        return
+    try:
+        if not _apt_updated:  # a fresh machine has no package lists: install would not find the package
+            _apt_updated = True
+            session.run("apt-get", "update", "-q", external=True, env=_APT_ENV)
+        session.run("apt-get", "install", "-y", "-q", package, external=True, env=_APT_ENV)
+    except nox.command.CommandFailed:
+        session.warn(f"apt-get could not install {package}: {what} will skip")
+
+
 def _install_clang(session: nox.Session) -> None:
     """Debian's clang-22, for the CUDA mode compile of the shared CUDA / CoreX kernel sources
     (tests/backends/cuda/test_clang_cuda.py); it skips, saying why, without it."""
-    if shutil.which("clang++-22"):
-        return
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        session.warn("clang++-22 is not installed and apt-get cannot run here as root: the clang CUDA check will skip")
-        return
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        session.run("apt-get", "install", "-y", "-q", "clang-22", external=True, env=env)
-    except nox.command.CommandFailed:
-        session.warn("apt-get could not install clang-22: the clang CUDA check will skip")
+    if not shutil.which("clang++-22"):
+        _apt_install(session, "clang-22", "the clang CUDA check")
 
 
 def _install_chromium(session: nox.Session) -> None:
     """Debian's chromium for the web page tests (never a browser download); they skip, saying why, without it."""
-    if shutil.which("chromium") or shutil.which("chromium-browser"):
-        return
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        session.warn("chromium is not installed and apt-get cannot run here as root: the web page tests will skip")
-        return
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        session.run("apt-get", "update", "-q", external=True, env=env)
-        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
-    except nox.command.CommandFailed:
-        session.warn("apt-get could not install chromium: the web page tests will skip")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        _apt_install(session, "chromium", "the web page tests")
 
 
 @nox.session
@@ -105,10 +107,20 @@ def _accelerator_checks(session: nox.Session, backend: str) -> None:
     session.run("pytest", f"--backend={backend}", *session.posargs)
 
 
+# vulture: every package's sources (tools/vulture_whitelist.py lists what they use only from outside); 60 is
+# its lowest confidence, the one at which it reports unused functions, methods and attributes, not just imports.
+VULTURE = ["llaisys-core/src", "llaisys-backend-cpu/src", "llaisys-backend-cuda/src", "llaisys-backend-iluvatar/src",
+           "llaisys-models/src", "tools/vulture_whitelist.py", "--min-confidence", "60",
+           "--ignore-decorators", "@*hookimpl,@hookspec,@app.*,@api.*"]  # plugin hooks, FastAPI routes
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    """ruff over the tree, mypy over llaisys-core (mypy.ini), vulture for unused code."""
+    session.install("ruff", "mypy", "vulture", str(ROOT / "llaisys-core"))  # core's dependencies: numpy's types
     session.run("ruff", "check", ".")
+    session.run("mypy", "--cache-dir", str(Path(session.create_tmp()) / "mypy"), "llaisys-core/src/llaisys")
+    session.run("vulture", *VULTURE)
 
 
 @nox.session

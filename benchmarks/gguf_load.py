@@ -13,7 +13,7 @@ in its own process so that peak RSS is its own:
 - times load + first token (where the lazily mapped safetensors checkpoint pays its page-ins);
 - times llaisys' block decoders alone (GB/s of bf16 written) over the whole load, and against
   the gguf package's reference dequantizer (numpy, float32) on the same tensors of four layers;
-- checks peak RSS against the decoded weights plus the largest single tensor (the issue's bound);
+- checks peak RSS against the decoded weights plus the largest single tensor (the bound a load is held to);
 - decodes 32 tokens after a 16-token prompt (greedy, EOS ignored).
 
 The GGUF files are deleted afterwards unless --keep is given.

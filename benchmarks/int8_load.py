@@ -6,7 +6,7 @@
 
 Each mode (the bf16 checkpoint as stored, the reference row; then int8) runs in its own process, so peak
 RSS is its own. Per mode: load time; the weights' bytes (int8 linears with their bf16 scales, the rest in
-the model dtype); peak RSS during the load and its ratio to the weights (the issue's bound: <= 1.1x); RSS
+the model dtype); peak RSS during the load and its ratio to the weights (held to <= 1.1x); RSS
 after a short greedy generation (the weights actually resident: a bf16 load maps the files and pages
 them in as the first tokens read them); decode tok/s of that generation.
 """

@@ -5,14 +5,14 @@
     python benchmarks/serving.py --model /tmp/qwen2-1.5b
 
 For each engine (``llaisys serve`` as it ships, then with ``--no-batching``: one forward per sequence
-and per step, prompts in one piece — the engine of the serving issue) the server runs as a subprocess,
-and for N = 1, 2, 4, 8, 16 clients, N threads of this process each stream one completion at the same
-moment (``openai`` client, a prompt of --prompt-tokens tokens, greedy, --max-tokens new tokens; every
+and per step, prompts in one piece — the engine before continuous batching) the server runs as a
+subprocess, and for N = 1, 2, 4, 8, 16 clients, N threads of this process each stream one completion at the
+same moment (``openai`` client, a prompt of --prompt-tokens tokens, greedy, --max-tokens new tokens; every
 client's prompt is different, so no KV block is shared). Per N: aggregate generated tokens/s (all tokens
 / first request sent -> last token received), time to first token and inter-token latency (the gaps
-between a stream's text chunks, all streams pooled), p50 and p99. The table ends with the issue's
-targets: at 8 streams, >= 4x the single-stream aggregate tokens/s with p50 inter-token latency <= 2x the
-single-stream one.
+between a stream's text chunks, all streams pooled), p50 and p99. The table ends with the targets that
+continuous batching is held to: at 8 streams, >= 4x the single-stream aggregate tokens/s with p50
+inter-token latency <= 2x the single-stream one.
 
 The model directory needs no tokenizer: without one, serve_ttft.py's character-level one is written to a
 temporary directory (one token = one character, so one streamed chunk per token). With one (the demo

@@ -11,7 +11,7 @@ here in float32 / float64 with explicit roundings (``R`` = round to the model dt
 (what llaisys' exact numerics do). A column shows the fraction of output elements that are
 bit-identical; the claim holds when "HF" is 1.0000 (or, where torch uses an approximate
 transcendental, nearly so, with the reason given). This is the evidence for the
-``numerics="hf"`` kernels (issue 17) and the specification their op tests follow.
+``numerics="hf"`` kernels and the specification their op tests follow.
 """
 
 from __future__ import annotations

@@ -96,11 +96,11 @@ def test_zero_devices_reports_the_backends_reason(fake_library):
 
 @pytest.fixture
 def fake_devices(fake_library):
-    """use(peer) makes the process registry the installed backends plus two fake accelerators."""
+    """use(peer, mem_info=False) makes the process registry the installed backends plus two fake accelerators."""
     saved = plugins._registry
 
-    def use(peer: bool):
-        library = fake_library(devices=2, peer=peer)
+    def use(peer: bool, mem_info: bool = False):
+        library = fake_library(devices=2, peer=peer, mem_info=mem_info)
         installed = list(importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP))
         plugins._registry = plugins.Registry(entry_points=[*installed, _EntryPoint("fake", _fake_plugin(library))],
                                              env_filter="")
@@ -140,3 +140,20 @@ def test_copies_follow_capabilities_not_names(fake_devices, peer):
     assert not z.numpy().any()
     with pytest.raises(llaisys.LlaisysError, match="'rearrange' is not implemented by the 'fake' backend"):
         t.permute(1, 0).contiguous()
+
+
+def test_mem_info_of_the_cpu_follows_its_capability():
+    info = llaisys.mem_info("cpu")
+    assert (info is not None) == plugins.registry().backend("cpu").supports("mem_info")
+    if info is not None:
+        free, total = info
+        assert 0 < free <= total
+
+
+@pytest.mark.parametrize("mem_info", [False, True], ids=["no-slot", "gpu-like"])
+def test_mem_info_is_the_backends_slot_or_none(fake_devices, mem_info):
+    fake_devices(peer=False, mem_info=mem_info)
+    assert plugins.registry().backend("fake").supports("mem_info") == mem_info
+    assert llaisys.mem_info("fake:1") == ((60 << 30, 80 << 30) if mem_info else None)
+    with pytest.raises(llaisys.BackendUnavailableError, match="device fake:2 does not exist"):
+        llaisys.mem_info("fake:2")

@@ -1,5 +1,7 @@
 """Backend discovery: every plugin loads or fails on its own, and errors say what to do."""
 
+import importlib.metadata
+
 import pytest
 
 import llaisys
@@ -230,6 +232,15 @@ def test_cli_devices_names_each_device(capsys):
     cpu_line = next(line for line in out.splitlines() if line.strip().startswith("cpu:0"))
     assert llaisys.plugins.registry().backend("cpu").device_name(0) in cpu_line
     assert "threads" in cpu_line  # the CPU's name says its SIMD path and thread count
+
+
+def test_cli_version_names_core_then_every_installed_llaisys_package(capsys):
+    from llaisys.cli import main
+    assert main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"llaisys-core {llaisys.__version__}"
+    assert f"llaisys-backend-cpu {importlib.metadata.version('llaisys-backend-cpu')}" in lines[1:]
+    assert all(line.startswith("llaisys-") for line in lines) and len(set(lines)) == len(lines)
 
 
 def test_real_cpu_backend_is_discovered():

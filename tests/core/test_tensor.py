@@ -3,6 +3,7 @@
 import contextlib
 import io
 import mmap
+import re
 
 import ml_dtypes
 import numpy as np
@@ -179,6 +180,13 @@ def test_bad_constructor_arguments_raise():
     assert "llaisys-backend-nosuch" not in str(e.value)  # only packages that exist are named
     with pytest.raises(llaisys.BackendUnavailableError, match="does not exist"):
         llaisys.empty((2,), device="cpu:3")
+
+
+def test_device_index_must_be_a_non_negative_int():
+    assert llaisys.Device("cpu", np.int64(0)) is llaisys.Device("cpu")
+    for bad in (True, -1, 1.5, "1"):
+        with pytest.raises(ValueError, match=re.escape(f"invalid device index {bad!r} for 'cpu'")):
+            llaisys.Device("cpu", bad)
 
 
 def test_to_same_device_is_identity_and_debug_prints():

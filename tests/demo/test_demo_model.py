@@ -52,6 +52,7 @@ def test_demo_adds_numbers_through_llaisys(device, tokenizer, quantize):
     assert correct / len(problems) >= 0.95, f"accuracy {correct}/{len(problems)}"
 
 
+@pytest.mark.slow
 def test_demo_matches_hf_transformers(device, tokenizer):
     from transformers import AutoModelForCausalLM
 

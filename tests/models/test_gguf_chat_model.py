@@ -22,6 +22,7 @@ from llaisys_models.tokenizer import encode, load_tokenizer
 from test_parity import check_against_reference
 from tiny_models import Reference
 
+pytestmark = pytest.mark.slow
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
 MAX_NEW_TOKENS = 32

@@ -16,6 +16,7 @@ import pytest
 import llaisys_models
 from tiny_models import NEW_TOKENS, PROMPT_LENGTHS, SPECS
 
+pytestmark = pytest.mark.slow
 MANTISSA_BITS = {"bf16": 7, "f16": 10}
 ULPS = 4  # near-tie tolerance in ulps of the top logit (bf16/f16)
 F32_REL = 1e-4  # near-tie tolerance relative to the top logit in f32 (DESIGN: <= 1e-3)

@@ -219,13 +219,19 @@ def test_linear_i8_empty_k_gives_bias(device, dtype):
 
 
 def test_linear_i8_empty_m_and_n(device):
-    case = Case((1, 4, 40), llaisys.float32, with_bias=False, device=device)
-    out = llaisys.empty((0, 4), llaisys.float32, device)
-    llaisys.ops.linear_i8(out, llaisys.zeros((0, 40), llaisys.float32, device), case.weight, case.scale_t)
-    out = llaisys.empty((2, 0), llaisys.float32, device)
-    llaisys.ops.linear_i8(out, llaisys.zeros((2, 40), llaisys.float32, device),
-                          llaisys.zeros((0, 2, 8, 16, 4), llaisys.int8, device),
-                          llaisys.zeros((0, 2, 16), llaisys.bfloat16, device))
+    """M = 0 or N = 0: the call succeeds and writes nothing; the empty outputs are views into NaN-filled
+    tensors, whose every element must still be NaN afterwards."""
+    f32 = llaisys.float32
+    case = Case((1, 4, 40), f32, with_bias=False, device=device)
+    rows = nan_filled((3, 4), f32, device)
+    out = rows.slice(0, 1, 1)  # [0, 4], between rows 0 and 1
+    llaisys.ops.linear_i8(out, llaisys.zeros((0, 40), f32, device), case.weight, case.scale_t)
+    assert out.shape == (0, 4) and np.isnan(rows.numpy()).all()
+    columns = nan_filled((2, 4), f32, device)
+    out = columns.slice(1, 2, 2)  # [2, 0], in the middle of each row
+    llaisys.ops.linear_i8(out, llaisys.zeros((2, 40), f32, device), llaisys.zeros((0, 2, 8, 16, 4), llaisys.int8, device),
+                          llaisys.zeros((0, 2, 16), llaisys.bfloat16, device), llaisys.zeros((0,), f32, device))
+    assert out.shape == (2, 0) and np.isnan(columns.numpy()).all()
 
 
 def test_linear_i8_is_refused_where_not_implemented(device):

@@ -154,7 +154,7 @@ def test_rope_matches_hf_qwen2(device, dtype):
             if pos[0] > 0:  # shows that the comparison would catch exact (f64) angles
                 assert (exact - want).abs().max() > 1e-3
         else:
-            # HF also rounds cos/sin and both products to the dtype (see rope_kernel.h): a few ulp apart
+            # HF also rounds cos/sin and both products to the dtype (tools/hf_rounding.py): a few ulp apart
             ulp = {llaisys.float16: 2.0 ** -10, llaisys.bfloat16: 2.0 ** -7}[dtype]
             assert (diff <= 4 * ulp * want.abs() + 4 * ulp).all(), f"max diff {diff.max():.3g} vs HF"
 

@@ -29,7 +29,7 @@ enum Status : int {
     kNotSupported = LLAISYS_NOT_SUPPORTED,
 };
 
-// Thrown inside the library, turned into a status by LLAISYS_GUARD.
+// Thrown inside the library, turned into a status by guard() below.
 struct InvalidArgument : std::runtime_error { using std::runtime_error::runtime_error; };
 struct NotSupported : std::runtime_error { using std::runtime_error::runtime_error; };
 struct OutOfMemory : std::runtime_error { using std::runtime_error::runtime_error; };
@@ -64,7 +64,7 @@ int guard(const char* where, F&& body) noexcept {
     }
 }
 
-// Graph capture (graph.cpp). CPU work is synchronous: an op runs inside its call. On a stream that is being
+// Graph capture (streams.cpp). CPU work is synchronous: an op runs inside its call. On a stream that is being
 // captured (graph_begin_capture) the op is recorded instead, and each graph_launch replays the recorded
 // calls in order, with no Python and no argument packing between them.
 struct Graph;

@@ -119,7 +119,8 @@ OP_SLOTS: dict[str, list] = {
     "embedding": [c_int, _i64, _i64, _i64, _p, _p, _p],
     # dtype, M, N, K, out [M,N], x [M,K], weight [N,K], bias [N] or NULL
     "linear": [c_int, _i64, _i64, _i64, _p, _p, _p, _p],
-    # dtype, M, N, K, out [M,N], x [M,K], weight int8 [N,K], scales bf16 [ceil(K/32),N], bias [N] or NULL
+    # dtype, M, N, K, out [M,N], x [M,K], weight int8 [NB,G,8,16,4] and scales bf16 [NB,G,16] (blocks of 16 rows,
+    # NB = ceil(N/16), G = ceil(K/32): llaisys.ops.int8), bias [N] or NULL
     "linear_i8": [c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],

@@ -6,6 +6,8 @@ compiled library, and a pure-Python backend may implement it directly.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from .abi import CAPABILITIES, DeviceAttr, MemcpyKind
 from .errors import LlaisysError, NotSupportedError
 
@@ -67,7 +69,7 @@ class Backend:
     def capabilities(self) -> dict[str, bool]:
         return {name: self.supports(name) for name in CAPABILITIES}
 
-    def _unsupported(self, capability: str):
+    def _unsupported(self, capability: str) -> NoReturn:
         raise NotSupportedError(f"the '{self.name}' backend does not support {capability.replace('_', ' ')}")
 
     def device_attribute(self, device_index: int, attr: DeviceAttr) -> int | None:

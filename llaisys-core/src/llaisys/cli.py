@@ -38,6 +38,17 @@ def format_devices(records) -> str:
     return "\n".join(lines)
 
 
+def format_versions() -> str:
+    """llaisys-core's version, then every other installed llaisys distribution's (name order), one per line."""
+    from ._version import __version__
+    others: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().startswith("llaisys-") and name.lower() != "llaisys-core":
+            others.setdefault(name, dist.version)  # the first on sys.path is the one imported
+    return "\n".join([f"llaisys-core {__version__}", *(f"{name} {others[name]}" for name in sorted(others))])
+
+
 def _devices(args) -> int:
     from .plugins import available_devices, backend_report
     records = backend_report()
@@ -51,6 +62,8 @@ def _devices(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llaisys", description="llaisys: LLM inference on any backend")
+    parser.add_argument("--version", action="store_true",
+                        help="print the version of llaisys-core and of every installed llaisys package")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list backend plugins and their devices")
     devices.set_defaults(func=_devices)
@@ -78,6 +91,9 @@ def main(argv=None) -> int:
     _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.version:
+        print(format_versions())
+        return 0
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

@@ -17,19 +17,23 @@ _intern_lock = threading.Lock()
 
 class Device:
     __slots__ = ("type", "index", "_hash")
+    type: str
+    index: int
+    _hash: int
 
     def __new__(cls, type: str, index: int = 0):
-        device = _interned.get((type, index)) if isinstance(type, str) and isinstance(index, int) else None
+        device = _interned.get((type, index)) if isinstance(type, str) and index.__class__ is int else None
         if device is not None:
             return device
         if not isinstance(type, str) or not type.isidentifier():
             raise LlaisysValueError(f"invalid device type {type!r}")
         try:
-            index = operator.index(index)
+            checked = -1 if isinstance(index, bool) else operator.index(index)
         except TypeError:
-            index = None
-        if index is None or isinstance(index, bool) or index < 0:
+            checked = -1
+        if checked < 0:
             raise LlaisysValueError(f"invalid device index {index!r} for {type!r}")
+        index = checked
         with _intern_lock:
             device = _interned.get((type, index))
             if device is None:

@@ -83,7 +83,7 @@ _release_legacy = _export_releaser(DLManagedTensor)
 _release_versioned = _export_releaser(DLManagedTensorVersioned)
 
 
-def _capsule_destructor(name, used_name, struct_type):
+def _capsule_destructor(name, struct_type):
     @_CapsuleDestructor
     def destroy(capsule):
         if _capsule_is_valid(capsule, name):  # never consumed: release it ourselves
@@ -92,8 +92,8 @@ def _capsule_destructor(name, used_name, struct_type):
     return destroy
 
 
-_destroy_legacy = _capsule_destructor(LEGACY, USED_LEGACY, DLManagedTensor)
-_destroy_versioned = _capsule_destructor(VERSIONED, USED_VERSIONED, DLManagedTensorVersioned)
+_destroy_legacy = _capsule_destructor(LEGACY, DLManagedTensor)
+_destroy_versioned = _capsule_destructor(VERSIONED, DLManagedTensorVersioned)
 
 
 def dlpack_device(device: Device) -> tuple[int, int]:
@@ -156,7 +156,7 @@ def from_dlpack(obj):
         capsule = obj
     if _capsule_is_valid_obj(capsule, VERSIONED):
         ptr = _capsule_get_pointer_obj(capsule, VERSIONED)
-        managed = ctypes.cast(ptr, POINTER(DLManagedTensorVersioned)).contents
+        managed: DLManagedTensorVersioned | DLManagedTensor = ctypes.cast(ptr, POINTER(DLManagedTensorVersioned)).contents
         if managed.version.major != 1:
             raise LlaisysValueError(f"unsupported DLPack major version {managed.version.major}")
         readonly = bool(managed.flags & FLAG_READ_ONLY)
@@ -199,8 +199,8 @@ def _device_from_dlpack(device_type: int, device_id: int) -> Device:
     if device_type in (DLPACK_CPU, DLPACK_CUDA_HOST):
         return Device("cpu")
     reg = registry()
-    for name, record in reg.backends.items():
-        if record.backend.dlpack_device_type == device_type and name != "cpu":
+    for name in reg.backends:
+        if name != "cpu" and reg.backend(Device(name)).dlpack_device_type == device_type:
             return Device(name, device_id)
     kind = "cuda" if device_type == DLPACK_CUDA else f"DLPack device type {device_type}"
     raise LlaisysValueError(f"from_dlpack: no loaded llaisys backend handles {kind} memory")

@@ -49,7 +49,7 @@ class Graph:
         if not self._backend.supports("graphs"):
             raise NotSupportedError(f"the '{self._backend.name}' backend cannot capture graphs ({self.device})")
         self._allocator = registry().allocator(self.device)
-        self._pool = GraphPool()
+        self._pool: GraphPool | None = GraphPool()
         self.stream: Stream | None = None
         self._handle = 0
 
@@ -80,7 +80,7 @@ class Graph:
 
     def replay(self) -> None:
         """Run the recorded ops again on the capture's stream, then wait for them."""
-        if not self._handle:
+        if not self._handle or self.stream is None:
             raise NotSupportedError("replay() of a graph that has not been captured")
         self._backend.graph_launch(self.device.index, self._handle, self.stream.handle)
         self.stream.synchronize()

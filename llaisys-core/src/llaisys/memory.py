@@ -29,3 +29,11 @@ def set_cache_limit(nbytes: int, device="cpu") -> None:
 
 def reset_peak_memory_stats(device="cpu") -> None:
     registry().allocator(as_device(device)).reset_peak()
+
+
+def mem_info(device) -> tuple[int, int] | None:
+    """(free bytes, total bytes) of ``device`` as its backend reports them now, or None where the backend
+    has no memory-info slot (``supports("mem_info")`` is False). Blocks the caching allocator keeps count
+    as used: ``empty_cache(device)`` first to count them free."""
+    device = as_device(device)
+    return registry().backend(device).mem_info(device.index)

@@ -18,8 +18,9 @@ from .errors import LlaisysError, LlaisysValueError, NotSupportedError, OutOfMem
 
 __all__ = ["MemcpyKind", "NativeBackend", "NativeLibrary", "Numerics", "Status", "get_include"]
 
-_STATUS_ERRORS = {Status.INVALID_ARGUMENT: LlaisysValueError, Status.OUT_OF_MEMORY: OutOfMemoryError,
-                  Status.NOT_SUPPORTED: NotSupportedError}
+_STATUS_ERRORS: dict[int, type[LlaisysError]] = {
+    Status.INVALID_ARGUMENT: LlaisysValueError, Status.OUT_OF_MEMORY: OutOfMemoryError,
+    Status.NOT_SUPPORTED: NotSupportedError}
 
 
 def get_include() -> str:

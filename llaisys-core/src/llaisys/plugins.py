@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pluggy
 
+from ._version import __version__ as CORE_VERSION
 from .abi import API_VERSION
 from .backend import Backend
 from .device import Device, as_device
@@ -54,10 +55,12 @@ class _Specs:
     @hookspec
     def llaisys_backends(self) -> list[BackendSpec]:
         """Return the backends this plugin offers (called once per process)."""
+        raise NotImplementedError  # a specification: pluggy calls the plugins' implementations
 
     @hookspec
     def llaisys_kernels(self) -> list[KernelOverride]:
         """Return kernel overrides (called once per process)."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass
@@ -138,8 +141,8 @@ class Registry:
         for spec in specs:
             self._load_spec(spec, package, version)
 
-    def _call_hook(self, plugin, hook_name):
-        results = []
+    def _call_hook(self, plugin, hook_name) -> list:
+        results: list = []
         for impl in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
             if impl.plugin is plugin:
                 results.extend(impl.function() or [])
@@ -149,7 +152,7 @@ class Registry:
         record = BackendRecord(spec.name, package, version, "failed", priority=spec.priority)
         self.records.append(record)
         if spec.api_version != API_VERSION:
-            record.reason = (f"backend API version {spec.api_version}, but llaisys-core {_core_version()} "
+            record.reason = (f"backend API version {spec.api_version}, but llaisys-core {CORE_VERSION} "
                              f"speaks version {API_VERSION}; install matching versions of llaisys-core and {package}")
             return
         try:
@@ -205,6 +208,7 @@ class Registry:
                 raise BackendUnavailableError(
                     f"device {device} does not exist: backend '{device.type}' ({record.package}) "
                     f"has {record.devices} device(s)")
+            assert record.backend is not None  # self.backends holds loaded records only
             return record.backend
         raise BackendUnavailableError(self._why_missing(device.type))
 
@@ -276,13 +280,6 @@ def _distribution_of(ep) -> tuple[str, str]:
     if dist is None:
         return ep.value.split(".")[0].split(":")[0], "?"
     return dist.metadata["Name"], dist.version
-
-
-def _core_version() -> str:
-    try:
-        return importlib.metadata.version("llaisys-core")
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def _describe(e: BaseException) -> str:

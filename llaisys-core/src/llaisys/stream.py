@@ -34,7 +34,7 @@ class Stream:
     def __init__(self, device="cpu"):
         self.device = as_device(device)
         self._backend = registry().backend(self.device)
-        self.handle = self._backend.stream_create(self.device.index)
+        self.handle: int | None = self._backend.stream_create(self.device.index)
 
     def synchronize(self) -> None:
         self._backend.stream_synchronize(self.device.index, self.handle)

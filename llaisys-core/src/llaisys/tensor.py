@@ -30,6 +30,13 @@ class Layout:
     """What an op frontend checks about a tensor besides its address; interned, so compared with ``is``."""
 
     __slots__ = ("device", "dtype", "shape", "contiguous", "writable", "numel", "nbytes")
+    device: Device
+    dtype: DType
+    shape: tuple[int, ...]
+    contiguous: bool
+    writable: bool
+    numel: int
+    nbytes: int
 
     def __repr__(self) -> str:
         return (f"Layout({self.device}, {self.dtype.name}, {self.shape}, contiguous={self.contiguous}, "
@@ -152,6 +159,14 @@ def _view_strides(shape, strides, new_shape):
 
 class Tensor:
     __slots__ = ("_storage", "_offset", "_shape", "_strides", "_dtype", "_layout", "_ptr", "_end", "__weakref__")
+    _storage: Storage
+    _offset: int  # bytes from the storage's start
+    _shape: tuple[int, ...]
+    _strides: tuple[int, ...]  # in elements
+    _dtype: DType
+    _layout: Layout
+    _ptr: int  # the data pointer: storage.ptr + offset
+    _end: int  # one past the last byte the view can touch
 
     def __init__(self, storage: Storage, shape, strides, dtype: DType, offset: int = 0):
         """A view of ``storage``; raises unless every element it can touch lies inside the storage."""
@@ -208,16 +223,13 @@ class Tensor:
                 raise LlaisysValueError(f"view: expected ints or one sequence of ints, got {shape[0]!r}") from None
         numel = self._layout.numel
         if -1 in shape:
-            shape = list(shape)
             if shape.count(-1) > 1:
                 raise LlaisysValueError(f"view: only one dimension can be -1, got {tuple(shape)}")
             i = shape.index(-1)
-            shape[i] = 1
-            known = math.prod(_as_shape(shape))
+            known = math.prod(_as_shape(shape[:i] + (1,) + shape[i + 1:]))
             if known == 0 or numel % known:
-                shape[i] = -1
                 raise LlaisysValueError(f"view: shape {tuple(shape)} is invalid for {numel} elements")
-            shape[i] = numel // known
+            shape = shape[:i] + (numel // known,) + shape[i + 1:]
         shape = _as_shape(shape)
         if math.prod(shape) != numel:
             raise LlaisysValueError(f"view: shape {shape} is invalid for a tensor of shape {self._shape} "

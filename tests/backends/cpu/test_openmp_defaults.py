@@ -1,4 +1,4 @@
-"""The CPU plugin's OpenMP defaults (issue 9): set while the library loads, never over the user's."""
+"""The CPU plugin's OpenMP defaults: set while the library loads, never over the user's."""
 
 from __future__ import annotations
 

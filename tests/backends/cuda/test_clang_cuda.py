@@ -50,6 +50,7 @@ def corex_config() -> tuple[Path, list[str]]:
 
 
 CONFIGS = {"nvidia": nvidia_config, "corex": corex_config}
+pytestmark = pytest.mark.slow  # clang compiles every source, twice
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -17,6 +17,7 @@ from ops.test_numerics_hf import hf_rope
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
+pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -9,6 +9,7 @@ import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError, out
 
+pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
 H2D, D2H, D2D = 1, 2, 3
 ATTR_HOST_ADDRESSABLE, ATTR_WARP_SIZE, ATTR_MAX_THREADS, ATTR_SM_COUNT, ATTR_TOTAL_MEMORY = 0, 1, 2, 3, 4
 ATTR_COMPUTE_CAPABILITY, ATTR_MAX_SHARED = 5, 6

@@ -16,7 +16,8 @@ import torch
 from backends.cuda.host_exec.device import HostExecDevice, out
 
 NOT_SUPPORTED = 4
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="host execution needs g++ (with libasan / libubsan)")
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="host execution needs g++ (with libasan / libubsan)"),
+              pytest.mark.slow]  # the warp-64 host-execution build (cached; minutes of CPU)
 
 
 def corex_device(**env: str) -> HostExecDevice:

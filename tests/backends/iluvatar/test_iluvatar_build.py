@@ -9,6 +9,7 @@ tests/backends/cuda/test_clang_cuda.py."""
 
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "llaisys-backend-iluvatar"
 CSRC = REPO / "llaisys-backend-cuda" / "csrc"
 CORE_INCLUDE = REPO / "llaisys-core" / "src" / "llaisys" / "include"
+VERSION = runpy.run_path(str(PACKAGE / "src" / "llaisys_backend_iluvatar" / "_version.py"))["__version__"]
 SDK_LINE = "CoreX SDK not found: set COREX_HOME or install it at /usr/local/corex"
 
 STUB_CLANG = """#!{python}
@@ -113,14 +115,17 @@ def check_build(sdk: Path, root: Path, csrc: Path, core_include: Path, commands:
 
 
 def check_wheel(wheel_dir: Path, sdk: Path, tmp_path: Path) -> None:
-    (wheel,) = wheel_dir.glob("llaisys_backend_iluvatar-0.1.0-py3-none-linux_*.whl")
+    (wheel,) = wheel_dir.glob(f"llaisys_backend_iluvatar-{VERSION}-py3-none-linux_*.whl")
+    dist_info = f"llaisys_backend_iluvatar-{VERSION}.dist-info/"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        package_files = sorted(n for n in names if not n.startswith("llaisys_backend_iluvatar-0.1.0.dist-info/"))
+        package_files = sorted(n for n in names if not n.startswith(dist_info))
         assert package_files == ["llaisys_backend_iluvatar/__init__.py",
+                                 "llaisys_backend_iluvatar/_version.py",
                                  "llaisys_backend_iluvatar/libllaisys_iluvatar.so",
                                  "llaisys_backend_iluvatar/plugin.py"]
-        entry_points = zf.read("llaisys_backend_iluvatar-0.1.0.dist-info/entry_points.txt").decode()
+        assert f"\nVersion: {VERSION}\n" in zf.read(dist_info + "METADATA").decode()  # from _version.py
+        entry_points = zf.read(dist_info + "entry_points.txt").decode()
         assert "[llaisys.backends]\niluvatar = llaisys_backend_iluvatar.plugin" in entry_points
         library = tmp_path / "libllaisys_iluvatar.so"
         library.write_bytes(zf.read("llaisys_backend_iluvatar/libllaisys_iluvatar.so"))

@@ -1,8 +1,9 @@
 /*
  * A minimal backend library for core's tests, built against llaisys/backend.h by the tests:
- *   cc -shared -fPIC -DLLAISYS_PREFIX=llaisys_fake -DFAKE_DEVICES=N [-DFAKE_PEER] [-DFAKE_OMIT_MEMCPY]
- * It exports only the required slots (plus memcpy_peer with FAKE_PEER, minus memcpy with
- * FAKE_OMIT_MEMCPY) and no operator. Its "devices" keep their memory on the host but do not
+ *   cc -shared -fPIC -DLLAISYS_PREFIX=llaisys_fake -DFAKE_DEVICES=N [-DFAKE_PEER] [-DFAKE_MEM_INFO]
+ *      [-DFAKE_OMIT_MEMCPY]
+ * It exports only the required slots (plus memcpy_peer with FAKE_PEER, mem_info with FAKE_MEM_INFO:
+ * a GPU-like 60 GiB free of 80 GiB; minus memcpy with FAKE_OMIT_MEMCPY) and no operator. Its "devices" keep their memory on the host but do not
  * say they are host-addressable, so core must move data through memcpy / memcpy_peer; each
  * copy is counted (fake_copies) so a test can see which path core took.
  */
@@ -83,6 +84,15 @@ int LLAISYS_FN(memcpy_peer)(int dst_device, void* dst, int src_device, const voi
     if (bad_device(dst_device) || bad_device(src_device)) return fail("fake: no such device", LLAISYS_INVALID_ARGUMENT);
     g_copies[4]++;
     memmove(dst, src, nbytes);
+    return LLAISYS_OK;
+}
+#endif
+
+#ifdef FAKE_MEM_INFO
+int LLAISYS_FN(mem_info)(int device, size_t* free_bytes, size_t* total_bytes) {
+    if (bad_device(device)) return fail("fake: no such device", LLAISYS_INVALID_ARGUMENT);
+    *free_bytes = (size_t)60 << 30;
+    *total_bytes = (size_t)80 << 30;
     return LLAISYS_OK;
 }
 #endif

@@ -7,6 +7,8 @@ the frontend, which calls in here only to raise.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 
 from ..abi import INT64_MAX, Numerics
@@ -17,7 +19,7 @@ from ..tensor import Tensor
 FLOATS = (float32, float16, bfloat16)
 
 
-def fail(op: str, message: str):
+def fail(op: str, message: str) -> NoReturn:
     raise LlaisysValueError(f"{op}: {message}")
 
 

@@ -8,11 +8,13 @@ context need, and at least a few blocks. The server prints what it got at start-
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import llaisys
 
 DEFAULT_FRACTION = 0.25
 FALLBACK_BYTES = 1 << 30  # when the device cannot say how much memory is free
+MEMINFO = Path("/proc/meminfo")  # where the CPU's available memory is read
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
           "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -30,20 +32,27 @@ def parse_size(text: str) -> int:
 
 
 def free_memory(device: llaisys.Device) -> int | None:
-    """Free bytes on ``device``, or None when nobody can tell."""
-    mem_info = getattr(llaisys, "mem_info", None)
-    if mem_info is not None:
-        info = mem_info(device)
-        if info is not None:
-            return info[0]
+    """Free bytes on ``device``, or None when nobody can tell.
+
+    On the CPU, the OS's MemAvailable where it says (unlike the free pages the CPU backend's ``mem_info``
+    counts, it includes the page cache that memory-mapped weights occupy and that the OS can reclaim);
+    everywhere else, the free bytes of ``llaisys.mem_info``."""
     if device.type == "cpu":
-        try:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
+        available = _host_available_bytes()
+        if available is not None:
+            return available
+    info = llaisys.mem_info(device)
+    return None if info is None else info[0]
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with MEMINFO.open(encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return None
 
 

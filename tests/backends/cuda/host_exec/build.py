@@ -1,8 +1,12 @@
 """Builds the CUDA backend's sources for host execution: g++, LLAISYS_HOST_EXEC, a warp size, ASan + UBSan.
 
-The result is a shared library with the backend's C ABI under the prefix ``llaisys_hostexec``; it is
-cached under build/host_exec/ (or $LLAISYS_HOST_EXEC_CACHE) by a hash of every input, so a test session
-rebuilds only after a source changed. ``python build.py 64`` builds one by hand and prints its path.
+The result is a shared library with the backend's C ABI under the prefix ``llaisys_hostexec`` (minutes of
+CPU to build). It is cached outside the clone, in $LLAISYS_HOST_EXEC_CACHE or else
+${XDG_CACHE_HOME:-~/.cache}/llaisys/host_exec, so that a fresh clone (CI's) reuses it, under a key that
+hashes every input: the sources and headers (by their paths inside the repository and their bytes), the
+compiler command and flags, and the compiler's version. A stale build is thus never reused, and a test
+session rebuilds only after one of them changed. The cache keeps the KEEP builds used last (removing one is
+always safe). ``python build.py 64`` builds one by hand and prints its path.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ CORE_INCLUDE = REPO / "llaisys-core" / "src" / "llaisys" / "include"
 PREFIX = "llaisys_hostexec"
 LIBRARY = "libllaisys_hostexec.so"
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+KEEP = 8  # cached builds kept (each ~30 MB): every warp size of a few source versions
 
 
 def compiler() -> str | None:
@@ -47,12 +52,25 @@ def sources() -> list[Path]:
     return sorted(CSRC.rglob("*.cu"))
 
 
+def cache_root() -> Path:
+    if os.environ.get("LLAISYS_HOST_EXEC_CACHE"):
+        return Path(os.environ["LLAISYS_HOST_EXEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llaisys" / "host_exec"
+
+
+def compiler_version(cxx: str) -> str:
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+
+
 def inputs_digest(cxx: str, warp: int) -> str:
-    digest = hashlib.sha256(" ".join([cxx, *flags(warp)]).encode())
+    """The cache key: the same in every clone (paths count from the repository's root), different when any
+    input, flag or the compiler changes."""
+    command = " ".join([cxx, *flags(warp)]).replace(str(REPO), "<repo>")
+    digest = hashlib.sha256(f"{command}\n{compiler_version(cxx)}".encode())
     inputs = [*sources(), *CSRC.rglob("*.h"), *CSRC.rglob("*.cuh"), *HERE.glob("*.h"),
               CORE_INCLUDE / "llaisys" / "backend.h"]
     for path in sorted(inputs):
-        digest.update(path.as_posix().encode())
+        digest.update(path.relative_to(REPO).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -62,13 +80,14 @@ def build(warp: int, jobs: int | None = None) -> Path:
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) for the host-execution build")
-    cache = Path(os.environ.get("LLAISYS_HOST_EXEC_CACHE", REPO / "build" / "host_exec"))
+    cache = cache_root()
     out_dir = cache / f"warp{warp}-{inputs_digest(cxx, warp)}"
     library = out_dir / LIBRARY
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".lock", "w") as lock:  # one build per folder at a time (parallel test runs)
         fcntl.flock(lock, fcntl.LOCK_EX)
         if library.exists():
+            os.utime(library)  # used now: prune() keeps the builds used last
             return library
 
         def compile_one(source: Path) -> Path:
@@ -85,7 +104,22 @@ def build(warp: int, jobs: int | None = None) -> Path:
         tmp = out_dir / (LIBRARY + ".tmp")
         subprocess.run([cxx, "-shared", "-pthread", *SANITIZERS, *map(str, objects), "-o", str(tmp)], check=True)
         tmp.rename(library)
+        for obj in objects:  # a later build compiles everything again: only the library is reused
+            obj.unlink()
+    prune(cache)
     return library
+
+
+def prune(cache: Path, keep: int = KEEP) -> None:
+    """Remove all but the ``keep`` builds used last (by the library's mtime), skipping any being built now."""
+    built = sorted(cache.glob(f"*/{LIBRARY}"), key=lambda lib: lib.stat().st_mtime, reverse=True)
+    for library in built[keep:]:
+        with open(library.parent / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(library.parent)
 
 
 def sanitizer_preload() -> str:

@@ -1,0 +1,98 @@
+"""The server's default KV cache size: a quarter of the free memory (llaisys.mem_info on an accelerator, the
+OS's MemAvailable on the CPU), capped at max_running full contexts, at least 4 blocks; 1 GiB where the device
+cannot say how much is free."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import llaisys
+from llaisys import plugins
+from llaisys_models.serve import kv_memory
+
+GIB = 1 << 30
+
+
+class _MemoryBackend(llaisys.Backend):
+    """One pure-Python "accelerator" whose memory info is ``info`` (None: no memory-info capability)."""
+
+    name = "fakegpu"
+
+    def __init__(self, info: tuple[int, int] | None):
+        self.info = info
+
+    def device_count(self) -> int:
+        return 1
+
+    def supports(self, capability: str) -> bool:
+        return super().supports(capability) or (capability == "mem_info" and self.info is not None)
+
+    def mem_info(self, device_index: int) -> tuple[int, int] | None:
+        return self.info
+
+
+@pytest.fixture
+def fake_gpu():
+    """use(info) makes the process registry one fake accelerator, "fakegpu:0", with that memory info."""
+    saved = plugins._registry
+
+    def use(info: tuple[int, int] | None) -> llaisys.Device:
+        class Plugin:
+            @llaisys.hookimpl
+            def llaisys_backends(self):
+                return [llaisys.BackendSpec("fakegpu", lambda: _MemoryBackend(info))]
+
+        entry_point = SimpleNamespace(name="fakegpu", value="fake_gpu_plugin", load=lambda: Plugin())
+        plugins._registry = plugins.Registry(entry_points=[entry_point], env_filter="")
+        return llaisys.Device("fakegpu", 0)
+    yield use
+    plugins._registry = saved
+
+
+def _model(device, bytes_per_token: int = 28672, max_positions: int = 32768):
+    """What default_kv_memory reads of a model (the defaults: Qwen2-1.5B's KV bytes per token and context)."""
+    return SimpleNamespace(device=device, kv_shape=SimpleNamespace(bytes_per_token=bytes_per_token),
+                           config=SimpleNamespace(max_position_embeddings=max_positions))
+
+
+def test_a_quarter_of_the_free_gpu_memory(fake_gpu):
+    device = fake_gpu((60 * GIB, 80 * GIB))
+    assert llaisys.mem_info(device) == (60 * GIB, 80 * GIB)
+    assert kv_memory.default_kv_memory(_model(device), max_running=32) == 15 * GIB  # 32 full contexts: 28 GiB
+
+
+def test_capped_at_max_running_full_contexts(fake_gpu):
+    model = _model(fake_gpu((60 * GIB, 80 * GIB)))
+    assert kv_memory.default_kv_memory(model, max_running=4) == 4 * 32768 * 28672  # 3.5 GiB < 15 GiB
+
+
+def test_at_least_four_blocks(fake_gpu):
+    model = _model(fake_gpu((1000, 80 * GIB)))
+    assert kv_memory.default_kv_memory(model, max_running=16, block_size=16) == 4 * 16 * 28672
+
+
+def test_1_gib_where_the_device_cannot_say(fake_gpu):
+    device = fake_gpu(None)
+    assert llaisys.mem_info(device) is None
+    assert kv_memory.default_kv_memory(_model(device), max_running=16) == kv_memory.FALLBACK_BYTES == GIB
+
+
+def test_the_cpu_counts_what_the_os_says_is_available(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16777216 kB\nMemFree:          524288 kB\nMemAvailable:    8388608 kB\n")
+    monkeypatch.setattr(kv_memory, "MEMINFO", meminfo)
+    cpu = llaisys.Device("cpu", 0)
+    assert kv_memory.free_memory(cpu) == 8 * GIB
+    assert kv_memory.default_kv_memory(_model(cpu), max_running=16) == 2 * GIB
+
+
+def test_the_cpu_without_proc_meminfo_asks_its_backend(tmp_path, monkeypatch):
+    monkeypatch.setattr(kv_memory, "MEMINFO", tmp_path / "missing")
+    cpu = llaisys.Device("cpu", 0)
+    free, info = kv_memory.free_memory(cpu), llaisys.mem_info(cpu)
+    if info is None:
+        assert free is None
+    else:
+        assert 0 < free <= info[1]
