@@ -9,8 +9,8 @@ noxfile.py instead. Add a name here only with the reason; delete dead code inste
 import uvicorn
 
 from llaisys import abi, backend, dlpack, tensor
-from llaisys_models import cli, config, decode_graph, gguf, paged_kv, parity, qwen2, scheduler
-from llaisys_models.serve import background, engine
+from llaisys_models import causal_lm, cli, config, decode_graph, generation, parity
+from llaisys_models.serve import background
 from llaisys_models.serve import cli as serve_cli
 
 # The ABI mirror: every code of backend.h's enums, whether core's Python reads it or not
@@ -55,15 +55,8 @@ exc  # noqa: F821 (def __exit__(self, *exc) in progress.py and serve/background.
 # llaisys-models: used only by the tests, or public attributes of results (llaisys-models' owners to decide).
 config.ModelConfig.bos_token_id
 decode_graph.DecodeGraphs.replays
-gguf.quants.int8_groups
 parity.ParityReport.llaisys_choices
 parity.ParityReport.ok
-qwen2.Qwen2.clear_decode_graphs
-scheduler.Sequence.output
+causal_lm.CausalLM.clear_decode_graphs
+generation.GenerationMixin.generate_batch  # public API (README), used by the tests and benchmarks
 background.BackgroundServer.base_url
-engine.Request.id
-
-# llaisys-models: dead code, reported to llaisys-models' owners (delete these lines with the code).
-gguf.quants.QK_K
-paged_kv.SequenceKV.capacity
-qwen2.Qwen2.new_cache

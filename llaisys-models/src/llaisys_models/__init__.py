@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from . import gguf, loading
+from ._version import __version__
 from .causal_lm import CausalLM, Session
 from .config import ModelConfig
 from .errors import ModelBusyError, ModelLoadError
@@ -29,7 +30,6 @@ if importlib.util.find_spec("torch") is None:
     # not found" advisory off the console (advisories only; real warnings still show)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-__version__ = "0.1.0"
 
 DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
@@ -55,6 +55,6 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
-__all__ = ["BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
+__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
            "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile",
            "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]
