@@ -88,7 +88,7 @@ def test_bad_model_dir_is_a_clean_error(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
-# -- first contact (issue 9): what a new user tries on the demo ------------------------
+# -- first contact: what a new user tries on the demo ------------------------
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 
@@ -291,7 +291,7 @@ def test_signal_tests_hold_when_the_runner_ignores_sigint(pytestconfig):
                             timeout=300, cwd=pytestconfig.rootpath)
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
 
-# -- --quantize int8 (issue 14) ----------------------------------------------------------------------------------
+# -- --quantize int8 ----------------------------------------------------------------------------------------------
 
 def test_generate_with_int8_weights(demo, capsys):
     from helpers import skip_without_kernels

@@ -26,7 +26,7 @@ PROMPTS, NEW_TOKENS = 24, 10  # prompts of 1-4 tokens: at most 13 keys
 # measured (AVX-512 machine; models in SPECS order): token-identical generations 23, 23, 24 of 24 (exact
 # mode: 19, 21, 24); bit-identical logits at 74%, 45%, 5% of the steps (exact mode: 0%): f16's three extra
 # mantissa bits show the linear layers' summation order more often. With the batch-invariant linear (one
-# summation order for every row count, issue 13) the f16 model's bit-identical steps fell to 1 of 240 (exact
+# summation order for every row count) the f16 model's bit-identical steps fell to 1 of 240 (exact
 # mode: 0): in f16 only the ordering checks below (more identical rows, closer logits) hold.
 MIN_IDENTICAL = PROMPTS - 3
 MIN_HF_ROWS = {"bf16": 0.3, "f16": 0.0}

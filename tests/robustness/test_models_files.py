@@ -1,4 +1,4 @@
-"""Special files in a model directory (issue 16): llaisys opens only regular files.
+"""Special files in a model directory: llaisys opens only regular files.
 
 A FIFO named model.safetensors (or config.json, tokenizer.json, a shard) used to block the
 loader forever in open(); a device would be read as if it were a file. Each case runs in

@@ -1,4 +1,4 @@
-"""config.json and safetensors-header fuzz (issue 16), in a child process with capped memory and time.
+"""config.json and safetensors-header fuzz, in a child process with capped memory and time.
 
 Every hostile value a careless or malicious writer can put in a model directory must end in
 a ``ModelLoadError`` naming the file (or a model that loads and runs): never another

@@ -162,7 +162,7 @@ LONG_STOP = 2000
 
 
 def extended_stops() -> list[CountingStr]:
-    """Four 2000-character stop strings that an output of "x"s keeps spelling (the stall of issue 27)."""
+    """Four 2000-character stop strings that an output of "x"s keeps spelling (it stalled every stream once)."""
     return [CountingStr("x" * (LONG_STOP - 1) + end) for end in "abcd"]
 
 

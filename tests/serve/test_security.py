@@ -1,4 +1,4 @@
-"""The server under attack (issue 27): no prompt stalls the others, tenants are kept apart, a page on
+"""The server under attack: no prompt stalls the others, tenants are kept apart, a page on
 another site cannot reach a server on 127.0.0.1, and a client's misbehaviour is never a 500."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def load_tokenizer(path):
     from . import gguf
 
     path = Path(path)
-    if is_gguf(path):  # hook: GGUF files (issue 15)
+    if is_gguf(path):  # its tokenizer and chat template come from the file's metadata
         return gguf.load_tokenizer(path)
     present = [name for name in TOKENIZER_FILES if (path / name).exists()]
     for name in present:
