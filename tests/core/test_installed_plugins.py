@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_process import run_in_child
 
 FAKE = Path(__file__).parent.parent / "fake_backends" / "llaisys-backend-broken"
 
@@ -35,20 +36,27 @@ def devices_without_broken(tmp_path_factory):
     return devices
 
 
+def broken_backend_in_child() -> None:
+    """The child (the broken package on its path): how each backend is reported, a CPU op, the broken device."""
+    import numpy as np
+
+    import llaisys
+
+    rows = {r.name: r for r in llaisys.backend_report()}
+    print(rows["broken"].status, "|", rows["broken"].package, "|", rows["broken"].reason)
+    print(rows["cpu"].status, llaisys.available_devices())
+    t = llaisys.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3)).permute(1, 0).contiguous()
+    print(t.numpy().tolist())
+    try:
+        llaisys.empty((1,), device="broken")
+    except llaisys.BackendUnavailableError as e:
+        print("error:", e)
+
+
 def test_broken_backend_is_reported_and_cpu_still_works(site_with_broken_backend, devices_without_broken):
-    code = """
-import numpy as np, llaisys
-rows = {r.name: r for r in llaisys.backend_report()}
-print(rows["broken"].status, "|", rows["broken"].package, "|", rows["broken"].reason)
-print(rows["cpu"].status, llaisys.available_devices())
-t = llaisys.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3)).permute(1, 0).contiguous()
-print(t.numpy().tolist())
-try:
-    llaisys.empty((1,), device="broken")
-except llaisys.BackendUnavailableError as e:
-    print("error:", e)
-"""
-    result = run(code, site_with_broken_backend)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site_with_broken_backend),
+                                                            os.environ.get("PYTHONPATH", "")])}
+    result = run_in_child(broken_backend_in_child, env=environ, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("failed | llaisys-backend-broken | ")

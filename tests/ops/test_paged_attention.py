@@ -11,20 +11,16 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from child_process import run_in_child
 from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 from test_self_attention import reference  # float64 causal GQA attention
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, skip_without_kernels, to_torch
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -181,15 +177,10 @@ def test_simd_paths(device, level):
     run_under_simd(__name__, level, "t.every_check_on_this_path()")
 
 
-_THREADS_CHILD = """
-import json, sys
-import numpy as np
-sys.path.insert(0, {tests!r}); sys.path.insert(0, {here!r})
-import llaisys
-from test_paged_attention import Paged, bits
-paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, "cpu", seed=11)
-print(json.dumps(bits(paged.run()).astype(np.int64).ravel().tolist()))
-"""
+def decode_bits_in_child() -> None:
+    """The child (its thread count set by the environment): the bits of a decode over long caches, as JSON."""
+    paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, "cpu", seed=11)
+    print(json.dumps(bits(paged.run()).astype(np.int64).ravel().tolist()))
 
 
 def test_thread_count_does_not_change_results(device):
@@ -199,10 +190,9 @@ def test_thread_count_does_not_change_results(device):
         pytest.skip("the thread count is a CPU setting")
     paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, device, seed=11)
     here = bits(paged.run()).astype(np.int64).ravel().tolist()
-    code = _THREADS_CHILD.format(tests=str(TESTS_DIR), here=str(Path(__file__).parent))
     for threads in ("1", "3"):
         env = {**os.environ, "OMP_NUM_THREADS": threads}
-        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        child = run_in_child(decode_bits_in_child, env=env, check=True)
         assert json.loads(child.stdout) == here, f"OMP_NUM_THREADS={threads} gives other bits"
 
 

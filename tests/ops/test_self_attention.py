@@ -5,17 +5,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from child_process import run_in_child
 
 import llaisys
 from helpers import FLOAT_DTYPES, assert_close, from_torch, nan_filled, random
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 def reference(q, k, v, scale):
@@ -129,27 +125,28 @@ def _supported_levels():
 # (1, 4097, 6, 1): one (kv head, tile) pair -> 16 key splits, the last ones empty;
 # (32, 3850, 1, 1): splits of 320 keys, one of which starts past the last key of most rows;
 # (1, 4097, 4, 4) and (2, 600, 2, 1): the row form (<= 4 queries per kv head) with split keys.
-SIMD_SCRIPT = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-import ctypes, llaisys, llaisys_backend_cpu
-from test_self_attention import run_case
-from helpers import FLOAT_DTYPES
-lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
-lib.llaisys_cpu_simd_level.restype = ctypes.c_char_p
-shapes = [(1, 1, 1, 1, 32, 32), (1, 33, 12, 2, 128, 128), (5, 17, 6, 3, 32, 32), (9, 9, 2, 2, 64, 64),
-          (20, 20, 4, 1, 17, 33), (4, 6, 2, 1, 3, 5), (40, 70, 3, 1, 32, 32), (1, 4097, 6, 1, 32, 32),
-          (32, 3850, 1, 1, 16, 16), (1, 4097, 4, 4, 64, 64), (2, 600, 2, 1, 16, 24), (1, 70, 12, 3, 32, 32)]
-failures = []
-for dtype in FLOAT_DTYPES:
-    for shape in shapes:
-        try:
-            run_case(llaisys.Device("cpu"), dtype, *shape, seed=3)
-        except AssertionError as e:
-            failures.append(f"{dtype.name} {shape}: {e}")
-print(json.dumps({"level": lib.llaisys_cpu_simd_level().decode(), "failures": failures}))
-"""
+SIMD_SHAPES = [(1, 1, 1, 1, 32, 32), (1, 33, 12, 2, 128, 128), (5, 17, 6, 3, 32, 32), (9, 9, 2, 2, 64, 64),
+               (20, 20, 4, 1, 17, 33), (4, 6, 2, 1, 3, 5), (40, 70, 3, 1, 32, 32), (1, 4097, 6, 1, 32, 32),
+               (32, 3850, 1, 1, 16, 16), (1, 4097, 4, 4, 64, 64), (2, 600, 2, 1, 16, 24), (1, 70, 12, 3, 32, 32)]
+
+
+def simd_paths_in_child() -> None:
+    """The child (its SIMD level and thread count set by the environment): every case of SIMD_SHAPES, then
+    the level the library ran and the failures, as JSON."""
+    import ctypes
+
+    import llaisys_backend_cpu
+
+    lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
+    lib.llaisys_cpu_simd_level.restype = ctypes.c_char_p
+    failures = []
+    for dtype in FLOAT_DTYPES:
+        for shape in SIMD_SHAPES:
+            try:
+                run_case(llaisys.Device("cpu"), dtype, *shape, seed=3)
+            except AssertionError as e:
+                failures.append(f"{dtype.name} {shape}: {e}")
+    print(json.dumps({"level": lib.llaisys_cpu_simd_level().decode(), "failures": failures}))
 
 
 @pytest.mark.parametrize("level", ["portable", "avx2", "avx512"])
@@ -160,8 +157,7 @@ def test_simd_paths(device, level):
         pytest.skip(f"this CPU (or build) does not support {level}")
     # passive waiting: 8 threads on fewer cores must not spin against each other (and torch's reference)
     env = {**os.environ, "LLAISYS_CPU_SIMD": level, "OMP_NUM_THREADS": "8", "OMP_WAIT_POLICY": "passive"}
-    proc = subprocess.run([sys.executable, "-c", SIMD_SCRIPT, str(TESTS_DIR), str(Path(__file__).parent)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_in_child(simd_paths_in_child, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["level"] == level

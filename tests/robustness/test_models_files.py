@@ -11,20 +11,18 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from child_process import run_in_child
 
 import llaisys_models
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 
-CHILD = textwrap.dedent("""
-    import sys
-    import llaisys_models
-    for case, path, what in [line.split("|") for line in sys.argv[1:]]:
+def load_in_child(*cases: str) -> None:
+    """The child: each "case|path|what" loaded (a model, or its tokenizer); prints "case|outcome"."""
+    for case, path, what in [line.split("|") for line in cases]:
         try:
             if what == "tokenizer":
                 llaisys_models.load_tokenizer(path)
@@ -33,7 +31,6 @@ CHILD = textwrap.dedent("""
             print(f"{case}|loaded", flush=True)
         except llaisys_models.ModelLoadError as e:
             print(f"{case}|{e}", flush=True)
-""")
 
 
 def demo_copy(root: Path, name: str) -> Path:
@@ -83,7 +80,7 @@ def special_dirs(tmp_path):
 def test_special_files_are_refused_without_blocking(special_dirs):
     args = [f"{case}|{path}|{what}" for case, (path, what, _) in special_dirs.items()]
     try:
-        proc = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=120)
+        proc = run_in_child(load_in_child, *args, timeout=120)
     except subprocess.TimeoutExpired as e:
         done = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"the loader blocked; cases finished before that: {done.splitlines()}")

@@ -8,25 +8,25 @@ exception, a crash, a hang or an allocation sized by the file's say-so.
 from __future__ import annotations
 
 import json
+import random
 import resource
 import shutil
-import subprocess
-import sys
-import textwrap
+import struct
+from pathlib import Path
 
 import pytest
+from child_process import run_in_child
 
+import llaisys
 import llaisys_models
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 MEMORY_CAP = 3 << 30  # address space of the child: far above what the demo needs, far below a runaway plan
 
-CHILD = textwrap.dedent("""
-    import json, os, random, shutil, struct, sys
-    import llaisys, llaisys_models
-    from pathlib import Path
 
-    root = Path(sys.argv[1])
+def fuzz_in_child(folder: str) -> None:
+    """The child: one line "case|outcome" per hostile file, loaded in place of the good one."""
+    root = Path(folder)
     base = root / "base"
     config = json.loads((base / "config.json").read_text())
     weights = (base / "model.safetensors").read_bytes()
@@ -49,7 +49,7 @@ CHILD = textwrap.dedent("""
             outcome = "error: " + str(e)
         except Exception as e:
             outcome = f"UNEXPECTED {type(e).__name__}: {e}"
-        print(case + "|" + outcome.replace("\\n", " ")[:300], flush=True)
+        print(case + "|" + outcome.replace("\n", " ")[:300], flush=True)
         shutil.copy(base / name, path / name)
 
     DEEP = "[" * 100_000 + "]" * 100_000  # nesting beyond the recursion limit, written as text
@@ -74,7 +74,6 @@ CHILD = textwrap.dedent("""
         declared = len(h) if kind != 1 or i % 2 else header_len
         blob = struct.pack("<Q", declared) + bytes(h) + data
         attempt(f"header {i}", "model.safetensors", blob)
-""")
 
 
 def cap_memory():
@@ -86,8 +85,7 @@ def test_config_and_header_fuzz(tmp_path):
     if not (DEMO / "config.json").is_file():
         pytest.skip("the demo model is not in this checkout yet")
     shutil.copytree(DEMO, tmp_path / "base")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          preexec_fn=cap_memory)
+    proc = run_in_child(fuzz_in_child, tmp_path, timeout=600, preexec_fn=cap_memory)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, f"the child died ({proc.returncode}) after {lines[-1:]}: {proc.stderr[-3000:]}"
     results = dict(line.split("|", 1) for line in lines)

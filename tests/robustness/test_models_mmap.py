@@ -7,29 +7,25 @@ of a lost page; ``load(..., mmap=False)`` copies the weights and is immune.
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from child_process import run_in_child
 
 import llaisys_models
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 
-CHILD = textwrap.dedent("""
-    import os, sys
-    import llaisys_models
-    path, mmap = sys.argv[1], sys.argv[2] == "mmap"
-    model = llaisys_models.load(path, device="cpu", mmap=mmap)
+def truncate_in_child(path: str, mode: str) -> None:
+    """The child: load (mapped or copied), generate, truncate the weights file in place, generate again."""
+    model = llaisys_models.load(path, device="cpu", mmap=mode == "mmap")
     before = model.generate([1, 2, 10, 3, 4, 11], 4)
     os.truncate(os.path.join(path, "model.safetensors"), 0)  # rewritten in place, as `cp new old` does
     after = model.generate([1, 2, 10, 3, 4, 11], 4)
     print("same" if after == before else "different", flush=True)
-""")
 
 
 def no_core_dump():
@@ -41,21 +37,21 @@ def test_truncating_the_weights_under_a_loaded_model(tmp_path, mode):
     if not (DEMO / "config.json").is_file():
         pytest.skip("the demo model is not in this checkout yet")
     path = shutil.copytree(DEMO, tmp_path / "demo")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True, text=True,
-                          timeout=120, preexec_fn=no_core_dump)
+    proc = run_in_child(truncate_in_child, path, mode, timeout=120, preexec_fn=no_core_dump)
     if mode == "mmap":
         assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     else:
         assert proc.returncode == 0 and proc.stdout.strip() == "same", proc.stderr[-2000:]
 
 
-TORCH_WRITE = textwrap.dedent("""
-    import llaisys_models, torch
+def write_through_torch_in_child() -> None:
+    """The child: a mapped weight written through torch.from_dlpack."""
+    import torch
+
     model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu", mmap=True)
     weight = torch.from_dlpack(model.weights.layers[0].q_proj)  # exported read-only; torch ignores the flag
     weight.zero_()
     print("written", flush=True)
-""")
 
 
 def test_torch_ignores_the_read_only_flag_of_mapped_weights():
@@ -65,6 +61,5 @@ def test_torch_ignores_the_read_only_flag_of_mapped_weights():
     pytest.importorskip("torch")
     if not (DEMO / "config.json").is_file():
         pytest.skip("the demo model is not in this checkout yet")
-    proc = subprocess.run([sys.executable, "-c", TORCH_WRITE], capture_output=True, text=True, timeout=120,
-                          preexec_fn=no_core_dump)
+    proc = run_in_child(write_through_torch_in_child, timeout=120, preexec_fn=no_core_dump)
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr[-2000:])

@@ -2,30 +2,35 @@
 
 import os
 import subprocess
-import sys
 
 import pytest
+from child_process import run_in_child
 
 llaisys_backend_cpu = pytest.importorskip("llaisys_backend_cpu")
 
 LEVELS = ["portable", "avx2", "avx512"]
 
-CHILD = """
-import ctypes, llaisys, numpy as np, llaisys_backend_cpu
-lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
-lib.llaisys_cpu_simd_level.restype = ctypes.c_char_p
-a = llaisys.from_numpy(np.ones(40000, np.float32))
-for _ in range(3):
-    llaisys.ops.add(a, a, a)
-print(lib.llaisys_cpu_simd_level().decode(), float(a.numpy()[0]))
-"""
+def simd_level_in_child() -> None:
+    """The child: three adds through the library, then the SIMD level it ran and the result."""
+    import ctypes
+
+    import numpy as np
+
+    import llaisys
+
+    lib = ctypes.CDLL(str(llaisys_backend_cpu.LIBRARY))
+    lib.llaisys_cpu_simd_level.restype = ctypes.c_char_p
+    a = llaisys.from_numpy(np.ones(40000, np.float32))
+    for _ in range(3):
+        llaisys.ops.add(a, a, a)
+    print(lib.llaisys_cpu_simd_level().decode(), float(a.numpy()[0]))
 
 
 def run_child(simd_env: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "LLAISYS_CPU_SIMD"}
     if simd_env is not None:
         env["LLAISYS_CPU_SIMD"] = simd_env
-    return subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300, check=True)
+    return run_in_child(simd_level_in_child, env=env, timeout=300, check=True)
 
 
 def test_unknown_simd_value_warns_once_naming_the_valid_ones():

@@ -12,10 +12,9 @@ import json
 import multiprocessing
 import os
 import queue as queues
-import subprocess
-import sys
 
 import numpy as np
+from child_process import run_in_child
 
 import llaisys
 from helpers import run_in_threads
@@ -91,22 +90,16 @@ def test_a_forked_child_starts_its_own_team():
     assert got == expected
 
 
-CHILD = """
-import json, sys
-sys.path[:0] = [{here!r}, {tests!r}]
-from test_thread_team import _run
-print(json.dumps(_run(2)))
-"""
+def bits_in_child() -> None:
+    """The child (its team size and spin budget set by the environment): ``_run(2)``'s bits, as JSON."""
+    print(json.dumps(_run(2)))
 
 
 def test_team_size_and_spin_budget_do_not_change_results():
     """One thread (no team), more threads than cores, and threads that sleep at once: the same bits."""
     expected = _run(2)
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = CHILD.format(here=here, tests=os.path.dirname(os.path.dirname(here)))
     for env in ({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "3"}, {"LLAISYS_CPU_SPIN_US": "0"},
                 {"LLAISYS_CPU_SPIN_US": "5000", "OMP_NUM_THREADS": "2"}):
-        child = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                               text=True, timeout=300)
+        child = run_in_child(bits_in_child, env={**os.environ, **env}, timeout=300)
         assert child.returncode == 0, child.stderr
         assert json.loads(child.stdout) == expected, f"{env} gives other bits"
