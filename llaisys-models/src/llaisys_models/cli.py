@@ -256,7 +256,7 @@ def _ctrl_c_sets():
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
         yield stopped
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.set())
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
     try:
         yield stopped
     finally:
