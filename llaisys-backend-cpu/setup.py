@@ -12,14 +12,18 @@ llaisys/backend.h, found in the monorepo beside this package, in csrc/include (a
 or through an installed llaisys-core (llaisys.get_include()). Only those names are exported (a version
 script keeps static libstdc++ and every other symbol local).
 Environment: CXX (default g++), LLAISYS_CPU_CXXFLAGS (extra flags, e.g. -Werror),
-LLAISYS_BUILD_JOBS (parallel compiles; default: every core this process may use).
+LLAISYS_BUILD_JOBS (parallel compiles; default: every core this process may use), LLAISYS_CCACHE=0 (do not
+compile through ccache where it is installed; the objects are the same either way).
+Progress goes to stderr, one line per object (pip shows it with -v; without, only its own "Building wheel").
 """
 
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -96,6 +100,20 @@ def build_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def launcher() -> list[str]:
+    """ccache, where installed and not turned off (LLAISYS_CCACHE=0) or already in CXX: a rebuild of unchanged
+    sources takes seconds. It is not part of an object's recorded command (its presence rebuilds nothing)."""
+    cxx = shlex.split(os.environ.get("CXX", "g++"))
+    if os.environ.get("LLAISYS_CCACHE") == "0" or any(Path(word).name == "ccache" for word in cxx):
+        return []
+    found = shutil.which("ccache")
+    return [found] if found else []
+
+
+def say(message: str) -> None:
+    print(f"llaisys-backend-cpu: {message}", file=sys.stderr, flush=True)
+
+
 def foreign_code(unit: Unit) -> list[str]:
     """Functions an avx2 / avx512 object defines outside namespace llaisys::cpu::<isa>."""
     own = re.compile(rf"_Z(?:T[WH])?Z*N[rVKRO]*7llaisys3cpu{len(unit.isa)}{unit.isa}")
@@ -113,21 +131,31 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     headers_mtime = max(p.stat().st_mtime for p in headers)
     stale = [u for u in todo if not u.up_to_date(u.command(cxx, extra), headers_mtime)]
     jobs = min(build_jobs(), max(1, len(stale)))
+    cache = launcher()
     if stale:
         per_isa = len({u.source for u in todo if u.isa})
         seconds = CPU_SECONDS * len(stale) / len(todo) / jobs
-        print(f"llaisys-backend-cpu: compiling {len(stale)} of {len(todo)} objects ({per_isa} op sources x "
-              f"{len(ISAS)} instruction sets ({', '.join(ISAS)}), the rest once) with {jobs} parallel jobs: "
-              f"about {seconds:.0f} s on an idle machine", file=sys.stderr, flush=True)
+        say(f"compiling {len(stale)} of {len(todo)} objects ({per_isa} op sources x {len(ISAS)} instruction sets "
+            f"({', '.join(ISAS)}), the rest once) with {jobs} parallel jobs{' through ccache' if cache else ''}: "
+            f"about {seconds:.0f} s on an idle machine, more on a busy one")
+    start = time.monotonic()
+    done = 0
+    lock = threading.Lock()
 
     def compile_one(unit: Unit) -> None:
+        nonlocal done
         unit.obj.parent.mkdir(parents=True, exist_ok=True)
         cmd = unit.command(cxx, extra)
-        if subprocess.run(cmd).returncode != 0:
+        if subprocess.run([*cache, *cmd]).returncode != 0:
             raise RuntimeError(f"compiling {unit.source.relative_to(ROOT)} failed:\n{shlex.join(cmd)}")
         unit.obj.with_suffix(".cmd").write_text(shlex.join(cmd))
+        with lock:  # one line per object: how far, and how long the rest should take at this pace
+            done += 1
+            elapsed = time.monotonic() - start
+            left = f", about {elapsed / done * (len(stale) - done):.0f} s left" if done < len(stale) else ""
+            say(f"[{done}/{len(stale)}] {unit.source.relative_to(CSRC)} ({unit.isa or 'baseline'}) "
+                f"{elapsed:.0f} s{left}")
 
-    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(compile_one, stale))
     for unit in todo:
@@ -141,9 +169,10 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
     exports.write_text(VERSION_SCRIPT)
     cmd = [*cxx, *LINK_FLAGS, f"-Wl,--version-script={exports}", *extra, *(str(u.obj) for u in todo),
            "-o", str(library)]
+    say(f"linking {library.name}")
     subprocess.run(cmd, check=True)
     if stale:
-        print(f"llaisys-backend-cpu: built {library.name} in {time.monotonic() - start:.0f} s", file=sys.stderr)
+        say(f"built {library.name} in {time.monotonic() - start:.0f} s")
     return library
 
 
@@ -173,4 +202,5 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)
+if __name__ == "__main__":  # as setuptools runs it; a test imports the module to drive compile_library
+    setup(cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)

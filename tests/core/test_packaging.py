@@ -81,3 +81,16 @@ def test_core_metadata_and_llaisys_version_come_from_version_py(tmp_path):
     made = subprocess.run([sys.executable, "-c", hook, str(tmp_path)], cwd=source, capture_output=True, text=True)
     assert made.returncode == 0, made.stdout + made.stderr
     assert "\nVersion: 9.8.7\n" in (tmp_path / made.stdout.split()[-1] / "METADATA").read_text()
+
+
+READMES = [ROOT / "README.md", *sorted(ROOT.glob("llaisys-*/README.md"))]
+MD_REFERENCE = re.compile(r"`([\w./-]+\.md)`|\]\(([\w./-]+\.md)(?:#[\w-]*)?\)")
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_readmes_point_at_files_the_repository_holds(readme):
+    """Every .md file a README names (`x.md` or a link) exists, beside the README or from the top (core's README
+    pointed at a design file outside the repository)."""
+    named = {a or b for a, b in MD_REFERENCE.findall(readme.read_text())}
+    missing = [name for name in sorted(named) if not ((readme.parent / name).is_file() or (ROOT / name).is_file())]
+    assert not missing, f"{readme.relative_to(ROOT)} names files not in the repository: {missing}"

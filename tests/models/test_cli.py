@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 import re
 import shutil
 import signal
@@ -109,8 +110,8 @@ def chat(monkeypatch, capsys, stdin: bytes, *args) -> tuple[int, str, str]:
 
 
 def answers(out: str) -> list[str]:
-    """The replies printed after each '> ' prompt."""
-    return [line.strip() for line in out.split("> ") if line.strip()]
+    """The replies, one a line (piped input: no '> ' prompts between them)."""
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def test_demo_chat_answers_every_turn(demo, monkeypatch, capsys):
@@ -123,7 +124,7 @@ def test_demo_chat_answers_every_turn(demo, monkeypatch, capsys):
     for p in problems:
         assert main(["generate", "--prompt", p]) == 0
         alone.append(capsys.readouterr().out.strip())
-    assert answers(out) == alone
+    assert answers(out) == alone and "> " not in out  # piped: no prompts in the output
     assert alone == [str(eval(p[:-1])) for p in problems]  # the demo does add these
     assert err.count("prefill:") == len(problems)
 
@@ -268,7 +269,7 @@ def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
     try:
         proc.stdin.write(b"12+34=\n")
         proc.stdin.flush()
-        assert proc.stdout.read(len("> 46")) == b"> 46"  # answered; the next input() is on its way
+        assert proc.stdout.read(len("46")) == b"46"  # answered; the next input() is on its way
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -277,6 +278,40 @@ def test_ctrl_c_in_a_chat_exits_quietly_with_130(demo):
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err
 
+
+def test_chat_prompts_on_a_terminal(demo, monkeypatch, capsys):
+    stdin = io.TextIOWrapper(io.BytesIO(b"12+34=\n"), encoding="utf-8")
+    monkeypatch.setattr(stdin, "isatty", lambda: True)
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["generate", "--chat"]) == 0
+    assert capsys.readouterr().out == "> 46\n> "
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on(tiny_models, tmp_path):
+    """A real SIGINT while a reply streams (a tiny model without EOS, context raised to 32k, so the reply runs
+    until stopped): the reply ends, the chat reads the next line (/exit: status 0, where ending the chat on
+    Ctrl-C gives 130)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.path(F32), model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(max_position_embeddings=1 << 15, eos_token_id=None)
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "generation_config.json").unlink(missing_ok=True)
+    proc = popen([sys.executable, "-m", "llaisys.cli", "generate", "--chat", "--model", str(model), "--device", "cpu",
+                  "--max-new-tokens", str(30000)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"hello\n")
+        proc.stdin.flush()
+        assert proc.stdout.read(1)  # the reply has begun
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(b"/exit\n", timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"(stopped; Ctrl-C at the prompt ends the chat)" in err and b"Traceback" not in err
+    assert err.count(b"prefill:") == 1  # the one reply, ended early
+    new_tokens = int(re.search(rb"(\d+) new tokens", err).group(1))
+    assert 0 < new_tokens < 30000
 
 
 def test_signal_tests_hold_when_the_runner_ignores_sigint(pytestconfig):

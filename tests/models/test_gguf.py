@@ -107,9 +107,9 @@ def test_the_file_holds_the_checkpoint(gguf_models, device):
 
 
 @pytest.mark.parametrize("qtype,dtype", [(Q.F32, "float32"), (Q.F16, "float16"), (Q.BF16, "bfloat16"),
-                                         (Q.Q8_0, "bfloat16"), (Q.Q4_K, "bfloat16")], ids=lambda v: str(v))
+                                         (Q.Q8_0, "float32"), (Q.Q4_K, "float32")], ids=lambda v: str(v))
 def test_default_dtype(gguf_models, qtype, dtype):
-    """The stored float type; bfloat16 for quantized weights."""
+    """The stored float type; float32 (the exact dequantized values) for quantized weights."""
     model = llaisys_models.load(gguf_models.file("qwen2", qtype), device="cpu")
     assert model.dtype.name == dtype
     want = quants.dequantize(gguf_models_raw(gguf_models, qtype), qtype, np.empty((384, 256), np.float32))
@@ -234,7 +234,7 @@ def test_cli_generate_and_infer_test_on_a_gguf_file(gguf_models, capsys):
     ids = encode(tokenizer, "Hi")
     model = llaisys_models.load(path, device="cpu")
     assert out == tokenizer.decode(model.generate(ids, 8)[len(ids):], skip_special_tokens=True) + "\n"
-    assert f"loaded {path} on cpu:0 as bfloat16" in err
+    assert f"loaded {path} on cpu:0 as float32" in err
 
     # infer --test runs HF transformers on the same file: identical tokens in float32
     assert main(["infer", "--model", str(path), "--device", "cpu", "--dtype", "float32", "--prompt", "Hi",

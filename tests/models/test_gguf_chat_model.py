@@ -71,12 +71,23 @@ def test_chat_answers_are_hf_text(chat_model):
         assert answer.strip() and np.isfinite(logits).all(), question
 
 
-def test_default_bf16_answers(chat_model):
-    """The default load is bf16; its greedy answer is the f32 model's, up to near-ties: where bf16 chooses
-    differently, the f32 logits of the two tokens are within 1% (bf16 keeps 8 mantissa bits, and each op rounds
-    to bf16: a 0.3% gap between the top two logits at step 0 of this question ties in bf16 and is decided by
-    the summation order)."""
-    model = llaisys_models.load(chat_model, device="cpu")
+def test_the_readme_command_answers_paris(chat_model, capsys):
+    """README's GGUF example, as a user types it: a quantized file computes in float32 by default (the
+    dequantized weights exactly; bf16 chooses garbage at a near-tie of step 0 of this question)."""
+    from llaisys.cli import main
+
+    assert main(["generate", "--model", str(chat_model), "--prompt", QUESTIONS[0]]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "The capital of France is Paris.", err
+    assert "as float32" in err
+
+
+def test_bf16_answers(chat_model):
+    """dtype=bfloat16 (half the memory of the float32 default): its greedy answer is the f32 model's, up to
+    near-ties: where bf16 chooses differently, the f32 logits of the two tokens are within 1% (bf16 keeps 8
+    mantissa bits, and each op rounds to bf16: a 0.3% gap between the top two logits at step 0 of this question
+    ties in bf16 and is decided by the summation order)."""
+    model = llaisys_models.load(chat_model, device="cpu", dtype="bfloat16")
     assert model.dtype.name == "bfloat16" and type(model).__name__ == "Llama"
     tokenizer = load_tokenizer(chat_model)
     ids = encode(tokenizer, QUESTIONS[0])

@@ -135,6 +135,26 @@ def test_invalid_config(broken):
     expect_load_error(path, "not valid JSON")
 
 
+def test_a_gguf_only_directory_names_the_file(tmp_path):
+    (tmp_path / "model-q4_k.gguf").write_bytes(b"GGUF")
+    expect_load_error(tmp_path, "config.json does not exist: .*; it holds a GGUF file: pass the file, "
+                      f".*{tmp_path.name}/model-q4_k.gguf$")
+    (tmp_path / "model-q8_0.gguf").write_bytes(b"GGUF")
+    expect_load_error(tmp_path, r"it holds GGUF files: pass one of them \(model-q4_k.gguf, model-q8_0.gguf\)$")
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12},
+     r"config.json: architecture 'GPT2LMHeadModel' is not supported; llaisys_models runs LlamaForCausalLM, "
+     r"Qwen2ForCausalLM$"),
+    ({"model_type": "gpt2", "n_embd": 768}, r"architecture \(none; model_type 'gpt2'\) is not supported"),
+])
+def test_another_architecture_is_named_before_its_fields(tmp_path, config, match):
+    """A GPT-2 config has none of the fields a Llama has: the architecture is the problem, not hidden_size."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expect_load_error(tmp_path, match)
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(hidden_size=None), "hidden_size"),
     (dict(num_attention_heads=3), "multiple"),

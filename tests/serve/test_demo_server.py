@@ -35,7 +35,19 @@ def test_endpoints_need_the_key(demo_server, path, key):
 def test_start_up_reports_the_kv_cache(demo_server, demo_server_log):
     """The KV budget (--kv-memory, or its default) is said at start-up: bytes, blocks, tokens."""
     line = next(line for line in demo_server_log.read_text().splitlines() if "KV cache" in line)
-    assert re.search(r"KV cache \d+\.\d\d GiB: \d+ blocks of 16 positions \(\d+ tokens, \d+ bytes each\)", line), line
+    size = r"\d+(\.\d\d)? ([KMGT]iB|B)"  # the unit that fits: 4 MiB is not "0.00 GiB"
+    assert re.search(rf"KV cache {size}: \d+ blocks of 16 positions \(\d+ tokens, \d+ bytes each\)", line), line
+
+
+def test_errors_name_no_server_path(demo_server, demo_server_log):
+    """A message from the tokenizer names its folder (site-packages/llaisys_models/demo): the client is told
+    the model's name instead, the server's log keeps the path."""
+    r = http_request(demo_server, "POST", "/v1/completions", {"model": DEMO, "prompt": "hello"},
+                     headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "tokenizer from llaisys-demo (" in message and "/" not in message, message
+    assert f"tokenizer from {llaisys_models.DEMO_MODEL_DIR}" in demo_server_log.read_text()
 
 
 def test_completions_need_the_key(demo_server):

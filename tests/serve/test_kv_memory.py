@@ -96,3 +96,12 @@ def test_the_cpu_without_proc_meminfo_asks_its_backend(tmp_path, monkeypatch):
         assert free is None
     else:
         assert 0 < free <= info[1]
+
+
+@pytest.mark.parametrize("nbytes, shown", [(4 << 20, "4.00 MiB"), (3 * GIB // 2, "1.50 GiB"), (512, "512 B"),
+                                           (1536, "1.50 KiB"), (2 << 40, "2.00 TiB")])
+def test_describe_shows_the_size_in_a_unit_that_fits(nbytes, shown):
+    """A 4 MiB cache was 'KV cache 0.00 GiB'."""
+    pool = SimpleNamespace(nbytes=nbytes, num_blocks=4, block_size=16, capacity_tokens=64,
+                           shape=SimpleNamespace(bytes_per_token=nbytes // 64))
+    assert kv_memory.describe(pool).startswith(f"KV cache {shown}: 4 blocks of 16 positions (64 tokens, ")

@@ -136,3 +136,31 @@ def test_delete_a_conversation(page):
     page.wait_for_selector(".conv-item")
     assert page.locator(".conv-item").count() == 1
     assert page.locator(".conv-item .conv-title").text_content() == "Hello from the browser"  # titled by its start
+
+
+def test_a_long_reply_scrolls_in_its_pane_under_a_default_cap(browser, chat_server):
+    """A fresh page caps replies at 512 tokens (editable); a reply longer than the window scrolls in the message
+    pane while the input box and the Stop button stay inside the window (the pane used to grow the page)."""
+    context = browser.new_context(viewport={"width": 1000, "height": 360})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(chat_server.base_url + "/")
+    page.wait_for_function(f"document.getElementById('model').textContent.includes('{CHAT_MODEL}')")
+    assert page.input_value("#max_tokens") == "512"
+    set_setting(page, "temperature", "0")
+    set_setting(page, "max_tokens", "3000")
+    send(page, "Now a long answer, please")
+    page.wait_for_function("document.body.dataset.state === 'idle' || "
+                           "document.querySelector('#messages .msg:last-child .text').textContent.length > 1500")
+    assert page.evaluate("document.body.dataset.state") == "streaming", "the reply ended before it was long"
+    height = 360
+    for selector in ("#input", "#stop"):
+        box = page.locator(selector).bounding_box()
+        assert box is not None and 0 <= box["y"] and box["y"] + box["height"] <= height, (selector, box)
+    pane = page.evaluate("(() => { const m = document.getElementById('messages'); "
+                         "return [m.scrollHeight, m.clientHeight, m.scrollTop]; })()")
+    assert pane[0] > pane[1] and pane[2] > 0, f"the pane does not scroll: {pane}"  # followed the reply down
+    assert page.evaluate("document.documentElement.scrollHeight") <= height  # the page itself does not grow
+    page.click("#stop")
+    wait_idle(page)
+    context.close()

@@ -2,16 +2,19 @@
 
 Registered through the entry-point group ``llaisys.commands``; each ``register_*`` adds a
 parser whose ``func(args) -> int`` runs the command. Errors are one line (core prints a
-LlaisysError as ``llaisys: error: ...``, exit 2); Ctrl-C anywhere ends a command quietly
-with exit status 130.
+LlaisysError as ``llaisys: error: ...``, exit 2); Ctrl-C ends a command quietly with exit
+status 130, except during a chat's reply, where it stops the reply and the chat goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,13 +150,20 @@ def _sampling(args) -> dict:
     return chosen
 
 
-def _stream(model, tokenizer, ids, max_new_tokens, sampling) -> list[int]:
+def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Event | None = None) -> list[int]:
+    """Print the reply as it is generated; ``stop`` set ends it after the token being computed."""
     from .tokenizer import IncrementalDecoder
 
     decoder = IncrementalDecoder(tokenizer)
-    for token in model.stream_generate(ids, max_new_tokens, **sampling):
-        sys.stdout.write(decoder.push(token))
-        sys.stdout.flush()
+    tokens = model.stream_generate(ids, max_new_tokens, **sampling)
+    try:
+        for token in tokens:
+            sys.stdout.write(decoder.push(token))
+            sys.stdout.flush()
+            if stop is not None and stop.is_set():
+                break
+    finally:
+        tokens.close()  # frees the sequence's KV blocks of a reply stopped early
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
     print(f"{s.new_tokens} new tokens | prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
@@ -211,9 +221,10 @@ def _chat(model, tokenizer, args, sampling) -> int:
     budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
     history = ChatHistory(tokenizer, model.context_length, budget)
     print("chat: type a message, /exit or end of input to stop", file=sys.stderr)
+    prompt = "> " if sys.stdin.isatty() else ""  # piped input: the output is the replies alone
     while True:
         try:
-            line = input("> ")
+            line = input(prompt)
         except EOFError:
             print(file=sys.stderr)
             return 0
@@ -230,8 +241,26 @@ def _chat(model, tokenizer, args, sampling) -> int:
             print(f"(the {turn.dropped} oldest exchange{'s' * (turn.dropped > 1)} no longer fit in the model's "
                   f"context of {model.context_length} positions and were dropped)", file=sys.stderr)
         # the conversation so far is in the model's prefix cache: only the new message and reply are computed
-        reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling)
+        with _ctrl_c_sets() as stopped:
+            reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling, stopped)
+        if stopped.is_set():
+            print("(stopped; Ctrl-C at the prompt ends the chat)", file=sys.stderr)
         history.add(turn, line, tokenizer.decode(reply, skip_special_tokens=True))
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets():
+    """An event that SIGINT sets instead of raising KeyboardInterrupt, for the block's duration (as llama.cpp
+    and ollama, Ctrl-C stops a reply, not the chat). SIGINT left ignored (``nohup``) stays ignored."""
+    stopped = threading.Event()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    try:
+        yield stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_infer(args) -> int:

@@ -43,31 +43,31 @@ class ModelConfig:
     dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
 
     @classmethod
-    def from_file(cls, path) -> "ModelConfig":
+    def from_file(cls, path, supported=None) -> "ModelConfig":
+        """The config.json of a directory (or that file); with ``supported`` (architecture names), a config of
+        any other architecture is refused as such before its fields are read (GPT-2 has none of Llama's)."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
         if not path.exists():
-            raise ModelLoadError(f"{path} does not exist: a model directory needs a HuggingFace config.json")
+            ggufs = sorted(p.name for p in path.parent.glob("*.gguf"))
+            hint = f"; it holds a GGUF file: pass the file, {path.parent / ggufs[0]}" if len(ggufs) == 1 else (
+                f"; it holds GGUF files: pass one of them ({', '.join(ggufs)})" if ggufs else "")
+            raise ModelLoadError(f"{path} does not exist: a model directory needs a HuggingFace config.json{hint}")
         raw = read_json_object(path)
         try:
+            if supported is not None and (arch := architecture(raw)) not in supported:
+                named = repr(arch) if arch else f"(none; model_type {shown(raw.get('model_type'))})"
+                raise ModelLoadError(f"architecture {named} is not supported; llaisys_models runs "
+                                     f"{', '.join(sorted(supported))}")
             return cls.from_dict(raw)
         except ModelLoadError as e:
             raise ModelLoadError(f"{path}: {e}") from None
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
-        architectures = raw.get("architectures")
-        if architectures is None:
-            architectures = []
-        elif isinstance(architectures, str):
-            architectures = [architectures]
-        if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-            raise ModelLoadError(f"config field 'architectures' must be a list of class names, got {shown(architectures)}")
         model_type = raw.get("model_type", "")
-        if not isinstance(model_type, str):
-            raise ModelLoadError(f"config field 'model_type' must be a string, got {shown(model_type)}")
-        architecture = architectures[0] if architectures else _DEFAULT_ARCH.get(model_type, "")
+        architecture_name = architecture(raw)
 
         hidden = _int(raw, "hidden_size")
         heads = _int(raw, "num_attention_heads")
@@ -88,11 +88,11 @@ class ModelConfig:
             raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
 
         rope_theta = _rope_theta(raw)
-        is_qwen2 = model_type == "qwen2" or architecture.startswith("Qwen2")
+        is_qwen2 = model_type == "qwen2" or architecture_name.startswith("Qwen2")
         layers = _int(raw, "num_hidden_layers")
         attention_bias = _bool(raw, "attention_bias")
         return cls(
-            architecture=architecture,
+            architecture=architecture_name,
             model_type=model_type,
             vocab_size=_int(raw, "vocab_size"),
             hidden_size=hidden,
@@ -125,6 +125,22 @@ class ModelConfig:
 
 
 _DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+def architecture(raw: dict) -> str:
+    """The class name a config.json names (the first of ``architectures``, else the one its ``model_type``
+    implies; "" for neither)."""
+    architectures = raw.get("architectures")
+    if architectures is None:
+        architectures = []
+    elif isinstance(architectures, str):
+        architectures = [architectures]
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelLoadError(f"config field 'architectures' must be a list of class names, got {shown(architectures)}")
+    model_type = raw.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise ModelLoadError(f"config field 'model_type' must be a string, got {shown(model_type)}")
+    return architectures[0] if architectures else _DEFAULT_ARCH.get(model_type, "")
 
 
 def token_ids(value, name: str) -> tuple[int, ...]:

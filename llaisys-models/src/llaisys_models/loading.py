@@ -39,18 +39,9 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
 
         return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
     path = model_directory(path)
-    config = ModelConfig.from_file(path)
-    cls = MODEL_CLASSES.get(config.architecture)
-    if cls is None:
-        raise unsupported(path, config)
+    config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
+    cls = MODEL_CLASSES[config.architecture]
     return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
-
-
-def unsupported(path: Path, config: ModelConfig) -> ModelLoadError:
-    from .registry import MODEL_CLASSES
-
-    return ModelLoadError(f"{path / 'config.json'}: architecture {config.architecture or '(none)'!r} is not "
-                          f"supported; llaisys_models runs {', '.join(sorted(MODEL_CLASSES))}")
 
 
 def read_directory(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
@@ -60,9 +51,7 @@ def read_directory(path, device=None, dtype=None, *, progress: bool | None = Non
 
     quantize = quantization.resolve(quantize)
     path = model_directory(path)
-    config = ModelConfig.from_file(path)
-    if config.architecture not in MODEL_CLASSES:
-        raise unsupported(path, config)
+    config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
     device = pick_device(device, quantize)
     if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
         mmap = device.type != "cpu" or quantize is not None

@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp's format, often quantized) run as llaisys models.
 
-    model = llaisys_models.load("qwen2.5-0.5b-instruct-q4_k_m.gguf")   # dequantized to bf16 at load
+    model = llaisys_models.load("qwen2.5-0.5b-instruct-q4_k_m.gguf")   # dequantized to float32 at load
     tokenizer = llaisys_models.gguf.load_tokenizer("qwen2.5-0.5b-instruct-q4_k_m.gguf")
 
 Architectures: the GGUF names of the registry (registry.py); weights stored as F32, F16, BF16, Q8_0,
@@ -20,7 +20,7 @@ from ..files import GGUF_MAGIC as MAGIC
 def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None,
          quantize: str | None = None):
     """The model in the GGUF file ``path`` on ``device`` (None: the best available), its weights
-    decoded into ``dtype`` (None: the stored float type, or bfloat16 for quantized weights), its ops
+    decoded into ``dtype`` (None: the stored float type, or float32 for quantized weights), its ops
     rounding as ``numerics`` says (``llaisys_models.numerics``); ``quantize="int8"`` requantizes the
     linears' weights into llaisys' int8 format instead (``llaisys_models.quantize``)."""
     from ..loading import float_dtype, pick_device

@@ -41,7 +41,7 @@ from llaisys import LlaisysValueError
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import metrics, schemas
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
-from .errors import APIError, error_body, invalid
+from .errors import APIError, PathScrubber, error_body, invalid
 
 log = logging.getLogger("llaisys.serve")
 
@@ -69,6 +69,9 @@ class Server:
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
         self.tokenizers = PromptTokenizers(tokenizer)
         self.model_name = model_name
+        # what clients are told names no file of the server's (the log keeps the paths)
+        self.scrub_paths = PathScrubber([getattr(engine.model, "path", None), getattr(tokenizer, "name_or_path", None)],
+                                        model_name)
         self.max_body_bytes = max_body_bytes
         self.host, self.port = host, port
         self.created = int(time.time())
@@ -283,12 +286,20 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
                                   server.model_name)
     events = server.submit(ids, params, cache_scope=scope)
     if stream:
-        return StreamingResponse(_stream_events(events, shape, include_usage), media_type="text/event-stream",
+        return StreamingResponse(_stream_events(server, events, shape, include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await _collect_events(request, events, shape)
+    return await _collect_events(server, request, events, shape)
 
 
-async def _stream_events(events: AsyncStream, shape: schemas.ResponseShape, include_usage: bool):
+def public_error(server: Server, status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    """An error body for a client, the server's paths taken out of its message (and logged with them)."""
+    public = server.scrub_paths(message)
+    if public != message:
+        log.warning("error %d sent to the client without the server's paths: %s", status, message)
+    return error_body(status, public, param, code)
+
+
+async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, include_usage: bool):
     # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
     try:
         yield _sse(shape.chunk(first=True))
@@ -300,13 +311,14 @@ async def _stream_events(events: AsyncStream, shape: schemas.ResponseShape, incl
                 if include_usage:
                     yield _sse(shape.usage_chunk(event.usage))
             else:  # Failed: the stream has started, so the error travels as an event
-                yield _sse(error_body(500, event.message, None, "engine_error"))
+                yield _sse(public_error(server, 500, event.message, "engine_error"))
         yield "data: [DONE]\n\n"
     finally:
         events.cancel()
 
 
-async def _collect_events(request: Request, events: AsyncStream, shape: schemas.ResponseShape) -> Response:
+async def _collect_events(server: Server, request: Request, events: AsyncStream,
+                          shape: schemas.ResponseShape) -> Response:
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -321,7 +333,7 @@ async def _collect_events(request: Request, events: AsyncStream, shape: schemas.
             elif isinstance(event, Finished):
                 return JSONResponse(shape.complete("".join(texts), event.reason, event.usage))
             elif isinstance(event, Failed):
-                return JSONResponse(error_body(500, event.message, None, "engine_error"), status_code=500)
+                return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
     finally:
         watcher.cancel()
         events.cancel()
@@ -350,6 +362,8 @@ def create_app(server: Server) -> FastAPI:
 
     def error_response(status: int, body: dict) -> JSONResponse:
         server.engine.metrics.http_errors[status] += 1
+        error = body["error"]
+        body = public_error(server, status, error["message"], error["code"], error["param"])
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(body, status_code=status, headers=headers)
 

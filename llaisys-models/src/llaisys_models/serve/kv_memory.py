@@ -65,7 +65,15 @@ def default_kv_memory(model, max_running: int, block_size: int = 16) -> int:
     return max(min(budget, useful), 4 * block_size * per_token)
 
 
+def human_size(nbytes: int) -> str:
+    """'4.00 MiB', '1.50 GiB', '512 B': the largest binary unit that keeps the number at 1 or more."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes} B"
+
+
 def describe(pool) -> str:
     """One line for the start-up message: size, blocks, tokens."""
-    return (f"KV cache {pool.nbytes / (1 << 30):.2f} GiB: {pool.num_blocks} blocks of {pool.block_size} positions "
+    return (f"KV cache {human_size(pool.nbytes)}: {pool.num_blocks} blocks of {pool.block_size} positions "
             f"({pool.capacity_tokens} tokens, {pool.shape.bytes_per_token} bytes each)")
