@@ -38,7 +38,7 @@ import time
 import llaisys
 
 from .sampling import MASK64, Sampler, SamplingParams
-from .speculative.config import check_numerics
+from .speculative.config import check_numerics, pause_after
 from .speculative.verify import Verifier
 
 _ids = itertools.count()
@@ -65,6 +65,8 @@ class Sequence:
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
+        self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
+        self.draft_pause = 0
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
 
     @property
@@ -203,6 +205,8 @@ class Scheduler:
             kept = len(new) - 1
             seq.draft_tokens += len(drafts)
             seq.accepted_tokens += kept
+            seq.draft_misses = 0 if kept else seq.draft_misses + 1
+            seq.draft_pause = pause_after(seq.draft_misses)
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_tokens += kept
         end = next((i + 1 for i, t in enumerate(new) if t in seq.eos), len(new))
@@ -279,6 +283,9 @@ class Scheduler:
         """The tokens ``seq``'s drafter proposes to verify this step, with blocks reserved for them: at most
         one fewer than the tokens it may still generate, none where the blocks are not free."""
         if seq.speculation is None:
+            return []
+        if seq.draft_pause:  # its recent drafts all failed: a verify row costs more than it brings
+            seq.draft_pause -= 1
             return []
         k = min(seq.speculation.num_tokens, seq.params.max_tokens - seq.num_generated - 1)
         if k < 1:

@@ -10,6 +10,7 @@ from .drafters import Drafter, NgramDrafter
 
 DEFAULT_NUM_TOKENS = 4
 MAX_NUM_TOKENS = 32
+MAX_PAUSE = 8  # decode steps at most without drafting, after verify steps that kept nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,13 @@ class Speculation:
         if not isinstance(self.drafter, Drafter):
             raise llaisys.LlaisysValueError(f"a drafter must be a llaisys_models.speculative.Drafter, got "
                                             f"{type(self.drafter).__name__}")
+
+
+def pause_after(misses: int) -> int:
+    """Steps a sequence decodes without drafting after ``misses`` verify steps in a row kept no draft: 0, 1,
+    3, 7, 8, ... A failed verify step costs more than a decode step (K more rows, no decode graph), so where
+    drafts fail (free text) a sequence soon drafts rarely, and it drafts every step again once one is kept."""
+    return min((1 << misses) - 1, MAX_PAUSE) if misses else 0
 
 
 def check_num_tokens(k) -> None:
