@@ -163,11 +163,11 @@ class CausalLM(GenerationMixin):
 
     # -- forward passes -------------------------------------------------------------------
 
-    def forward_batch(self, pool: KVPool, batch: Batch, logits_of: list[bool] | None = None) -> llaisys.Tensor:
+    def forward_batch(self, pool: KVPool, batch: Batch, logits_of: list[int] | None = None) -> llaisys.Tensor:
         """One forward for several sequences of ``pool``: ``batch`` pairs a sequence (blocks reserved for its
-        new length) with its new token ids. Appends them and returns the logits of the last new row of each
-        sequence whose ``logits_of`` entry is true ([R, vocab], in batch order), or of every row when
-        ``logits_of`` is None."""
+        new length) with its new token ids. Appends them and returns the logits of the last ``logits_of[i]``
+        new rows of each sequence i (true: its last row; a verify step of speculative decoding asks for
+        several), [R, vocab] in batch order, or of every row when ``logits_of`` is None."""
         with self._step_lock:
             logits = self._decode_graphs.run(pool, batch, logits_of)  # a decode step, replayed from its graph
             if logits is None:

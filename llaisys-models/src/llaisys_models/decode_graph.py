@@ -4,7 +4,8 @@ A decode step (each sequence of the batch adds one token and wants its logits) h
 one step to the next. What changes is data: the token ids, positions, KV slots, block tables and lengths,
 which the paged ops read from device buffers (backend.h). So a decode step of B sequences is captured
 once into a ``llaisys.Graph`` over static input buffers; each later step of B sequences loads its values
-into those buffers and replays the graph. Prefill and mixed steps stay eager.
+into those buffers and replays the graph. Prefill and mixed steps stay eager, and so do the verify steps of
+speculative decoding (several rows per sequence; a step where nothing was drafted is a decode step).
 
 A captured step is the same kernels on the same buffers as the eager step, so its logits are bit for bit
 the eager ones. On by default wherever the backend can capture graphs (CUDA, and the CPU, where it only
@@ -64,7 +65,7 @@ class DecodeGraphs:
         self._steps: dict[int, _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
-    def run(self, pool: KVPool, batch: Batch, logits_of: list[bool] | None) -> llaisys.Tensor | None:
+    def run(self, pool: KVPool, batch: Batch, logits_of: list[int] | None) -> llaisys.Tensor | None:
         """The logits [B, vocab] of a decode step (one new token per sequence, logits for each), run from its
         graph once captured; None for any other forward, which the caller runs as usual."""
         if not self.enabled or any(len(ids) != 1 for _, ids in batch):

@@ -27,6 +27,7 @@ class SamplingParams:
     seed: int | None = None  # None: a random seed per sequence; taken modulo 2**64
     stop: tuple[str, ...] = ()  # stop strings (applied to the text by whoever detokenizes: serve)
     eos_token_ids: frozenset[int] | None = None  # None: the model's EOS tokens
+    speculation: object = None  # a speculative.Speculation (drafter, K), or None: one token per step
 
     @property
     def greedy(self) -> bool:

@@ -10,9 +10,13 @@ running sequence:
               none preempts the newest running sequence: its blocks are freed and it waits at the head of
               the queue, to be recomputed later — never an error), then prefill chunks of the sequences
               still reading their prompt, oldest first, within ``max_batch_tokens``
-    forward   one ``model.forward_batch`` (logits only for the sequences that finished their pending tokens)
+              (a decoding sequence with a ``Speculation`` also gets its drafted tokens, verified in this
+              forward, when blocks for them are free: drafts never preempt)
+    forward   one ``model.forward_batch`` (logits only for the sequences that finished their pending tokens:
+              the last row, or every verify row of a speculating sequence)
     sample    each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so its
-              tokens are the same whatever else shares the step
+              tokens are the same whatever else shares the step; a speculating sequence keeps the drafts
+              its rows confirm plus one token (speculative/verify.py) and its KV cache is cut back past them
     stop      a sequence that drew one of its EOS tokens finishes with "stop", one that reached max_tokens
               with "length"; its blocks go back to the pool (cached for prompts that start the same way)
 
@@ -33,7 +37,9 @@ import time
 
 import llaisys
 
-from .sampling import MASK64, Sampler, SamplingParams, step_seed
+from .sampling import MASK64, Sampler, SamplingParams
+from .speculative.config import check_numerics, pause_after
+from .speculative.verify import Verifier
 
 _ids = itertools.count()
 
@@ -56,6 +62,11 @@ class Sequence:
         self.reused: int | None = None  # prompt tokens found in the cache at the first admission
         self.first_token_time: float | None = None
         self.preemptions = 0
+        self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
+        self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
+        self.accepted_tokens = 0
+        self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
+        self.draft_pause = 0
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
 
     @property
@@ -79,6 +90,8 @@ class SchedulerStats:
     recomputed_tokens: int = 0  # tokens computed again after a preemption
     prompt_tokens_computed: int = 0  # at first admission: prompt tokens not found in the cache
     prompt_tokens_reused: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    accepted_tokens: int = 0  # ... of which the model kept
 
 
 class Scheduler:
@@ -97,6 +110,7 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.batched = batched
         self.sampler = Sampler(model.device, model.dtype)
+        self.verifier = Verifier(self.sampler)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # oldest first
         self.stats = SchedulerStats()
@@ -124,6 +138,8 @@ class Scheduler:
                 f"prompt + max_tokens = {total} positions exceed the KV cache's {self.pool.capacity_tokens} "
                 f"({self.pool.num_blocks} blocks of {self.pool.block_size}); give the cache more memory")
         self.model.check_length(total)
+        if params.speculation is not None:
+            check_numerics(self.model)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
         seq = Sequence(prompt, params, eos, scope=scope, tag=tag, arrival_time=arrival_time)
         if params.max_tokens == 0:
@@ -140,6 +156,8 @@ class Scheduler:
         if seq.kv is not None:
             seq.kv.release()
             seq.kv = None
+        if seq.speculation is not None:
+            seq.speculation.drafter.release(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -159,25 +177,53 @@ class Scheduler:
         if not plan:
             return []
         self.stats.steps += 1
-        wants = [seq.pending == n for seq, n in plan]  # the chunk reaches the end: a token is drawn
-        chunks = [(seq.kv, seq.tokens[len(seq.kv):len(seq.kv) + n]) for seq, n in plan]
+        # rows whose logits are wanted: none for a prompt chunk short of the end, else the last row and the
+        # rows after each drafted token
+        counts = [len(drafts) + 1 if seq.pending == n else 0 for seq, n, drafts in plan]
+        chunks = [(seq.kv, seq.tokens[len(seq.kv):len(seq.kv) + n] + drafts) for seq, n, drafts in plan]
         if self.batched:
-            logits = self.model.forward_batch(self.pool, chunks, wants)
-            rows = [logits.slice(0, r, r + 1) for r in range(sum(wants))]
+            logits = self.model.forward_batch(self.pool, chunks, counts)
+            rows = [logits.slice(0, r, r + 1) for r in range(sum(counts))]
         else:
-            rows = [self.model.forward_batch(self.pool, [chunk], [want]) for chunk, want in zip(chunks, wants)
-                    if want]
+            rows = []
+            for chunk, count in zip(chunks, counts):
+                if count:
+                    logits = self.model.forward_batch(self.pool, [chunk], [count])
+                    rows.extend(logits.slice(0, r, r + 1) for r in range(count))
+        events, r = [], 0
+        for (seq, _, drafts), count in zip(plan, counts):
+            if count:
+                mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated)
+                events.extend(self._extend(seq, new, drafts))
+        return events
+
+    def _extend(self, seq: Sequence, new: list[int], drafts: list[int]) -> list[tuple[Sequence, int]]:
+        """Append a sequence's new tokens (up to its EOS or max_tokens) and cut its KV cache back to them: the
+        keys and values of rejected drafts (and of tokens past the end) are dropped, their blocks freed."""
+        if drafts:
+            kept = len(new) - 1
+            seq.draft_tokens += len(drafts)
+            seq.accepted_tokens += kept
+            seq.draft_misses = 0 if kept else seq.draft_misses + 1
+            seq.draft_pause = pause_after(seq.draft_misses)
+            self.stats.draft_tokens += len(drafts)
+            self.stats.accepted_tokens += kept
+        end = next((i + 1 for i, t in enumerate(new) if t in seq.eos), len(new))
+        new = new[:min(end, seq.params.max_tokens - seq.num_generated)]
+        keep = len(seq.tokens) + len(new) - 1  # the last new token is the next forward's input
+        if len(seq.kv) > keep:
+            seq.kv.truncate(keep)
         events = []
-        for (seq, _), row in zip([p for p, want in zip(plan, wants) if want], rows):
-            token = self.sampler.select(row.view(row.shape[-1]), seq.params, step_seed(seq.seed, seq.num_generated))
+        for token in new:
             seq.tokens.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = time.perf_counter()
             events.append((seq, token))
-            if token in seq.eos:
-                self.finish(seq, "stop")
-            elif seq.num_generated >= seq.params.max_tokens:
-                self.finish(seq, "length")
+        if seq.first_token_time is None:
+            seq.first_token_time = time.perf_counter()
+        if new[-1] in seq.eos:
+            self.finish(seq, "stop")
+        elif seq.num_generated >= seq.params.max_tokens:
+            self.finish(seq, "length")
         return events
 
     def _admit(self) -> None:
@@ -206,8 +252,9 @@ class Scheduler:
             self.running.append(seq)
             self.running.sort(key=lambda s: s.id)
 
-    def _schedule(self) -> list[tuple[Sequence, int]]:
-        plan: dict[int, tuple[Sequence, int]] = {}
+    def _schedule(self) -> list[tuple[Sequence, int, list[int]]]:
+        """(sequence, pending tokens to run, drafted tokens to verify after them), oldest first."""
+        plan: dict[int, tuple[Sequence, int, list[int]]] = {}
         budget = self.max_batch_tokens if self.batched else float("inf")
         for seq in list(self.running):  # decoding sequences: one token each, oldest first
             if seq.kv is None or seq.pending != 1:
@@ -215,19 +262,43 @@ class Scheduler:
             while seq.kv is not None and not seq.kv.reserve(len(seq.kv) + 1):
                 self._preempt(self.running[-1])
             if seq.kv is not None:
-                plan[seq.id] = (seq, 1)
+                plan[seq.id] = (seq, 1, [])
                 budget -= 1
+        for seq, _, drafts in plan.values():  # then their drafts, in blocks no decoding sequence needs
+            drafts.extend(self._draft(seq))
+            budget -= len(drafts)
         for seq in self.running:  # prompts (or recomputation), chunked, oldest first
             if budget <= 0:
                 break
             if seq.pending > 1:
                 # in one piece where chunks would round differently: the first prompt of a step may exceed the budget
-                if self.whole_sequences and seq.pending > budget and any(n > 1 for _, n in plan.values()):
+                if self.whole_sequences and seq.pending > budget and any(n > 1 for _, n, _ in plan.values()):
                     break
                 n = seq.pending if self.whole_sequences else int(min(seq.pending, budget))
-                plan[seq.id] = (seq, n)
+                plan[seq.id] = (seq, n, [])
                 budget -= n
         return [plan[i] for i in sorted(plan)]
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The tokens ``seq``'s drafter proposes to verify this step, with blocks reserved for them: at most
+        one fewer than the tokens it may still generate, none where the blocks are not free."""
+        if seq.speculation is None:
+            return []
+        if seq.draft_pause:  # its recent drafts all failed: a verify row costs more than it brings
+            seq.draft_pause -= 1
+            return []
+        k = min(seq.speculation.num_tokens, seq.params.max_tokens - seq.num_generated - 1)
+        if k < 1:
+            return []
+        vocab = self.model.config.vocab_size
+        drafts = []
+        for token in seq.speculation.drafter.propose(seq, k)[:k]:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                break  # a drafter's bad guess is never run
+            drafts.append(token)
+        while drafts and not seq.kv.reserve(len(seq.kv) + 1 + len(drafts)):
+            drafts.pop()
+        return drafts
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the blocks of a running sequence and queue it first; it recomputes its tokens when

@@ -33,9 +33,9 @@ class StepInputs:
 STATIC = ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start")
 
 
-def step_inputs(batch: Batch, device, logits_of: list[bool] | None = None) -> StepInputs:
-    """Device tensors for one forward that appends ``ids`` to each sequence. ``logits_of[i]``: whether
-    sequence i's last new row needs logits (None: every row of the batch)."""
+def step_inputs(batch: Batch, device, logits_of: list[int] | None = None) -> StepInputs:
+    """Device tensors for one forward that appends ``ids`` to each sequence. ``logits_of[i]``: how many of
+    sequence i's last new rows need logits (a bool: its last row or none; None: every row of the batch)."""
     arrays = _host_arrays(batch, logits_of)
     rows = arrays.pop("logit_rows")
     tensors = {name: llaisys.from_numpy(array, device) for name, array in arrays.items()}
@@ -93,6 +93,12 @@ def _host_arrays(batch: Batch, logits_of, table_width: int | None = None) -> dic
     if logits_of is None:
         rows = None
     else:
-        rows = np.array([query_start[i + 1] - 1 for i, want in enumerate(logits_of) if want], np.int64)
+        if len(logits_of) != len(batch):
+            raise ValueError(f"logits_of has {len(logits_of)} entries for {len(batch)} sequences")
+        for want, n in zip(logits_of, lengths):
+            if not 0 <= want <= n:
+                raise ValueError(f"logits of {int(want)} rows asked of a sequence with {n} new tokens")
+        rows = np.array([r for i, want in enumerate(logits_of) for r in range(query_start[i + 1] - want,
+                                                                               query_start[i + 1])], np.int64)
     return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables,
             "seq_lens": seq_lens, "query_start": query_start, "logit_rows": rows}

@@ -52,6 +52,11 @@ def register_serve(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV cache block (default 16)")
     p.add_argument("--no-prefix-reuse", action="store_true",
                    help="always compute the whole prompt (no KV blocks shared between requests)")
+    p.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+                   help="speculative decoding by default: prompt lookup (ngram) or a draft model of the same "
+                        "tokenizer; requests may choose with \"speculative\": \"ngram\"|\"draft\"|\"off\"")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="tokens drafted per step (default 4; needs --speculative)")
     p.add_argument("--no-batching", action="store_true",
                    help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
     p.set_defaults(func=run_serve)
@@ -130,9 +135,11 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     tokenizer_path = args.tokenizer or path
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
+    speculation, draft = speculative_options(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
-                    prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching)
+                    prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
+                    speculation=speculation, draft=draft)
     name = args.served_model_name or default_model_name(path)
     port = listener.getsockname()[1]
     server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port)
@@ -148,6 +155,28 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[listener])
     return 0
+
+
+def speculative_options(args, model):
+    """(the default ``Speculation`` or None, a draft model's drafter or None) from --speculative and
+    --num-speculative-tokens."""
+    from llaisys import LlaisysValueError
+
+    from .. import load
+    from ..speculative import DraftModelDrafter, resolve
+
+    method, k = args.speculative, args.num_speculative_tokens
+    if method is None or method == "off":
+        if k is not None:
+            raise LlaisysValueError("--num-speculative-tokens needs --speculative ngram|draft:PATH")
+        return None, None
+    if method == "ngram":
+        return resolve("ngram", k, model), None
+    if method.startswith("draft:") and method[len("draft:"):]:
+        draft_model = load(method[len("draft:"):], device=model.device, numerics=model.numerics)
+        drafter = DraftModelDrafter.of(draft_model, model)
+        return resolve(drafter, k, model), drafter
+    raise LlaisysValueError(f"--speculative = {method!r}: use ngram, draft:PATH or off")
 
 
 def bind(host: str, port: int) -> socket.socket:

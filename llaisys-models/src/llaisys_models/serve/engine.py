@@ -31,6 +31,8 @@ import time
 
 from ..sampling import SamplingParams
 from ..scheduler import Scheduler, Sequence
+from ..speculative import Drafter, NgramDrafter, Speculation
+from ..speculative.config import check_numerics
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
 from .output import TextStream
@@ -76,6 +78,7 @@ class Request:
         self.cache_scope = cache_scope  # prefix-cache tenant: cached blocks are shared only within one scope
         self.arrival = time.perf_counter()
         self.text: TextStream | None = None  # the engine's: its text so far, once admitted
+        self.tokens = 0  # tokens the engine has turned into text for this request (a verify step gives several)
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -100,14 +103,25 @@ class Engine:
 
     ``kv_memory``: bytes of KV cache (default: ``default_kv_memory``); ``max_running``: sequences decoded
     together; ``max_batch_tokens``: tokens per forward (decode tokens + prompt chunks); ``batched=False``
-    runs each sequence in its own forward (the unbatched engine, for comparison).
+    runs each sequence in its own forward (the unbatched engine, for comparison). ``speculation``: the server's
+    default for requests whose ``speculative`` field says nothing (applied by serve/schemas.py; a ``Request``
+    is decoded as its ``params.speculation`` says); ``draft``: a draft model's drafter, offered to requests as
+    ``"speculative": "draft"`` (prompt lookup, "ngram", is always offered under ``numerics="exact"``).
     """
 
     def __init__(self, model, tokenizer, *, max_running: int = 16, max_batch_tokens: int = 128,
                  kv_memory: int | None = None, block_size: int = 16, prefix_reuse: bool = True,
-                 max_waiting: int = 256, batched: bool = True):
+                 max_waiting: int = 256, batched: bool = True, speculation: Speculation | None = None,
+                 draft: Drafter | None = None):
         if max_running < 1 or max_waiting < 1:
             raise ValueError("max_running and max_waiting must be >= 1")
+        if speculation is not None or draft is not None:
+            check_numerics(model)  # refused at start-up rather than per request
+        # what a request may ask for by name; none under numerics that cannot verify drafts exactly
+        self.drafters: dict[str, Drafter] = {} if model.numerics != "exact" else {"ngram": NgramDrafter()}
+        if draft is not None:
+            self.drafters["draft"] = draft
+        self.speculation = speculation
         self.model = model
         self.tokenizer = tokenizer
         self.max_waiting = max_waiting
@@ -224,34 +238,44 @@ class Engine:
                 self.scheduler.finish(seq, "error")
                 self._done(seq, error=f"{type(e).__name__}: {e}")
             return
-        for seq, token in events:
-            self._consume(seq, token)
+        last = {seq.id: i for i, (seq, _) in enumerate(events)}  # a verify step gives a sequence several
+        ended = set()
+        for i, (seq, token) in enumerate(events):
+            if seq.id not in ended and self._consume(seq, token, last[seq.id] == i):
+                ended.add(seq.id)  # a stop string may end it before its step's last token
 
-    def _consume(self, seq: Sequence, token: int) -> None:
-        """A new token of ``seq``: its text (stop strings), and its end if this was its last token."""
-        text_stream = seq.tag.text
-        if seq.num_generated == 1:  # the prompt is read: its first token
+    def _consume(self, seq: Sequence, token: int, last: bool = True) -> bool:
+        """A new token of ``seq`` (``last``: its step's last one): its text (stop strings), and its end if
+        this was its last token. Whether the request ended."""
+        request, text_stream = seq.tag, seq.tag.text
+        request.tokens += 1
+        if request.tokens == 1:  # the prompt is read: its first token
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
-        if seq.finish_reason == "stop":  # an EOS token: no text of its own
+        ending = last and seq.finished
+        stopped = False
+        if ending and seq.finish_reason == "stop" and token in seq.eos:  # an EOS token: no text of its own
             text, _ = text_stream.finish()
         else:
             text, stopped = text_stream.push(token)
-            if not stopped and seq.finished:  # max_tokens: what is held back may still complete a stop string
+            if not stopped and ending:  # max_tokens: what is held back may still complete a stop string
                 text_end, stopped = text_stream.finish()
                 text += text_end
             if stopped:
                 self.scheduler.finish(seq, "stop")
                 seq.finish_reason = "stop"
         if text:
-            seq.tag.emit(Delta(text))
-        if seq.finished:
+            request.emit(Delta(text))
+        if ending or stopped:
             self._done(seq)
+            return True
+        return False
 
     def _done(self, seq: Sequence, error: str | None = None) -> None:
         self._sequences.remove(seq)
         block = self.pool.block_size
-        usage = Usage(seq.prompt_len, seq.num_generated, (seq.reused or 0) // block * block)
+        # the tokens its client got: a verify step may have drawn some past a stop string
+        usage = Usage(seq.prompt_len, seq.tag.tokens, (seq.reused or 0) // block * block)
         self._report(seq.tag, Failed(error) if error else Finished(seq.finish_reason, usage))
 
     def _report(self, request: Request, event) -> None:

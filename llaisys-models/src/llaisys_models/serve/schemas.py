@@ -8,10 +8,12 @@ honour (n > 1, logprobs, tools, penalties, ...) are refused rather than silently
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from llaisys import LlaisysValueError
 
+from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
 from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
 from .errors import invalid
@@ -216,6 +218,34 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
         _in_range(seed, "seed", SEED_RANGE[0], SEED_RANGE[1] - 1)
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                           top_k=max(top_k, 0), seed=seed, stop=stop_strings(body))
+
+
+def speculation(body: dict, params: SamplingParams, engine) -> SamplingParams:
+    """``params`` decoded as the request's extension fields ``speculative`` ("ngram", "draft" where the server
+    has a draft model, "off") and ``num_speculative_tokens`` (1 .. 32) say, else as the server's default."""
+    method = field(body, "speculative", "string")
+    k = field(body, "num_speculative_tokens", "integer")
+    default = engine.speculation
+    if method == "off":
+        return dataclasses.replace(params, speculation=None)
+    if method is None and (k is None or default is None):
+        if k is not None:
+            raise invalid("'num_speculative_tokens' needs 'speculative' (this server does not speculate by "
+                          "default)", "num_speculative_tokens")
+        return dataclasses.replace(params, speculation=default)
+    if method is None:
+        drafter = default.drafter
+    elif method in engine.drafters:
+        drafter = engine.drafters[method]
+    else:
+        offered = ", ".join(repr(m) for m in (*engine.drafters, "off"))
+        why = "" if engine.drafters else " (this server's numerics cannot verify drafts exactly)"
+        raise invalid(f"'speculative' = {method!r} is not offered by this server{why}; use one of {offered}",
+                      "speculative")
+    if k is None:
+        k = default.num_tokens if default is not None else DEFAULT_NUM_TOKENS
+    _in_range(k, "num_speculative_tokens", 1, MAX_NUM_TOKENS)
+    return dataclasses.replace(params, speculation=Speculation(drafter, k))
 
 
 def stop_strings(body: dict) -> tuple[str, ...]:

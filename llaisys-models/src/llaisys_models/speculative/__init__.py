@@ -1,0 +1,23 @@
+"""Speculative decoding: a drafter guesses the next few tokens, one forward verifies them all.
+
+Decode reads every weight once per token, so on a bandwidth-bound machine a step of one token per
+sequence is nearly as fast as it gets. A verify step runs [last token, d1 .. dK] through the model in one
+forward (the paged attention already takes several query rows per sequence), reads the weights once, and
+keeps the drafted tokens the model would have chosen itself plus one token of its own.
+
+    drafters.py     the ``Drafter`` interface and ``NgramDrafter`` (prompt lookup: no second model)
+    draft_model.py  ``DraftModelDrafter``: a small model of the same tokenizer, with its own KV pool
+    verify.py       which drafted tokens survive (the model's own choice, row by row; the rejection rule)
+    config.py       ``Speculation`` (a drafter and K) and ``resolve`` (what ``generate(speculative=...)`` takes)
+
+The scheduler (scheduler.py) drafts for its decoding sequences, runs the verify rows in its one forward,
+keeps what ``verify`` returns and truncates the KV cache past it (blocks freed).
+"""
+
+from .config import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation, resolve
+from .draft_model import DraftModelDrafter
+from .drafters import Drafter, NgramDrafter
+from .verify import Verifier, rejection_step, target_probs
+
+__all__ = ["DEFAULT_NUM_TOKENS", "MAX_NUM_TOKENS", "DraftModelDrafter", "Drafter", "NgramDrafter", "Speculation",
+           "Verifier", "rejection_step", "resolve", "target_probs"]

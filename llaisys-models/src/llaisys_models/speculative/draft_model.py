@@ -1,0 +1,95 @@
+"""A draft model: a small model of the target's tokenizer guesses the next tokens greedily.
+
+The drafter keeps, per target sequence, a sequence in a KV pool of its own (no prefix caching). Each
+``propose`` first brings it in step with the target's tokens: it keeps the longest common prefix
+(``truncate``: rejected drafts' blocks go back), runs the tokens it lacks in one forward, then drafts k
+tokens one forward each. ``release`` frees a finished sequence's blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import llaisys
+
+from .drafters import Drafter
+
+BLOCK_SIZE = 16
+FIRST_POOL_BLOCKS = 16
+_drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft model -> its drafter
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with ``model`` (greedy), whose token ids mean what the target's do."""
+
+    def __init__(self, model):
+        self.model = model
+        self.pool = model.new_kv_pool(num_blocks=FIRST_POOL_BLOCKS, block_size=BLOCK_SIZE, prefix_caching=False)
+        self._sequences: dict[int, object] = {}  # target sequence id -> its SequenceKV here
+        self._lock = threading.Lock()  # the server's engine and generate() may share a draft model
+        self._chosen = llaisys.empty((1,), llaisys.int64, model.device)
+        self._value = llaisys.empty((1,), model.dtype, model.device)
+
+    @classmethod
+    def of(cls, model, target) -> DraftModelDrafter:
+        """The drafter of ``model`` (one per draft model, kept as long as the model), checked against ``target``."""
+        if model is target:
+            raise llaisys.LlaisysValueError("the draft model is the target model itself; use a smaller model")
+        if model.config.vocab_size != target.config.vocab_size:
+            raise llaisys.LlaisysValueError(
+                f"the draft model's vocabulary ({model.config.vocab_size} tokens) is not the target's "
+                f"({target.config.vocab_size}): a draft model must share the target's tokenizer")
+        drafter = _drafters.get(model)
+        if drafter is None:
+            drafter = _drafters[model] = cls(model)
+        return drafter
+
+    def __repr__(self) -> str:
+        return f"DraftModelDrafter({self.model!r})"
+
+    def propose(self, seq, k: int) -> list[int]:
+        tokens = seq.tokens
+        room = min(self.model.context_length, self.model.config.max_position_embeddings)
+        k = min(k, room - len(tokens))
+        if k < 1:
+            return []
+        with self._lock:
+            kv = self._sequences.get(seq.id)
+            if kv is None:
+                kv = self._sequences[seq.id] = self.pool.sequence()
+            common = 0
+            for a, b in zip(kv.tokens, tokens[:-1]):  # the last token is always run: its logits give d1
+                if a != b:
+                    break
+                common += 1
+            kv.truncate(common)
+            drafts = []
+            feed = tokens[common:]
+            for _ in range(k):
+                self._reserve(kv, len(kv) + len(feed))
+                logits = self.model.forward_batch(self.pool, [(kv, feed)], [True])
+                llaisys.ops.argmax(self._chosen, self._value, logits.view(logits.shape[-1]))
+                feed = [int(self._chosen.numpy()[0])]
+                drafts.append(feed[0])
+            return drafts
+
+    def _reserve(self, kv, length: int) -> None:
+        if not kv.reserve(length):  # grow, at least doubling (block ids and content stay)
+            self.pool.grow(max(kv.blocks_for(length) + self.pool.num_blocks - self.pool.num_free,
+                               2 * self.pool.num_blocks))
+            kv.reserve(length)
+
+    def release(self, seq) -> None:
+        with self._lock:
+            kv = self._sequences.pop(seq.id, None)
+            if kv is not None:
+                kv.release()
+
+    def close(self) -> None:
+        """Free every sequence's blocks and the pool's captured decode steps."""
+        with self._lock:
+            for kv in self._sequences.values():
+                kv.release()
+            self._sequences.clear()
+        self.model.release_kv_pool(self.pool)
