@@ -14,6 +14,21 @@ def tiny_models(tmp_path_factory) -> TinyModels:
     return TinyModels(tmp_path_factory.mktemp("tiny_models"))
 
 
+@pytest.fixture(scope="session")
+def loaded_models(tiny_models):
+    """``loaded_models(device, names)``: the test models on ``device``, each loaded once per session."""
+    import llaisys_models
+
+    cache: dict = {}
+
+    def load(device, names) -> dict:
+        for name in names:
+            if (device, name) not in cache:
+                cache[device, name] = llaisys_models.load(tiny_models.path(name), device=device)
+        return {name: cache[device, name] for name in names}
+    return load
+
+
 @pytest.fixture(autouse=True)
 def _device_runs_the_models(request):
     """A model test on a device whose backend cannot run the models (no paged KV kernels) is skipped."""

@@ -20,15 +20,9 @@ LENGTHS = (1, 5, 13, 16, 17, 40, 70)  # around and across blocks of 16 and chunk
 NEW = 24
 
 
-_loaded: dict = {}
-
-
 @pytest.fixture
-def models(tiny_models, device):
-    """The test models on ``device``, loaded once per session."""
-    if device not in _loaded:
-        _loaded[device] = {name: llaisys_models.load(tiny_models.path(name), device=device) for name in NAMES}
-    return _loaded[device]
+def models(loaded_models, device):
+    return loaded_models(device, NAMES)
 
 
 def prompts(name):

@@ -17,14 +17,9 @@ from llaisys_models.speculative.drafters import ngram_lookup
 from tiny_models import SPECS, prompt
 
 NEW = 20
-_loaded: dict = {}
-
-
 @pytest.fixture
-def models(tiny_models, device):
-    if device not in _loaded:
-        _loaded[device] = {name: llaisys_models.load(tiny_models.path(name), device=device) for name in SPECS}
-    return _loaded[device]
+def models(loaded_models, device):
+    return loaded_models(device, list(SPECS))
 
 
 def repetitive(name: str, length: int = 40) -> list[int]:

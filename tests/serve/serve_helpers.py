@@ -8,6 +8,7 @@ import dataclasses
 import http.client
 import json
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -22,6 +23,16 @@ def require_serving() -> None:
     pytest.importorskip("fastapi", reason=extra)
     pytest.importorskip("uvicorn", reason=extra)
     pytest.importorskip("openai", reason="the serving tests drive the server with the official client: pip install openai")
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Whether ``condition()`` became true within ``timeout`` seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def chat_ids(tokenizer, messages) -> list[int]:

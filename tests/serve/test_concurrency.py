@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from serve_helpers import (
     CHAT_MODEL,
@@ -14,6 +12,7 @@ from serve_helpers import (
     require_serving,
     stream_chats_at_once,
     user,
+    wait_until,
 )
 
 require_serving()
@@ -25,14 +24,6 @@ def counter(chat_server, name: str, **labels) -> float:
     label_text = ",".join(f'{k}="{v}"' for k, v in {"model": CHAT_MODEL, **labels}.items())
     return chat_server.metrics()[f"{name}{{{label_text}}}"]
 
-
-def wait_until(condition, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_eight_concurrent_streams_get_their_own_replies(chat_server, chat_reference, tokenizer):

@@ -8,10 +8,9 @@ import json
 import logging
 import socket
 import threading
-import time
 
 import pytest
-from serve_helpers import CHAT_MODEL, http_request, require_serving, user
+from serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
 
 require_serving()
 
@@ -34,14 +33,6 @@ def error_of(r, status: int, param, code) -> str:
     assert (error["param"], error["code"]) == (param, code), error
     return error["message"]
 
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def metric(server, name: str) -> float:
