@@ -225,10 +225,7 @@ class Session:
         ids = self.model.check_input_ids(input_ids)
         length = len(self.kv) + len(ids)
         self.model.check_length(length)
-        if not self.kv.reserve(length):  # grow, at least doubling (block ids and content stay)
-            self.pool.grow(max(self.kv.blocks_for(length) + self.pool.num_blocks - self.pool.num_free,
-                               2 * self.pool.num_blocks))
-            self.kv.reserve(length)
+        self.pool.reserve_growing(self.kv, length)
         return self.model.forward_batch(self.pool, [(self.kv, ids)], None if all_logits else [True])
 
     def truncate(self, length: int) -> None:

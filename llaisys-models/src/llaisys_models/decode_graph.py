@@ -72,7 +72,7 @@ class DecodeGraphs:
             return None
         if logits_of is not None and not all(logits_of):
             return None
-        self._drop_dead_pools()
+        self.release(None)  # the graphs of pools that are gone
         size = len(batch)
         entry = self._steps.get(size)
         if entry is not None and not (entry.fits(pool) and entry.numerics in (None, self.model.numerics)):
@@ -110,9 +110,6 @@ class DecodeGraphs:
         entry.graph, entry.logits, entry.workspace = graph, logits, workspace
         entry.numerics = self.model.numerics
         return True
-
-    def _drop_dead_pools(self) -> None:
-        self.release(None)
 
     def release(self, pool: KVPool | None) -> None:
         """Drop the graphs captured on ``pool`` (a pool its owner is done with), and those of pools gone."""

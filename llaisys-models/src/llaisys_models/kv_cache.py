@@ -59,6 +59,13 @@ class KVPool(BlockManager):
             self._allocate(num_blocks, kept=self.num_blocks)
             self.add_blocks(num_blocks)
 
+    def reserve_growing(self, seq, length: int) -> None:
+        """Blocks for ``length`` positions in ``seq`` (one of this pool's sequences), growing the pool, at least
+        doubling it, when too few are free (for a pool with one owner: a session, a draft model's)."""
+        if not seq.reserve(length):
+            self.grow(max(seq.blocks_for(length) + self.num_blocks - self.num_free, 2 * self.num_blocks))
+            seq.reserve(length)
+
     def copy_block(self, dst: int, src: int) -> None:
         for t in (*self.keys, *self.values):
             llaisys.ops.rearrange(t.slice(0, dst, dst + 1), t.slice(0, src, src + 1))

@@ -67,18 +67,12 @@ class DraftModelDrafter(Drafter):
             drafts = []
             feed = tokens[common:]
             for _ in range(k):
-                self._reserve(kv, len(kv) + len(feed))
+                self.pool.reserve_growing(kv, len(kv) + len(feed))
                 logits = self.model.forward_batch(self.pool, [(kv, feed)], [True])
                 llaisys.ops.argmax(self._chosen, self._value, logits.view(logits.shape[-1]))
                 feed = [int(self._chosen.numpy()[0])]
                 drafts.append(feed[0])
             return drafts
-
-    def _reserve(self, kv, length: int) -> None:
-        if not kv.reserve(length):  # grow, at least doubling (block ids and content stay)
-            self.pool.grow(max(kv.blocks_for(length) + self.pool.num_blocks - self.pool.num_free,
-                               2 * self.pool.num_blocks))
-            kv.reserve(length)
 
     def release(self, seq) -> None:
         with self._lock:
