@@ -40,7 +40,7 @@ from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import metrics, schemas
-from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
+from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
 
 log = logging.getLogger("llaisys.serve")
@@ -142,20 +142,21 @@ class Server:
 
     def check_model(self, body: dict) -> None:
         name = schemas.model_name(body)
-        if name != self.model_name:
+        if name is not None and name != self.model_name:
             raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
                            "model", "model_not_found")
 
-    async def tokenize(self, prompt, chat: bool) -> list[int]:
-        """Token ids of chat messages (through the chat template) or of a plain text. A text longer than
-        the context could hold is refused before any tokenizer reads it."""
+    async def tokenize(self, prompt, chat: bool, param: str | None = None) -> list[int]:
+        """Token ids of chat messages (through the chat template) or of a plain text (``param``: the request
+        field that holds it, for errors). A text longer than the context could hold is refused before any
+        tokenizer reads it; an empty one is refused."""
+        param = param or ("messages" if chat else "prompt")
         if isinstance(prompt, list) and not chat:
             return prompt  # already token ids
         if chat and not getattr(self.tokenizer, "chat_template", None):
-            raise invalid("this model's tokenizer has no chat template; use /v1/completions", "messages",
+            raise invalid("this model's tokenizer has no chat template; use /v1/completions", param,
                           "no_chat_template")
 
-        param = "messages" if chat else "prompt"
         chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
         if chars > self.max_prompt_chars:
             raise self._too_many_chars(param, chars)
@@ -174,7 +175,10 @@ class Server:
                     raise
                 raise invalid(f"the chat template cannot render these messages: {e}", "messages",
                               "template_error") from None
-        return await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+        ids = await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+        if not ids:
+            raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
+        return ids
 
     def _too_many_chars(self, param: str, chars: int, where: str = "") -> APIError:
         return invalid(f"'{param}': {chars} characters{where}, more than this model's maximum context length of "
@@ -183,14 +187,18 @@ class Server:
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params, cache_scope: str = "") -> AsyncStream:
-        """Queue a request; it shares cached prompt prefixes only with requests of the same ``cache_scope``."""
-        stream = AsyncStream(prompt, params, cache_scope=cache_scope)
+    def submit(self, jobs: list[tuple[list[int], object]], cache_scope: str = "", n: int = 1) -> AsyncStream:
+        """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
+        prefixes only with requests of the same ``cache_scope``. All are queued, or none."""
+        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n)
         try:
-            self.engine.submit(stream.request)
+            for request in stream.requests:
+                self.engine.submit(request)
         except EngineBusy as e:
+            stream.cancel()
             raise APIError(429, str(e), None, "queue_full") from None
         except EngineUnavailable as e:
+            stream.cancel()
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
 
@@ -273,22 +281,56 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     schemas.check_unsupported(body, chat)
     stream, include_usage = schemas.stream_flags(body)
     if chat:
-        prompt, param = schemas.chat_messages(body), "messages"
+        prompts, params_of = [schemas.chat_messages(body)], ["messages"]
     else:
-        prompt, param = schemas.completion_prompt(body, server.vocab_size, server.context), "prompt"
+        prompts = schemas.completion_prompts(body, server.vocab_size, server.context)
+        params_of = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
+    n = schemas.choices_n(body, len(prompts))
     scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
-    ids = await server.tokenize(prompt, chat)
-    if not ids:
-        raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
-    params = schemas.speculation(body, schemas.sampling_params(body, len(ids), server.context, param), server.engine)
+    jobs = []
+    for prompt, param in zip(prompts, params_of):
+        ids = await server.tokenize(prompt, chat, param)
+        params = schemas.sampling_params(body, len(ids), server.context, param)
+        jobs.append((ids, schemas.speculation(body, params, server.engine)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(ids, params, cache_scope=scope)
+    events = server.submit(jobs, cache_scope=scope, n=n)
+    usage = UsageSum([len(ids) for ids, _ in jobs], n)
     if stream:
-        return StreamingResponse(_stream_events(server, events, shape, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await _collect_events(server, request, events, shape)
+        return StreamingResponse(_stream_events(server, events, shape, usage, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    return await _collect_events(server, request, events, shape, usage)
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class UsageSum:
+    """A request's usage from its choices' ``Finished`` events: each prompt counted once (with the cached tokens
+    its first choice found), the completion tokens of every choice."""
+
+    def __init__(self, prompt_tokens: list[int], n: int):
+        self.prompt_tokens, self.n = prompt_tokens, n
+        self.completion_tokens = self.cached_tokens = self.finished = 0
+
+    def add(self, event: Finished) -> None:
+        self.finished += 1
+        self.completion_tokens += event.usage.completion_tokens
+        if event.index % self.n == 0:
+            self.cached_tokens += event.usage.cached_tokens
+
+    @property
+    def total(self) -> Usage:
+        return Usage(sum(self.prompt_tokens), self.completion_tokens, self.cached_tokens)
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompt_tokens) * self.n
+
+    @property
+    def done(self) -> bool:
+        return self.finished == self.choices
 
 
 def public_error(server: Server, status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -299,17 +341,21 @@ def public_error(server: Server, status: int, message: str, code: str | None = N
     return error_body(status, public, param, code)
 
 
-async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, include_usage: bool):
+async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, usage: UsageSum,
+                         include_usage: bool):
     # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
+    # Choices' chunks interleave as their tokens come, each naming its index (OpenAI's way).
     try:
-        yield _sse(shape.chunk(first=True))
+        for index in range(usage.choices):
+            yield _sse(shape.chunk(first=True, index=index))
         async for event in events:
             if isinstance(event, Delta):
-                yield _sse(shape.chunk(event.text))
+                yield _sse(shape.chunk(event.text, index=event.index))
             elif isinstance(event, Finished):
-                yield _sse(shape.chunk(finish_reason=event.reason))
-                if include_usage:
-                    yield _sse(shape.usage_chunk(event.usage))
+                usage.add(event)
+                yield _sse(shape.chunk(finish_reason=event.reason, index=event.index))
+                if include_usage and usage.done:
+                    yield _sse(shape.usage_chunk(usage.total))
             else:  # Failed: the stream has started, so the error travels as an event
                 yield _sse(public_error(server, 500, event.message, "engine_error"))
         yield "data: [DONE]\n\n"
@@ -317,21 +363,26 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
         events.cancel()
 
 
-async def _collect_events(server: Server, request: Request, events: AsyncStream,
-                          shape: schemas.ResponseShape) -> Response:
+async def _collect_events(server: Server, request: Request, events: AsyncStream, shape: schemas.ResponseShape,
+                          usage: UsageSum) -> Response:
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
         events.cancel()
 
     watcher = asyncio.create_task(cancel_on_disconnect())
-    texts = []
+    texts: list[list[str]] = [[] for _ in range(usage.choices)]
+    reasons: list[str] = [""] * usage.choices
     try:
         async for event in events:
             if isinstance(event, Delta):
-                texts.append(event.text)
+                texts[event.index].append(event.text)
             elif isinstance(event, Finished):
-                return JSONResponse(shape.complete("".join(texts), event.reason, event.usage))
+                usage.add(event)
+                reasons[event.index] = event.reason
+                if usage.done:
+                    return JSONResponse(shape.complete([("".join(t), r) for t, r in zip(texts, reasons)],
+                                                       usage.total))
             elif isinstance(event, Failed):
                 return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
     finally:
