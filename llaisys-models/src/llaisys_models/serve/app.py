@@ -7,8 +7,9 @@ worker threads), queue it with the engine and relay its events: a JSON body, or 
 Bound to a loopback address, the server answers only requests addressed to a loopback name (a web
 page on another site, its name rebound to 127.0.0.1 by DNS, gets 421), and every POST must be
 ``application/json`` (415), which a page on another origin cannot send without CORS, which stays
-closed. With API keys, each key is a tenant: its requests share cached prompt prefixes only with
-each other (``cache_scope``).
+closed but to the origins ``--cors-origin`` names (Starlette's CORSMiddleware: their preflights are answered,
+other origins get no Access-Control headers). With API keys, each key is a tenant: its requests share
+cached prompt prefixes only with each other (``cache_scope``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,7 +41,7 @@ from starlette.requests import ClientDisconnect
 from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
-from . import metrics, schemas
+from . import metrics, responses, schemas
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
 
@@ -54,11 +56,12 @@ class Server:
 
     ``api_keys``: each key its own tenant (none: no key needed, one tenant). ``host`` and ``port``: the
     address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
-    on a loopback address, requests must name a loopback host and that port.
+    on a loopback address, requests must name a loopback host and that port. ``cors_origins``: origins
+    (``https://app.example``) whose pages may call the API from a browser.
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
-                 host: str | None = None, port: int | None = None):
+                 host: str | None = None, port: int | None = None, cors_origins=()):
         api_keys = tuple(api_keys)
         for key in api_keys:
             check_api_key(key)
@@ -74,6 +77,7 @@ class Server:
                                         model_name)
         self.max_body_bytes = max_body_bytes
         self.host, self.port = host, port
+        self.cors_origins = tuple(cors_origins)  # web origins whose pages may call the API (none: same origin only)
         self.created = int(time.time())
         config = engine.model.config
         self.vocab_size = config.vocab_size
@@ -300,7 +304,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     if stream:
         return StreamingResponse(_stream_events(server, events, shape, usage, include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect_events(server, request, events, shape, usage)
+    return await _collect_events(server, request, events, usage, shape.complete)
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -333,6 +337,42 @@ class UsageSum:
         return self.finished == self.choices
 
 
+async def _respond(server: Server, request: Request) -> Response:
+    """``POST /v1/responses``: text in (a string, or message items, and ``instructions``), text out."""
+    body = await server.read_json(request)
+    server.check_model(body)
+    responses.check_unsupported(body)
+    stream = schemas.field(body, "stream", "boolean", default=False)
+    ids = await server.tokenize(responses.input_messages(body), chat=True, param="input")
+    params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",))
+    params = schemas.speculation(body, params, server.engine)
+    shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
+    events = server.submit([(ids, params)], cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
+    if stream:
+        return StreamingResponse(_response_events(server, events, shape), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    return await _collect_events(server, request, events, UsageSum([len(ids)], 1),
+                                 lambda choices, usage: shape.finished(choices[0][1], choices[0][0], usage))
+
+
+async def _response_events(server: Server, events: AsyncStream, shape: responses.ResponseObject):
+    try:
+        for event in shape.opening():
+            yield event
+        texts = []
+        async for event in events:
+            if isinstance(event, Delta):
+                texts.append(event.text)
+                yield shape.delta(event.text)
+            elif isinstance(event, Finished):
+                for closing in shape.closing(event.reason, "".join(texts), event.usage):
+                    yield closing
+            else:  # Failed
+                yield shape.failed(public_error(server, 500, event.message)["error"]["message"])
+    finally:
+        events.cancel()
+
+
 def public_error(server: Server, status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
     """An error body for a client, the server's paths taken out of its message (and logged with them)."""
     public = server.scrub_paths(message)
@@ -363,8 +403,10 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
         events.cancel()
 
 
-async def _collect_events(server: Server, request: Request, events: AsyncStream, shape: schemas.ResponseShape,
-                          usage: UsageSum) -> Response:
+async def _collect_events(server: Server, request: Request, events: AsyncStream, usage: UsageSum,
+                          shape) -> Response:
+    """The whole response, ``shape(choices, usage)`` once every choice has finished (choices: (text, finish reason)
+    in index order), or the error response."""
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -381,8 +423,7 @@ async def _collect_events(server: Server, request: Request, events: AsyncStream,
                 usage.add(event)
                 reasons[event.index] = event.reason
                 if usage.done:
-                    return JSONResponse(shape.complete([("".join(t), r) for t, r in zip(texts, reasons)],
-                                                       usage.total))
+                    return JSONResponse(shape([("".join(t), r) for t, r in zip(texts, reasons)], usage.total))
             elif isinstance(event, Failed):
                 return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
     finally:
@@ -483,6 +524,10 @@ def create_app(server: Server) -> FastAPI:
     async def completions(request: Request):
         return await _complete(server, request, chat=False)
 
+    @api.post("/v1/responses")
+    async def create_response(request: Request):
+        return await _respond(server, request)
+
     app.include_router(api)
 
     class LocalHostsOnly:  # plain ASGI (a BaseHTTPMiddleware would stand between streams and disconnects)
@@ -500,5 +545,8 @@ def create_app(server: Server) -> FastAPI:
                 return
             await self.app(scope, receive, send)
 
+    if server.cors_origins:  # inside LocalHostsOnly: a preflight for a foreign Host is still refused
+        app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     app.add_middleware(LocalHostsOnly)
     return app

@@ -70,7 +70,7 @@ def _in_range(value, name: str, low, high, low_open: bool = False):
     return value
 
 
-def _unsupported(body: dict, name: str, neutral) -> None:
+def unsupported(body: dict, name: str, neutral) -> None:
     """Refuse a parameter this server does not implement unless it has its neutral value."""
     value = body.get(name)
     if value is not None and value not in neutral:
@@ -178,18 +178,18 @@ def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list
 
 def check_unsupported(body: dict, chat: bool) -> None:
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        _unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
-    _unsupported(body, "logit_bias", ({},))
+        unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
+    unsupported(body, "logit_bias", ({},))
     if chat:
-        _unsupported(body, "logprobs", (False,))
-        _unsupported(body, "tools", ([],))
-        _unsupported(body, "response_format", ({"type": "text"},))
+        unsupported(body, "logprobs", (False,))
+        unsupported(body, "tools", ([],))
+        unsupported(body, "response_format", ({"type": "text"},))
     else:
-        _unsupported(body, "logprobs", (0,))
-        _unsupported(body, "echo", (False,))
-        _unsupported(body, "suffix", ("",))
+        unsupported(body, "logprobs", (0,))
+        unsupported(body, "echo", (False,))
+        unsupported(body, "suffix", ("",))
         n = body.get("n") if _KINDS["integer"](body.get("n")) else 1
-        _unsupported(body, "best_of", (1, n))  # best_of = n: every choice returned, as without it
+        unsupported(body, "best_of", (1, n))  # best_of = n: every choice returned, as without it
 
 
 def cache_salt(body: dict) -> str | None:
