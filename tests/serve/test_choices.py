@@ -133,3 +133,27 @@ def test_n_and_plain_requests_batched_each_give_what_they_give_alone(chat_server
             for i, text in enumerate(sampled(chat_reference, tokenizer, ids, k, seed, n))}
     assert texts == want
     assert chat_server.engine.pool.check()["used"] == 0
+
+
+def test_speculative_choices_equal_plain_ones(client):
+    body = dict(model=CHAT_MODEL, prompt="abcabcabcabc", max_tokens=16, n=2, seed=8, **SAMPLING)
+    plain = client.completions.create(**body, extra_body={"speculative": "off"})
+    drafted = client.completions.create(**body, extra_body={"speculative": "ngram", "num_speculative_tokens": 3})
+    assert [c.text for c in drafted.choices] == [c.text for c in plain.choices]
+
+
+def test_cancelling_ends_every_choice_and_frees_the_blocks(chat_server, tokenizer):
+    log = queue.Queue()
+    ids = chat_ids(tokenizer, user("Cancel all of us"))
+    request = Request(ids, SamplingParams(max_tokens=2000, seed=1), log.put, n=3)
+    chat_server.engine.submit(request)
+    while not isinstance(log.get(timeout=TIMEOUT), Delta):
+        pass
+    request.cancel()
+    ended = []
+    while len(ended) < 3:
+        event = log.get(timeout=TIMEOUT)
+        if not isinstance(event, Delta):
+            ended.append(event)
+    assert sorted(e.index for e in ended) == [0, 1, 2] and {e.reason for e in ended} == {"cancelled"}
+    assert chat_server.engine.pool.check()["used"] == 0
