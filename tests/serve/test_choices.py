@@ -55,6 +55,8 @@ def test_chat_n_choices_each_its_own_seeded_stream(client, chat_reference, token
     assert len(set(want)) == 3 and all(c.finish_reason == "length" for c in r.choices)
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 48)  # the prompt counted once
     assert stats.prompt_tokens_forked - forked == 2 * len(ids)  # choices 1 and 2 took choice 0's prompt blocks
+    assert chat_server.metrics()[f'llaisys_prompt_tokens_forked_total{{model="{CHAT_MODEL}"}}'] == \
+        stats.prompt_tokens_forked
     one = client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=16, seed=99, **SAMPLING)
     assert one.choices[0].message.content == want[0]  # choice 0 is the request without n
 
