@@ -109,6 +109,11 @@ def test_a_list_of_prompts_gives_a_choice_per_prompt_times_n(client, chat_refere
     assert [c.index for c in r.choices] == list(range(6))
     assert [c.text for c in r.choices] == want
     assert r.usage.prompt_tokens == sum(map(len, ids)) and r.usage.completion_tokens == 6 * 8
+    streamed = [""] * 6
+    for chunk in client.completions.create(model=CHAT_MODEL, prompt=prompts, max_tokens=8, n=2, seed=5, stream=True,
+                                           **SAMPLING):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == want
     greedy = client.completions.create(model=CHAT_MODEL, prompt=["a b", "c d"], max_tokens=5, temperature=0)
     assert [c.text for c in greedy.choices] == [generate_text(chat_reference, tokenizer, text_ids(tokenizer, p), 5)
                                                 for p in ("a b", "c d")]

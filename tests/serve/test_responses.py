@@ -58,6 +58,14 @@ def test_stream_events_through_the_client(client, chat_reference, tokenizer):
     assert events[-4].text == want and events[-1].response.output_text == want
     assert events[-1].response.usage.output_tokens == 9
     assert [e.sequence_number for e in events] == list(range(len(events)))
+    # the client's stream helper builds its snapshot from the same events; its final response needs a
+    # response.completed (OpenAI ends a reply cut by max_output_tokens with response.incomplete): a stop string
+    stop = want[4:7]
+    with client.responses.stream(model=CHAT_MODEL, input="Stream it", max_output_tokens=9, temperature=0,
+                                 extra_body={"stop": stop}) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert "".join(deltas) == final.output_text == want[:want.find(stop)] and final.status == "completed"
 
 
 def test_raw_events_name_their_type_and_end_completed(chat_server):
