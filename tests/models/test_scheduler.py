@@ -220,3 +220,23 @@ def test_forks_without_room_or_without_their_parent_still_complete(models):
     assert run(scheduler, forks) == alone[1:]
     # a fork of a finished sequence is an ordinary sequence of its prompt
     assert run(scheduler, [scheduler.fork(parent, params[2])]) == alone[2:]
+
+
+def test_forks_under_a_tiny_kv_budget_are_preempted_and_recomputed_unseen(models):
+    model = models["f32_gqa2_hd32"]
+    vocab = SPECS["f32_gqa2_hd32"].vocab
+    ps = [prompt("f32_gqa2_hd32", 37, vocab)]
+    sampling = dict(top_k=0, top_p=1.0, temperature=1.0)
+    alone = [[model.generate(p, NEW, seed=s, eos_token_ids=(), **sampling) for s in (21, 22, 23)] for p in ps]
+    # 7 blocks: the prompt's 3, a copy of its last for each fork; at position 48 the three need 3 more, 2 are free
+    pool = model.new_kv_pool(num_blocks=7, block_size=16)
+    scheduler = Scheduler(model, pool, max_running=6, max_batch_tokens=32)
+    groups = []
+    for p in ps:
+        parent = scheduler.add(p, SamplingParams(NEW, seed=21, eos_token_ids=frozenset(), **sampling))
+        groups.append([parent] + [scheduler.fork(parent, SamplingParams(NEW, seed=s, eos_token_ids=frozenset(),
+                                                                         **sampling)) for s in (22, 23)])
+    run(scheduler, [s for g in groups for s in g])
+    assert [[s.tokens for s in g] for g in groups] == alone
+    assert scheduler.stats.prompt_tokens_forked == 2 * 37 and scheduler.stats.preemptions > 0
+    assert pool.check()["used"] == 0
