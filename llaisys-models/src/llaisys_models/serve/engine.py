@@ -288,7 +288,7 @@ class Engine:
         this was its last token. Whether the request ended."""
         choice, text_stream = seq.tag, seq.tag.text
         choice.tokens += 1
-        if choice.tokens == 1:  # the prompt is read: its first token
+        if choice.tokens == 1 and choice.index == 0:  # the prompt is read: the request's first token
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
         ending = last and seq.finished
