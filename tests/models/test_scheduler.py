@@ -240,3 +240,22 @@ def test_forks_under_a_tiny_kv_budget_are_preempted_and_recomputed_unseen(models
     assert [[s.tokens for s in g] for g in groups] == alone
     assert scheduler.stats.prompt_tokens_forked == 2 * 37 and scheduler.stats.preemptions > 0
     assert pool.check()["used"] == 0
+
+
+def test_forks_under_hf_numerics_hold_their_whole_length(tiny_models, device):
+    """numerics="hf": a fork's KV is its parent's prompt, computed in one piece as it would be alone; each fork
+    reserves its whole length when it starts, and the tokens equal the solo runs."""
+    name = "bf16_mha_hd64"
+    model = llaisys_models.load(tiny_models.path(name), device=device, numerics="hf")
+    p = prompt(name, 29, SPECS[name].vocab)
+    sampling = dict(top_k=0, top_p=0.9, temperature=1.0)
+    alone = [model.generate(p, NEW, seed=s, eos_token_ids=(), **sampling) for s in (4, 5)]
+    pool = model.new_kv_pool(num_blocks=16, block_size=16)
+    scheduler = Scheduler(model, pool, max_running=4, max_batch_tokens=16)
+    parent = scheduler.add(p, SamplingParams(NEW, seed=4, eos_token_ids=frozenset(), **sampling))
+    fork = scheduler.fork(parent, SamplingParams(NEW, seed=5, eos_token_ids=frozenset(), **sampling))
+    while parent.num_generated == 0:
+        scheduler.step()
+    assert len(fork.kv.blocks) == -(-(29 + NEW) // 16)  # reserved at once, as admission does under hf
+    assert run(scheduler, [parent, fork]) == alone
+    assert scheduler.stats.prompt_tokens_forked == 29
