@@ -39,6 +39,9 @@ def register_serve(subparsers) -> None:
     p.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
                    help="API keys, one per line (blank lines and lines starting with # are ignored); "
                         "with --api-key, the keys of both")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages of ORIGIN (e.g. https://app.example) call the API from a browser (CORS); "
+                        "repeatable (default: none)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
     p.add_argument("--max-running", type=int, default=16,
@@ -77,6 +80,8 @@ def run_serve(args) -> int:
     from .kv_memory import parse_size
 
     keys = api_keys(args, os.environ)  # before anything else: an empty key must not start a server without one
+    for origin in args.cors_origin:
+        check_origin(origin)
     for name in ("port", "max_running", "max_batch_tokens", "block_size"):
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
@@ -104,6 +109,20 @@ def api_keys(args, environ) -> list[str]:
     for key, source in keys:
         check_api_key(key, source)
     return [key for key, _ in keys]
+
+
+def check_origin(origin: str) -> None:
+    """A LlaisysValueError unless ``origin`` is a web origin as a browser sends it: scheme://host[:port], or '*'."""
+    from urllib.parse import urlsplit
+
+    from llaisys import LlaisysValueError
+
+    if origin == "*":
+        return
+    url = urlsplit(origin)
+    if url.scheme not in ("http", "https") or not url.netloc or url.path or url.query or url.fragment or "@" in origin:
+        raise LlaisysValueError(f"--cors-origin {origin!r} is not an origin: give scheme://host[:port] as the browser "
+                                f"sends it (e.g. https://app.example), with no path or trailing slash")
 
 
 def _read_key_file(path: Path) -> list[tuple[str, str]]:
@@ -142,7 +161,8 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
                     speculation=speculation, draft=draft)
     name = args.served_model_name or default_model_name(path)
     port = listener.getsockname()[1]
-    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port)
+    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port,
+                    cors_origins=args.cors_origin)
     if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)

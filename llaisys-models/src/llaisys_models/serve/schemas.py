@@ -3,7 +3,7 @@
 Requests are parsed by hand rather than by a schema library so that every rejection names its
 parameter in OpenAI's words (``param`` = ``messages[2].role``) and says what was expected.
 Unknown parameters are ignored (clients send vendor extras); known ones this server cannot
-honour (n > 1, logprobs, tools, penalties, ...) are refused rather than silently dropped.
+honour (logprobs, tools, penalties, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
 MAX_CACHE_SALT = 256  # characters of ``cache_salt``, as vLLM
-SEED_RANGE = (-(1 << 63), 1 << 64)
+SEED_RANGE = (-(1 << 63), 1 << 63)  # signed 64-bit, as OpenAI's peers (the sampler takes a seed modulo 2**64)
+MAX_N = 128  # choices per prompt: OpenAI's limit
+MAX_PROMPTS = 64  # prompts in one completions request (each with n choices, at most MAX_CHOICES in all)
+MAX_CHOICES = 256
 
 
 # -- field checks ---------------------------------------------------------------------
@@ -67,15 +70,25 @@ def _in_range(value, name: str, low, high, low_open: bool = False):
     return value
 
 
-def _unsupported(body: dict, name: str, neutral) -> None:
+def unsupported(body: dict, name: str, neutral) -> None:
     """Refuse a parameter this server does not implement unless it has its neutral value."""
     value = body.get(name)
     if value is not None and value not in neutral:
         raise invalid(f"'{name}' = {value!r} is not supported by this server", name, "unsupported_parameter")
 
 
-def model_name(body: dict) -> str:
-    return field(body, "model", "string", required=True)
+def model_name(body: dict) -> str | None:
+    """``model``: optional, as one model is served (None: that one)."""
+    return field(body, "model", "string")
+
+
+def choices_n(body: dict, prompts: int = 1) -> int:
+    """``n``: choices per prompt, 1 .. MAX_N (and at most MAX_CHOICES for all of a request's prompts)."""
+    n = _in_range(field(body, "n", "integer", default=1), "n", 1, MAX_N)
+    if n * prompts > MAX_CHOICES:
+        raise invalid(f"'n' = {n} for {prompts} prompts asks for {n * prompts} choices; at most {MAX_CHOICES} "
+                      f"are allowed per request", "n")
+    return n
 
 
 def stream_flags(body: dict) -> tuple[bool, bool]:
@@ -134,47 +147,49 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def completion_prompt(body: dict, vocab_size: int, context: int) -> str | list[int]:
-    """``prompt`` as a text, or as token ids (an array of integers). One prompt per request."""
+def completion_prompts(body: dict, vocab_size: int, context: int) -> list[str | list[int]]:
+    """``prompt`` as a list of prompts, each a text or token ids: a string, an array of token ids, or an array of
+    those (one choice per prompt, times ``n``)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+    if prompt is None:
+        raise invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per request",
+                          "prompt", "array_too_long")
+        return [_one_prompt(p, f"prompt[{i}]", vocab_size, context) for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, "prompt", vocab_size, context)]
+
+
+def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) >= context:  # refused before each item is looked at
-        raise invalid(f"'prompt' holds {len(prompt)} items; this model's maximum context length is {context} tokens, "
-                      f"which leaves no room for a completion", "prompt", "context_length_exceeded")
+        raise invalid(f"'{param}' holds {len(prompt)} items; this model's maximum context length is {context} "
+                      f"tokens, which leaves no room for a completion", param, "context_length_exceeded")
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_KINDS["integer"](t) for t in prompt):
         bad = next((i for i, t in enumerate(prompt) if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise invalid(f"'prompt[{bad}]' = {prompt[bad]} is not a token id in [0, {vocab_size})", "prompt")
+            raise invalid(f"'{param}[{bad}]' = {prompt[bad]} is not a token id in [0, {vocab_size})", param)
         return prompt
-    if prompt is None:
-        raise invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise invalid("'prompt' holds several prompts; this server takes one per request", "prompt",
-                      "unsupported_parameter")
-    raise invalid(f"'prompt' must be a string or an array of token ids, got {json_type(prompt)}"
-                  + (" (empty)" if prompt == [] else ""), "prompt", "invalid_type")
+    raise invalid(f"'{param}' must be a string or an array of token ids (or, for 'prompt', an array of those), got "
+                  f"{json_type(prompt)}" + (" (empty)" if prompt == [] else ""), param, "invalid_type")
 
 
 def check_unsupported(body: dict, chat: bool) -> None:
-    n = field(body, "n", "integer", default=1)
-    if n != 1:
-        raise invalid(f"'n' = {n} is not supported: this server returns one choice per request", "n",
-                      "unsupported_parameter")
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        _unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
-    _unsupported(body, "logit_bias", ({},))
+        unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
+    unsupported(body, "logit_bias", ({},))
     if chat:
-        _unsupported(body, "logprobs", (False,))
-        _unsupported(body, "tools", ([],))
-        _unsupported(body, "response_format", ({"type": "text"},))
+        unsupported(body, "logprobs", (False,))
+        unsupported(body, "tools", ([],))
+        unsupported(body, "response_format", ({"type": "text"},))
     else:
-        _unsupported(body, "logprobs", (0,))
-        _unsupported(body, "echo", (False,))
-        _unsupported(body, "suffix", ("",))
-        _unsupported(body, "best_of", (1,))
+        unsupported(body, "logprobs", (0,))
+        unsupported(body, "echo", (False,))
+        unsupported(body, "suffix", ("",))
+        n = body.get("n") if _KINDS["integer"](body.get("n")) else 1
+        unsupported(body, "best_of", (1, n))  # best_of = n: every choice returned, as without it
 
 
 def cache_salt(body: dict) -> str | None:
@@ -194,13 +209,15 @@ def cache_salt(body: dict) -> str | None:
 
 # -- sampling -----------------------------------------------------------------------------
 
-def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str) -> SamplingParams:
-    """The sampling parameters, checked against the model's context for this prompt length."""
+def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str,
+                    max_names=("max_completion_tokens", "max_tokens")) -> SamplingParams:
+    """The sampling parameters, checked against the model's context for this prompt length (the first of
+    ``max_names`` present bounds the reply)."""
     room = context - prompt_tokens
     if room <= 0:
         raise invalid(f"this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} "
                       f"tokens, which leaves no room for a completion", prompt_param, "context_length_exceeded")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    name = next((n for n in max_names if body.get(n) is not None), max_names[-1])
     max_tokens = field(body, name, "integer", default=room)
     if max_tokens <= 0:
         raise invalid(f"'{name}' must be >= 1, got {max_tokens}", name)
@@ -272,7 +289,8 @@ def usage_body(usage: Usage) -> dict:
 
 
 class ResponseShape:
-    """Bodies of one response: ``chat.completion`` / ``text_completion`` and their stream chunks."""
+    """Bodies of one response: ``chat.completion`` / ``text_completion`` and their stream chunks (each chunk
+    carries one choice, named by its ``index``)."""
 
     def __init__(self, chat: bool, response_id: str, created: int, model: str):
         self.chat = chat
@@ -282,22 +300,25 @@ class ResponseShape:
     def _body(self, obj: str, choices: list, usage: dict | None) -> dict:
         return {**self.head, "object": obj, "choices": choices, "usage": usage}
 
-    def complete(self, text: str, finish_reason: str, usage: Usage) -> dict:
+    def complete(self, choices: list[tuple[str, str]], usage: Usage) -> dict:
+        """The whole response: (text, finish reason) of each choice, in index order."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish_reason}
-            return self._body("chat.completion", [choice], usage_body(usage))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._body("text_completion", [choice], usage_body(usage))
+            body = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                     "logprobs": None, "finish_reason": reason} for i, (text, reason) in enumerate(choices)]
+            return self._body("chat.completion", body, usage_body(usage))
+        body = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                for i, (text, reason) in enumerate(choices)]
+        return self._body("text_completion", body, usage_body(usage))
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """One stream chunk: the first chat chunk carries the role; the last, the finish reason."""
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False,
+              index: int = 0) -> dict:
+        """One stream chunk of choice ``index``: the first chat chunk carries the role; the last, the finish reason."""
         if self.chat:
             delta = {"role": "assistant", "content": text or ""} if first else (
                 {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._body("chat.completion.chunk", [choice], None)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._body("text_completion", [choice], None)
 
     def usage_chunk(self, usage: Usage) -> dict:
