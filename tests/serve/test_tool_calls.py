@@ -10,8 +10,16 @@ import random
 import pytest
 from qwen_template import QWEN25_TEMPLATE
 
-from llaisys_models.serve.tool_calls import HERMES, LLAMA3, MISTRAL, ToolCall, ToolCallStream, parse_tool_calls, \
-    tool_format, tool_support
+from llaisys_models.serve.tool_calls import (
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    ToolCall,
+    ToolCallStream,
+    parse_tool_calls,
+    tool_format,
+    tool_support,
+)
 
 NAMES = ("get_weather", "get_time")
 
@@ -135,8 +143,6 @@ class FakeTemplateTokenizer:
 
 
 def test_tool_support_needs_a_template_that_renders_tools():
-    from transformers import PreTrainedTokenizerFast  # noqa: F401 (the real one is checked in test_tools_api)
-
     fmt, why = tool_support(FakeTemplateTokenizer(None, lambda tools: ""))
     assert fmt is None and "no chat template" in why
     fmt, why = tool_support(FakeTemplateTokenizer("{{ messages }}", lambda tools: "no tools here"))

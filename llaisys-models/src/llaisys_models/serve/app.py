@@ -42,9 +42,9 @@ from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import metrics, responses, schemas
-from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
+from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
 
 log = logging.getLogger("llaisys.serve")
 
