@@ -5,7 +5,7 @@
     llaisys_models.load("org/name@v1.0")                           # a branch, tag or commit (default: main)
 
 An id is ``org/name[@revision][:file]``. ``file`` picks a .gguf file of the repo: its name
-(``org/name:model-q8_0.gguf``) or a tag its name holds between separators (``Q4_K_M``, ``q8_0``:
+(``org/name:model-q8_0.gguf``) or a tag its name holds between "-" or "." (``Q4_K_M``, ``q8_0``:
 case-insensitive). A repo of one .gguf file and no safetensors needs none.
 
 A path that exists always wins: ``resolve`` returns it as it is, and so any string that is not an id.
@@ -132,14 +132,14 @@ def _pick_gguf(ggufs: list[str], hub_id: HubId) -> str:
                              f"quantization such as Q4_K_M) or {hub_id.repo}:FILE; {_choices(ggufs)}")
     want = hub_id.file.lower()
     named = [f for f in ggufs if f.lower() == want or PurePosixPath(f).name.lower() == want]
-    tag = re.compile(rf"(^|[-_.]){re.escape(want)}([-_.]|$)")
+    tag = re.compile(rf"(^|[-.]){re.escape(want)}([-.]|$)")  # "-" / "." only: "_" is inside tags (Q4_K_M)
     tagged = named or [f for f in ggufs if tag.search(PurePosixPath(f).name[:-len(".gguf")].lower())]
     if len(tagged) == 1:
         return tagged[0]
     if not tagged:
         raise ModelLoadError(f"{hub_id.repo} holds no .gguf file named or tagged {hub_id.file!r}; {_choices(ggufs)}")
-    raise ModelLoadError(f"{hub_id.file!r} matches {len(tagged)} .gguf files of {hub_id.repo} (a model split into "
-                         f"several files is not supported); name one: {_choices(tagged)}")
+    raise ModelLoadError(f"{hub_id.file!r} matches {len(tagged)} .gguf files of {hub_id.repo} (llaisys reads a model "
+                         f"of one file): name one by its file name; {_choices(tagged)}")
 
 
 def _choices(files: list[str]) -> str:
@@ -158,7 +158,7 @@ def download(hub_id: HubId, missing: str) -> Path:
     """Fetch the files of ``hub_id``'s model into the Hub cache (progress bars on stderr); its local path."""
     from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 
-    where = f"{hub_id} is not a file or directory, and {missing}"
+    where = f"{hub_id} is not a file or directory and {missing}"
     revision = hub_id.revision or "main"
     info = _hub_call(hub_id, where, HfApi().model_info, hub_id.repo, revision=revision, files_metadata=True)
     sizes = {s.rfilename: s.size or 0 for s in info.siblings or ()}
