@@ -163,6 +163,7 @@ def test_a_local_path_wins_over_the_hub_id(hub, tiny_models, tmp_path, monkeypat
 
 def test_gguf_repo_picks_a_file_by_tag_or_name(hub, tiny_models, tmp_path, no_network):
     from gguf import GGMLQuantizationType as Q
+
     from gguf_files import write_gguf
 
     hub.offline()

@@ -49,9 +49,8 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
 def read_directory(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
                    quantize: str | None = None) -> dict:
     """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``."""
-    from .registry import MODEL_CLASSES
-
     from .hub import resolve
+    from .registry import MODEL_CLASSES
 
     quantize = quantization.resolve(quantize)
     path = model_directory(resolve(path))

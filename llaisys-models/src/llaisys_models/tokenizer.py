@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from llaisys import LlaisysValueError
 
 from .errors import ModelLoadError
