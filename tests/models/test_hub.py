@@ -249,3 +249,17 @@ def test_hf_hub_offline_from_the_environment(hub, tiny_models, tmp_path):
     assert hit.returncode == 0 and hit.stdout.strip(), hit.stderr
     miss = subprocess.run([*base, "--model", "org/absent"], env=env, capture_output=True, text=True, timeout=300)
     assert miss.returncode == 2 and "HF_HUB_OFFLINE" in miss.stderr and "Traceback" not in miss.stderr
+
+
+def test_serve_names_the_model_by_its_hub_id(hub, tiny_models, no_network):
+    from llaisys_models.cli import model_dir
+    from llaisys_models.serve.cli import default_model_name
+
+    hub.offline()
+    snapshot = add_to_cache(hub.root, "org/tiny", model_files(tiny_models.path(F32)))
+
+    class Args:
+        model = Path("org/tiny")
+    assert model_dir(Args) == snapshot
+    assert default_model_name(snapshot, Args.model) == "org/tiny"
+    assert default_model_name(tiny_models.path(F32), tiny_models.path(F32)) == F32
