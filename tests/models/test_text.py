@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
@@ -9,6 +10,7 @@ import pytest
 
 import llaisys_models
 from llaisys import LlaisysValueError
+from llaisys.cli import main
 from llaisys_models.tokenizer import encode, load_tokenizer
 
 F32 = "f32_gqa2_hd32"
@@ -80,7 +82,7 @@ def test_the_demo_answers_in_text():
     assert demo.chat([{"role": "user", "content": "7+8="}], max_new_tokens=8) == "15"
 
 
-def test_a_model_without_a_chat_template_says_so(tiny_models, tmp_path):
+def test_a_model_without_a_chat_template_says_so(tiny_models, tmp_path, monkeypatch, capsys):
     path = tmp_path / "plain"
     shutil.copytree(tiny_models.path(F32), path)
     config = json.loads((path / "tokenizer_config.json").read_text())
@@ -91,6 +93,10 @@ def test_a_model_without_a_chat_template_says_so(tiny_models, tmp_path):
     with pytest.raises(LlaisysValueError, match=r"no chat template.*complete\(text\)"):
         model.chat("hello")
     assert model.complete("hello", max_new_tokens=4) is not None
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))  # the CLI's --chat: one line, no traceback
+    assert main(["generate", "--model", str(path), "--device", "cpu", "--chat"]) == 2
+    err = capsys.readouterr().err
+    assert "--chat needs a chat template" in err and "Traceback" not in err
 
 
 def test_bad_arguments_fail_before_generating(model):

@@ -201,6 +201,9 @@ def _chat(model, tokenizer, args, sampling) -> int:
 
     from .chat import ChatHistory
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise LlaisysValueError(f"--chat needs a chat template, and the tokenizer of {model.path.name} has none; "
+                                f"use --prompt TEXT --raw to continue a plain text")
     if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach check_text (one message), not input()
         sys.stdin.reconfigure(errors="surrogateescape")
     budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
