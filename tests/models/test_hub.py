@@ -10,12 +10,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from child_process import run_in_child
 from huggingface_hub import constants
 
 import llaisys_models
@@ -240,15 +239,24 @@ def test_download_fetches_only_what_a_model_needs(hub, tiny_models, monkeypatch,
     assert again.generate(prompt, 6) == llaisys_models.load(source, device="cpu").generate(prompt, 6)
 
 
-def test_hf_hub_offline_from_the_environment(hub, tiny_models, tmp_path):
-    """The variables as a user sets them (huggingface_hub reads them at import): a fresh ``llaisys`` process."""
+def test_hf_hub_offline_from_the_environment(hub, tiny_models):
+    """The variables as a user sets them (huggingface_hub reads them at import): a fresh interpreter."""
     add_to_cache(hub.root, "org/tiny", model_files(tiny_models.path(F32)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "llaisys.cli", "generate", "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "4"]
-    hit = subprocess.run([*base, "--model", "org/tiny"], env=env, capture_output=True, text=True, timeout=300)
-    assert hit.returncode == 0 and hit.stdout.strip(), hit.stderr
-    miss = subprocess.run([*base, "--model", "org/absent"], env=env, capture_output=True, text=True, timeout=300)
-    assert miss.returncode == 2 and "HF_HUB_OFFLINE" in miss.stderr and "Traceback" not in miss.stderr
+    child = run_in_child(generate_hit_and_miss, env=env, timeout=300)
+    assert child.returncode == 0, child.stderr
+    hit, miss = child.stdout.rsplit("\n", 2)[-2].split(" ")
+    assert (hit, miss) == ("0", "2"), child.stderr
+    assert child.stderr.count("llaisys: error: org/absent ") == 1 and "HF_HUB_OFFLINE" in child.stderr
+    assert "Traceback" not in child.stderr
+
+
+def generate_hit_and_miss() -> None:
+    """(child) ``llaisys generate`` on a cached id, then on one not cached; prints both exit statuses."""
+    args = ["generate", "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "4", "--model"]
+    hit = main([*args, "org/tiny"])
+    miss = main([*args, "org/absent"])
+    print(f"\n{hit} {miss}")
 
 
 def test_serve_names_the_model_by_its_hub_id(hub, tiny_models, no_network):
