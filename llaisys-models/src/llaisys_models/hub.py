@@ -48,6 +48,8 @@ def parse(spec) -> HubId | None:
     match = _ID.fullmatch(str(spec))
     if match is None or ".." in match["repo"] or "--" in match["repo"]:  # the Hub allows neither
         return None
+    if match["revision"] and ".." in match["revision"].split("/"):  # a revision names a file under refs/
+        return None
     return HubId(match["repo"], match["revision"], match["file"])
 
 
