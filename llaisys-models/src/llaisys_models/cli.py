@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 from . import numerics, quantize
+from .text import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
 
 DEFAULT_PROMPT = "12+34="
-DEFAULT_NEW_TOKENS = 128  # generate's reply budget, shrunk to what the model's context leaves
+MODEL_HELP = ("HuggingFace model directory, GGUF file or Hugging Face Hub id (org/name[@revision][:gguf-tag-or-file], "
+              "from the local Hub cache, else downloaded) (default: the demo model shipped with llaisys-models)")
 
 
 def _count(text: str) -> int:
@@ -35,9 +37,8 @@ def _count(text: str) -> int:
 
 
 def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> None:
-    parser.add_argument("--model", type=Path, default=None, metavar="PATH",
-                        help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
-                             "llaisys-models)")
+    parser.add_argument("--model", type=Path, default=None, metavar="PATH|ID",
+                        help=MODEL_HELP)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
@@ -102,7 +103,9 @@ def model_dir(args) -> Path:
     from .errors import ModelLoadError
 
     if args.model is not None:
-        return args.model
+        from .hub import resolve
+
+        return resolve(args.model)  # a Hub id: its copy in the Hub cache
     if not (DEMO_MODEL_DIR / "config.json").is_file():
         raise ModelLoadError(f"no --model given and the demo model is missing from this installation "
                              f"({DEMO_MODEL_DIR} has no config.json); pass --model DIR")
@@ -137,11 +140,9 @@ def _sampling(args) -> dict:
     from llaisys import LlaisysValueError
 
     from .sampling import check_sampling
+    from .text import sampling_args
 
-    sampling = args.temperature not in (None, 0.0) or args.top_p not in (None, 1.0)
-    top_k = args.top_k if args.top_k is not None else (0 if sampling else 1)
-    chosen = dict(top_k=top_k, top_p=1.0 if args.top_p is None else args.top_p,
-                  temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed)
+    chosen = sampling_args(args.top_k, args.top_p, args.temperature, args.seed)
     try:  # before the model loads: a bad flag fails at once, not after the prefill
         check_sampling(**chosen)
     except LlaisysValueError as e:  # "top_k must be ..." -> "--top-k must be ..."
@@ -171,26 +172,10 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
     return decoder.tokens
 
 
-def _new_tokens(requested: int | None, prompt_tokens: int, context: int) -> int:
-    """generate's budget: the default shrinks to fit the context; an explicit count must fit."""
-    from llaisys import LlaisysValueError
-
-    room = context - prompt_tokens
-    if room < 1 and requested != 0:
-        raise LlaisysValueError(f"the prompt is {prompt_tokens} tokens, which leaves no room for new tokens in the "
-                                f"model's context of {context} positions; shorten it")
-    if requested is None:
-        return min(DEFAULT_NEW_TOKENS, room)
-    if requested > room:
-        raise LlaisysValueError(f"the prompt ({prompt_tokens} tokens) and --max-new-tokens {requested} need "
-                                f"{prompt_tokens + requested} positions, more than the model's context of "
-                                f"{context}; at most {room} new tokens fit")
-    return requested
-
-
 def run_generate(args) -> int:
     from llaisys import LlaisysValueError
 
+    from .text import reply_budget
     from .tokenizer import check_text, encode
 
     if args.chat and args.max_new_tokens == 0:
@@ -203,7 +188,7 @@ def run_generate(args) -> int:
     if args.chat:
         return _chat(model, tokenizer, args, sampling)
     ids = encode(tokenizer, prompt, chat=not args.raw)
-    max_new_tokens = _new_tokens(args.max_new_tokens, len(ids), model.context_length)
+    max_new_tokens = reply_budget(args.max_new_tokens, len(ids), model.context_length, "--max-new-tokens")
     if max_new_tokens == 0:
         print(f"--max-new-tokens 0: nothing to generate (the prompt is {len(ids)} tokens)", file=sys.stderr)
         return 0
@@ -216,6 +201,9 @@ def _chat(model, tokenizer, args, sampling) -> int:
 
     from .chat import ChatHistory
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise LlaisysValueError(f"--chat needs a chat template, and the tokenizer of {model.path.name} has none; "
+                                f"use --prompt TEXT --raw to continue a plain text")
     if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach check_text (one message), not input()
         sys.stdin.reconfigure(errors="surrogateescape")
     budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens

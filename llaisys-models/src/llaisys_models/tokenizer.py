@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from llaisys import LlaisysValueError
 
 from .errors import ModelLoadError
@@ -19,10 +17,12 @@ TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "sp
 
 
 def load_tokenizer(path):
-    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file)."""
+    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file; a Hub id
+    names its copy in the Hub cache, see hub.py)."""
     from . import gguf
+    from .hub import resolve
 
-    path = Path(path)
+    path = resolve(path)
     if is_gguf(path):  # its tokenizer and chat template come from the file's metadata
         return gguf.load_tokenizer(path)
     present = [name for name in TOKENIZER_FILES if (path / name).exists()]

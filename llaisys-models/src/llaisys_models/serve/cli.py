@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
+from ..cli import MODEL_HELP
 
 LOOPBACK = "127.0.0.1"
 
@@ -21,9 +22,7 @@ def register_serve(subparsers) -> None:
         "serve", help="an OpenAI-compatible HTTP server with a web chat page",
         description="Serve a model over OpenAI's chat/completions API (streaming included) with a web chat "
                     "page at /. Binds to 127.0.0.1 unless --host says otherwise.")
-    p.add_argument("--model", type=Path, default=None,
-                   help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
-                        "llaisys-models)")
+    p.add_argument("--model", type=Path, default=None, metavar="PATH|ID", help=MODEL_HELP)
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
@@ -159,7 +158,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
                     speculation=speculation, draft=draft)
-    name = args.served_model_name or default_model_name(path)
+    name = args.served_model_name or default_model_name(path, args.model)
     port = listener.getsockname()[1]
     server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port,
                     cors_origins=args.cors_origin)
@@ -214,9 +213,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def default_model_name(path: Path) -> str:
+def default_model_name(path: Path, spec=None) -> str:
+    """The model id clients name: the demo's, the Hub id ``spec`` (--model) resolved to ``path``, or the
+    model directory's name."""
     from .. import DEMO_MODEL_DIR
+    from ..hub import parse
 
+    if spec is not None and Path(spec) != Path(path) and parse(spec) is not None:
+        return str(parse(spec))
     return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
 
 
