@@ -66,21 +66,31 @@ def tool_model_dir(tmp_path_factory):
     return directory
 
 
+class ToolServer:
+    """The server on a free 127.0.0.1 port, its scripted engine, and a client."""
+
+    def __init__(self, base_url: str, scripted: ScriptedEngine):
+        self.base_url, self.scripted = base_url, scripted
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def tool_server(tool_model_dir):
-    from conftest import ChatServer
-
     from llaisys_models.serve.app import Server
+    from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
     from llaisys_models.tokenizer import load_tokenizer
 
-    model = llaisys_models.load(tool_model_dir, device="cpu")
+    model = llaisys_models.load(tool_model_dir)  # never run: the scripted engine answers
     engine = Engine(model, load_tokenizer(tool_model_dir), max_running=2, kv_memory=8 << 20)
     scripted = ScriptedEngine(engine)
     engine.submit = scripted.submit
-    with ChatServer(Server(engine, load_tokenizer(tool_model_dir), CHAT_MODEL)) as server:
-        server.scripted = scripted
-        yield server
+    with BackgroundServer(Server(engine, load_tokenizer(tool_model_dir), CHAT_MODEL)) as background:
+        yield ToolServer(background.base_url, scripted)
 
 
 @pytest.fixture(scope="module")
