@@ -34,7 +34,8 @@ class ScriptedEngine:
 
     def __init__(self, engine):
         self.tokenizer = engine.tokenizer
-        self.reply = ""
+        self.generate = engine.submit  # the engine's own, for ``reply = None``
+        self.reply: str | None = ""
         self.prompts: list[list[int]] = []
 
     def submit(self, request):
@@ -42,6 +43,8 @@ class ScriptedEngine:
         from llaisys_models.serve.output import TextStream
 
         self.prompts.append(request.prompt)
+        if self.reply is None:  # the model itself answers
+            return self.generate(request)
         ids = self.tokenizer(self.reply, add_special_tokens=False).input_ids
         for index in range(request.n):
             text = TextStream(self.tokenizer, request.params.stop)
@@ -259,3 +262,20 @@ def test_a_template_without_tools_refuses_them(chat_server):
     ok = post(chat_server, {"model": CHAT_MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "none",
                             "max_tokens": 2})
     assert ok.status == 200, ok.text  # tool_choice none: no tools shown, nothing to render
+
+
+def test_the_model_itself_with_tools(tool_server, tool_model_dir, hf_tokenizer):
+    """Through the real engine: a reply that is no call (random weights) is the content, streamed or not, and
+    is the text ``model.generate`` gives on the prompt with the tools rendered."""
+    tool_server.scripted.reply = None
+    ids = hf_tokenizer(reference_prompt(hf_tokenizer, ASK, [WEATHER]), add_special_tokens=False).input_ids
+    reference = llaisys_models.load(tool_model_dir)
+    want = hf_tokenizer.decode(reference.generate(ids, 12)[len(ids):], skip_special_tokens=True)
+    assert want  # some text to compare
+    client = tool_server.client()
+    kwargs = {"model": CHAT_MODEL, "messages": ASK, "tools": [WEATHER], "max_tokens": 12, "temperature": 0}
+    r = client.chat.completions.create(**kwargs)
+    assert r.choices[0].message.content == want and r.choices[0].message.tool_calls is None
+    assert tool_server.scripted.prompts[-1] == ids
+    streamed = client.chat.completions.create(stream=True, **kwargs)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want
