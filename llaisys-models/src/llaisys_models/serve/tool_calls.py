@@ -151,6 +151,7 @@ class ToolCallStream:
         self.calls: list[ToolCall] = []
         self._buffer = ""  # text not given back yet
         self._opener: str | None = None  # the opener of the region being read ('' for a bare start), else None
+        self._scanned = 0  # how much of the region's buffer holds no closer (each character is searched once)
         self._content_started = False  # some non-whitespace content was given back (no bare start any more)
 
     def push(self, text: str) -> list[str | ToolCall]:
@@ -165,14 +166,15 @@ class ToolCallStream:
         fmt, out = self.format, []
         while True:
             if self._opener is not None:  # in a call region
-                end = self._buffer.find(fmt.closer) if fmt.closer else -1
+                end = self._buffer.find(fmt.closer, self._scanned) if fmt.closer else -1
                 if end < 0 and not final:
+                    self._scanned = max(0, len(self._buffer) - len(fmt.closer or "") + 1)
                     break
                 region = self._buffer if end < 0 else self._buffer[:end]
                 raw = self._opener + region + (fmt.closer if end >= 0 else "")
                 self._buffer = "" if end < 0 else self._buffer[end + len(fmt.closer):]
                 out += self._calls_or_text(region, raw)
-                self._opener = None
+                self._opener, self._scanned = None, 0
                 continue
             found = [(i, o) for o in fmt.openers if (i := self._buffer.find(o)) >= 0]
             if found:
