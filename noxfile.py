@@ -53,7 +53,7 @@ def _install_from_wheelhouse(session: nox.Session, backend: str, extras: str = "
     every dependency, from PyPI), retag the backend's wheel manylinux with auditwheel (which checks the glibc
     symbol versions it needs and that it needs no library outside glibc but the libgomp it carries), install
     the three from there alone, and return the wheelhouse: the backend compiles once, for both."""
-    wheelhouse = Path(session.create_tmp()) / "wheelhouse"
+    wheelhouse = Path(session.create_tmp()).resolve() / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     packages = _packages(session, backend, extras)
     session.run("pip", "wheel", "--wheel-dir", str(wheelhouse), *map(str, packages))

@@ -25,7 +25,7 @@ PACKAGES = ["llaisys-core", "llaisys-backend-cpu", "llaisys-models"]
 
 
 def cpu_wheel() -> Path:
-    wheels = sorted(Path(WHEELHOUSE).glob("llaisys_backend_cpu-*.whl"))
+    wheels = sorted(Path(WHEELHOUSE).resolve().glob("llaisys_backend_cpu-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
 
