@@ -37,6 +37,7 @@ import time
 
 import llaisys
 
+from .penalties import TokenCounts
 from .sampling import MASK64, Sampler, SamplingParams
 from .speculative.config import check_numerics, pause_after
 from .speculative.verify import Verifier
@@ -62,6 +63,7 @@ class Sequence:
         self.reused: int | None = None  # prompt tokens found in the cache at the first admission
         self.first_token_time: float | None = None
         self.preemptions = 0
+        self.counts = TokenCounts.of(prompt, params)  # its tokens for penalties / logit_bias, or None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
@@ -194,7 +196,7 @@ class Scheduler:
         for (seq, _, drafts), count in zip(plan, counts):
             if count:
                 mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated)
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts)
                 events.extend(self._extend(seq, new, drafts))
         return events
 
@@ -217,6 +219,8 @@ class Scheduler:
         events = []
         for token in new:
             seq.tokens.append(token)
+            if seq.counts is not None:
+                seq.counts.add(token)
             events.append((seq, token))
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
