@@ -156,3 +156,8 @@ def check_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ..
             raise llaisys.LlaisysValueError(f"logit_bias: {token!r} is not a token id in [0, {vocab_size})")
         pairs[int(token)] = _number(f"logit_bias[{int(token)}]", bias, *BIAS_RANGE)
     return tuple(sorted(pairs.items()))
+
+
+# generate's keyword arguments that take one number, with their checks (the CLI's flags)
+PENALTY_FLAGS = {"repetition_penalty": check_repetition_penalty, "frequency_penalty": check_frequency_penalty,
+                 "presence_penalty": check_presence_penalty}
