@@ -280,7 +280,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     ids = await server.tokenize(prompt, chat)
     if not ids:
         raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
-    params = schemas.speculation(body, schemas.sampling_params(body, len(ids), server.context, param), server.engine)
+    params = schemas.sampling_params(body, len(ids), server.context, param)
+    params = schemas.speculation(body, schemas.penalties(body, params, server.vocab_size), server.engine)
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)

@@ -3,7 +3,7 @@
 Requests are parsed by hand rather than by a schema library so that every rejection names its
 parameter in OpenAI's words (``param`` = ``messages[2].role``) and says what was expected.
 Unknown parameters are ignored (clients send vendor extras); known ones this server cannot
-honour (n > 1, logprobs, tools, penalties, ...) are refused rather than silently dropped.
+honour (n > 1, logprobs, tools, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import math
 
 from llaisys import LlaisysValueError
 
+from ..penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
 from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
 from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
@@ -23,6 +24,7 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
 MAX_CACHE_SALT = 256  # characters of ``cache_salt``, as vLLM
 SEED_RANGE = (-(1 << 63), 1 << 64)
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
 # -- field checks ---------------------------------------------------------------------
@@ -163,9 +165,6 @@ def check_unsupported(body: dict, chat: bool) -> None:
     if n != 1:
         raise invalid(f"'n' = {n} is not supported: this server returns one choice per request", "n",
                       "unsupported_parameter")
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        _unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
-    _unsupported(body, "logit_bias", ({},))
     if chat:
         _unsupported(body, "logprobs", (False,))
         _unsupported(body, "tools", ([],))
@@ -218,6 +217,34 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
         _in_range(seed, "seed", SEED_RANGE[0], SEED_RANGE[1] - 1)
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                           top_k=max(top_k, 0), seed=seed, stop=stop_strings(body))
+
+
+def penalties(body: dict, params: SamplingParams, vocab_size: int) -> SamplingParams:
+    """``params`` with the request's repetition control: OpenAI's ``frequency_penalty`` and ``presence_penalty``
+    (-2 .. 2), vLLM's ``repetition_penalty`` (HF transformers', > 0) and OpenAI's ``logit_bias`` (an object of
+    token ids, as strings, to biases in -100 .. 100; at most MAX_LOGIT_BIAS of them)."""
+    frequency = _in_range(field(body, "frequency_penalty", "number", default=0.0), "frequency_penalty",
+                          *FREQUENCY_RANGE)
+    presence = _in_range(field(body, "presence_penalty", "number", default=0.0), "presence_penalty", *PRESENCE_RANGE)
+    repetition = field(body, "repetition_penalty", "number", default=1.0)
+    if repetition <= 0:
+        raise invalid(f"'repetition_penalty' must be > 0 (1 is off), got {repetition}", "repetition_penalty")
+    bias = field(body, "logit_bias", "object", default={})
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' holds {len(bias)} tokens; at most {MAX_LOGIT_BIAS} are allowed", "logit_bias")
+    pairs = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise invalid(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not _KINDS["number"](value):
+            raise invalid(f"'logit_bias[{key}]' must be a number, got {json_type(value)}", "logit_bias",
+                          "invalid_type")
+        if not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
+            raise invalid(f"'logit_bias[{key}]' must be >= -100 and <= 100, got {value}", "logit_bias")
+        pairs[token] = float(value)
+    return dataclasses.replace(params, frequency_penalty=float(frequency), presence_penalty=float(presence),
+                               repetition_penalty=float(repetition), logit_bias=tuple(sorted(pairs.items())))
 
 
 def speculation(body: dict, params: SamplingParams, engine) -> SamplingParams:
