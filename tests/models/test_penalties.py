@@ -111,11 +111,11 @@ PENALTY_SETS = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.9, presen
                 dict(presence_penalty=1.0, logit_bias={11: 3.0})]
 
 
-def test_batched_preempted_and_alone_are_the_same(models):
+@pytest.mark.parametrize("name", ["f32_mha_hd64_tied", "bf16_mha_hd64"])
+def test_batched_preempted_and_alone_are_the_same(loaded_models, device, name):
     """A batch mixing penalties, biases, plain, greedy and seeded sampling, in a pool small enough to preempt:
-    each sequence gets the tokens it gets alone."""
-    name = "f32_mha_hd64_tied"
-    model = models[name]
+    each sequence gets the tokens it gets alone (bf16 logits too: penalized in f32, rounded once)."""
+    model = loaded_models(device, [name])[name]
     prompts = [prompt(name, n, SPECS[name].vocab) for n in (5, 17, 9, 30, 12)]
     sampling = [dict(), dict(top_k=0, temperature=0.8, seed=11), dict(), dict(top_k=20, top_p=0.9, seed=5), dict()]
     alone = [model.generate(p, NEW, eos_token_ids=(), **s, **k) for p, s, k in zip(prompts, sampling, PENALTY_SETS)]

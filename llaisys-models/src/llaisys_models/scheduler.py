@@ -16,8 +16,9 @@ running sequence:
               the last row, or every verify row of a speculating sequence)
     sample    each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so its
               tokens are the same whatever else shares the step (penalties and logit_bias first, from the
-              counts of its tokens that ``Sequence.counts`` keeps as they are appended); a speculating sequence keeps the drafts
-              its rows confirm plus one token (speculative/verify.py) and its KV cache is cut back past them
+              counts of its tokens that ``Sequence.counts`` keeps as they are appended); a speculating
+              sequence keeps the drafts its rows confirm plus one token (speculative/verify.py) and its KV
+              cache is cut back past them
     stop      a sequence that drew one of its EOS tokens finishes with "stop", one that reached max_tokens
               with "length"; its blocks go back to the pool (cached for prompts that start the same way)
 
