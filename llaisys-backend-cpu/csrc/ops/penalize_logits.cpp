@@ -14,17 +14,18 @@ namespace llaisys::cpu::LLAISYS_ISA {
 
 static void check_entries(int64_t vocab, int64_t n, const int64_t* ids, const int64_t* counts) {
     for (int64_t i = 0; i < n; ++i) {
-        const std::string at = "[" + std::to_string(i) + "]";
-        if (ids[i] < 0 || ids[i] >= vocab)
+        const bool in_range = ids[i] >= 0 && ids[i] < vocab, increasing = i == 0 || ids[i] > ids[i - 1];
+        if (in_range && increasing && counts[2 * i] >= 0 && counts[2 * i + 1] >= 0) continue;
+        const std::string at = "[" + std::to_string(i) + "]";  // the message, for the first bad entry only
+        if (!in_range)
             throw InvalidArgument("ids" + at + " = " + std::to_string(ids[i]) + " is not a token id in [0, " +
                                   std::to_string(vocab) + ") (nothing was written)");
-        if (i > 0 && ids[i] <= ids[i - 1])
+        if (!increasing)
             throw InvalidArgument("ids" + at + " = " + std::to_string(ids[i]) + " is not above ids[" +
                                   std::to_string(i - 1) + "] = " + std::to_string(ids[i - 1]) +
                                   ": ids must be strictly increasing, each id once (nothing was written)");
-        if (counts[2 * i] < 0 || counts[2 * i + 1] < 0)
-            throw InvalidArgument("counts" + at + " = (" + std::to_string(counts[2 * i]) + ", " +
-                                  std::to_string(counts[2 * i + 1]) + ") is negative (nothing was written)");
+        throw InvalidArgument("counts" + at + " = (" + std::to_string(counts[2 * i]) + ", " +
+                              std::to_string(counts[2 * i + 1]) + ") is negative (nothing was written)");
     }
 }
 
