@@ -78,6 +78,15 @@ def register_generate(subparsers) -> None:
                         "--temperature or --top-p asks for sampling)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default: 1.0)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 to 2**64-1 (default: random)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="HF transformers' repetition penalty on every token of the prompt and the reply: a "
+                        "logit divided by R where positive, multiplied where negative; > 0 (default: 1.0 = off; "
+                        "1.1 to 1.3 is usual)")
+    p.add_argument("--frequency-penalty", type=float, default=None, metavar="F",
+                   help="OpenAI's: each logit lowered by F times its token's count in the reply, -2 to 2 "
+                        "(default: 0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=None, metavar="P",
+                   help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
     p.set_defaults(func=_command(run_generate))
 
 
@@ -139,16 +148,20 @@ def _quiet_transformers() -> None:
 def _sampling(args) -> dict:
     from llaisys import LlaisysValueError
 
+    from .penalties import PENALTY_FLAGS
     from .sampling import check_sampling
     from .text import sampling_args
 
     chosen = sampling_args(args.top_k, args.top_p, args.temperature, args.seed)
+    penalties = {name: getattr(args, name) for name in PENALTY_FLAGS if getattr(args, name) is not None}
     try:  # before the model loads: a bad flag fails at once, not after the prefill
         check_sampling(**chosen)
+        for name, value in penalties.items():
+            PENALTY_FLAGS[name](value)
     except LlaisysValueError as e:  # "top_k must be ..." -> "--top-k must be ..."
         name, _, rest = str(e).partition(" ")
         raise LlaisysValueError(f"--{name.replace('_', '-')} {rest}") from None
-    return chosen
+    return {**chosen, **penalties}
 
 
 def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Event | None = None) -> list[int]:

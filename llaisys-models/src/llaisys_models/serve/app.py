@@ -306,6 +306,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     for prompt, param in zip(prompts, params_of):
         ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param)
+        params = schemas.penalties(body, params, server.vocab_size)
         jobs.append((ids, schemas.speculation(body, params, server.engine)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),

@@ -3,7 +3,7 @@
 Requests are parsed by hand rather than by a schema library so that every rejection names its
 parameter in OpenAI's words (``param`` = ``messages[2].role``) and says what was expected.
 Unknown parameters are ignored (clients send vendor extras); known ones this server cannot
-honour (logprobs, penalties, ...) are refused rather than silently dropped.
+honour (logprobs, response_format, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import re
 
 from llaisys import LlaisysValueError
 
+from ..penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
 from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
 from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
@@ -28,6 +29,7 @@ SEED_RANGE = (-(1 << 63), 1 << 63)  # signed 64-bit, as OpenAI's peers (the samp
 MAX_N = 128  # choices per prompt: OpenAI's limit
 MAX_PROMPTS = 64  # prompts in one completions request (each with n choices, at most MAX_CHOICES in all)
 MAX_CHOICES = 256
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
 # -- field checks ---------------------------------------------------------------------
@@ -214,9 +216,6 @@ def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list
 
 
 def check_unsupported(body: dict, chat: bool) -> None:
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
-    unsupported(body, "logit_bias", ({},))
     if chat:
         unsupported(body, "logprobs", (False,))
         unsupported(body, "response_format", ({"type": "text"},))
@@ -359,6 +358,34 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
         _in_range(seed, "seed", SEED_RANGE[0], SEED_RANGE[1] - 1)
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                           top_k=max(top_k, 0), seed=seed, stop=stop_strings(body))
+
+
+def penalties(body: dict, params: SamplingParams, vocab_size: int) -> SamplingParams:
+    """``params`` with the request's repetition control: OpenAI's ``frequency_penalty`` and ``presence_penalty``
+    (-2 .. 2), vLLM's ``repetition_penalty`` (HF transformers', > 0) and OpenAI's ``logit_bias`` (an object of
+    token ids, as strings, to biases in -100 .. 100; at most MAX_LOGIT_BIAS of them)."""
+    frequency = _in_range(field(body, "frequency_penalty", "number", default=0.0), "frequency_penalty",
+                          *FREQUENCY_RANGE)
+    presence = _in_range(field(body, "presence_penalty", "number", default=0.0), "presence_penalty", *PRESENCE_RANGE)
+    repetition = field(body, "repetition_penalty", "number", default=1.0)
+    if repetition <= 0:
+        raise invalid(f"'repetition_penalty' must be > 0 (1 is off), got {repetition}", "repetition_penalty")
+    bias = field(body, "logit_bias", "object", default={})
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' holds {len(bias)} tokens; at most {MAX_LOGIT_BIAS} are allowed", "logit_bias")
+    pairs = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise invalid(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not _KINDS["number"](value):
+            raise invalid(f"'logit_bias[{key}]' must be a number, got {json_type(value)}", "logit_bias",
+                          "invalid_type")
+        if not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
+            raise invalid(f"'logit_bias[{key}]' must be >= -100 and <= 100, got {value}", "logit_bias")
+        pairs[token] = float(value)
+    return dataclasses.replace(params, frequency_penalty=float(frequency), presence_penalty=float(presence),
+                               repetition_penalty=float(repetition), logit_bias=tuple(sorted(pairs.items())))
 
 
 def speculation(body: dict, params: SamplingParams, engine) -> SamplingParams:
