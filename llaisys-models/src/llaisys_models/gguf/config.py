@@ -18,7 +18,7 @@ from ..registry import FAMILIES
 from .reader import GGUFFile
 
 # GGUF architecture -> the HuggingFace architecture of the same family (registry.py)
-ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES}
+ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES if gguf_name is not None}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {
