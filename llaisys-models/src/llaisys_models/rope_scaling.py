@@ -10,6 +10,9 @@ factor; every variant here is such a table and factor, computed as HF transforme
     yarn      (Qwen2.5 long context, ...) a ramp between inv_freq / factor and inv_freq over the dimensions,
               and cos/sin times the attention factor 0.1 ln(factor) + 1
 
+A GGUF file of a Llama 3.1 / 3.2 model holds its llama3 table as per-frequency divisors instead
+(``rope_freqs.weight``, llama.cpp's converter computes them from the same formula): "freq_factors".
+
 longrope (Phi-3 128k) and dynamic switch frequencies with the sequence length, which one table cannot say:
 they are refused by name (config.py).
 """
@@ -42,6 +45,7 @@ class RopeScaling:
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
+    freq_factors: tuple[float, ...] | None = None  # "freq_factors" (GGUF rope_freqs.weight): inv_freq / factor[j]
 
 
 def table(head_dim: int, theta: float, rope: RopeScaling, max_position_embeddings: int) -> tuple[np.ndarray, float]:
@@ -53,6 +57,8 @@ def table(head_dim: int, theta: float, rope: RopeScaling, max_position_embedding
         return inv / f32(rope.factor), 1.0
     if rope.rope_type == "llama3":
         return _llama3(inv, rope), 1.0
+    if rope.rope_type == "freq_factors":  # llama.cpp: theta_j = p * inv_freq[j] / factor[j]
+        return inv / np.asarray(rope.freq_factors, np.float32), 1.0
     return _yarn(head_dim, theta, rope, max_position_embeddings)
 
 
