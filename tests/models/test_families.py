@@ -113,3 +113,15 @@ def test_cli_infer_test_passes(tiny_models, device, capsys, name):
                "--max-new-tokens", "8", "--test"])
     out = capsys.readouterr().out
     assert rc == 0 and "PASS: identical" in out, out
+
+
+def test_gguf_sliding_window_caps_the_context(tiny_models, tmp_path):
+    """A Phi-3 GGUF file's attention.sliding_window (Phi-3-mini-4k: 2047) below its context length caps
+    generation at the window, as config.json's does (sliding-window attention is not implemented yet)."""
+    name = "phi3_f32"
+    path = write_gguf(tiny_models.hf(name), tiny_models.path(name), tmp_path / "w.gguf", Q.F32,
+                      extra={"phi3.attention.sliding_window": 64})
+    model = llaisys_models.load(path, device="cpu")
+    assert model.config.sliding_window == 64 and model.context_length == 64
+    with pytest.raises(ValueError, match="sliding window of 64"):
+        model.generate(prompt(name, 60, SPECS[name].vocab), 8)

@@ -77,6 +77,9 @@ def model_config(f: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{f.path}: {e}") from None
     if "rope_freqs.weight" in f.tensors:
         config = dataclasses.replace(config, rope_scaling=_freq_factors(f, config.head_dim))
+    window = meta.get(f"{arch}.attention.sliding_window")  # (Phi-3, Mistral: every layer's window)
+    if window is not None and _size(f, f"{arch}.attention.sliding_window", window) < config.max_position_embeddings:
+        config = dataclasses.replace(config, sliding_window=window)  # generation stops at the window
     # biases are whatever tensors the file has (the layer-0 set is required of every layer)
     return dataclasses.replace(
         config,
