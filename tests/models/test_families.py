@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from test_gguf import hf_reference
 
 import llaisys_models
 from gguf_files import write_gguf
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
-from tiny_models import EOS_ID, SPECS, Reference, Spec, make_checkpoint, prompt
+from tiny_models import SPECS, Spec, make_checkpoint, prompt
 
 FAMILIES = {"qwen3_f32": "Qwen3", "mistral_f32": "Llama", "phi3_f32": "Phi3", "llama3_f32": "Llama",
             "qwen2_yarn_f32": "Qwen2"}
@@ -26,7 +27,7 @@ FAMILIES = {"qwen3_f32": "Qwen3", "mistral_f32": "Llama", "phi3_f32": "Phi3", "l
 # head_dim keys, so Mistral / llama3 / YaRN files are compared with their directories instead)
 HF_READS_GGUF = {"qwen3": Spec(arch="qwen3", hidden=128, heads=2, kv_heads=1, head_dim=128, seed=13),
                  "phi3": Spec(arch="phi3", hidden=128, heads=4, kv_heads=2, inter=192, seed=14)}
-NEW_TOKENS = 16
+NEW_TOKENS = 16  # (test_gguf's hf_reference generates as many)
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
@@ -46,24 +47,6 @@ def test_batched_and_graphed_generation_is_generation_alone(tiny_models, device,
     assert eager.generate_batch(prompts, NEW_TOKENS, eos_token_ids=(), max_batch_tokens=16) == alone
     if graphed._decode_graphs.enabled:
         assert graphed._decode_graphs.replays > 0
-
-
-def hf_gguf_reference(path, name: str, vocab: int) -> Reference:
-    """HF transformers' greedy tokens and logits reading the GGUF file itself."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    ids = prompt(name, 13, vocab)
-    with torch.no_grad():
-        x = torch.tensor([ids])
-        tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)[0].tolist()
-        seq = torch.tensor([tokens[:-1]])
-        logits = hf(seq).logits[0].numpy()
-        exact = copy.deepcopy(hf).to(torch.float64)(seq).logits[0].numpy()
-    return Reference(ids, tokens, logits, exact)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -98,7 +81,7 @@ def test_quantized_gguf_against_hf_reading_the_file(tmp_path, device, arch):
     path = write_gguf(hf, directory, tmp_path / f"{arch}-q8.gguf", Q.Q8_0)
     model = llaisys_models.load(path, device=device, dtype="float32")
     assert type(model).__name__ == {"qwen3": "Qwen3", "phi3": "Phi3"}[arch]
-    ties = check_against_reference(model, hf_gguf_reference(path, arch, HF_READS_GGUF[arch].vocab), "f32")
+    ties = check_against_reference(model, hf_reference(path, prompt(arch, 13, HF_READS_GGUF[arch].vocab)), "f32")
     assert len(ties) <= 1, f"near-ties at steps {ties}"
     int8 = llaisys_models.load(path, device=device, quantize="int8")  # (Phi-3's fused parts through int8)
     ids = prompt(arch, 13, HF_READS_GGUF[arch].vocab)
