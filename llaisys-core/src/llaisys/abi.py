@@ -141,6 +141,8 @@ OP_SLOTS: dict[str, list] = {
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
     "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
+    # dtype, rows, vocab, logits [rows,vocab] (in place), bitmask int32 [rows,ceil(vocab/32)]
+    "mask_logits": [c_int, _i64, _i64, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 
