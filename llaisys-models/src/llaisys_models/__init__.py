@@ -17,6 +17,7 @@ from .causal_lm import CausalLM, Session
 from .config import ModelConfig
 from .errors import ModelBusyError, ModelLoadError
 from .generation import GenerationStats
+from .grammar import Grammar, GrammarError
 from .kv_blocks import BlockManager, SequenceKV
 from .kv_cache import KVPool, KVShape
 from .qwen2 import Llama, Qwen2
@@ -55,6 +56,6 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
-__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
+__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar", "GrammarError", "KVPool", "KVShape",
            "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile",
            "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]

@@ -28,6 +28,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings (applied to the text by whoever detokenizes: serve)
     eos_token_ids: frozenset[int] | None = None  # None: the model's EOS tokens
     speculation: object = None  # a speculative.Speculation (drafter, K), or None: one token per step
+    grammar: object = None  # a grammar.Grammar the output must match (structured outputs), or None
 
     @property
     def greedy(self) -> bool:
@@ -49,15 +50,24 @@ class Sampler:
         self._chosen = llaisys.empty((1,), llaisys.int64, device)
         self._value = llaisys.empty((1,), dtype, device)
 
-    def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int) -> int:
+    def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int, matcher=None) -> int:
         """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
-        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold)."""
+        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold).
+        A ``matcher`` (grammar.Matcher) masks the logits first (in place) and advances past the token."""
+        if matcher is not None:
+            return self._select_constrained(logits, params, seed, matcher)
         if params.greedy:
             llaisys.ops.argmax(self._chosen, self._value, logits)
         else:
             llaisys.ops.sample(self._chosen, logits, params.temperature, min(params.top_k, logits.shape[0]),
                                params.top_p, seed)
         return int(self._chosen.numpy()[0])
+
+    def _select_constrained(self, logits: llaisys.Tensor, params: SamplingParams, seed: int, matcher) -> int:
+        matcher.mask(logits)  # the grammar's forbidden tokens to -inf, on the logits' device
+        token = self.select(logits, params, seed)
+        matcher.accept(token)
+        return token
 
 
 # -- argument checks (before any value reaches a C type) --------------------------------------------------------

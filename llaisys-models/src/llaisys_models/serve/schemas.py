@@ -183,7 +183,6 @@ def check_unsupported(body: dict, chat: bool) -> None:
     if chat:
         unsupported(body, "logprobs", (False,))
         unsupported(body, "tools", ([],))
-        unsupported(body, "response_format", ({"type": "text"},))
     else:
         unsupported(body, "logprobs", (0,))
         unsupported(body, "echo", (False,))

@@ -33,15 +33,16 @@ class Verifier:
         self.sampler = sampler
 
     def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
-               n: int) -> list[int]:
+               n: int, matcher=None) -> list[int]:
         """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
         its last len(drafts)+1 rows, ``n`` the index of its next generated token. Returns the drafts that
-        matched and the model's token after them (1 to len(drafts)+1 tokens)."""
+        matched and the model's token after them (1 to len(drafts)+1 tokens). A grammar ``matcher``
+        constrains the choice (the scheduler never drafts for a sequence that has one)."""
         if len(rows) != len(drafts) + 1:
             raise ValueError(f"{len(rows)} logit rows for {len(drafts)} drafted tokens")
         out = []
         for i, row in enumerate(rows):
-            token = self.sampler.select(row, params, step_seed(seed, n + i))
+            token = self.sampler.select(row, params, step_seed(seed, n + i), matcher)
             out.append(token)
             if i == len(drafts) or token != drafts[i]:
                 break
