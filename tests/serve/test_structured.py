@@ -189,3 +189,13 @@ def test_python_api_refuses_grammar_with_speculation_and_non_grammars(chat_refer
         chat_reference.generate([1, 2, 3], 8, grammar=grammar, speculative="ngram")
     with pytest.raises(llaisys.LlaisysValueError, match="grammar"):
         chat_reference.generate([1, 2, 3], 8, grammar={"type": "json_object"})
+
+
+def test_python_api_regex_and_lark_grammars(chat_reference, tokenizer):
+    import re
+
+    ids = chat_ids(tokenizer, user("Letters"))
+    for grammar, pattern in ((Grammar.regex(tokenizer, "[ab]{3}-[0-9]{2}"), "[ab]{3}-[0-9]{2}"),
+                             (Grammar.lark(tokenizer, 'start: "yes" | "no"'), "yes|no")):
+        text = generate_text(chat_reference, tokenizer, ids, 20, top_k=0, seed=4, grammar=grammar, **SAMPLING)
+        assert re.fullmatch(pattern, text), text

@@ -56,6 +56,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
-__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar", "GrammarError", "KVPool", "KVShape",
-           "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile",
-           "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]
+__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",
+           "GrammarError", "KVPool", "KVShape", "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig",
+           "ModelLoadError", "Qwen2", "SafetensorsFile", "SamplingParams", "SequenceKV", "Session", "gguf", "load",
+           "load_tokenizer"]
