@@ -120,3 +120,11 @@ def test_json_schema_answer_parses(chat_model):
     value = json.loads(tokenizer.decode(out[len(ids):], skip_special_tokens=True))
     assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
     assert "Paris" in value["city"]
+
+
+def test_its_template_renders_no_tools(chat_model):
+    """SmolLM2's ChatML template has no tool section: the server refuses ``tools`` for it, saying so."""
+    from llaisys_models.serve.tool_calls import tool_support
+
+    fmt, why = tool_support(load_tokenizer(chat_model))
+    assert fmt is None and "does not render tools" in why

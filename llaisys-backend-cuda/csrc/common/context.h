@@ -27,6 +27,9 @@ enum KernelErrorCode : int {
     kPagedQueryStart = 5,      // a = value, b = index, c = T
     kPagedSeqLen = 6,          // a = seq_lens[s], b = s, c = max_blocks * block_size
     kPagedBlockId = 7,         // a = block id, b = index in block_tables (s * max_blocks + j), c = num_blocks
+    kPenaltyIdOutOfRange = 8,      // a = id, b = position, c = vocab
+    kPenaltyIdsNotIncreasing = 9,  // a = id, b = position, c = the id before it
+    kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
 };
 
 struct KernelErrorRecord {

@@ -143,6 +143,9 @@ OP_SLOTS: dict[str, list] = {
     "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
     # dtype, rows, vocab, logits [rows,vocab] (in place), bitmask int32 [rows,ceil(vocab/32)]
     "mask_logits": [c_int, _i64, _i64, _p, _p],
+    # dtype, vocab, n, logits [vocab], ids int64 [n], counts int64 [n,2], bias f32 [n] or NULL, repetition,
+    # frequency, presence
+    "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

@@ -3,6 +3,8 @@
     import llaisys_models
     model = llaisys_models.load("path/to/hf-model-dir")          # best device, stored dtype
     tokens = model.generate([151646, 3838, 374], max_new_tokens=32)  # greedy == HF transformers
+    model = llaisys_models.load("Qwen/Qwen2.5-0.5B-Instruct")     # a Hub id: the HF cache, else a download
+    reply = model.chat("What is the capital of France?")          # text in, text out (the chat template)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from .generation import GenerationMixin
 from .kv_cache import KVPool, KVShape
 from .numerics import resolve as resolve_numerics
 from .step_inputs import Batch, StepInputs, step_inputs
+from .text import TextMixin
 from .weights import Weights
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
@@ -38,7 +39,7 @@ class Workspace:
             setattr(self, name, t)
 
 
-class CausalLM(GenerationMixin):
+class CausalLM(GenerationMixin, TextMixin):
     """A decoder-only language model on one llaisys device.
 
     ``Family(path, device=None, dtype=None)`` loads a HuggingFace directory (``llaisys_models.load`` picks
@@ -49,6 +50,7 @@ class CausalLM(GenerationMixin):
 
     ``generate`` / ``stream_generate`` run one sequence at a time (calls from several threads take turns);
     ``generate_batch`` runs several together. To serve many users at once, use ``llaisys serve``'s engine.
+    ``chat`` / ``complete`` take and return text (text.py), through ``tokenizer`` (loaded on first use).
     """
 
     def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,

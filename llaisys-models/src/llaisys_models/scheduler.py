@@ -15,8 +15,10 @@ running sequence:
     forward   one ``model.forward_batch`` (logits only for the sequences that finished their pending tokens:
               the last row, or every verify row of a speculating sequence)
     sample    each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so its
-              tokens are the same whatever else shares the step; a speculating sequence keeps the drafts
-              its rows confirm plus one token (speculative/verify.py) and its KV cache is cut back past them
+              tokens are the same whatever else shares the step (penalties and logit_bias first, from the
+              counts of its tokens that ``Sequence.counts`` keeps as they are appended); a speculating
+              sequence keeps the drafts its rows confirm plus one token (speculative/verify.py) and its KV
+              cache is cut back past them
     stop      a sequence that drew one of its EOS tokens finishes with "stop", one that reached max_tokens
               with "length"; its blocks go back to the pool (cached for prompts that start the same way)
 
@@ -42,6 +44,7 @@ import time
 
 import llaisys
 
+from .penalties import TokenCounts
 from .sampling import MASK64, Sampler, SamplingParams
 from .speculative.config import check_numerics, pause_after
 from .speculative.verify import Verifier
@@ -67,6 +70,7 @@ class Sequence:
         self.reused: int | None = None  # prompt tokens found in the cache at the first admission
         self.first_token_time: float | None = None
         self.preemptions = 0
+        self.counts = TokenCounts.of(prompt, params)  # its tokens for penalties / logit_bias, or None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
@@ -273,9 +277,9 @@ class Scheduler:
                 mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
                 # forks draw their first token from the row after the prompt, before the parent extends
                 for fork in self._spawn(seq) if seq.forks else ():
-                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.matcher)
+                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts, fork.matcher)
                     events.extend(self._extend(fork, first, []))
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.matcher)
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts, seq.matcher)
                 events.extend(self._extend(seq, new, drafts))
         return events
 
@@ -298,6 +302,8 @@ class Scheduler:
         events = []
         for token in new:
             seq.tokens.append(token)
+            if seq.counts is not None:
+                seq.counts.add(token)
             events.append((seq, token))
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()

@@ -136,7 +136,7 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     buffer is the backend's: large ones sit on huge pages, which decoding streams ~10% faster)."""
     if info.dtype == dtype and info.file.mapping is None and device.type == "cpu":
         tensor = llaisys.empty(info.shape, dtype, device)
-        info.file.array(info, out=bytes_of(tensor))
+        info.file.read_into(info, bytes_of(tensor))
         return tensor
     if info.dtype == dtype and info.file.mapping is not None:
         mapped = info.file.tensor(info.name)

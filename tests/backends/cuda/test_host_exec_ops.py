@@ -14,6 +14,8 @@ import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
 from ops.test_numerics_hf import hf_rope
+from ops.test_penalize_logits import entries
+from ops.test_penalize_logits import reference as penalty_reference
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
@@ -528,3 +530,53 @@ def test_mask_logits(dev, dtype, rows, vocab):
     dev.op("mask_logits", CODE[dtype], rows, vocab, logits, dev.upload(bitmask))
     want = torch.where(keep[:, :vocab], x.double(), torch.tensor(-torch.inf, dtype=torch.float64))
     assert torch.equal(dev.download(logits).double(), want)
+
+
+# ---- penalize_logits -------------------------------------------------------------------------------------
+
+def penalize(dev, logits, dtype, ids, counts, bias, repetition, frequency, presence):
+    d_logits = dev.upload(logits.to(dtype))
+    d_bias = None if bias is None else dev.upload(torch.tensor(bias, dtype=torch.float32))
+    dev.op("penalize_logits", CODE[dtype], logits.numel(), len(ids), d_logits,
+           dev.upload(torch.tensor(ids, dtype=torch.int64)),
+           dev.upload(torch.tensor(counts, dtype=torch.int64).reshape(-1, 2)), d_bias, repetition, frequency, presence)
+    return dev.download(d_logits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("vocab,tokens", [(17, 9), (4097, 700)])  # 700 distinct-ish ids: several per thread
+def test_penalize_logits(dev, dtype, vocab, tokens):
+    g = torch.Generator().manual_seed(vocab)
+    logits = randn((vocab,), dtype, vocab, scale=4.0)
+    prompt = torch.randint(0, vocab, (tokens,), generator=g).tolist()
+    generated = torch.randint(0, vocab, (tokens // 2,), generator=g).tolist() + prompt[:2] * 3
+    ids, counts, bias = entries(prompt, generated, {1: -100.0, 5: 100.0, 6: 0.25})
+    got = penalize(dev, logits, dtype, ids, counts, bias, 1.3, 0.7, -0.4)
+    check(got, penalty_reference(logits.double(), ids, counts, bias, 1.3, 0.7, -0.4), dtype)
+    if dtype == torch.float32:  # the CPU kernel's f32 arithmetic, unfused: HF's processor bit for bit
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        ids, counts, _ = entries(prompt, generated)
+        want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + generated]), logits[None].clone())[0]
+        assert torch.equal(penalize(dev, logits, dtype, ids, counts, None, 1.3, 0.0, 0.0), want)
+
+
+def test_penalize_logits_with_nothing_listed(dev):
+    logits = randn((9,), torch.float32, 3)
+    assert torch.equal(penalize(dev, logits, torch.float32, [], [], None, 2.0, 1.0, 1.0), logits)
+
+
+@pytest.mark.parametrize("ids,counts,message", [
+    ([0, 9], [1, 0, 0, 1], "ids[1] = 9 is not a token id in [0, 5)"),
+    ([3, 3], [1, 0, 0, 1], "ids[1] = 3 is not above ids[0] = 3"),
+    ([1, 2], [1, 0, 0, -1], "counts[1] = (0, -1) is negative"),
+])
+def test_penalize_logits_bad_entries_write_nothing_and_are_reported(dev, ids, counts, message):
+    logits = torch.arange(5, dtype=torch.float32)
+    d_logits = dev.upload(logits)
+    dev.op("penalize_logits", 0, 5, 2, d_logits, dev.upload(torch.tensor(ids)), dev.upload(torch.tensor(counts)),
+           None, 2.0, 1.0, 1.0)
+    with pytest.raises(SlotError) as info:
+        dev.download(d_logits)
+    assert info.value.status == 1 and message in info.value.message, info.value.message
+    assert torch.equal(dev.download(d_logits), logits)

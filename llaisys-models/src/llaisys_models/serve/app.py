@@ -44,6 +44,7 @@ from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_to
 from . import metrics, responses, schemas, structured
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
+from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
 
 log = logging.getLogger("llaisys.serve")
 
@@ -86,6 +87,8 @@ class Server:
         # a prompt of more characters has more tokens than the context holds (see longest_token)
         self.longest_token = longest_token(tokenizer)
         self.max_prompt_chars = self.context * self.longest_token
+        # the format of the model's tool calls, from its chat template (None: requests with tools are refused, why)
+        self.tool_format, self.no_tools_why = tool_support(tokenizer)
 
     def tenant(self, authorization: str) -> str:
         """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
@@ -151,9 +154,14 @@ class Server:
             raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
                            "model", "model_not_found")
 
-    async def tokenize(self, prompt, chat: bool, param: str | None = None) -> list[int]:
-        """Token ids of chat messages (through the chat template) or of a plain text (``param``: the request
-        field that holds it, for errors). A text longer than the context could hold is refused before any
+    def check_tools(self, tools: schemas.ToolRequest | None) -> None:
+        if tools is not None and self.tool_format is None:
+            raise invalid(f"'tools' cannot be used with this model: {self.no_tools_why}", "tools", "tools_unsupported")
+
+    async def tokenize(self, prompt, chat: bool, param: str | None = None,
+                       tools: schemas.ToolRequest | None = None) -> list[int]:
+        """Token ids of chat messages (through the chat template, with ``tools``) or of a plain text (``param``: the
+        request field that holds it, for errors). A text longer than the context could hold is refused before any
         tokenizer reads it; an empty one is refused."""
         param = param or ("messages" if chat else "prompt")
         if isinstance(prompt, list) and not chat:
@@ -163,12 +171,13 @@ class Server:
                           "no_chat_template")
 
         chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        tool_list = tools.tools if tools is not None else None
         if chars > self.max_prompt_chars:
             raise self._too_many_chars(param, chars)
 
         def run(tokenizer) -> list[int]:
             try:
-                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars)
+                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars, tools=tool_list)
             except EmptyPromptError as e:  # says which text and which tokenizer
                 raise invalid(str(e), param, "empty_prompt") from None
             except PromptTooLongError as e:  # the messages in their chat template
@@ -285,6 +294,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     server.check_model(body)
     schemas.check_unsupported(body, chat)
     stream, include_usage = schemas.stream_flags(body)
+    tools = schemas.chat_tools(body) if chat else None
+    server.check_tools(tools)
     if chat:
         prompts, params_of = [schemas.chat_messages(body)], ["messages"]
     else:
@@ -295,21 +306,58 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     grammar = await server.grammars.of(body)
     jobs = []
     for prompt, param in zip(prompts, params_of):
-        ids = await server.tokenize(prompt, chat, param)
+        ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param)
+        params = schemas.penalties(body, params, server.vocab_size)
         jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), grammar)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
     events = server.submit(jobs, cache_scope=scope, n=n)
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
+    parsers = ToolParsers(server, tools, usage.choices)
     if stream:
-        return StreamingResponse(_stream_events(server, events, shape, usage, include_usage),
+        return StreamingResponse(_stream_events(server, events, shape, usage, include_usage, parsers),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect_events(server, request, events, usage, shape.complete)
+    return await _collect_events(server, request, events, usage, parsers.completer(shape))
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ToolParsers:
+    """Each choice's tool calls, read from its text (streamed: a ``ToolCallStream`` per choice) when the request
+    has tools; otherwise the text passes through as content."""
+
+    def __init__(self, server: Server, tools: schemas.ToolRequest | None, choices: int):
+        self.format = server.tool_format if tools is not None else None
+        self.tools = tools
+        self.streams = ([ToolCallStream(self.format, tools.names, tools.parallel) for _ in range(choices)]
+                        if self.format is not None and tools is not None else None)
+
+    def push(self, index: int, text: str) -> list[str | ToolCall]:
+        return [text] if self.streams is None else self.streams[index].push(text)
+
+    def finish(self, index: int, reason: str) -> tuple[list[str | ToolCall], str]:
+        """What the choice's parser still held, and its finish reason ("tool_calls" when it ended calling)."""
+        if self.streams is None:
+            return [], reason
+        stream = self.streams[index]
+        return stream.finish(), "tool_calls" if stream.calls and reason == "stop" else reason
+
+    def completer(self, shape: schemas.ResponseShape):
+        """``shape.complete``, each choice's text parsed into content and tool calls first."""
+        if self.format is None or self.tools is None:
+            return shape.complete
+        fmt, tools = self.format, self.tools
+
+        def complete(choices, usage):
+            parsed = []
+            for text, reason in choices:
+                content, calls = parse_tool_calls(text, fmt, tools.names, tools.parallel)
+                parsed.append((content, "tool_calls" if calls and reason == "stop" else reason, calls))
+            return shape.complete(parsed, usage)
+        return complete
 
 
 class UsageSum:
@@ -383,8 +431,18 @@ def public_error(server: Server, status: int, message: str, code: str | None = N
     return error_body(status, public, param, code)
 
 
+def _output_chunks(shape: schemas.ResponseShape, pieces: list[str | ToolCall], index: int) -> list[dict]:
+    chunks = []
+    for piece in pieces:
+        if isinstance(piece, ToolCall):
+            chunks += shape.tool_call_chunks(piece, index)
+        elif piece:
+            chunks.append(shape.chunk(piece, index=index))
+    return chunks
+
+
 async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, usage: UsageSum,
-                         include_usage: bool):
+                         include_usage: bool, parsers: ToolParsers):
     # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
     # Choices' chunks interleave as their tokens come, each naming its index (OpenAI's way).
     try:
@@ -392,10 +450,14 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
             yield _sse(shape.chunk(first=True, index=index))
         async for event in events:
             if isinstance(event, Delta):
-                yield _sse(shape.chunk(event.text, index=event.index))
+                for chunk in _output_chunks(shape, parsers.push(event.index, event.text), event.index):
+                    yield _sse(chunk)
             elif isinstance(event, Finished):
                 usage.add(event)
-                yield _sse(shape.chunk(finish_reason=event.reason, index=event.index))
+                held, reason = parsers.finish(event.index, event.reason)
+                for chunk in _output_chunks(shape, held, event.index):
+                    yield _sse(chunk)
+                yield _sse(shape.chunk(finish_reason=reason, index=event.index))
                 if include_usage and usage.done:
                     yield _sse(shape.usage_chunk(usage.total))
             else:  # Failed: the stream has started, so the error travels as an event

@@ -332,5 +332,20 @@ LLAISYS_OP int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n
 LLAISYS_OP int LLAISYS_FN(mask_logits)(int device, void* stream, int dtype, int64_t rows, int64_t vocab,
                                        void* logits, const void* bitmask);
 
+/* [op] Adjust logits [vocab] in place at n token ids (ids int64 [n], strictly increasing, each in [0, vocab);
+ * n may be 0): the logit bias, then the repetition, frequency and presence penalties. counts int64 [n, 2]
+ * holds (p, g) = (occurrences of ids[i] in the prompt, occurrences among the generated tokens), both >= 0;
+ * bias is f32 [n] or NULL (no bias). For each i, in f32 with the penalties rounded to f32:
+ *     x = logits[ids[i]] + bias[i]
+ *     if p + g > 0: x = x < 0 ? x * repetition : x / repetition      (HF transformers' repetition_penalty)
+ *     x = x - g * frequency - (g > 0 ? presence : 0)                 (OpenAI's frequency / presence penalty)
+ *     logits[ids[i]] = x rounded once to dtype.
+ * ids and counts are data only the kernel reads: an id out of range or not above the one before, or a
+ * negative count, is LLAISYS_INVALID_ARGUMENT naming its position, and nothing is written. logits shares no
+ * memory with ids, counts or bias. */
+LLAISYS_OP int LLAISYS_FN(penalize_logits)(int device, void* stream, int dtype, int64_t vocab, int64_t n,
+                                           void* logits, const void* ids, const void* counts, const void* bias,
+                                           double repetition, double frequency, double presence);
+
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
