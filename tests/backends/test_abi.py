@@ -118,6 +118,7 @@ def _op_args(buffers, op, dtype, numerics):
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
+        "mask_logits": lambda: (dtype, 1, 8, f(8), i32(1)),
         "penalize_logits": lambda: (dtype, 8, 2, f(8), index, buffers.upload(np.zeros((2, 2), np.int64)), None, 1.2,
                                     0.5, 0.5),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each

@@ -104,6 +104,24 @@ def test_bf16_answers(chat_model):
             f"bf16 left the f32 answer at step {step} where f32 prefers its token by {gap:.3f}: not a near-tie")
 
 
+def test_json_schema_answer_parses(chat_model):
+    """Structured output on a real model: a JSON-schema-constrained answer parses and matches the schema."""
+    import json
+
+    from llaisys_models import Grammar
+
+    model = llaisys_models.load(chat_model, device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(chat_model)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "country": {"type": "string", "maxLength": 40}},
+              "required": ["city", "country"], "additionalProperties": False}
+    ids = encode(tokenizer, "What is the capital of France? Answer in JSON with city and country.")
+    out = model.generate(ids, 64, grammar=Grammar.json_schema(tokenizer, schema))
+    value = json.loads(tokenizer.decode(out[len(ids):], skip_special_tokens=True))
+    assert set(value) == {"city", "country"} and all(isinstance(v, str) for v in value.values())
+    assert "Paris" in value["city"]
+
+
 def test_its_template_renders_no_tools(chat_model):
     """SmolLM2's ChatML template has no tool section: the server refuses ``tools`` for it, saying so."""
     from llaisys_models.serve.tool_calls import tool_support

@@ -141,6 +141,8 @@ OP_SLOTS: dict[str, list] = {
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
     "sample": [c_int, _i64, _p, _p, c_double, _i64, c_double, c_uint64],
+    # dtype, rows, vocab, logits [rows,vocab] (in place), bitmask int32 [rows,ceil(vocab/32)]
+    "mask_logits": [c_int, _i64, _i64, _p, _p],
     # dtype, vocab, n, logits [vocab], ids int64 [n], counts int64 [n,2], bias f32 [n] or NULL, repetition,
     # frequency, presence
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],

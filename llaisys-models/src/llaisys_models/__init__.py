@@ -19,6 +19,7 @@ from .causal_lm import CausalLM, Session
 from .config import ModelConfig
 from .errors import ModelBusyError, ModelLoadError
 from .generation import GenerationStats
+from .grammar import Grammar, GrammarError
 from .kv_blocks import BlockManager, SequenceKV
 from .kv_cache import KVPool, KVShape
 from .qwen2 import Llama, Phi3, Qwen2, Qwen3
@@ -57,6 +58,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
-__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
-           "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Phi3", "Qwen2", "Qwen3",
-           "SafetensorsFile", "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]
+__all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",
+           "GrammarError", "KVPool", "KVShape", "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig",
+           "ModelLoadError", "Phi3", "Qwen2", "Qwen3", "SafetensorsFile", "SamplingParams", "SequenceKV", "Session",
+           "gguf", "load", "load_tokenizer"]

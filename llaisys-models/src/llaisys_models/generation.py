@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import llaisys
 
 from .errors import ModelBusyError
+from .grammar import Grammar
 from .penalties import check_frequency_penalty, check_logit_bias, check_presence_penalty, check_repetition_penalty
 from .sampling import SamplingParams, check_max_new_tokens, check_sampling
 from .scheduler import Scheduler, Sequence
@@ -117,7 +118,7 @@ class GenerationMixin:
 
     def generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                  temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None, speculative=None,
-                 num_speculative_tokens: int | None = None, **penalties) -> list[int]:
+                 num_speculative_tokens: int | None = None, grammar=None, **penalties) -> list[int]:
         """Prompt + new tokens; stops right after an EOS token (which is included).
 
         top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early. A prompt that starts
@@ -129,42 +130,50 @@ class GenerationMixin:
         (HF transformers': > 0, 1 = off, over the prompt and the new tokens), ``frequency_penalty`` and
         ``presence_penalty`` (OpenAI's: in [-2, 2], 0 = off, over the new tokens), ``logit_bias`` ({token id:
         bias in [-100, 100]}: -100 bans a token, +100 forces it).
+        ``grammar``: a ``grammar.Grammar`` (e.g. ``Grammar.json_schema(tokenizer, schema)``) the new tokens must
+        match; generation stops when it is complete (structured outputs; not with ``speculative``).
         """
         ids = self.check_input_ids(input_ids)
         return ids + list(self.stream_generate(ids, max_new_tokens, top_k, top_p, temperature, seed,
                                                eos_token_ids=eos_token_ids, speculative=speculative,
-                                               num_speculative_tokens=num_speculative_tokens, **penalties))
+                                               num_speculative_tokens=num_speculative_tokens, grammar=grammar,
+                                               **penalties))
 
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                         temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
-                        speculative=None, num_speculative_tokens: int | None = None,
+                        speculative=None, num_speculative_tokens: int | None = None, grammar=None,
                         **penalties) -> Iterator[int]:
         """Yield each new token as soon as it is chosen (the EOS token included; a verify step of speculative
         decoding yields several at once). Arguments are checked here, before the first token is asked for;
         ``penalties``: as ``generate``."""
         ids = self.check_input_ids(input_ids)
         params = self._params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids,
-                              resolve_speculation(speculative, num_speculative_tokens, self), **penalties)
+                              resolve_speculation(speculative, num_speculative_tokens, self), grammar,
+                              **penalties)
         self.check_length(len(ids) + params.max_tokens)
         return self.generator.stream(ids, params)
 
     def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                        temperature: float = 1.0, seed=None, *, eos_token_ids=None, kv_memory: int | None = None,
                        max_running: int | None = None, max_batch_tokens: int = 128, speculative=None,
-                       num_speculative_tokens: int | None = None, **penalties) -> list[list[int]]:
+                       num_speculative_tokens: int | None = None, grammar=None, **penalties) -> list[list[int]]:
         """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
         them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed``: None (a random
         seed per prompt), one int for every prompt, or one per prompt. ``kv_memory``: the KV pool's bytes
         (None: room for every sequence at full length; less makes the scheduler preempt and recompute, with
         the same results). ``speculative``, ``num_speculative_tokens`` and the penalties (``repetition_penalty``,
-        ``frequency_penalty``, ``presence_penalty``, ``logit_bias``): as ``generate``, for every prompt."""
+        ``frequency_penalty``, ``presence_penalty``, ``logit_bias``): as ``generate``, for every prompt.
+        ``grammar``: as ``generate``: one for every prompt, or a list with one (or None) per prompt."""
         prompts = [self.check_input_ids(p) for p in prompts]
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise llaisys.LlaisysValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        grammars = list(grammar) if isinstance(grammar, (list, tuple)) else [grammar] * len(prompts)
+        if len(grammars) != len(prompts):
+            raise llaisys.LlaisysValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
         speculation = resolve_speculation(speculative, num_speculative_tokens, self)
-        params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids, speculation,
-                               **penalties) for s in seeds]
+        params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids, speculation, gr,
+                               **penalties) for s, gr in zip(seeds, grammars)]
         if not prompts or max_new_tokens == 0:
             return [list(p) for p in prompts]
         if kv_memory is None:
@@ -181,14 +190,19 @@ class GenerationMixin:
             self.release_kv_pool(pool)
         return [seq.tokens for seq in sequences]
 
-    def _params(self, max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None, *,
+    def _params(self, max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None,
+                grammar=None, *,
                 repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                 logit_bias=None) -> SamplingParams:
         check_max_new_tokens(max_new_tokens)
         check_sampling(top_k, top_p, temperature, seed)
+        if grammar is not None and not isinstance(grammar, Grammar):
+            raise llaisys.LlaisysValueError(f"grammar must be a llaisys_models.grammar.Grammar, got "
+                                            f"{type(grammar).__name__}")
         eos = None if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         return SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(min(top_k, 1 << 62)),
                               None if seed is None else int(seed), eos_token_ids=eos, speculation=speculation,
+                              grammar=grammar,
                               repetition_penalty=check_repetition_penalty(repetition_penalty),
                               frequency_penalty=check_frequency_penalty(frequency_penalty),
                               presence_penalty=check_presence_penalty(presence_penalty),

@@ -30,6 +30,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings (applied to the text by whoever detokenizes: serve)
     eos_token_ids: frozenset[int] | None = None  # None: the model's EOS tokens
     speculation: object = None  # a speculative.Speculation (drafter, K), or None: one token per step
+    grammar: object = None  # a grammar.Grammar the output must match (structured outputs), or None
     # repetition control and bias (penalties.py), applied to the logits before the choice
     repetition_penalty: float = 1.0  # HF's, over prompt + generated tokens; 1: off
     frequency_penalty: float = 0.0  # OpenAI's, over the generated tokens; 0: off
@@ -58,19 +59,28 @@ class Sampler:
         self._penalties = PenaltyBuffers(device)
 
     def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int,
-               counts: TokenCounts | None = None) -> int:
+               counts: TokenCounts | None = None, matcher=None) -> int:
         """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
         vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold).
         ``counts``: the sequence's tokens so far, for its penalties and logit_bias (applied to ``logits`` in
-        place first); None where its parameters have none."""
+        place first); None where its parameters have none. A ``matcher`` (grammar.Matcher) then masks the
+        logits (in place: what the grammar forbids stays forbidden whatever its bias) and advances past the token."""
         if counts is not None:
             self._penalties.apply(logits, counts)
+        if matcher is not None:
+            return self._select_constrained(logits, params, seed, matcher)
         if params.greedy:
             llaisys.ops.argmax(self._chosen, self._value, logits)
         else:
             llaisys.ops.sample(self._chosen, logits, params.temperature, min(params.top_k, logits.shape[0]),
                                params.top_p, seed)
         return int(self._chosen.numpy()[0])
+
+    def _select_constrained(self, logits: llaisys.Tensor, params: SamplingParams, seed: int, matcher) -> int:
+        matcher.mask(logits)  # the grammar's forbidden tokens to -inf, on the logits' device
+        token = self.select(logits, params, seed)
+        matcher.accept(token)
+        return token
 
 
 # -- argument checks (before any value reaches a C type) --------------------------------------------------------

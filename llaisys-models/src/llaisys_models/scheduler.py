@@ -79,6 +79,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
         self.forks: list[Sequence] = []  # sequences of this prompt waiting to start from its KV blocks
         self.parent: Sequence | None = None  # the sequence this one waits for, while it does
+        self.matcher = None  # grammar.Matcher of a structured output (params.grammar), set by the scheduler
 
     @property
     def num_generated(self) -> int:
@@ -147,6 +148,7 @@ class Scheduler:
         self._check_length(len(prompt), params)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
         seq = Sequence(prompt, params, eos, scope=scope, tag=tag, arrival_time=arrival_time)
+        seq.matcher = self._matcher(params)
         if params.max_tokens == 0:
             seq.finish_reason = "length"
         else:
@@ -163,6 +165,7 @@ class Scheduler:
         self._check_length(len(prompt), params)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
         seq = Sequence(prompt, params, eos, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time)
+        seq.matcher = self._matcher(params)
         seq.parent = parent
         parent.forks.append(seq)
         return seq
@@ -204,6 +207,13 @@ class Scheduler:
         self.model.check_length(total)
         if params.speculation is not None:
             check_numerics(self.model)
+            if params.grammar is not None:
+                raise llaisys.LlaisysValueError("a grammar (structured output) cannot be combined with speculative "
+                                                "decoding: drafted tokens would advance it before verification")
+
+    def _matcher(self, params: SamplingParams):
+        """A sequence's own grammar matcher (its position in params.grammar), or None."""
+        return params.grammar.matcher(self.model.config.vocab_size) if params.grammar is not None else None
 
     def _queue(self, seq: Sequence) -> None:
         """Wait in arrival order (a preempted sequence or a fork that could not start goes before newer ones)."""
@@ -267,9 +277,9 @@ class Scheduler:
                 mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
                 # forks draw their first token from the row after the prompt, before the parent extends
                 for fork in self._spawn(seq) if seq.forks else ():
-                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts)
+                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts, fork.matcher)
                     events.extend(self._extend(fork, first, []))
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts)
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts, seq.matcher)
                 events.extend(self._extend(seq, new, drafts))
         return events
 
@@ -297,7 +307,7 @@ class Scheduler:
             events.append((seq, token))
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
-        if new[-1] in seq.eos:
+        if new[-1] in seq.eos or (seq.matcher is not None and seq.matcher.done):  # the grammar is complete
             self.finish(seq, "stop")
         elif seq.num_generated >= seq.params.max_tokens:
             self.finish(seq, "length")

@@ -534,6 +534,23 @@ def test_sample_bad_logits_are_reported(dev, values, message):
     assert info.value.status == 1 and message in info.value.message
 
 
+# ---- mask_logits --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (1, 33), (3, 1000)])
+def test_mask_logits(dev, dtype, rows, vocab):
+    """Banned logits are -inf, allowed ones keep their exact bits; bits past the vocabulary are ignored."""
+    g = torch.Generator().manual_seed(vocab)
+    words = (vocab + 31) // 32
+    keep = torch.rand((rows, words * 32), generator=g) < 0.5
+    bitmask = torch.from_numpy(np.packbits(keep.numpy(), axis=1, bitorder="little").view(np.int32).copy())
+    x = randn((rows, vocab), dtype, vocab)
+    logits = dev.upload(x)
+    dev.op("mask_logits", CODE[dtype], rows, vocab, logits, dev.upload(bitmask))
+    want = torch.where(keep[:, :vocab], x.double(), torch.tensor(-torch.inf, dtype=torch.float64))
+    assert torch.equal(dev.download(logits).double(), want)
+
+
 # ---- penalize_logits -------------------------------------------------------------------------------------
 
 def penalize(dev, logits, dtype, ids, counts, bias, repetition, frequency, presence):

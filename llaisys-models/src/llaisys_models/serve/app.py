@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect
 from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
-from . import metrics, responses, schemas
+from . import metrics, responses, schemas, structured
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
 from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
@@ -72,6 +72,7 @@ class Server:
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
         self.tokenizers = PromptTokenizers(tokenizer)
+        self.grammars = structured.Grammars(tokenizer)  # response_format, compiled with a tokenizer of its own
         self.model_name = model_name
         # what clients are told names no file of the server's (the log keeps the paths)
         self.scrub_paths = PathScrubber([getattr(engine.model, "path", None), getattr(tokenizer, "name_or_path", None)],
@@ -302,12 +303,13 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         params_of = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
     n = schemas.choices_n(body, len(prompts))
     scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
+    grammar = await server.grammars.of(body)
     jobs = []
     for prompt, param in zip(prompts, params_of):
         ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param)
         params = schemas.penalties(body, params, server.vocab_size)
-        jobs.append((ids, schemas.speculation(body, params, server.engine)))
+        jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), grammar)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)

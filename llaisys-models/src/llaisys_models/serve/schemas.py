@@ -218,7 +218,6 @@ def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list
 def check_unsupported(body: dict, chat: bool) -> None:
     if chat:
         unsupported(body, "logprobs", (False,))
-        unsupported(body, "response_format", ({"type": "text"},))
     else:
         unsupported(body, "logprobs", (0,))
         unsupported(body, "echo", (False,))

@@ -328,6 +328,13 @@ LLAISYS_OP int LLAISYS_FN(sample)(int device, void* stream, int dtype, int64_t n
                                   const void* logits, double temperature, int64_t top_k, double top_p,
                                   uint64_t seed);
 
+/* [op] Constrained decoding: logits [rows, vocab] (in place) = -inf where the token is not allowed by
+ * bitmask int32 [rows, ceil(vocab / 32)]: token t of row r is allowed iff bit t % 32 (least significant
+ * first) of word bitmask[r][t / 32] is set (the packed layout of grammar libraries). Bits past vocab are
+ * ignored; allowed logits are left as they are. logits shares no memory with bitmask. */
+LLAISYS_OP int LLAISYS_FN(mask_logits)(int device, void* stream, int dtype, int64_t rows, int64_t vocab,
+                                       void* logits, const void* bitmask);
+
 /* [op] Adjust logits [vocab] in place at n token ids (ids int64 [n], strictly increasing, each in [0, vocab);
  * n may be 0): the logit bias, then the repetition, frequency and presence penalties. counts int64 [n, 2]
  * holds (p, g) = (occurrences of ids[i] in the prompt, occurrences among the generated tokens), both >= 0;

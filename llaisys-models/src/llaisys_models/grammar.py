@@ -1,0 +1,147 @@
+"""Structured outputs: a grammar (a JSON schema, any JSON object, a regex or Lark) that constrains a sequence.
+
+The grammar library is llguidance (MIT, no dependencies of its own). Per sequence and per step, on the host,
+its matcher fills a bitmask of the tokens the grammar allows next (int32 [ceil(vocab / 32)], bit t % 32 of word
+t // 32); the ``mask_logits`` op applies it to the sequence's logits row on the device, before argmax / sample,
+so it works on every backend; the chosen token then advances the matcher. A sequence whose grammar is complete
+(nothing may follow) finishes with "stop"; EOS is allowed only where the grammar may end.
+
+    grammar = Grammar.json_schema(tokenizer, {"type": "object", ...})   # compiled once, shared by sequences
+    model.generate(ids, 64, grammar=grammar)                              # each sequence: its own matcher
+
+Speculative decoding is refused with a grammar: a drafted token would advance the matcher before it is
+verified (llguidance can roll back, but the verifier has no hook for it yet).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+
+import numpy as np
+
+import llaisys
+
+# compact JSON (no whitespace between tokens: a model cannot pad its answer with endless spaces)
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF tokenizer -> llguidance tokenizer
+_lock = threading.Lock()
+
+
+class GrammarError(llaisys.LlaisysValueError):
+    """A grammar (schema, regex, Lark) that does not compile."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy
+    except ImportError as e:
+        raise GrammarError(f"structured outputs need llguidance ({e}); pip install 'llaisys-models[serve]' "
+                           "or pip install llguidance") from None
+    return llguidance
+
+
+def grammar_tokenizer(tokenizer):
+    """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens)."""
+    ll = _llguidance()
+    with _lock:
+        found = _tokenizers.get(tokenizer)
+        if found is None:
+            eos = tokenizer.eos_token_id
+            if eos is None:  # a model without EOS: the grammar's end is the only end
+                eos = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            try:
+                found = ll.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=eos)
+            except Exception as e:
+                raise GrammarError(f"structured outputs need a fast (tokenizers) tokenizer: {e}") from None
+            _tokenizers[tokenizer] = found
+    return found
+
+
+class Grammar:
+    """A compiled constraint for one tokenizer: llguidance grammar text and the tokenizer it masks. Immutable;
+    any number of sequences share it (each gets its own ``Matcher``)."""
+
+    def __init__(self, tokenizer, grammar: str, what: str):
+        self.what = what  # e.g. "json_schema", for messages
+        self.text = grammar
+        self.ll_tokenizer = grammar_tokenizer(tokenizer)
+        error = _llguidance().LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if error:
+            raise GrammarError(f"{what}: {error}")
+
+    @classmethod
+    def json_schema(cls, tokenizer, schema: dict | str) -> Grammar:
+        """Output that is one JSON value matching ``schema`` (a dict or its JSON text)."""
+        ll = _llguidance()
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"json_schema: not JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise GrammarError(f"json_schema: a schema is a JSON object, got {type(schema).__name__}")
+        try:
+            text = ll.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        except Exception as e:  # llguidance raises ValueError for most, others for odd input
+            raise GrammarError(f"json_schema: {e}") from None
+        return cls(tokenizer, text, "json_schema")
+
+    @classmethod
+    def json_object(cls, tokenizer) -> Grammar:
+        """Output that is one JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+        return cls.json_schema(tokenizer, {"type": "object"})
+
+    @classmethod
+    def regex(cls, tokenizer, pattern: str) -> Grammar:
+        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_regex(pattern), "regex")
+
+    @classmethod
+    def lark(cls, tokenizer, source: str) -> Grammar:
+        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), "lark")
+
+    def matcher(self, vocab_size: int) -> Matcher:
+        return Matcher(self, vocab_size)
+
+
+class Matcher:
+    """One sequence's position in its grammar, and the bitmask of its next token over the model's vocabulary
+    (``vocab_size`` may exceed the tokenizer's: the model's padding tokens are never allowed)."""
+
+    def __init__(self, grammar: Grammar, vocab_size: int):
+        ll = _llguidance()
+        self._ll = ll
+        self._matcher = ll.LLMatcher(grammar.ll_tokenizer, grammar.text)
+        if self._matcher.is_error():
+            raise GrammarError(f"{grammar.what}: {self._matcher.get_error()}")
+        words = (vocab_size + 31) // 32
+        self._filled = ll.numpy.allocate_token_bitmask(1, grammar.ll_tokenizer.vocab_size)  # int32 [1, words']
+        self._host = np.zeros(words, dtype=np.int32)  # over the model's vocabulary
+        self._shared = min(words, self._filled.shape[1])
+        self._device: llaisys.Tensor | None = None
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and nothing may follow (the sequence stops here)."""
+        return self._matcher.is_stopped()
+
+    def mask(self, logits: llaisys.Tensor) -> None:
+        """Set the logits (1-D, the model's vocabulary) of the tokens the grammar forbids next to -inf."""
+        self._ll.numpy.fill_next_token_bitmask(self._matcher, self._filled, 0)
+        self._host[:self._shared] = self._filled[0, :self._shared]
+        if not self._host.any():  # a grammar that allows nothing the model can emit (a tokenizer / model mismatch)
+            raise GrammarError(f"the grammar allows no token of the model's vocabulary here "
+                               f"({self._matcher.get_error() or 'tokenizer and model disagree?'})")
+        if self._device is None or self._device.device is not logits.device:
+            self._device = llaisys.empty((self._host.size,), llaisys.int32, logits.device)
+        self._device.load(self._host)
+        llaisys.ops.mask_logits(logits, self._device)
+
+    def accept(self, token: int) -> None:
+        """Advance past the chosen token (one the mask allowed)."""
+        if not self._matcher.consume_token(token):
+            raise GrammarError(f"token {token} was chosen against the grammar: {self._matcher.get_error()}")

@@ -1,0 +1,201 @@
+"""``response_format``: structured outputs on the random tiny chat model (its unconstrained output is noise, so
+only the grammar makes it parse). Seeded sampled replies to random small schemas all parse and match their
+schema; json_object replies parse; a batch mixing constrained, unconstrained and n > 1 requests gives each
+exactly what it gives alone (``model.generate`` with the same grammar); bad formats are 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+
+import pytest
+from serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, generate_text, http_request, require_serving, user
+
+import llaisys
+from llaisys_models import Grammar
+from llaisys_models.serve.engine import Delta, Finished, Request, SamplingParams, choice_seed
+
+require_serving()
+
+SAMPLING = dict(temperature=1.0, top_p=0.95)
+MAX_TOKENS = 400  # room for the largest schema below (each string character may cost a \uXXXX escape)
+
+
+@pytest.fixture(scope="module")
+def client(chat_server):
+    return chat_server.client()
+
+
+# -- random schemas and the test's own validator (the subset of JSON Schema the schemas use) ---------------
+
+def leaf(rng: random.Random) -> dict:
+    kind = rng.choice(["boolean", "integer", "string", "enum", "null"])
+    if kind == "integer":
+        low = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 100)}
+    if kind == "string":
+        return {"type": "string", "maxLength": rng.randint(1, 6)}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", "x y", "ünï"], rng.randint(1, 3))}
+    return {"type": kind}
+
+
+def random_schema(rng: random.Random) -> dict:
+    props = {}
+    for i in range(rng.randint(1, 3)):
+        value = leaf(rng)
+        if rng.random() < 0.3:
+            value = {"type": "array", "items": value, "maxItems": 2}
+        props[f"k{i}_{rng.choice('abc')}"] = value
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def matches(value, schema: dict) -> bool:
+    if "enum" in schema:
+        return value in schema["enum"]
+    kind = schema["type"]
+    if kind == "object":
+        return (isinstance(value, dict) and set(value) == set(schema["properties"])
+                and all(matches(value[k], s) for k, s in schema["properties"].items()))
+    if kind == "array":
+        return isinstance(value, list) and len(value) <= schema["maxItems"] and all(
+            matches(v, schema["items"]) for v in value)
+    if kind == "integer":
+        return type(value) is int and schema["minimum"] <= value <= schema["maximum"]
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema["maxLength"]
+    return {"boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None}[kind](value)
+
+
+def json_schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+def test_the_model_alone_does_not_write_json(client):
+    """What makes the tests below mean something: unconstrained, this model's reply is not JSON."""
+    r = client.chat.completions.create(model=CHAT_MODEL, messages=user("JSON please"), max_tokens=40, seed=3,
+                                       **SAMPLING)
+    with pytest.raises(ValueError):
+        json.loads(r.choices[0].message.content)
+
+
+def test_json_schema_replies_always_parse_and_match(client):
+    rng = random.Random(2026)
+    for i in range(30):
+        schema = random_schema(rng)
+        r = client.chat.completions.create(model=CHAT_MODEL, messages=user(f"Answer {i}"), max_tokens=MAX_TOKENS,
+                                           seed=i, response_format=json_schema_format(schema), **SAMPLING)
+        (choice,) = r.choices
+        assert choice.finish_reason == "stop", (schema, choice.message.content)
+        value = json.loads(choice.message.content)
+        assert matches(value, schema), (schema, value)
+
+
+def test_json_object_replies_parse(client):
+    """Any JSON object has no bound on its length, and from random weights one may never close: every reply that
+    ends ("stop") is an object, and the others are cut objects."""
+    ended = 0
+    for seed in range(8):
+        r = client.completions.create(model=CHAT_MODEL, prompt="hello", max_tokens=60, seed=seed, temperature=1.0,
+                                      extra_body={"response_format": {"type": "json_object"}})
+        (choice,) = r.choices
+        if choice.finish_reason == "stop":
+            ended += 1
+            assert isinstance(json.loads(choice.text), dict), choice.text
+        else:
+            assert choice.text.startswith("{"), choice.text
+    assert ended >= 2
+
+
+def test_completions_and_streams_are_constrained_too(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    fmt = json_schema_format(schema)
+    r = client.completions.create(model=CHAT_MODEL, prompt="Say", max_tokens=50, seed=1,
+                                  extra_body={"response_format": fmt})
+    assert json.loads(r.choices[0].text) in ({"ok": True}, {"ok": False}) and r.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(model=CHAT_MODEL, messages=user("Say"), max_tokens=50, seed=1, n=2,
+                                            stream=True, response_format=fmt, **SAMPLING)
+    texts = ["", ""]
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert all(json.loads(t) in ({"ok": True}, {"ok": False}) for t in texts)
+
+
+def test_mixed_batch_gives_each_request_what_it_gives_alone(chat_server, chat_reference, tokenizer):
+    """Constrained (one and two choices) and unconstrained requests submitted at once, seeded: each gives exactly
+    what ``model.generate`` gives for it alone."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+              "required": ["name", "n"], "additionalProperties": False}
+    grammar = Grammar.json_schema(tokenizer, schema)
+    jobs = {"schema": (user("Constrained"), grammar, 1, 11), "plain": (user("Free text, longer prompt"), None, 1, 12),
+            "object": (user("Two objects"), Grammar.json_object(tokenizer), 2, 13)}
+    log = queue.Queue()
+    for name, (messages, g, n, seed) in jobs.items():
+        params = SamplingParams(max_tokens=60, seed=seed, grammar=g, **SAMPLING)
+        chat_server.engine.submit(Request(chat_ids(tokenizer, messages), params, lambda e, k=name: log.put((k, e)), n=n))
+    texts, reasons, open_choices = {}, {}, sum(n for _, _, n, _ in jobs.values())
+    while open_choices:
+        name, event = log.get(timeout=TIMEOUT)
+        if isinstance(event, Delta):
+            texts[name, event.index] = texts.get((name, event.index), "") + event.text
+        else:
+            assert isinstance(event, Finished), event
+            reasons[name, event.index] = event.reason
+            open_choices -= 1
+    want = {(name, i): generate_text(chat_reference, tokenizer, chat_ids(tokenizer, messages), 60, top_k=0,
+                                     seed=choice_seed(seed, i), grammar=g, **SAMPLING)
+            for name, (messages, g, n, seed) in jobs.items() for i in range(n)}
+    assert texts == want
+    assert reasons[("plain", 0)] == "length" and reasons[("schema", 0)] == "stop"
+    assert matches(json.loads(texts["schema", 0]), schema)
+    assert chat_server.engine.pool.check()["used"] == 0
+
+
+@pytest.mark.parametrize("fmt, words", [
+    ({"type": "xml"}, "type"),
+    ("json", "object"),
+    ({"type": "json_schema"}, "json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}, "name"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "strng"}}}, "strng"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(["}}}, "regex"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": [1]}}, "schema"),
+])
+def test_bad_response_format_is_a_400_naming_it(chat_server, fmt, words):
+    for path, body in (("/v1/chat/completions", {"messages": user("x")}), ("/v1/completions", {"prompt": "x"})):
+        r = http_request(chat_server.base_url, "POST", path, {**body, "max_tokens": 4, "response_format": fmt})
+        assert r.status == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "response_format" and words in error["message"], error
+
+
+def test_text_format_and_speculation(client, chat_server):
+    r = client.chat.completions.create(model=CHAT_MODEL, messages=user("x"), max_tokens=3, seed=1,
+                                       response_format={"type": "text"})
+    assert r.choices[0].finish_reason == "length"
+    body = {"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_object"}, "speculative": "ngram"}
+    reply = http_request(chat_server.base_url, "POST", "/v1/completions", body)
+    assert reply.status == 400 and reply.json()["error"]["param"] == "response_format"
+
+
+def test_python_api_refuses_grammar_with_speculation_and_non_grammars(chat_reference, tokenizer):
+    grammar = Grammar.json_object(tokenizer)
+    with pytest.raises(llaisys.LlaisysValueError, match="speculative"):
+        chat_reference.generate([1, 2, 3], 8, grammar=grammar, speculative="ngram")
+    with pytest.raises(llaisys.LlaisysValueError, match="grammar"):
+        chat_reference.generate([1, 2, 3], 8, grammar={"type": "json_object"})
+
+
+def test_python_api_regex_and_lark_grammars(chat_reference, tokenizer):
+    import re
+
+    ids = chat_ids(tokenizer, user("Letters"))
+    for grammar, pattern in ((Grammar.regex(tokenizer, "[ab]{3}-[0-9]{2}"), "[ab]{3}-[0-9]{2}"),
+                             (Grammar.lark(tokenizer, 'start: "yes" | "no"'), "yes|no")):
+        text = generate_text(chat_reference, tokenizer, ids, 20, top_k=0, seed=4, grammar=grammar, **SAMPLING)
+        assert re.fullmatch(pattern, text), text
