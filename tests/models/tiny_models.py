@@ -45,6 +45,10 @@ class Spec:
     # lm_head rows scaled by exp(N(0, spread)): a heavier-tailed logit distribution makes greedy
     # choices decisive (ignored for tied embeddings, where it would also scale the inputs)
     lm_head_spread: float = 0.5
+    # mixture of experts (arch mixtral / qwen3_moe): experts per layer, picked per token, their width
+    experts: int = 0
+    top_k: int = 0
+    moe_inter: int = 0
 
 
 SPECS = {
@@ -66,6 +70,15 @@ SPECS = {
     "llama_f32_tied": Spec(arch="llama", dtype="f32", vocab=320, hidden=128, heads=4, kv_heads=1, layers=2,
                            tie=True, seed=5),
 }
+# Mixture-of-experts checkpoints (tests/models/test_moe.py)
+MOE_SPECS = {
+    # Mixtral: 8 experts, top 2, GQA 2
+    "mixtral_f32": Spec(arch="mixtral", dtype="f32", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
+                        experts=8, top_k=2, seed=7),
+    "mixtral_bf16": Spec(arch="mixtral", dtype="bf16", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
+                         experts=8, top_k=2, seed=8),
+}
+ALL_SPECS = {**SPECS, **MOE_SPECS}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -98,11 +111,14 @@ def write_tokenizer(directory: Path) -> None:
 
 def make_checkpoint(directory: Path, spec: Spec) -> Path:
     """Create the HF checkpoint of ``spec`` in ``directory`` (weights, config, tokenizer)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.arch]
+                             "llama": (LlamaConfig, LlamaForCausalLM),
+                             "mixtral": (MixtralConfig, MixtralForCausalLM)}[spec.arch]
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
+    if spec.arch == "mixtral":
+        extra.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k)
     config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.max_pos,
@@ -165,14 +181,14 @@ class TinyModels:
         if name not in self._paths:
             directory = self.root / name
             directory.mkdir()
-            self._paths[name] = make_checkpoint(directory, SPECS[name])
+            self._paths[name] = make_checkpoint(directory, ALL_SPECS[name])
         return self._paths[name]
 
     def hf(self, name: str, dtype: str | None = None):
         """The HF model loaded back from the checkpoint directory (as llaisys reads it)."""
         from transformers import AutoModelForCausalLM
 
-        dtype = dtype or SPECS[name].dtype
+        dtype = dtype or ALL_SPECS[name].dtype
         key = (name, dtype)
         if key not in self._hf:
             torch_dtype = torch.float64 if dtype == "f64" else TORCH_DTYPES[dtype]
@@ -182,7 +198,7 @@ class TinyModels:
     def reference(self, name: str, length: int) -> Reference:
         key = (name, length)
         if key not in self._refs:
-            spec = SPECS[name]
+            spec = ALL_SPECS[name]
             ids = prompt(name, length, spec.vocab)
             model = self.hf(name)
             with torch.no_grad():

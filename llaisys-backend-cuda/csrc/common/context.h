@@ -27,6 +27,7 @@ enum KernelErrorCode : int {
     kPagedQueryStart = 5,      // a = value, b = index, c = T
     kPagedSeqLen = 6,          // a = seq_lens[s], b = s, c = max_blocks * block_size
     kPagedBlockId = 7,         // a = block id, b = index in block_tables (s * max_blocks + j), c = num_blocks
+    kMoeExpertOutOfRange = 8,  // a = expert id, b = row, c = slot
 };
 
 struct KernelErrorRecord {

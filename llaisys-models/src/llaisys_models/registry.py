@@ -6,13 +6,14 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 
 from __future__ import annotations
 
+from .moe import Mixtral
 from .qwen2 import Llama, Qwen2
 
 #  HF architecture        GGUF architecture  model class
 FAMILIES = [
     ("Qwen2ForCausalLM",  "qwen2",           Qwen2),
     ("LlamaForCausalLM",  "llama",           Llama),
+    ("MixtralForCausalLM", None,             Mixtral),  # GGUF: arch llama with llama.expert_count (gguf/)
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}
-GGUF_CLASSES = {gguf: cls for _, gguf, cls in FAMILIES}

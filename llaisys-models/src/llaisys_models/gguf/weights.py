@@ -24,7 +24,7 @@ from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
 from ..quantize import Int8Weight, int8_weight
-from ..weights import LINEARS, LayerWeights, Weights, plan
+from ..weights import LINEARS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
 
@@ -35,6 +35,9 @@ LAYER_NAMES = {
     "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
+    # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
+    "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
+    "experts_down": "ffn_down_exps.weight",
 }
 PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
 _LAYER = re.compile(r"blk\.([0-9]+)\.")
@@ -168,10 +171,10 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
             return tensor
 
         embed = get("embed_tokens", top["embed_tokens"])
-        layer_weights = [LayerWeights(**{field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
+        layer_list = [layer_weights({field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
         norm = get("norm", top["norm"])
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
         else:  # tied: the embedding, or its own int8 copy
             lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None else embed
-    return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)
+    return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)
