@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 import llaisys_models
 from llaisys_models.errors import ModelLoadError
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
-from tiny_models import MOE_SPECS, NEW_TOKENS, PROMPT_LENGTHS, prompt
+from tiny_models import EOS_ID, MOE_SPECS, NEW_TOKENS, PROMPT_LENGTHS, prompt
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +58,62 @@ def test_moe_config_contradictions_are_refused(tiny_models, tmp_path, field, val
     (directory / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ModelLoadError, match=message):
         llaisys_models.load(directory, device="cpu")
+
+
+def write_mixtral_gguf(directory, path):
+    """The HF Mixtral checkpoint as llama.cpp's converter writes it: arch llama with llama.expert_count, the
+    experts of a layer stacked into ffn_{gate,up,down}_exps (w1, w3, w2), the router as ffn_gate_inp, Q/K
+    rows permuted; every tensor F32 (the weights exactly)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from gguf_files import gguf_name, llama_permute
+
+    c = json.loads((directory / "config.json").read_text())
+    state = load_file(directory / "model.safetensors")
+    writer = gguf.GGUFWriter(path, "llama")
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    for add, value in ((writer.add_context_length, c["max_position_embeddings"]),
+                       (writer.add_embedding_length, c["hidden_size"]), (writer.add_block_count, c["num_hidden_layers"]),
+                       (writer.add_feed_forward_length, c["intermediate_size"]),
+                       (writer.add_head_count, c["num_attention_heads"]),
+                       (writer.add_head_count_kv, c["num_key_value_heads"]), (writer.add_key_length, head_dim),
+                       (writer.add_value_length, head_dim), (writer.add_rope_dimension_count, head_dim),
+                       (writer.add_rope_freq_base, float(c["rope_parameters"]["rope_theta"])),
+                       (writer.add_layer_norm_rms_eps, c["rms_norm_eps"]), (writer.add_vocab_size, c["vocab_size"]),
+                       (writer.add_expert_count, c["num_local_experts"]),
+                       (writer.add_expert_used_count, c["num_experts_per_tok"]), (writer.add_eos_token_id, EOS_ID)):
+        add(value)
+    tensors = {}
+    for name, w in state.items():
+        if ".block_sparse_moe." not in name:
+            gname = gguf_name(name)
+            if ".attn_q." in gname:
+                w = llama_permute(w, c["num_attention_heads"])
+            elif ".attn_k." in gname:
+                w = llama_permute(w, c["num_key_value_heads"])
+            tensors[gname] = w
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}.block_sparse_moe."
+        tensors[f"blk.{i}.ffn_gate_inp.weight"] = state[p + "gate.weight"]
+        for hf, part in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+            tensors[f"blk.{i}.ffn_{part}_exps.weight"] = np.stack(
+                [state[f"{p}experts.{e}.{hf}.weight"] for e in range(c["num_local_experts"])])
+    for name, w in tensors.items():
+        writer.add_tensor(name, np.ascontiguousarray(w, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_mixtral_from_a_gguf_file_matches_hf(tiny_models, tmp_path, device):
+    """transformers' GGUF loader does not read Mixtral (arch llama with experts), so the reference is HF on
+    the checkpoint the file was written from: an F32 file holds its weights exactly."""
+    name = "mixtral_f32"
+    path = write_mixtral_gguf(tiny_models.path(name), tmp_path / "mixtral.gguf")
+    model = llaisys_models.load(path, device=device)
+    assert type(model).__name__ == "Mixtral" and model.config.num_experts == 8
+    ties = check_against_reference(model, tiny_models.reference(name, 13), "f32")
+    assert len(ties) <= MAX_NEAR_TIE_RATE["f32"] * NEW_TOKENS, ties

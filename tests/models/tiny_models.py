@@ -192,7 +192,9 @@ class TinyModels:
         key = (name, dtype)
         if key not in self._hf:
             torch_dtype = torch.float64 if dtype == "f64" else TORCH_DTYPES[dtype]
-            self._hf[key] = AutoModelForCausalLM.from_pretrained(self.path(name), dtype=torch_dtype).eval()
+            # (MoE experts as HF's eager loop: its default grouped_mm has no float64)
+            extra = {"experts_implementation": "eager"} if ALL_SPECS[name].experts else {}
+            self._hf[key] = AutoModelForCausalLM.from_pretrained(self.path(name), dtype=torch_dtype, **extra).eval()
         return self._hf[key]
 
     def reference(self, name: str, length: int) -> Reference:

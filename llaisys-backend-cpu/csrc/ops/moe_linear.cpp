@@ -6,7 +6,6 @@
 // back to out. Experts no row chose are never read.
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "../common/api.h"
 #include "linear_tiles.h"
@@ -29,17 +28,26 @@ LLAISYS_DECLARE_PER_ISA(void moe_linear(const MoeLinearArgs& args))
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
-// The pairs r = m * k + j grouped by expert: pairs [start[e], start[e + 1]) of order chose expert e.
+// The pairs r = m * k + j grouped by expert: pairs [start[e], start[e + 1]) of order chose expert e;
+// selected[0, count) are the experts some pair chose, ascending. (Per-thread scratch, no allocation.)
 struct ExpertGroups {
-    std::vector<int64_t> start, order;
+    int64_t *start, *order, *selected, count = 0;
 
-    ExpertGroups(const int64_t* experts, int64_t pairs, int64_t E) : start(size_t(E + 1), 0), order(size_t(pairs)) {
-        for (int64_t r = 0; r < pairs; ++r) ++start[size_t(experts[r] + 1)];
-        for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
-        std::vector<int64_t> next(start.begin(), start.end() - 1);
-        for (int64_t r = 0; r < pairs; ++r) order[size_t(next[size_t(experts[r])]++)] = r;
+    ExpertGroups(const int64_t* experts, int64_t pairs, int64_t E) {
+        start = scratch(kSlotMoeIndex).get<int64_t>(size_t(3 * E + 1 + pairs));
+        int64_t* next = start + E + 1;
+        selected = next + E;
+        order = selected + E;
+        std::fill(start, start + E + 1, int64_t(0));
+        for (int64_t r = 0; r < pairs; ++r) ++start[experts[r] + 1];
+        for (int64_t e = 0; e < E; ++e) {
+            next[e] = start[e];
+            start[e + 1] += start[e];
+            if (start[e + 1] > start[e]) selected[count++] = e;
+        }
+        for (int64_t r = 0; r < pairs; ++r) order[next[experts[r]]++] = r;
     }
-    int64_t rows(int64_t e) const { return start[size_t(e + 1)] - start[size_t(e)]; }
+    int64_t rows(int64_t e) const { return start[e + 1] - start[e]; }
 };
 
 template <class C, class T, class Block>
@@ -55,20 +63,17 @@ void moe_linear_dot(const MoeLinearArgs& a) {
     X* xs = scratch(kSlotMoeRows).get<X>(size_t(pairs * K));
     T* ys = scratch(kSlotMoeOut).get<T>(size_t(pairs * N));
     for (int64_t i = 0; i < pairs; ++i) {
-        const int64_t r = groups.order[size_t(i)];
+        const int64_t r = groups.order[i];
         convert(x + (a.x_per_slot ? r : r / a.k) * K, xs + i * K, K);
     }
 
     // tasks: (selected expert, block of its weight rows), blocks sized as linear_dot sizes them
-    std::vector<int64_t> selected;
-    for (int64_t e = 0; e < a.E; ++e)
-        if (groups.rows(e) > 0) selected.push_back(e);
     const int threads = team_size();
     const int64_t block = std::clamp<int64_t>(round_up(ceil_div(N, int64_t(threads) * 16), 8), 8, 256);
     const int64_t blocks = ceil_div(N, block);
     const bool parallel = threads > 1 && pairs * N * K >= (int64_t(1) << 16);
-    run_tasks(int64_t(selected.size()) * blocks, [&](int64_t t) {
-        const int64_t e = selected[size_t(t / blocks)], b = t % blocks, first = groups.start[size_t(e)];
+    run_tasks(groups.count * blocks, [&](int64_t t) {
+        const int64_t e = groups.selected[t / blocks], b = t % blocks, first = groups.start[e];
         const int64_t rows = groups.rows(e), n0 = b * block, n1 = std::min(N, n0 + block);
         const T* w = weight + e * N * K;
         // (at most kMR rows: tiles of one weight row, one sequential stream per thread, as in linear_dot)
@@ -77,7 +82,7 @@ void moe_linear_dot(const MoeLinearArgs& a) {
     }, parallel);
 
     for (int64_t i = 0; i < pairs; ++i)
-        std::memcpy(out + groups.order[size_t(i)] * N, ys + i * N, sizeof(T) * size_t(N));
+        std::memcpy(out + groups.order[i] * N, ys + i * N, sizeof(T) * size_t(N));
 }
 
 void moe_linear(const MoeLinearArgs& a) {

@@ -263,7 +263,7 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                                   for field, spec in layer.items()})
 
         embed = get(top["embed_tokens"])
-        layer_weights = [get_layer(layer) for layer in layers]
+        layer_list = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
         lm_head = get_linear(top.get("lm_head", top["embed_tokens"]))
-    return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)
+    return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

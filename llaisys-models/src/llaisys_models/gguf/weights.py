@@ -84,7 +84,7 @@ def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
     4 bytes per weight in memory (and per weight read in a decode step); dtype=bfloat16 halves that,
     quantize="int8" takes about a quarter."""
     Q = quants.Q
-    types = {f.tensors[name].type for group in [top, *layers] for name, shape in group.values() if len(shape) == 2}
+    types = {f.tensors[name].type for group in [top, *layers] for name, shape in group.values() if len(shape) >= 2}
     if types <= {Q.F32}:
         return llaisys.float32
     if types <= {Q.F32, Q.F16}:
