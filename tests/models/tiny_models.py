@@ -49,6 +49,8 @@ class Spec:
     experts: int = 0
     top_k: int = 0
     moe_inter: int = 0
+    norm_topk: bool = False  # qwen3_moe: norm_topk_prob
+    dense_layers: tuple[int, ...] = ()  # qwen3_moe: mlp_only_layers
 
 
 SPECS = {
@@ -119,6 +121,9 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
     if spec.arch == "mixtral":
         extra.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k)
+    if spec.arch == "qwen3_moe":
+        extra.update(num_experts=spec.experts, num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_inter,
+                     norm_topk_prob=spec.norm_topk, mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1)
     config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.max_pos,
