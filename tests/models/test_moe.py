@@ -117,3 +117,31 @@ def test_mixtral_from_a_gguf_file_matches_hf(tiny_models, tmp_path, device):
     assert type(model).__name__ == "Mixtral" and model.config.num_experts == 8
     ties = check_against_reference(model, tiny_models.reference(name, 13), "f32")
     assert len(ties) <= MAX_NEAR_TIE_RATE["f32"] * NEW_TOKENS, ties
+
+
+def test_mixtral_int8_stays_close_to_bf16(tiny_models, device):
+    """quantize="int8": the dense linears in int8, the experts (and router) in the model dtype. A rounding
+    difference can flip a near-tied routing choice, which changes that position's logits wholesale (llaisys'
+    own bf16 model is 0.79 off HF's bf16 at one of 103 positions), so the measures are the median relative
+    logit error and the argmax agreement, held to test_int8's mean and agreement bounds (measured: 0.038 and
+    0.90; bf16 alone 0.034 mean and 0.94)."""
+    import torch
+
+    from helpers import skip_without_kernels
+    from llaisys_models.quantize import Int8Weight
+    from test_int8 import MEAN_RELATIVE_ERROR, MIN_ARGMAX_AGREEMENT, relative_errors
+
+    skip_without_kernels(device, ["linear_i8"], "quantize='int8'")
+    name = "mixtral_f32"
+    sequence = tiny_models.reference(name, 64).tokens[:-1]
+    with torch.no_grad():
+        want = tiny_models.hf(name, "bf16")(torch.tensor([sequence])).logits[0].float().numpy()
+    model = llaisys_models.load(tiny_models.path(name), device=device, dtype="bfloat16", quantize="int8")
+    layer = model.weights.layers[0]
+    assert isinstance(layer.q_proj, Int8Weight) and layer.experts.gate.dtype == model.dtype
+    got = model.logits(sequence)
+    err = relative_errors(got, want)
+    agreement = np.mean(got.argmax(axis=1) == want.argmax(axis=1))
+    print(f"int8 Mixtral: relative logit error median {np.median(err):.4f}, argmax agreement {agreement:.3f}")
+    assert np.median(err) <= MEAN_RELATIVE_ERROR, (np.median(err), agreement)
+    assert agreement >= MIN_ARGMAX_AGREEMENT, agreement
