@@ -79,6 +79,13 @@ MOE_SPECS = {
                         experts=8, top_k=2, seed=7),
     "mixtral_bf16": Spec(arch="mixtral", dtype="bf16", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
                          experts=8, top_k=2, seed=8),
+    # Qwen3-MoE: q/k norms, head_dim 64 (q width 256 != hidden 128), 16 experts top 4, layer 1 dense
+    # (mlp_only_layers), raw top-k weights (norm_topk_prob false)
+    "qwen3_moe_f32": Spec(arch="qwen3_moe", dtype="f32", hidden=128, inter=192, heads=4, kv_heads=2, head_dim=64,
+                          layers=3, experts=16, top_k=4, moe_inter=64, dense_layers=(1,), seed=9),
+    # renormalised weights (norm_topk_prob), every layer sparse, bf16
+    "qwen3_moe_bf16": Spec(arch="qwen3_moe", dtype="bf16", hidden=128, inter=192, heads=4, kv_heads=2, head_dim=64,
+                           layers=2, experts=8, top_k=2, moe_inter=64, norm_topk=True, seed=10),
 }
 ALL_SPECS = {**SPECS, **MOE_SPECS}
 
@@ -113,11 +120,21 @@ def write_tokenizer(directory: Path) -> None:
 
 def make_checkpoint(directory: Path, spec: Spec) -> Path:
     """Create the HF checkpoint of ``spec`` in ``directory`` (weights, config, tokenizer)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
                              "llama": (LlamaConfig, LlamaForCausalLM),
-                             "mixtral": (MixtralConfig, MixtralForCausalLM)}[spec.arch]
+                             "mixtral": (MixtralConfig, MixtralForCausalLM),
+                             "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}[spec.arch]
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
     if spec.arch == "mixtral":
         extra.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k)

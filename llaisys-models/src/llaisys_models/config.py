@@ -40,6 +40,7 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None  # only set when some layer really uses a window
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and of k, before rope
     dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
     # mixture of experts (Mixtral, Qwen3-MoE; 0 experts: a dense model): the layers whose MLP is num_experts
     # experts of moe_intermediate_size of which a router picks num_experts_per_tok per token, their weights
@@ -120,6 +121,7 @@ class ModelConfig:
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=_bool(raw, "mlp_bias"),
             sliding_window=_sliding_window(raw, layers),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
             **_experts(raw, model_type, layers),
         )

@@ -52,3 +52,8 @@ class SparseMlp(Qwen2):
 
 class Mixtral(SparseMlp, Llama):
     """Mixtral: Llama attention, every layer's MLP 8 experts of which the router picks 2 (renormalised)."""
+
+
+class Qwen3Moe(SparseMlp):
+    """Qwen3-MoE: Qwen3 attention (q_norm / k_norm per head, explicit head_dim, no bias); the layers of
+    ``decoder_sparse_step`` not in ``mlp_only_layers`` sparse, their weights renormalised if norm_topk_prob."""

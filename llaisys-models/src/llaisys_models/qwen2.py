@@ -3,6 +3,7 @@
     x = embed(ids)
     for each layer:
         h = rms_norm(x);  q, k, v = h Wq + bq, h Wk + bk, h Wv + bv
+        q, k = rms_norm(q), rms_norm(k)  per head, with Qwen3's q_norm / k_norm (config.qk_norm)
         cache[pos] = rope(k), v;  x += attention(rope(q), cache[:pos+1]) Wo
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
@@ -58,7 +59,11 @@ class Qwen2(CausalLM):
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
         linear(ws.k.view(n, c.kv_size), ws.h, w.k_proj, w.k_bias)
         linear(ws.v.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)
-        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), step.positions, c.rope_theta, numerics)
+        q = ws.q.view(n, c.num_attention_heads, c.head_dim)
+        if w.q_norm is not None:  # Qwen3: each head of q and k RMS-normed before rope
+            ops.rms_norm(q, q, w.q_norm, c.rms_norm_eps, numerics)
+            ops.rms_norm(ws.k, ws.k, w.k_norm, c.rms_norm_eps, numerics)
+        ops.rope(ws.q_rot, q, step.positions, c.rope_theta, numerics)
         ops.rope(ws.k, ws.k, step.positions, c.rope_theta, numerics)
         ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
         ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,

@@ -6,7 +6,7 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 
 from __future__ import annotations
 
-from .moe import Mixtral
+from .moe import Mixtral, Qwen3Moe
 from .qwen2 import Llama, Qwen2
 
 #  HF architecture        GGUF architecture  model class
@@ -14,6 +14,7 @@ FAMILIES = [
     ("Qwen2ForCausalLM",  "qwen2",           Qwen2),
     ("LlamaForCausalLM",  "llama",           Llama),
     ("MixtralForCausalLM", None,             Mixtral),  # GGUF: arch llama with llama.expert_count (gguf/)
+    ("Qwen3MoeForCausalLM", "qwen3moe",      Qwen3Moe),
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}

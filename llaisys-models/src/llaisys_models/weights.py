@@ -50,6 +50,8 @@ class LayerWeights:
     up_proj: Linear | None = None
     down_proj: Linear | None = None
     experts: ExpertWeights | None = None
+    q_norm: llaisys.Tensor | None = None  # Qwen3: RMSNorm weights [head_dim] of each q head, each k head
+    k_norm: llaisys.Tensor | None = None
     q_bias: llaisys.Tensor | None = None
     k_bias: llaisys.Tensor | None = None
     v_bias: llaisys.Tensor | None = None
@@ -103,6 +105,9 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
             "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
             "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
         }
+        if c.qk_norm:
+            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
+            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
         if i in c.sparse_layers:
             for name in ("gate_proj", "up_proj", "down_proj"):
                 del layer[name]
