@@ -126,10 +126,10 @@ def test_mixtral_int8_stays_close_to_bf16(tiny_models, device):
     logit error and the argmax agreement, held to test_int8's mean and agreement bounds (measured: 0.038 and
     0.90; bf16 alone 0.034 mean and 0.94)."""
     import torch
+    from test_int8 import MEAN_RELATIVE_ERROR, MIN_ARGMAX_AGREEMENT, relative_errors
 
     from helpers import skip_without_kernels
     from llaisys_models.quantize import Int8Weight
-    from test_int8 import MEAN_RELATIVE_ERROR, MIN_ARGMAX_AGREEMENT, relative_errors
 
     skip_without_kernels(device, ["linear_i8"], "quantize='int8'")
     name = "mixtral_f32"
