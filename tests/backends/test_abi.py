@@ -117,6 +117,10 @@ def _op_args(buffers, op, dtype, numerics):
         "self_attention": lambda: (dtype, numerics, 2, 2, 2, 1, 8, 8, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 1, 8),
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
+        "moe_router": lambda: (dtype, 2, 4, 2, 1, f(2, 2), buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4)),
+        "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),
+                               buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
+        "moe_combine": lambda: (dtype, 2, 2, 3, f(2, 3), f(2, 2, 3), f(2, 2)),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
         "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 8),
