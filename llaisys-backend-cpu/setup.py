@@ -10,7 +10,8 @@ linker keeps for the portable path too, and crash CPUs without that instruction 
 Exports are named llaisys_cpu_<slot> (LLAISYS_PREFIX); the slots come from llaisys-core's
 llaisys/backend.h, found in the monorepo beside this package, in csrc/include (an sdist's copy)
 or through an installed llaisys-core (llaisys.get_include()). Only those names are exported (a version
-script keeps static libstdc++ and every other symbol local).
+script keeps static libstdc++ and every other symbol local). The compiler's libgomp.so.1 is copied beside
+the library, which finds it through RUNPATH $ORIGIN (see OPENMP_RUNTIME).
 Environment: CXX (default g++), LLAISYS_CPU_CXXFLAGS (extra flags, e.g. -Werror),
 LLAISYS_BUILD_JOBS (parallel compiles; default: every core this process may use), LLAISYS_CCACHE=0 (do not
 compile through ccache where it is installed; the objects are the same either way).
@@ -61,7 +62,13 @@ ISAS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
 }
-LINK_FLAGS = ["-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc", "-Wl,--no-undefined"]
+LINK_FLAGS = ["-shared", "-fopenmp", "-static-libstdc++", "-static-libgcc", "-Wl,--no-undefined",
+              "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN"]  # RUNPATH $ORIGIN: finds the libgomp.so.1 beside it
+# GNU OpenMP's runtime, the one library the kernels need beyond glibc, is copied beside the library (a
+# wheel then runs where libgomp is not installed) under its own name: torch's wheel ships its copy the
+# same way, and the dynamic loader loads one library per name, so a process with both shares one runtime
+# (the plugin's OMP_WAIT_POLICY default relies on that; auditwheel's renamed copy would be a second one).
+OPENMP_RUNTIME = "libgomp.so.1"
 # Export llaisys_cpu_* only: static libstdc++ and the std:: templates our code instantiates stay local.
 VERSION_SCRIPT = f"{{ global: {PREFIX}_*; local: *; }};\n"
 
@@ -171,9 +178,21 @@ def compile_library(out_dir: Path, build_dir: Path) -> Path:
            "-o", str(library)]
     say(f"linking {library.name}")
     subprocess.run(cmd, check=True)
+    bundle_openmp_runtime(cxx, out_dir)
     if stale:
         say(f"built {library.name} in {time.monotonic() - start:.0f} s")
     return library
+
+
+def bundle_openmp_runtime(cxx: list[str], out_dir: Path) -> None:
+    """Copy the compiler's OPENMP_RUNTIME (the one the library was linked against) into ``out_dir``."""
+    found = subprocess.run([*cxx, f"-print-file-name={OPENMP_RUNTIME}"], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    if not Path(found).is_absolute() or not Path(found).is_file():
+        raise RuntimeError(f"{shlex.join(cxx)} does not know where its {OPENMP_RUNTIME} is (it said {found!r})")
+    staged = out_dir / f".{OPENMP_RUNTIME}.tmp"  # replaced, not rewritten: a running process may map the old one
+    shutil.copyfile(Path(found).resolve(), staged)
+    os.replace(staged, out_dir / OPENMP_RUNTIME)
 
 
 class BuildWithLibrary(build_py):

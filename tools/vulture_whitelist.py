@@ -9,7 +9,7 @@ noxfile.py instead. Add a name here only with the reason; delete dead code inste
 import uvicorn
 
 from llaisys import abi, backend, dlpack, tensor
-from llaisys_models import causal_lm, cli, config, decode_graph, generation, parity
+from llaisys_models import causal_lm, cli, config, decode_graph, generation, parity, text
 from llaisys_models.serve import background
 from llaisys_models.serve import cli as serve_cli
 
@@ -59,4 +59,6 @@ parity.ParityReport.llaisys_choices
 parity.ParityReport.ok
 causal_lm.CausalLM.clear_decode_graphs
 generation.GenerationMixin.generate_batch  # public API (README), used by the tests and benchmarks
+text.TextMixin.stream_chat  # public API (README): chat(stream=True) by name, used by the tests
+text.TextMixin.stream_complete
 background.BackgroundServer.base_url

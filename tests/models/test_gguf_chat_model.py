@@ -102,3 +102,11 @@ def test_bf16_answers(chat_model):
         gap = logits[expected[step]] - logits[got[step]]
         assert 0 <= gap <= 0.01 * abs(logits[expected[step]]), (
             f"bf16 left the f32 answer at step {step} where f32 prefers its token by {gap:.3f}: not a near-tie")
+
+
+def test_its_template_renders_no_tools(chat_model):
+    """SmolLM2's ChatML template has no tool section: the server refuses ``tools`` for it, saying so."""
+    from llaisys_models.serve.tool_calls import tool_support
+
+    fmt, why = tool_support(load_tokenizer(chat_model))
+    assert fmt is None and "does not render tools" in why

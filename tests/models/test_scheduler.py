@@ -176,3 +176,86 @@ def test_hf_numerics_never_chunk_preempt_or_reuse(tiny_models, device):
     assert run(scheduler, sequences) == alone
     assert scheduler.stats.preemptions == 0 and scheduler.stats.prompt_tokens_reused == 0
     assert sorted(n for n in reads if n > 1) == sorted(n for n in LENGTHS if n > 1), "a prompt was chunked"
+
+
+def test_forks_share_the_prompt_blocks_and_draw_as_they_would_alone(models):
+    """n choices of one prompt: the prompt is computed once, its full blocks held by every choice (the partly
+    filled one copied), and each choice's tokens are those of its seed alone."""
+    model = models["f32_gqa2_hd32"]
+    p = prompt("f32_gqa2_hd32", 40, SPECS["f32_gqa2_hd32"].vocab)  # 2 full blocks of 16 and 8 positions
+    seeds = [11, 12, 13, 14]
+    sampling = dict(top_k=0, top_p=0.9, temperature=1.0)
+    alone = [model.generate(p, NEW, seed=s, eos_token_ids=(), **sampling) for s in seeds]
+    pool = model.new_kv_pool(num_blocks=64, block_size=16, prefix_caching=False)  # sharing by the fork only
+    scheduler = Scheduler(model, pool, max_running=8, max_batch_tokens=16)
+    params = [SamplingParams(NEW, seed=s, eos_token_ids=frozenset(), **sampling) for s in seeds]
+    parent = scheduler.add(p, params[0])
+    forks = [scheduler.fork(parent, q) for q in params[1:]]
+    while parent.num_generated == 0:
+        scheduler.step()
+    assert all(f.num_generated == 1 for f in forks)  # their first tokens came from the parent's step
+    assert [pool.refcount(b) for b in parent.kv.blocks[:2]] == [4, 4]  # the full blocks: held by all four
+    assert len({f.kv.blocks[2] for f in forks} | {parent.kv.blocks[2]}) == 4  # the partial one: copied
+    assert pool.stats()["used"] == 2 + 4
+    assert scheduler.stats.prompt_tokens_computed == 40 and scheduler.stats.prompt_tokens_forked == 3 * 40
+    assert run(scheduler, [parent, *forks]) == alone
+    assert len(set(map(tuple, alone))) == 4  # the seeds differ, so do the choices
+    assert pool.check()["used"] == 0
+
+
+def test_forks_without_room_or_without_their_parent_still_complete(models):
+    model = models["f32_gqa2_hd32"]
+    p = prompt("f32_gqa2_hd32", 21, SPECS["f32_gqa2_hd32"].vocab)
+    alone = [model.generate(p, 8, seed=s, top_k=0, eos_token_ids=()) for s in (1, 2, 3)]
+    params = [SamplingParams(8, top_k=0, seed=s, eos_token_ids=frozenset()) for s in (1, 2, 3)]
+    # max_running 2: the second fork cannot start with its parent and queues as a sequence of its own
+    scheduler = Scheduler(model, model.new_kv_pool(num_blocks=16, block_size=16), max_running=2)
+    parent = scheduler.add(p, params[0])
+    forks = [scheduler.fork(parent, q) for q in params[1:]]
+    assert run(scheduler, [parent, *forks]) == alone
+    # a parent cancelled before its prompt is read: its forks go on alone
+    parent = scheduler.add(p, params[0])
+    forks = [scheduler.fork(parent, q) for q in params[1:]]
+    scheduler.finish(parent, "cancelled")
+    assert run(scheduler, forks) == alone[1:]
+    # a fork of a finished sequence is an ordinary sequence of its prompt
+    assert run(scheduler, [scheduler.fork(parent, params[2])]) == alone[2:]
+
+
+def test_forks_under_a_tiny_kv_budget_are_preempted_and_recomputed_unseen(models):
+    model = models["f32_gqa2_hd32"]
+    vocab = SPECS["f32_gqa2_hd32"].vocab
+    ps = [prompt("f32_gqa2_hd32", 37, vocab)]
+    sampling = dict(top_k=0, top_p=1.0, temperature=1.0)
+    alone = [[model.generate(p, NEW, seed=s, eos_token_ids=(), **sampling) for s in (21, 22, 23)] for p in ps]
+    # 7 blocks: the prompt's 3, a copy of its last for each fork; at position 48 the three need 3 more, 2 are free
+    pool = model.new_kv_pool(num_blocks=7, block_size=16)
+    scheduler = Scheduler(model, pool, max_running=6, max_batch_tokens=32)
+    groups = []
+    for p in ps:
+        parent = scheduler.add(p, SamplingParams(NEW, seed=21, eos_token_ids=frozenset(), **sampling))
+        groups.append([parent] + [scheduler.fork(parent, SamplingParams(NEW, seed=s, eos_token_ids=frozenset(),
+                                                                         **sampling)) for s in (22, 23)])
+    run(scheduler, [s for g in groups for s in g])
+    assert [[s.tokens for s in g] for g in groups] == alone
+    assert scheduler.stats.prompt_tokens_forked == 2 * 37 and scheduler.stats.preemptions > 0
+    assert pool.check()["used"] == 0
+
+
+def test_forks_under_hf_numerics_hold_their_whole_length(tiny_models, device):
+    """numerics="hf": a fork's KV is its parent's prompt, computed in one piece as it would be alone; each fork
+    reserves its whole length when it starts, and the tokens equal the solo runs."""
+    name = "bf16_mha_hd64"
+    model = llaisys_models.load(tiny_models.path(name), device=device, numerics="hf")
+    p = prompt(name, 29, SPECS[name].vocab)
+    sampling = dict(top_k=0, top_p=0.9, temperature=1.0)
+    alone = [model.generate(p, NEW, seed=s, eos_token_ids=(), **sampling) for s in (4, 5)]
+    pool = model.new_kv_pool(num_blocks=16, block_size=16)
+    scheduler = Scheduler(model, pool, max_running=4, max_batch_tokens=16)
+    parent = scheduler.add(p, SamplingParams(NEW, seed=4, eos_token_ids=frozenset(), **sampling))
+    fork = scheduler.fork(parent, SamplingParams(NEW, seed=5, eos_token_ids=frozenset(), **sampling))
+    while parent.num_generated == 0:
+        scheduler.step()
+    assert len(fork.kv.blocks) == -(-(29 + NEW) // 16)  # reserved at once, as admission does under hf
+    assert run(scheduler, [parent, fork]) == alone
+    assert scheduler.stats.prompt_tokens_forked == 29

@@ -135,3 +135,21 @@ def test_seeded_sampling_repeats_and_matches_generate(client, chat_reference, to
     assert first == again
     assert first == generate_text(chat_reference, tokenizer, ids, 24, top_k=20, **sampling)
     assert other != first
+
+
+def test_model_may_be_left_out_and_seeds_span_signed_64_bits(chat_server, chat_reference, tokenizer):
+    from serve_helpers import http_request
+
+    ids = chat_ids(tokenizer, user("No model named"))
+    want = generate_text(chat_reference, tokenizer, ids, 6)
+    for path, body in (("/v1/chat/completions", {"messages": user("No model named")}),
+                       ("/v1/completions", {"prompt": ids})):
+        r = http_request(chat_server.base_url, "POST", path, {**body, "max_tokens": 6, "temperature": 0})
+        assert r.status == 200 and r.json()["model"] == CHAT_MODEL, r.text
+        choice = r.json()["choices"][0]
+        assert choice.get("text", choice.get("message", {}).get("content")) == want
+    for seed in (-(1 << 63), (1 << 63) - 1):  # the sampler takes them modulo 2**64, as generate does
+        r = http_request(chat_server.base_url, "POST", "/v1/completions",
+                         {"prompt": ids, "max_tokens": 6, "seed": seed, "top_k": 0})
+        assert r.json()["choices"][0]["text"] == generate_text(chat_reference, tokenizer, ids, 6, top_k=0,
+                                                               seed=seed % (1 << 64))

@@ -375,6 +375,19 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument("paged_attention: block_tables entry " + std::to_string(record.b) + " = " +
                                   std::to_string(record.a) + " is not a block in [0, " + std::to_string(record.c) +
                                   ")");
+        case kPenaltyIdOutOfRange:
+            throw InvalidArgument("penalize_logits: ids[" + std::to_string(record.b) + "] = " +
+                                  std::to_string(record.a) + " is not a token id in [0, " + std::to_string(record.c) +
+                                  ") (nothing was written)");
+        case kPenaltyIdsNotIncreasing:
+            throw InvalidArgument("penalize_logits: ids[" + std::to_string(record.b) + "] = " +
+                                  std::to_string(record.a) + " is not above ids[" + std::to_string(record.b - 1) +
+                                  "] = " + std::to_string(record.c) +
+                                  ": ids must be strictly increasing, each id once (nothing was written)");
+        case kPenaltyNegativeCount:
+            throw InvalidArgument("penalize_logits: counts[" + std::to_string(record.b) + "] = (" +
+                                  std::to_string(record.a) + ", " + std::to_string(record.c) +
+                                  ") is negative (nothing was written)");
         default:
             throw InvalidArgument("a kernel reported error code " + std::to_string(record.code));
     }

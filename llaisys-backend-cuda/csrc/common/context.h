@@ -27,7 +27,10 @@ enum KernelErrorCode : int {
     kPagedQueryStart = 5,      // a = value, b = index, c = T
     kPagedSeqLen = 6,          // a = seq_lens[s], b = s, c = max_blocks * block_size
     kPagedBlockId = 7,         // a = block id, b = index in block_tables (s * max_blocks + j), c = num_blocks
-    kMoeExpertOutOfRange = 8,  // a = expert id, b = row, c = slot
+    kPenaltyIdOutOfRange = 8,      // a = id, b = position, c = vocab
+    kPenaltyIdsNotIncreasing = 9,  // a = id, b = position, c = the id before it
+    kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
+    kMoeExpertOutOfRange = 11,  // a = expert id, b = row, c = slot
 };
 
 struct KernelErrorRecord {

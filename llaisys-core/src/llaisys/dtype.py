@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
+import functools
 
-import ml_dtypes
 import numpy as np
 
 from .abi import DTypeCode
@@ -12,10 +12,11 @@ from .errors import LlaisysValueError
 
 
 class DType(enum.Enum):
-    # value = (code passed to kernels, itemsize, numpy dtype, DLPack (code, bits))
+    # value = (code passed to kernels, itemsize, numpy dtype, DLPack (code, bits)); bfloat16's numpy dtype
+    # is ml_dtypes', imported on first use (its extension takes ~1 s to import, and only host arrays need it)
     float32 = (DTypeCode.F32, 4, np.dtype(np.float32), (2, 32))
     float16 = (DTypeCode.F16, 2, np.dtype(np.float16), (2, 16))
-    bfloat16 = (DTypeCode.BF16, 2, np.dtype(ml_dtypes.bfloat16), (4, 16))
+    bfloat16 = (DTypeCode.BF16, 2, None, (4, 16))
     float64 = (DTypeCode.F64, 8, np.dtype(np.float64), (2, 64))
     int8 = (DTypeCode.I8, 1, np.dtype(np.int8), (0, 8))
     int32 = (DTypeCode.I32, 4, np.dtype(np.int32), (0, 32))
@@ -37,7 +38,8 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        return self.value[2]
+        dtype = self.value[2]
+        return _bfloat16_numpy() if dtype is None else dtype
 
     @property
     def dlpack(self) -> tuple[int, int]:
@@ -63,7 +65,14 @@ int64 = DType.int64
 uint8 = DType.uint8
 bool_ = DType.bool_
 
-_BY_NUMPY = {d.numpy: d for d in DType}
+@functools.cache
+def _bfloat16_numpy() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_BY_NUMPY = {d.value[2]: d for d in DType if d.value[2] is not None}
 _BY_DLPACK = {d.dlpack: d for d in DType}
 _BY_NAME = {d.name: d for d in DType} | {"bool": DType.bool_, "bf16": DType.bfloat16,
                                           "f32": DType.float32, "f16": DType.float16,
@@ -79,9 +88,15 @@ def as_dtype(value) -> DType:
             return _BY_NAME[value]
         raise LlaisysValueError(f"unknown dtype name {value!r}; known: {sorted(_BY_NAME)}")
     try:
-        return _BY_NUMPY[np.dtype(value)]
-    except (KeyError, TypeError):
+        dtype = np.dtype(value)
+    except TypeError:
         raise LlaisysValueError(f"unsupported dtype {value!r}") from None
+    if dtype in _BY_NUMPY:
+        return _BY_NUMPY[dtype]
+    # a numpy bfloat16 exists only once ml_dtypes (or a library built on it) is imported: no import here
+    if dtype.name == "bfloat16" and dtype == DType.bfloat16.numpy:
+        return DType.bfloat16
+    raise LlaisysValueError(f"unsupported dtype {value!r}")
 
 
 def from_dlpack_code(code: int, bits: int, lanes: int) -> DType:

@@ -17,12 +17,14 @@ import llaisys
 from llaisys.dtype import as_dtype
 
 from . import quantize as quantization
+from . import rope_scaling
 from .config import ModelConfig
 from .decode_graph import DecodeGraphs
 from .generation import GenerationMixin
 from .kv_cache import KVPool, KVShape
 from .numerics import resolve as resolve_numerics
 from .step_inputs import Batch, StepInputs, step_inputs
+from .text import TextMixin
 from .weights import Weights
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
@@ -40,7 +42,7 @@ class Workspace:
             setattr(self, name, t)
 
 
-class CausalLM(GenerationMixin):
+class CausalLM(GenerationMixin, TextMixin):
     """A decoder-only language model on one llaisys device.
 
     ``Family(path, device=None, dtype=None)`` loads a HuggingFace directory (``llaisys_models.load`` picks
@@ -51,6 +53,7 @@ class CausalLM(GenerationMixin):
 
     ``generate`` / ``stream_generate`` run one sequence at a time (calls from several threads take turns);
     ``generate_batch`` runs several together. To serve many users at once, use ``llaisys serve``'s engine.
+    ``chat`` / ``complete`` take and return text (text.py), through ``tokenizer`` (loaded on first use).
     """
 
     def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
@@ -81,6 +84,14 @@ class CausalLM(GenerationMixin):
         self._workspace_base: Workspace | None = None
         self._workspaces: dict[int, Workspace] = {}
         self._decode_graphs = DecodeGraphs(self)
+        self.set_rope()
+
+    def set_rope(self) -> None:
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale."""
+        c = self.config
+        inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                       c.max_position_embeddings)
+        self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
 
     def __repr__(self) -> str:
         c = self.config

@@ -19,9 +19,12 @@ import time
 from pathlib import Path
 
 from . import numerics, quantize
+from .speculative import flags as speculative_flags
+from .text import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
 
 DEFAULT_PROMPT = "12+34="
-DEFAULT_NEW_TOKENS = 128  # generate's reply budget, shrunk to what the model's context leaves
+MODEL_HELP = ("HuggingFace model directory, GGUF file or Hugging Face Hub id (org/name[@revision][:gguf-tag-or-file], "
+              "from the local Hub cache, else downloaded) (default: the demo model shipped with llaisys-models)")
 
 
 def _count(text: str) -> int:
@@ -35,9 +38,8 @@ def _count(text: str) -> int:
 
 
 def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> None:
-    parser.add_argument("--model", type=Path, default=None, metavar="PATH",
-                        help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
-                             "llaisys-models)")
+    parser.add_argument("--model", type=Path, default=None, metavar="PATH|ID",
+                        help=MODEL_HELP)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
                         help="compute dtype (default: the dtype the weights are stored in)")
@@ -77,6 +79,16 @@ def register_generate(subparsers) -> None:
                         "--temperature or --top-p asks for sampling)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (default: 1.0)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, 0 to 2**64-1 (default: random)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="HF transformers' repetition penalty on every token of the prompt and the reply: a "
+                        "logit divided by R where positive, multiplied where negative; > 0 (default: 1.0 = off; "
+                        "1.1 to 1.3 is usual)")
+    p.add_argument("--frequency-penalty", type=float, default=None, metavar="F",
+                   help="OpenAI's: each logit lowered by F times its token's count in the reply, -2 to 2 "
+                        "(default: 0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=None, metavar="P",
+                   help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
+    speculative_flags.add_arguments(p, "(greedy and seeded replies are the same as without it)")
     p.set_defaults(func=_command(run_generate))
 
 
@@ -102,7 +114,9 @@ def model_dir(args) -> Path:
     from .errors import ModelLoadError
 
     if args.model is not None:
-        return args.model
+        from .hub import resolve
+
+        return resolve(args.model)  # a Hub id: its copy in the Hub cache
     if not (DEMO_MODEL_DIR / "config.json").is_file():
         raise ModelLoadError(f"no --model given and the demo model is missing from this installation "
                              f"({DEMO_MODEL_DIR} has no config.json); pass --model DIR")
@@ -136,18 +150,20 @@ def _quiet_transformers() -> None:
 def _sampling(args) -> dict:
     from llaisys import LlaisysValueError
 
+    from .penalties import PENALTY_FLAGS
     from .sampling import check_sampling
+    from .text import sampling_args
 
-    sampling = args.temperature not in (None, 0.0) or args.top_p not in (None, 1.0)
-    top_k = args.top_k if args.top_k is not None else (0 if sampling else 1)
-    chosen = dict(top_k=top_k, top_p=1.0 if args.top_p is None else args.top_p,
-                  temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed)
+    chosen = sampling_args(args.top_k, args.top_p, args.temperature, args.seed)
+    penalties = {name: getattr(args, name) for name in PENALTY_FLAGS if getattr(args, name) is not None}
     try:  # before the model loads: a bad flag fails at once, not after the prefill
         check_sampling(**chosen)
+        for name, value in penalties.items():
+            PENALTY_FLAGS[name](value)
     except LlaisysValueError as e:  # "top_k must be ..." -> "--top-k must be ..."
         name, _, rest = str(e).partition(" ")
         raise LlaisysValueError(f"--{name.replace('_', '-')} {rest}") from None
-    return chosen
+    return {**chosen, **penalties}
 
 
 def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Event | None = None) -> list[int]:
@@ -167,30 +183,15 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
     print(f"{s.new_tokens} new tokens | prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
-          f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s", file=sys.stderr)
+          f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s"
+          + (f" | drafted {s.draft_tokens}, kept {s.accepted_tokens}" if s.draft_tokens else ""), file=sys.stderr)
     return decoder.tokens
-
-
-def _new_tokens(requested: int | None, prompt_tokens: int, context: int) -> int:
-    """generate's budget: the default shrinks to fit the context; an explicit count must fit."""
-    from llaisys import LlaisysValueError
-
-    room = context - prompt_tokens
-    if room < 1 and requested != 0:
-        raise LlaisysValueError(f"the prompt is {prompt_tokens} tokens, which leaves no room for new tokens in the "
-                                f"model's context of {context} positions; shorten it")
-    if requested is None:
-        return min(DEFAULT_NEW_TOKENS, room)
-    if requested > room:
-        raise LlaisysValueError(f"the prompt ({prompt_tokens} tokens) and --max-new-tokens {requested} need "
-                                f"{prompt_tokens + requested} positions, more than the model's context of "
-                                f"{context}; at most {room} new tokens fit")
-    return requested
 
 
 def run_generate(args) -> int:
     from llaisys import LlaisysValueError
 
+    from .text import reply_budget
     from .tokenizer import check_text, encode
 
     if args.chat and args.max_new_tokens == 0:
@@ -199,11 +200,15 @@ def run_generate(args) -> int:
     if not args.chat:
         check_text(prompt, "--prompt")
     sampling = _sampling(args)
+    speculative_flags.check_arguments(args)
     model, tokenizer, _ = _load(args)
+    speculation, _ = speculative_flags.from_arguments(args, model)
+    if speculation is not None:
+        sampling["speculative"] = speculation
     if args.chat:
         return _chat(model, tokenizer, args, sampling)
     ids = encode(tokenizer, prompt, chat=not args.raw)
-    max_new_tokens = _new_tokens(args.max_new_tokens, len(ids), model.context_length)
+    max_new_tokens = reply_budget(args.max_new_tokens, len(ids), model.context_length, "--max-new-tokens")
     if max_new_tokens == 0:
         print(f"--max-new-tokens 0: nothing to generate (the prompt is {len(ids)} tokens)", file=sys.stderr)
         return 0
@@ -216,6 +221,9 @@ def _chat(model, tokenizer, args, sampling) -> int:
 
     from .chat import ChatHistory
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise LlaisysValueError(f"--chat needs a chat template, and the tokenizer of {model.path.name} has none; "
+                                f"use --prompt TEXT --raw to continue a plain text")
     if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach check_text (one message), not input()
         sys.stdin.reconfigure(errors="surrogateescape")
     budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import llaisys
 
 from .errors import ModelBusyError
+from .penalties import check_frequency_penalty, check_logit_bias, check_presence_penalty, check_repetition_penalty
 from .sampling import SamplingParams, check_max_new_tokens, check_sampling
 from .scheduler import Scheduler, Sequence
 from .speculative import resolve as resolve_speculation
@@ -32,6 +33,8 @@ class GenerationStats:
     prefill_seconds: float = 0.0  # prefill forwards + choosing the first new token
     new_tokens: int = 0
     decode_seconds: float = 0.0  # the decode steps: one forward + choice per token after the first
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and how many of them the model kept
+    accepted_tokens: int = 0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -60,6 +63,7 @@ def run(scheduler: Scheduler, seq: Sequence, stats: GenerationStats) -> Iterator
             else:
                 stats.decode_seconds += elapsed
     finally:
+        stats.draft_tokens, stats.accepted_tokens = seq.draft_tokens, seq.accepted_tokens
         scheduler.finish(seq)  # a no-op once finished; frees the blocks of a stream closed early
 
 
@@ -113,7 +117,7 @@ class GenerationMixin:
 
     def generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                  temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None, speculative=None,
-                 num_speculative_tokens: int | None = None) -> list[int]:
+                 num_speculative_tokens: int | None = None, **penalties) -> list[int]:
         """Prompt + new tokens; stops right after an EOS token (which is included).
 
         top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early. A prompt that starts
@@ -121,39 +125,46 @@ class GenerationMixin:
         ``speculative``: "ngram" (prompt lookup), a draft model (a loaded model of the same tokenizer) or a
         ``speculative.Drafter`` drafts up to ``num_speculative_tokens`` (default 4) tokens a step, verified
         in one forward: greedy tokens are the same as without, sampled ones have the same distribution.
+        Repetition control, applied to the logits before each choice (penalties.py): ``repetition_penalty``
+        (HF transformers': > 0, 1 = off, over the prompt and the new tokens), ``frequency_penalty`` and
+        ``presence_penalty`` (OpenAI's: in [-2, 2], 0 = off, over the new tokens), ``logit_bias`` ({token id:
+        bias in [-100, 100]}: -100 bans a token, +100 forces it).
         """
         ids = self.check_input_ids(input_ids)
         return ids + list(self.stream_generate(ids, max_new_tokens, top_k, top_p, temperature, seed,
                                                eos_token_ids=eos_token_ids, speculative=speculative,
-                                               num_speculative_tokens=num_speculative_tokens))
+                                               num_speculative_tokens=num_speculative_tokens, **penalties))
 
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                         temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
-                        speculative=None, num_speculative_tokens: int | None = None) -> Iterator[int]:
+                        speculative=None, num_speculative_tokens: int | None = None,
+                        **penalties) -> Iterator[int]:
         """Yield each new token as soon as it is chosen (the EOS token included; a verify step of speculative
-        decoding yields several at once). Arguments are checked here, before the first token is asked for."""
+        decoding yields several at once). Arguments are checked here, before the first token is asked for;
+        ``penalties``: as ``generate``."""
         ids = self.check_input_ids(input_ids)
         params = self._params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids,
-                              resolve_speculation(speculative, num_speculative_tokens, self))
+                              resolve_speculation(speculative, num_speculative_tokens, self), **penalties)
         self.check_length(len(ids) + params.max_tokens)
         return self.generator.stream(ids, params)
 
     def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                        temperature: float = 1.0, seed=None, *, eos_token_ids=None, kv_memory: int | None = None,
                        max_running: int | None = None, max_batch_tokens: int = 128, speculative=None,
-                       num_speculative_tokens: int | None = None) -> list[list[int]]:
+                       num_speculative_tokens: int | None = None, **penalties) -> list[list[int]]:
         """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
         them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed``: None (a random
         seed per prompt), one int for every prompt, or one per prompt. ``kv_memory``: the KV pool's bytes
         (None: room for every sequence at full length; less makes the scheduler preempt and recompute, with
-        the same results). ``speculative``, ``num_speculative_tokens``: as ``generate``, for every prompt."""
+        the same results). ``speculative``, ``num_speculative_tokens`` and the penalties (``repetition_penalty``,
+        ``frequency_penalty``, ``presence_penalty``, ``logit_bias``): as ``generate``, for every prompt."""
         prompts = [self.check_input_ids(p) for p in prompts]
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise llaisys.LlaisysValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         speculation = resolve_speculation(speculative, num_speculative_tokens, self)
-        params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids, speculation)
-                  for s in seeds]
+        params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids, speculation,
+                               **penalties) for s in seeds]
         if not prompts or max_new_tokens == 0:
             return [list(p) for p in prompts]
         if kv_memory is None:
@@ -170,10 +181,15 @@ class GenerationMixin:
             self.release_kv_pool(pool)
         return [seq.tokens for seq in sequences]
 
-    @staticmethod
-    def _params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None) -> SamplingParams:
+    def _params(self, max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None, *,
+                repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                logit_bias=None) -> SamplingParams:
         check_max_new_tokens(max_new_tokens)
         check_sampling(top_k, top_p, temperature, seed)
         eos = None if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         return SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(min(top_k, 1 << 62)),
-                              None if seed is None else int(seed), eos_token_ids=eos, speculation=speculation)
+                              None if seed is None else int(seed), eos_token_ids=eos, speculation=speculation,
+                              repetition_penalty=check_repetition_penalty(repetition_penalty),
+                              frequency_penalty=check_frequency_penalty(frequency_penalty),
+                              presence_penalty=check_presence_penalty(presence_penalty),
+                              logit_bias=check_logit_bias(logit_bias, self.config.vocab_size))

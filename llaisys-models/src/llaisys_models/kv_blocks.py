@@ -4,6 +4,7 @@
     seq = blocks.sequence(scope)          # an empty block table (scope: whose prefix cache it may use)
     seq.adopt_prefix(prompt, limit)       # reuse cached blocks that hold the prompt's start
     seq.reserve(n)                        # blocks for n positions (False: the pool is out)
+    child = seq.fork(n)                   # a second sequence sharing the first n positions' blocks
     ... a forward writes positions len(seq) .. n-1 ... seq.commit(new tokens)
     seq.release()                         # blocks back; cached ones stay findable
 
@@ -18,6 +19,8 @@ the same blocks (reference counted). When a sequence ends, its last, partly fill
 child of its parent), so a follow-up turn or an edited message reuses every token before the first
 difference: the best-matching child block is copied into a new block of the sequence (copy on write) and
 only the rest is computed. A block is written only by the sequence that owns it alone and has not indexed it.
+Forking (n choices of one prompt) shares a sequence's full blocks with the new one and copies its partly
+filled last block, so each writes its continuation into blocks of its own.
 
 Freeing. A block whose count drops to 0 goes back to the free list, or — if indexed — to the cached list
 (least recently released first), whose blocks are reused only when the free list is empty; taking one
@@ -254,6 +257,26 @@ class SequenceKV:
                 self.tokens.extend(tokens[len(self.tokens):len(self.tokens) + n])
             m.decref(source)
         return len(self.tokens)
+
+    def fork(self, length: int) -> SequenceKV | None:
+        """A new sequence of this scope holding this one's first ``length`` positions: their full blocks shared
+        (reference counted), a partly filled last block copied (copy on write, so both may go on writing).
+        None, taking nothing, when no block is free for the copy."""
+        if not 0 < length <= len(self.tokens):
+            raise ValueError(f"cannot fork {length} positions of a sequence of {len(self.tokens)}")
+        m, bs = self.manager, self.manager.block_size
+        child = SequenceKV(m, self.scope)
+        full = length // bs
+        if length % bs:
+            copy = m.allocate()
+            if copy is None:
+                return None
+            m.copy_block(copy, self.blocks[full])
+        for block in self.blocks[:full]:
+            m.incref(block)
+        child.blocks = self.blocks[:full] + ([copy] if length % bs else [])
+        child.tokens = self.tokens[:length]
+        return child
 
     def commit(self, new_tokens: list[int]) -> None:
         """Record that the keys/values of ``new_tokens`` were written after the stored ones. Blocks that

@@ -30,10 +30,12 @@ KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_a
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
          numerics: str | None = None, quantize: str | None = None):
-    """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
-    its config names (registry.py). See ``llaisys_models.load`` for the options."""
+    """The model in the HuggingFace directory (or GGUF file, or Hub id: hub.py) ``path``, its class picked by
+    the architecture its config names (registry.py). See ``llaisys_models.load`` for the options."""
+    from .hub import resolve
     from .registry import MODEL_CLASSES
 
+    path = resolve(path)  # a Hub id ("org/name") -> its copy in the Hub cache (downloaded when missing)
     if is_gguf(path):
         from . import gguf
 
@@ -47,10 +49,11 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
 def read_directory(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
                    quantize: str | None = None) -> dict:
     """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``."""
+    from .hub import resolve
     from .registry import MODEL_CLASSES
 
     quantize = quantization.resolve(quantize)
-    path = model_directory(path)
+    path = model_directory(resolve(path))
     config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
     device = pick_device(device, quantize)
     if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)

@@ -30,7 +30,6 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 import llaisys
@@ -43,8 +42,6 @@ GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
 KERNELS = {"int8": ("linear_i8",)}  # the ops a quantized model needs beyond the float model's
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def resolve(quantize: str | None) -> str | None:
@@ -96,7 +93,7 @@ def bf16_round_up(x: np.ndarray) -> np.ndarray:
     """The smallest bfloat16 >= x for each finite float32 x >= 0 (a bfloat16 is a float32 whose low 16
     bits are 0: carry anything below them into the upper half)."""
     bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((bits + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32).astype(BF16)
+    return ((bits + np.uint32(0xFFFF)) & np.uint32(0xFFFF0000)).view(np.float32).astype(llaisys.bfloat16.numpy)
 
 
 def quantize_rows(rows: np.ndarray, work: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +143,7 @@ def groups_of(k: int) -> int:
 def quantize(w: np.ndarray, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
     """(q int8 [N, K], scales bfloat16 [N, G]) of the float matrix ``w`` [N, K] (not in blocks)."""
     n, k = w.shape
-    q, scales = np.empty((n, k), np.int8), np.empty((n, groups_of(k)), BF16)
+    q, scales = np.empty((n, k), np.int8), np.empty((n, groups_of(k)), llaisys.bfloat16.numpy)
     for start, end, q_rows, s_rows in quantized_chunks(lambda start, end: w[start:end], (n, k), name):
         q[start:end], scales[start:end] = q_rows[:, :k], s_rows
     return q, scales
@@ -165,8 +162,10 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
         scales = llaisys.empty(scales_shape, llaisys.bfloat16, device)
         w_bytes, s_bytes = bytes_of(weight), bytes_of(scales)
     else:
-        w_bytes, s_bytes = host_buffer(math.prod(weight_shape)), host_buffer(math.prod(scales_shape) * BF16.itemsize)
-    blocks, block_scales = w_bytes.view(np.int8).reshape(weight_shape), s_bytes.view(BF16).reshape(scales_shape)
+        w_bytes = host_buffer(math.prod(weight_shape))
+        s_bytes = host_buffer(math.prod(scales_shape) * llaisys.bfloat16.itemsize)
+    blocks = w_bytes.view(np.int8).reshape(weight_shape)
+    block_scales = s_bytes.view(llaisys.bfloat16.numpy).reshape(scales_shape)
     for start, end, q_rows, s_rows in quantized_chunks(read, shape, name):
         first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
         llaisys.ops.pack_int8(q_rows, s_rows, blocks[first:last], block_scales[first:last])

@@ -7,14 +7,17 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 from __future__ import annotations
 
 from .moe import Mixtral, Qwen3Moe
-from .qwen2 import Llama, Qwen2
+from .qwen2 import Llama, Phi3, Qwen2, Qwen3
 
-#  HF architecture        GGUF architecture  model class
+#  HF architecture          GGUF architecture  model class   (None: llama.cpp writes the family as another)
 FAMILIES = [
-    ("Qwen2ForCausalLM",  "qwen2",           Qwen2),
-    ("LlamaForCausalLM",  "llama",           Llama),
-    ("MixtralForCausalLM", None,             Mixtral),  # GGUF: arch llama with llama.expert_count (gguf/)
-    ("Qwen3MoeForCausalLM", None,            Qwen3Moe),  # GGUF qwen3moe: not yet
+    ("Qwen2ForCausalLM",    "qwen2",           Qwen2),
+    ("LlamaForCausalLM",    "llama",           Llama),
+    ("Qwen3ForCausalLM",    "qwen3",           Qwen3),
+    ("MistralForCausalLM",  None,              Llama),  # llama.cpp: "llama"
+    ("Phi3ForCausalLM",     "phi3",            Phi3),
+    ("MixtralForCausalLM",  None,              Mixtral),  # llama.cpp: "llama" with llama.expert_count (gguf/)
+    ("Qwen3MoeForCausalLM", None,              Qwen3Moe),  # GGUF qwen3moe: not yet
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}

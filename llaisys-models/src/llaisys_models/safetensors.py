@@ -117,6 +117,13 @@ class SafetensorsFile:
         if self._map is not None:
             return np.frombuffer(self._map, dtype=info.dtype.numpy, count=count, offset=info.offset).reshape(info.shape)
         data = np.empty(info.nbytes, dtype=np.uint8) if out is None else out.reshape(-1).view(np.uint8)
+        self.read_into(info, data)
+        return data.view(info.dtype.numpy).reshape(info.shape)
+
+    def read_into(self, info: TensorInfo, data: np.ndarray) -> None:
+        """Read the stored bytes of ``info`` from the file into ``data`` (a writable uint8 array of
+        exactly its bytes); needs no numpy dtype for the values (bf16's would import ml_dtypes)."""
+        info = self._known(info.name)
         with open_regular(self.path) as f:
             try:
                 f.seek(info.offset)
@@ -126,7 +133,6 @@ class SafetensorsFile:
         if got != info.nbytes:
             raise ModelLoadError(f"{self.path} changed while loading: tensor {info.name!r} is cut short "
                                  f"({got} of {info.nbytes} bytes)")
-        return data.view(info.dtype.numpy).reshape(info.shape)
 
     @property
     def mapping(self) -> mmap.mmap | None:

@@ -14,6 +14,8 @@ import numpy as np
 
 import llaisys
 
+from .penalties import PenaltyBuffers, TokenCounts
+
 MASK64 = (1 << 64) - 1
 
 
@@ -28,6 +30,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings (applied to the text by whoever detokenizes: serve)
     eos_token_ids: frozenset[int] | None = None  # None: the model's EOS tokens
     speculation: object = None  # a speculative.Speculation (drafter, K), or None: one token per step
+    # repetition control and bias (penalties.py), applied to the logits before the choice
+    repetition_penalty: float = 1.0  # HF's, over prompt + generated tokens; 1: off
+    frequency_penalty: float = 0.0  # OpenAI's, over the generated tokens; 0: off
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # sorted (token id, bias) pairs
 
     @property
     def greedy(self) -> bool:
@@ -48,10 +55,16 @@ class Sampler:
     def __init__(self, device: llaisys.Device, dtype: llaisys.DType):
         self._chosen = llaisys.empty((1,), llaisys.int64, device)
         self._value = llaisys.empty((1,), dtype, device)
+        self._penalties = PenaltyBuffers(device)
 
-    def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int) -> int:
+    def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int,
+               counts: TokenCounts | None = None) -> int:
         """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
-        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold)."""
+        vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold).
+        ``counts``: the sequence's tokens so far, for its penalties and logit_bias (applied to ``logits`` in
+        place first); None where its parameters have none."""
+        if counts is not None:
+            self._penalties.apply(logits, counts)
         if params.greedy:
             llaisys.ops.argmax(self._chosen, self._value, logits)
         else:

@@ -15,10 +15,17 @@ running sequence:
     forward   one ``model.forward_batch`` (logits only for the sequences that finished their pending tokens:
               the last row, or every verify row of a speculating sequence)
     sample    each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so its
-              tokens are the same whatever else shares the step; a speculating sequence keeps the drafts
-              its rows confirm plus one token (speculative/verify.py) and its KV cache is cut back past them
+              tokens are the same whatever else shares the step (penalties and logit_bias first, from the
+              counts of its tokens that ``Sequence.counts`` keeps as they are appended); a speculating
+              sequence keeps the drafts its rows confirm plus one token (speculative/verify.py) and its KV
+              cache is cut back past them
     stop      a sequence that drew one of its EOS tokens finishes with "stop", one that reached max_tokens
               with "length"; its blocks go back to the pool (cached for prompts that start the same way)
+
+Forks (``fork``: n choices of one prompt) wait for their parent's prompt to be read; in the step that reads its
+end, each fork takes the parent's KV blocks (``SequenceKV.fork``: full blocks shared, the last one copied) and
+draws its first token from the same logits row with its own seed, then decodes as a sequence of its own. A fork
+that finds no room then (blocks, ``max_running``) waits in the queue as an ordinary sequence of the same prompt.
 
 Stop strings are text, so whoever detokenizes applies them and calls ``finish``. Numerics that round
 differently when a sequence is computed in other pieces (``numerics="hf"``: a prefill chunk, a recomputed
@@ -37,6 +44,7 @@ import time
 
 import llaisys
 
+from .penalties import TokenCounts
 from .sampling import MASK64, Sampler, SamplingParams
 from .speculative.config import check_numerics, pause_after
 from .speculative.verify import Verifier
@@ -62,12 +70,15 @@ class Sequence:
         self.reused: int | None = None  # prompt tokens found in the cache at the first admission
         self.first_token_time: float | None = None
         self.preemptions = 0
+        self.counts = TokenCounts.of(prompt, params)  # its tokens for penalties / logit_bias, or None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
         self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
         self.draft_pause = 0
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
+        self.forks: list[Sequence] = []  # sequences of this prompt waiting to start from its KV blocks
+        self.parent: Sequence | None = None  # the sequence this one waits for, while it does
 
     @property
     def num_generated(self) -> int:
@@ -90,6 +101,7 @@ class SchedulerStats:
     recomputed_tokens: int = 0  # tokens computed again after a preemption
     prompt_tokens_computed: int = 0  # at first admission: prompt tokens not found in the cache
     prompt_tokens_reused: int = 0
+    prompt_tokens_forked: int = 0  # prompt tokens a fork took from its parent's KV blocks (computed once)
     draft_tokens: int = 0  # speculative decoding: tokens drafted and verified
     accepted_tokens: int = 0  # ... of which the model kept
 
@@ -132,14 +144,7 @@ class Scheduler:
         """Queue a sequence that will generate up to ``params.max_tokens`` tokens after ``prompt``."""
         if not prompt:
             raise llaisys.LlaisysValueError("a sequence needs at least one prompt token")
-        total = len(prompt) + params.max_tokens
-        if total > self.pool.capacity_tokens:
-            raise llaisys.LlaisysValueError(
-                f"prompt + max_tokens = {total} positions exceed the KV cache's {self.pool.capacity_tokens} "
-                f"({self.pool.num_blocks} blocks of {self.pool.block_size}); give the cache more memory")
-        self.model.check_length(total)
-        if params.speculation is not None:
-            check_numerics(self.model)
+        self._check_length(len(prompt), params)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
         seq = Sequence(prompt, params, eos, scope=scope, tag=tag, arrival_time=arrival_time)
         if params.max_tokens == 0:
@@ -148,11 +153,77 @@ class Scheduler:
             self.waiting.append(seq)
         return seq
 
+    def fork(self, parent: Sequence, params: SamplingParams, *, tag=None) -> Sequence:
+        """A new sequence continuing ``parent``'s prompt with its own ``params`` (e.g. another seed): it starts
+        from the parent's KV blocks when the parent's prompt has been read (or, if the parent has already
+        generated or finished, queues as a sequence of that prompt)."""
+        prompt = parent.tokens[:parent.prompt_len]
+        if parent.finished or parent.num_generated or params.max_tokens == 0:
+            return self.add(prompt, params, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time)
+        self._check_length(len(prompt), params)
+        eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
+        seq = Sequence(prompt, params, eos, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time)
+        seq.parent = parent
+        parent.forks.append(seq)
+        return seq
+
+    def _spawn(self, parent: Sequence) -> list[Sequence]:
+        """``parent``'s forks that start now from its KV blocks (its prompt was just read); the others are
+        queued as sequences of their own."""
+        started = []
+        whole = self.whole_sequences
+        for seq in parent.forks:
+            seq.parent = None
+            kv = None
+            if len(self.running) < self.max_running:
+                kv = parent.kv.fork(parent.prompt_len)
+            # room as admission asks: the whole length under whole-sequence numerics, a block of growth each
+            length = seq.prompt_len + seq.params.max_tokens if whole else seq.prompt_len
+            if kv is not None and (kv.blocks_for(length) + len(self.running) > self.pool.num_free
+                                   or not kv.reserve(length)):
+                kv.release()
+                kv = None
+            if kv is None:
+                self._queue(seq)
+                continue
+            seq.kv = kv
+            seq.reused = parent.reused
+            self.stats.prompt_tokens_forked += seq.prompt_len
+            self.running.append(seq)
+            started.append(seq)
+        parent.forks = []
+        self.running.sort(key=lambda s: s.id)
+        return started
+
+    def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
+        total = prompt_len + params.max_tokens
+        if total > self.pool.capacity_tokens:
+            raise llaisys.LlaisysValueError(
+                f"prompt + max_tokens = {total} positions exceed the KV cache's {self.pool.capacity_tokens} "
+                f"({self.pool.num_blocks} blocks of {self.pool.block_size}); give the cache more memory")
+        self.model.check_length(total)
+        if params.speculation is not None:
+            check_numerics(self.model)
+
+    def _queue(self, seq: Sequence) -> None:
+        """Wait in arrival order (a preempted sequence or a fork that could not start goes before newer ones)."""
+        position = 0
+        while position < len(self.waiting) and self.waiting[position].id < seq.id:
+            position += 1
+        self.waiting.insert(position, seq)
+
     def finish(self, seq: Sequence, reason: str = "cancelled") -> None:
         """``seq`` is done (its last token drawn, a stop string found, cancelled): its blocks go back to the
         pool, full and last blocks staying cached for later prompts that start the same way."""
         if seq.finish_reason is None:
             seq.finish_reason = reason
+        for fork in seq.forks:  # a parent gone before its prompt was read: its forks go on alone
+            fork.parent = None
+            self._queue(fork)
+        seq.forks = []
+        if seq.parent is not None:
+            seq.parent.forks.remove(seq)
+            seq.parent = None
         if seq.kv is not None:
             seq.kv.release()
             seq.kv = None
@@ -194,7 +265,11 @@ class Scheduler:
         for (seq, _, drafts), count in zip(plan, counts):
             if count:
                 mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated)
+                # forks draw their first token from the row after the prompt, before the parent extends
+                for fork in self._spawn(seq) if seq.forks else ():
+                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts)
+                    events.extend(self._extend(fork, first, []))
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts)
                 events.extend(self._extend(seq, new, drafts))
         return events
 
@@ -217,6 +292,8 @@ class Scheduler:
         events = []
         for token in new:
             seq.tokens.append(token)
+            if seq.counts is not None:
+                seq.counts.add(token)
             events.append((seq, token))
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
@@ -308,7 +385,4 @@ class Scheduler:
         self.running.remove(seq)
         seq.preemptions += 1
         self.stats.preemptions += 1
-        position = 0
-        while position < len(self.waiting) and self.waiting[position].id < seq.id:
-            position += 1
-        self.waiting.insert(position, seq)
+        self._queue(seq)

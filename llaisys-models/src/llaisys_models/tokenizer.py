@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from llaisys import LlaisysValueError
 
 from .errors import ModelLoadError
@@ -19,10 +17,12 @@ TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "sp
 
 
 def load_tokenizer(path):
-    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file)."""
+    """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file; a Hub id
+    names its copy in the Hub cache, see hub.py)."""
     from . import gguf
+    from .hub import resolve
 
-    path = Path(path)
+    path = resolve(path)
     if is_gguf(path):  # its tokenizer and chat template come from the file's metadata
         return gguf.load_tokenizer(path)
     present = [name for name in TOKENIZER_FILES if (path / name).exists()]
@@ -52,12 +52,13 @@ def check_text(text: str, what: str = "the prompt") -> None:
         raise LlaisysValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start}") from None
 
 
-def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None = None) -> list[int]:
+def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None = None,
+           tools: list[dict] | None = None) -> list[int]:
     """Token ids of a prompt: a list of chat messages, or a text wrapped as one user message when
     ``chat`` and the tokenizer has a chat template (else the bare text). A prompt that is not valid
     text, or that the tokenizer turns into no tokens at all, is a LlaisysValueError naming it; one of
     more than ``max_chars`` characters (once its chat template is applied) is a PromptTooLongError,
-    raised before the tokenizer reads it."""
+    raised before the tokenizer reads it. ``tools``: OpenAI function tools, for the chat template to render."""
     if isinstance(messages_or_text, str):
         text = messages_or_text
         check_text(text)
@@ -70,7 +71,8 @@ def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None
         for m in messages:
             check_text(str(m.get("content", "")), f"the {m.get('role', 'chat')} message")
         text = str(messages[-1].get("content", "")) if messages else ""
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    extra = {"tools": tools} if tools else {}
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     _check_length(rendered, max_chars)
     return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)
 

@@ -14,8 +14,12 @@ import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
 from ops.test_numerics_hf import hf_rope
+from ops.test_penalize_logits import entries
+from ops.test_penalize_logits import reference as penalty_reference
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
+
+import llaisys
 
 pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -199,7 +203,8 @@ def test_hf_numerics(dev, dtype):
 
     x, pos = randn((5, 3, 128), dtype, 23), torch.tensor([0, 7, 100000, 3, 65535], dtype=torch.int64)
     out = dev.empty((5, 3, 128), dtype)
-    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1e6, out, dev.upload(x), dev.upload(pos))
+    table = dev.upload(torch.from_numpy(llaisys.ops.rope_inv_freq(128, 1e6)))
+    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1.0, out, dev.upload(x), dev.upload(pos), table)
     assert torch.equal(dev.download(out), hf_rope(x, pos, 1e6))
 
     g, u = randn(4097, dtype, 24, 3.0), randn(4097, dtype, 25)
@@ -235,11 +240,27 @@ def test_rope(dev, dtype, seq, heads, d):
     pos = torch.tensor([0, 7, 100000, 3, 65535][:seq], dtype=torch.int64)
     out = dev.empty((seq, heads, d), dtype)
     dx = dev.upload(x)
-    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, out, dx, dev.upload(pos))
+    table = dev.upload(torch.from_numpy(llaisys.ops.rope_inv_freq(d, 1e6)))
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.0, out, dx, dev.upload(pos), table)
     want = rotate(x.double(), hf_angles(pos, d, 1e6))
     check(dev.download(out), want, dtype, 1e-4 if dtype == torch.float32 else None)
-    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, dx, dx, dev.upload(pos))  # in place
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.0, dx, dx, dev.upload(pos), table)  # in place
     check(dev.download(dx), want, dtype, 1e-4 if dtype == torch.float32 else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+def test_rope_scaled_table(dev, dtype):
+    """A rope-scaling table (any inverse frequencies) and YaRN's cos/sin scale."""
+    seq, heads, d = 4, 3, 34
+    g = torch.Generator().manual_seed(14)
+    inv = (torch.rand(d // 2, generator=g, dtype=torch.float64) * 2.0).float()
+    pos = torch.tensor([0, 9, 4097, 31000], dtype=torch.int64)
+    x = randn((seq, heads, d), dtype, 15)
+    out = dev.empty((seq, heads, d), dtype)
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.25, out, dev.upload(x), dev.upload(pos), dev.upload(inv))
+    angles = (pos.float()[:, None] * inv[None, :]).double()
+    want = rotate(x.double(), angles) * float(np.float32(1.25))
+    check(dev.download(out), want, dtype, 1e-4 if dtype == torch.float32 else None)
 
 
 # ---- self_attention -----------------------------------------------------------------------------------
@@ -511,3 +532,53 @@ def test_sample_bad_logits_are_reported(dev, values, message):
     with pytest.raises(SlotError) as info:
         dev.download(out)
     assert info.value.status == 1 and message in info.value.message
+
+
+# ---- penalize_logits -------------------------------------------------------------------------------------
+
+def penalize(dev, logits, dtype, ids, counts, bias, repetition, frequency, presence):
+    d_logits = dev.upload(logits.to(dtype))
+    d_bias = None if bias is None else dev.upload(torch.tensor(bias, dtype=torch.float32))
+    dev.op("penalize_logits", CODE[dtype], logits.numel(), len(ids), d_logits,
+           dev.upload(torch.tensor(ids, dtype=torch.int64)),
+           dev.upload(torch.tensor(counts, dtype=torch.int64).reshape(-1, 2)), d_bias, repetition, frequency, presence)
+    return dev.download(d_logits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("vocab,tokens", [(17, 9), (4097, 700)])  # 700 distinct-ish ids: several per thread
+def test_penalize_logits(dev, dtype, vocab, tokens):
+    g = torch.Generator().manual_seed(vocab)
+    logits = randn((vocab,), dtype, vocab, scale=4.0)
+    prompt = torch.randint(0, vocab, (tokens,), generator=g).tolist()
+    generated = torch.randint(0, vocab, (tokens // 2,), generator=g).tolist() + prompt[:2] * 3
+    ids, counts, bias = entries(prompt, generated, {1: -100.0, 5: 100.0, 6: 0.25})
+    got = penalize(dev, logits, dtype, ids, counts, bias, 1.3, 0.7, -0.4)
+    check(got, penalty_reference(logits.double(), ids, counts, bias, 1.3, 0.7, -0.4), dtype)
+    if dtype == torch.float32:  # the CPU kernel's f32 arithmetic, unfused: HF's processor bit for bit
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        ids, counts, _ = entries(prompt, generated)
+        want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + generated]), logits[None].clone())[0]
+        assert torch.equal(penalize(dev, logits, dtype, ids, counts, None, 1.3, 0.0, 0.0), want)
+
+
+def test_penalize_logits_with_nothing_listed(dev):
+    logits = randn((9,), torch.float32, 3)
+    assert torch.equal(penalize(dev, logits, torch.float32, [], [], None, 2.0, 1.0, 1.0), logits)
+
+
+@pytest.mark.parametrize("ids,counts,message", [
+    ([0, 9], [1, 0, 0, 1], "ids[1] = 9 is not a token id in [0, 5)"),
+    ([3, 3], [1, 0, 0, 1], "ids[1] = 3 is not above ids[0] = 3"),
+    ([1, 2], [1, 0, 0, -1], "counts[1] = (0, -1) is negative"),
+])
+def test_penalize_logits_bad_entries_write_nothing_and_are_reported(dev, ids, counts, message):
+    logits = torch.arange(5, dtype=torch.float32)
+    d_logits = dev.upload(logits)
+    dev.op("penalize_logits", 0, 5, 2, d_logits, dev.upload(torch.tensor(ids)), dev.upload(torch.tensor(counts)),
+           None, 2.0, 1.0, 1.0)
+    with pytest.raises(SlotError) as info:
+        dev.download(d_logits)
+    assert info.value.status == 1 and message in info.value.message, info.value.message
+    assert torch.equal(dev.download(d_logits), logits)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from ..abi import INT64_MAX, UINT64_MAX
+from ..dtype import float32, int64
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 
@@ -86,3 +89,70 @@ def _plan_sample(out_idx, logits):
     check.writable(op, "out_idx", out_idx)
     return remember(_sample, (out_idx._layout, logits._layout),
                     (*kernel_for(op, device), device, logits.dtype.code, logits.numel()))
+
+
+_penalize = new_plans()
+
+
+def penalize_logits(logits, ids, counts, bias=None, repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                    presence_penalty: float = 0.0) -> None:
+    """Adjust logits [vocab] in place at the token ids ``ids``: a logit bias, then the repetition, frequency
+    and presence penalties, the one path for both (a decode step calls it once per row, before choosing).
+
+    ids int64 [n]: token ids in strictly increasing order, each < vocab (n = 0: nothing to do);
+    counts int64 [n, 2]: (p, g) = (occurrences of ids[i] in the prompt, occurrences among the generated
+    tokens), both >= 0; bias float32 [n] or None. For each i, in f32 (the penalties rounded to f32), as HF
+    transformers computes on its float32 logits:
+
+        x = logits[ids[i]] + bias[i]
+        if p + g > 0: x = x * repetition_penalty if x < 0 else x / repetition_penalty   # HF, over prompt + generated
+        x = x - g * frequency_penalty - (g > 0) * presence_penalty                     # OpenAI, over the generated
+
+    and the result is rounded once to the logits' dtype. An entry (0, 0) gets its bias only, so the ids of a
+    ``logit_bias`` share the list with the sequence's tokens. repetition_penalty > 0 (1 = off), the others
+    finite (0 = off). An id out of range or not above the one before, or a negative count, is a
+    LlaisysValueError naming its position (the kernel reads them: an asynchronous device reports it at the
+    next synchronizing call), and nothing is written. logits shares no memory with ids, counts or bias.
+    """
+    op = "penalize_logits"
+    try:
+        kernel, fail, device, code, vocab, n = _penalize[logits._layout, ids._layout, counts._layout,
+                                                          None if bias is None else bias._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, vocab, n = _plan_penalize(logits, ids, counts, bias)
+    repetition = check.number(op, "repetition_penalty", repetition_penalty, low=0, low_open=True)
+    frequency = check.number(op, "frequency_penalty", frequency_penalty)
+    presence = check.number(op, "presence_penalty", presence_penalty)
+    for name, value in (("repetition_penalty", repetition), ("frequency_penalty", frequency),
+                        ("presence_penalty", presence)):
+        if not math.isfinite(value):
+            check.fail(op, f"{name} must be finite, got {value!r}")
+    l_ptr, l_end = logits._ptr, logits._end
+    for name, t in (("ids", ids), ("counts", counts), ("bias", bias)):
+        if t is not None and t._ptr < l_end and l_ptr < t._end:
+            check.overlap(op, "logits", name)
+    status = kernel(device.index, current_stream_handle(device), code, vocab, n, l_ptr, ids._ptr, counts._ptr,
+                    None if bias is None else bias._ptr, repetition, frequency, presence)
+    if status:
+        fail(status)
+
+
+def _plan_penalize(logits, ids, counts, bias):
+    op = "penalize_logits"
+    device = check.tensors(op, logits=logits, ids=ids, counts=counts, bias=bias)
+    check.ndim(op, "logits", logits, 1)
+    if logits.numel() == 0:
+        check.fail(op, "logits is empty")
+    check.dtype(op, "logits", logits, check.FLOATS)
+    check.ndim(op, "ids", ids, 1)
+    check.dtype(op, "ids", ids, (int64,))
+    n = ids.shape[0]
+    check.dtype(op, "counts", counts, (int64,))
+    check.shape(op, "counts", counts, (n, 2))
+    if bias is not None:
+        check.dtype(op, "bias", bias, (float32,))
+        check.shape(op, "bias", bias, (n,))
+    check.contiguous(op, logits=logits, ids=ids, counts=counts, bias=bias)
+    check.writable(op, "logits", logits)
+    key = (logits._layout, ids._layout, counts._layout, None if bias is None else bias._layout)
+    return remember(_penalize, key, (*kernel_for(op, device, n > 0), device, logits.dtype.code, logits.numel(), n))

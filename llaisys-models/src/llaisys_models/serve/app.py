@@ -7,8 +7,9 @@ worker threads), queue it with the engine and relay its events: a JSON body, or 
 Bound to a loopback address, the server answers only requests addressed to a loopback name (a web
 page on another site, its name rebound to 127.0.0.1 by DNS, gets 421), and every POST must be
 ``application/json`` (415), which a page on another origin cannot send without CORS, which stays
-closed. With API keys, each key is a tenant: its requests share cached prompt prefixes only with
-each other (``cache_scope``).
+closed but to the origins ``--cors-origin`` names (Starlette's CORSMiddleware: their preflights are answered,
+other origins get no Access-Control headers). With API keys, each key is a tenant: its requests share
+cached prompt prefixes only with each other (``cache_scope``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -39,9 +41,10 @@ from starlette.requests import ClientDisconnect
 from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
-from . import metrics, schemas
-from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished
+from . import metrics, responses, schemas
+from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
+from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
 
 log = logging.getLogger("llaisys.serve")
 
@@ -54,11 +57,12 @@ class Server:
 
     ``api_keys``: each key its own tenant (none: no key needed, one tenant). ``host`` and ``port``: the
     address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
-    on a loopback address, requests must name a loopback host and that port.
+    on a loopback address, requests must name a loopback host and that port. ``cors_origins``: origins
+    (``https://app.example``) whose pages may call the API from a browser.
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
-                 host: str | None = None, port: int | None = None):
+                 host: str | None = None, port: int | None = None, cors_origins=()):
         api_keys = tuple(api_keys)
         for key in api_keys:
             check_api_key(key)
@@ -74,6 +78,7 @@ class Server:
                                         model_name)
         self.max_body_bytes = max_body_bytes
         self.host, self.port = host, port
+        self.cors_origins = tuple(cors_origins)  # web origins whose pages may call the API (none: same origin only)
         self.created = int(time.time())
         config = engine.model.config
         self.vocab_size = config.vocab_size
@@ -81,6 +86,8 @@ class Server:
         # a prompt of more characters has more tokens than the context holds (see longest_token)
         self.longest_token = longest_token(tokenizer)
         self.max_prompt_chars = self.context * self.longest_token
+        # the format of the model's tool calls, from its chat template (None: requests with tools are refused, why)
+        self.tool_format, self.no_tools_why = tool_support(tokenizer)
 
     def tenant(self, authorization: str) -> str:
         """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
@@ -142,27 +149,34 @@ class Server:
 
     def check_model(self, body: dict) -> None:
         name = schemas.model_name(body)
-        if name != self.model_name:
+        if name is not None and name != self.model_name:
             raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
                            "model", "model_not_found")
 
-    async def tokenize(self, prompt, chat: bool) -> list[int]:
-        """Token ids of chat messages (through the chat template) or of a plain text. A text longer than
-        the context could hold is refused before any tokenizer reads it."""
+    def check_tools(self, tools: schemas.ToolRequest | None) -> None:
+        if tools is not None and self.tool_format is None:
+            raise invalid(f"'tools' cannot be used with this model: {self.no_tools_why}", "tools", "tools_unsupported")
+
+    async def tokenize(self, prompt, chat: bool, param: str | None = None,
+                       tools: schemas.ToolRequest | None = None) -> list[int]:
+        """Token ids of chat messages (through the chat template, with ``tools``) or of a plain text (``param``: the
+        request field that holds it, for errors). A text longer than the context could hold is refused before any
+        tokenizer reads it; an empty one is refused."""
+        param = param or ("messages" if chat else "prompt")
         if isinstance(prompt, list) and not chat:
             return prompt  # already token ids
         if chat and not getattr(self.tokenizer, "chat_template", None):
-            raise invalid("this model's tokenizer has no chat template; use /v1/completions", "messages",
+            raise invalid("this model's tokenizer has no chat template; use /v1/completions", param,
                           "no_chat_template")
 
-        param = "messages" if chat else "prompt"
         chars = len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+        tool_list = tools.tools if tools is not None else None
         if chars > self.max_prompt_chars:
             raise self._too_many_chars(param, chars)
 
         def run(tokenizer) -> list[int]:
             try:
-                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars)
+                return encode(tokenizer, prompt, chat=chat, max_chars=self.max_prompt_chars, tools=tool_list)
             except EmptyPromptError as e:  # says which text and which tokenizer
                 raise invalid(str(e), param, "empty_prompt") from None
             except PromptTooLongError as e:  # the messages in their chat template
@@ -174,7 +188,10 @@ class Server:
                     raise
                 raise invalid(f"the chat template cannot render these messages: {e}", "messages",
                               "template_error") from None
-        return await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+        ids = await self.tokenizers.run(run, long=chars > LONG_PROMPT_CHARS)
+        if not ids:
+            raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
+        return ids
 
     def _too_many_chars(self, param: str, chars: int, where: str = "") -> APIError:
         return invalid(f"'{param}': {chars} characters{where}, more than this model's maximum context length of "
@@ -183,14 +200,18 @@ class Server:
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params, cache_scope: str = "") -> AsyncStream:
-        """Queue a request; it shares cached prompt prefixes only with requests of the same ``cache_scope``."""
-        stream = AsyncStream(prompt, params, cache_scope=cache_scope)
+    def submit(self, jobs: list[tuple[list[int], object]], cache_scope: str = "", n: int = 1) -> AsyncStream:
+        """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
+        prefixes only with requests of the same ``cache_scope``. All are queued, or none."""
+        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n)
         try:
-            self.engine.submit(stream.request)
+            for request in stream.requests:
+                self.engine.submit(request)
         except EngineBusy as e:
+            stream.cancel()
             raise APIError(429, str(e), None, "queue_full") from None
         except EngineUnavailable as e:
+            stream.cancel()
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
 
@@ -272,23 +293,132 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     server.check_model(body)
     schemas.check_unsupported(body, chat)
     stream, include_usage = schemas.stream_flags(body)
+    tools = schemas.chat_tools(body) if chat else None
+    server.check_tools(tools)
     if chat:
-        prompt, param = schemas.chat_messages(body), "messages"
+        prompts, params_of = [schemas.chat_messages(body)], ["messages"]
     else:
-        prompt, param = schemas.completion_prompt(body, server.vocab_size, server.context), "prompt"
+        prompts = schemas.completion_prompts(body, server.vocab_size, server.context)
+        params_of = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
+    n = schemas.choices_n(body, len(prompts))
     scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
-    ids = await server.tokenize(prompt, chat)
-    if not ids:
-        raise invalid(f"the '{param}' is empty once tokenized", param, "empty_prompt")
-    params = schemas.speculation(body, schemas.sampling_params(body, len(ids), server.context, param), server.engine)
+    jobs = []
+    for prompt, param in zip(prompts, params_of):
+        ids = await server.tokenize(prompt, chat, param, tools)
+        params = schemas.sampling_params(body, len(ids), server.context, param)
+        params = schemas.penalties(body, params, server.vocab_size)
+        jobs.append((ids, schemas.speculation(body, params, server.engine)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(ids, params, cache_scope=scope)
+    events = server.submit(jobs, cache_scope=scope, n=n)
+    usage = UsageSum([len(ids) for ids, _ in jobs], n)
+    parsers = ToolParsers(server, tools, usage.choices)
     if stream:
-        return StreamingResponse(_stream_events(server, events, shape, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await _collect_events(server, request, events, shape)
+        return StreamingResponse(_stream_events(server, events, shape, usage, include_usage, parsers),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    return await _collect_events(server, request, events, usage, parsers.completer(shape))
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ToolParsers:
+    """Each choice's tool calls, read from its text (streamed: a ``ToolCallStream`` per choice) when the request
+    has tools; otherwise the text passes through as content."""
+
+    def __init__(self, server: Server, tools: schemas.ToolRequest | None, choices: int):
+        self.format = server.tool_format if tools is not None else None
+        self.tools = tools
+        self.streams = ([ToolCallStream(self.format, tools.names, tools.parallel) for _ in range(choices)]
+                        if self.format is not None and tools is not None else None)
+
+    def push(self, index: int, text: str) -> list[str | ToolCall]:
+        return [text] if self.streams is None else self.streams[index].push(text)
+
+    def finish(self, index: int, reason: str) -> tuple[list[str | ToolCall], str]:
+        """What the choice's parser still held, and its finish reason ("tool_calls" when it ended calling)."""
+        if self.streams is None:
+            return [], reason
+        stream = self.streams[index]
+        return stream.finish(), "tool_calls" if stream.calls and reason == "stop" else reason
+
+    def completer(self, shape: schemas.ResponseShape):
+        """``shape.complete``, each choice's text parsed into content and tool calls first."""
+        if self.format is None or self.tools is None:
+            return shape.complete
+        fmt, tools = self.format, self.tools
+
+        def complete(choices, usage):
+            parsed = []
+            for text, reason in choices:
+                content, calls = parse_tool_calls(text, fmt, tools.names, tools.parallel)
+                parsed.append((content, "tool_calls" if calls and reason == "stop" else reason, calls))
+            return shape.complete(parsed, usage)
+        return complete
+
+
+class UsageSum:
+    """A request's usage from its choices' ``Finished`` events: each prompt counted once (with the cached tokens
+    its first choice found), the completion tokens of every choice."""
+
+    def __init__(self, prompt_tokens: list[int], n: int):
+        self.prompt_tokens, self.n = prompt_tokens, n
+        self.completion_tokens = self.cached_tokens = self.finished = 0
+
+    def add(self, event: Finished) -> None:
+        self.finished += 1
+        self.completion_tokens += event.usage.completion_tokens
+        if event.index % self.n == 0:
+            self.cached_tokens += event.usage.cached_tokens
+
+    @property
+    def total(self) -> Usage:
+        return Usage(sum(self.prompt_tokens), self.completion_tokens, self.cached_tokens)
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompt_tokens) * self.n
+
+    @property
+    def done(self) -> bool:
+        return self.finished == self.choices
+
+
+async def _respond(server: Server, request: Request) -> Response:
+    """``POST /v1/responses``: text in (a string, or message items, and ``instructions``), text out."""
+    body = await server.read_json(request)
+    server.check_model(body)
+    responses.check_unsupported(body)
+    stream = schemas.field(body, "stream", "boolean", default=False)
+    ids = await server.tokenize(responses.input_messages(body), chat=True, param="input")
+    params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",))
+    params = schemas.speculation(body, params, server.engine)
+    shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
+    events = server.submit([(ids, params)], cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
+    if stream:
+        return StreamingResponse(_response_events(server, events, shape), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    return await _collect_events(server, request, events, UsageSum([len(ids)], 1),
+                                 lambda choices, usage: shape.finished(choices[0][1], choices[0][0], usage))
+
+
+async def _response_events(server: Server, events: AsyncStream, shape: responses.ResponseObject):
+    try:
+        for event in shape.opening():
+            yield event
+        texts = []
+        async for event in events:
+            if isinstance(event, Delta):
+                texts.append(event.text)
+                yield shape.delta(event.text)
+            elif isinstance(event, Finished):
+                for closing in shape.closing(event.reason, "".join(texts), event.usage):
+                    yield closing
+            else:  # Failed
+                yield shape.failed(public_error(server, 500, event.message)["error"]["message"])
+    finally:
+        events.cancel()
 
 
 def public_error(server: Server, status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -299,17 +429,35 @@ def public_error(server: Server, status: int, message: str, code: str | None = N
     return error_body(status, public, param, code)
 
 
-async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, include_usage: bool):
+def _output_chunks(shape: schemas.ResponseShape, pieces: list[str | ToolCall], index: int) -> list[dict]:
+    chunks = []
+    for piece in pieces:
+        if isinstance(piece, ToolCall):
+            chunks += shape.tool_call_chunks(piece, index)
+        elif piece:
+            chunks.append(shape.chunk(piece, index=index))
+    return chunks
+
+
+async def _stream_events(server: Server, events: AsyncStream, shape: schemas.ResponseShape, usage: UsageSum,
+                         include_usage: bool, parsers: ToolParsers):
     # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
+    # Choices' chunks interleave as their tokens come, each naming its index (OpenAI's way).
     try:
-        yield _sse(shape.chunk(first=True))
+        for index in range(usage.choices):
+            yield _sse(shape.chunk(first=True, index=index))
         async for event in events:
             if isinstance(event, Delta):
-                yield _sse(shape.chunk(event.text))
+                for chunk in _output_chunks(shape, parsers.push(event.index, event.text), event.index):
+                    yield _sse(chunk)
             elif isinstance(event, Finished):
-                yield _sse(shape.chunk(finish_reason=event.reason))
-                if include_usage:
-                    yield _sse(shape.usage_chunk(event.usage))
+                usage.add(event)
+                held, reason = parsers.finish(event.index, event.reason)
+                for chunk in _output_chunks(shape, held, event.index):
+                    yield _sse(chunk)
+                yield _sse(shape.chunk(finish_reason=reason, index=event.index))
+                if include_usage and usage.done:
+                    yield _sse(shape.usage_chunk(usage.total))
             else:  # Failed: the stream has started, so the error travels as an event
                 yield _sse(public_error(server, 500, event.message, "engine_error"))
         yield "data: [DONE]\n\n"
@@ -317,21 +465,27 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
         events.cancel()
 
 
-async def _collect_events(server: Server, request: Request, events: AsyncStream,
-                          shape: schemas.ResponseShape) -> Response:
+async def _collect_events(server: Server, request: Request, events: AsyncStream, usage: UsageSum,
+                          shape) -> Response:
+    """The whole response, ``shape(choices, usage)`` once every choice has finished (choices: (text, finish reason)
+    in index order), or the error response."""
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
         events.cancel()
 
     watcher = asyncio.create_task(cancel_on_disconnect())
-    texts = []
+    texts: list[list[str]] = [[] for _ in range(usage.choices)]
+    reasons: list[str] = [""] * usage.choices
     try:
         async for event in events:
             if isinstance(event, Delta):
-                texts.append(event.text)
+                texts[event.index].append(event.text)
             elif isinstance(event, Finished):
-                return JSONResponse(shape.complete("".join(texts), event.reason, event.usage))
+                usage.add(event)
+                reasons[event.index] = event.reason
+                if usage.done:
+                    return JSONResponse(shape([("".join(t), r) for t, r in zip(texts, reasons)], usage.total))
             elif isinstance(event, Failed):
                 return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
     finally:
@@ -432,6 +586,10 @@ def create_app(server: Server) -> FastAPI:
     async def completions(request: Request):
         return await _complete(server, request, chat=False)
 
+    @api.post("/v1/responses")
+    async def create_response(request: Request):
+        return await _respond(server, request)
+
     app.include_router(api)
 
     class LocalHostsOnly:  # plain ASGI (a BaseHTTPMiddleware would stand between streams and disconnects)
@@ -449,5 +607,8 @@ def create_app(server: Server) -> FastAPI:
                 return
             await self.app(scope, receive, send)
 
+    if server.cors_origins:  # inside LocalHostsOnly: a preflight for a foreign Host is still refused
+        app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     app.add_middleware(LocalHostsOnly)
     return app

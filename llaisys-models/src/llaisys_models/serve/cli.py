@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
+from ..cli import MODEL_HELP
+from ..speculative import flags as speculative_flags
 
 LOOPBACK = "127.0.0.1"
 
@@ -21,9 +23,7 @@ def register_serve(subparsers) -> None:
         "serve", help="an OpenAI-compatible HTTP server with a web chat page",
         description="Serve a model over OpenAI's chat/completions API (streaming included) with a web chat "
                     "page at /. Binds to 127.0.0.1 unless --host says otherwise.")
-    p.add_argument("--model", type=Path, default=None,
-                   help="HuggingFace model directory or GGUF file (default: the demo model shipped with "
-                        "llaisys-models)")
+    p.add_argument("--model", type=Path, default=None, metavar="PATH|ID", help=MODEL_HELP)
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the best available)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16", "f32", "f16", "bf16"],
@@ -39,6 +39,9 @@ def register_serve(subparsers) -> None:
     p.add_argument("--api-key-file", type=Path, default=None, metavar="FILE",
                    help="API keys, one per line (blank lines and lines starting with # are ignored); "
                         "with --api-key, the keys of both")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages of ORIGIN (e.g. https://app.example) call the API from a browser (CORS); "
+                        "repeatable (default: none)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
     p.add_argument("--max-running", type=int, default=16,
@@ -52,11 +55,8 @@ def register_serve(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV cache block (default 16)")
     p.add_argument("--no-prefix-reuse", action="store_true",
                    help="always compute the whole prompt (no KV blocks shared between requests)")
-    p.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
-                   help="speculative decoding by default: prompt lookup (ngram) or a draft model of the same "
-                        "tokenizer; requests may choose with \"speculative\": \"ngram\"|\"draft\"|\"off\"")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="tokens drafted per step (default 4; needs --speculative)")
+    speculative_flags.add_arguments(p, "by default (requests may choose with \"speculative\": "
+                                       "\"ngram\" | \"draft\" | \"off\")")
     p.add_argument("--no-batching", action="store_true",
                    help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
     p.set_defaults(func=run_serve)
@@ -77,11 +77,14 @@ def run_serve(args) -> int:
     from .kv_memory import parse_size
 
     keys = api_keys(args, os.environ)  # before anything else: an empty key must not start a server without one
+    for origin in args.cors_origin:
+        check_origin(origin)
     for name in ("port", "max_running", "max_batch_tokens", "block_size"):
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
+    speculative_flags.check_arguments(args)
     path = model_dir(args)
     # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
     listener = bind(args.host, args.port)
@@ -104,6 +107,20 @@ def api_keys(args, environ) -> list[str]:
     for key, source in keys:
         check_api_key(key, source)
     return [key for key, _ in keys]
+
+
+def check_origin(origin: str) -> None:
+    """A LlaisysValueError unless ``origin`` is a web origin as a browser sends it: scheme://host[:port], or '*'."""
+    from urllib.parse import urlsplit
+
+    from llaisys import LlaisysValueError
+
+    if origin == "*":
+        return
+    url = urlsplit(origin)
+    if url.scheme not in ("http", "https") or not url.netloc or url.path or url.query or url.fragment or "@" in origin:
+        raise LlaisysValueError(f"--cors-origin {origin!r} is not an origin: give scheme://host[:port] as the browser "
+                                f"sends it (e.g. https://app.example), with no path or trailing slash")
 
 
 def _read_key_file(path: Path) -> list[tuple[str, str]]:
@@ -135,14 +152,15 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     tokenizer_path = args.tokenizer or path
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
-    speculation, draft = speculative_options(args, model)
+    speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
                     speculation=speculation, draft=draft)
-    name = args.served_model_name or default_model_name(path)
+    name = args.served_model_name or default_model_name(path, args.model)
     port = listener.getsockname()[1]
-    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port)
+    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port,
+                    cors_origins=args.cors_origin)
     if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
@@ -155,28 +173,6 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[listener])
     return 0
-
-
-def speculative_options(args, model):
-    """(the default ``Speculation`` or None, a draft model's drafter or None) from --speculative and
-    --num-speculative-tokens."""
-    from llaisys import LlaisysValueError
-
-    from .. import load
-    from ..speculative import DraftModelDrafter, resolve
-
-    method, k = args.speculative, args.num_speculative_tokens
-    if method is None or method == "off":
-        if k is not None:
-            raise LlaisysValueError("--num-speculative-tokens needs --speculative ngram|draft:PATH")
-        return None, None
-    if method == "ngram":
-        return resolve("ngram", k, model), None
-    if method.startswith("draft:") and method[len("draft:"):]:
-        draft_model = load(method[len("draft:"):], device=model.device, numerics=model.numerics)
-        drafter = DraftModelDrafter.of(draft_model, model)
-        return resolve(drafter, k, model), drafter
-    raise LlaisysValueError(f"--speculative = {method!r}: use ngram, draft:PATH or off")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -194,9 +190,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def default_model_name(path: Path) -> str:
+def default_model_name(path: Path, spec=None) -> str:
+    """The model id clients name: the demo's, the Hub id ``spec`` (--model) resolved to ``path``, or the
+    model directory's name."""
     from .. import DEMO_MODEL_DIR
+    from ..hub import parse
 
+    if spec is not None and Path(spec) != Path(path) and parse(spec) is not None:
+        return str(parse(spec))
     return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
 
 

@@ -15,6 +15,10 @@ blocks stay cached, so its next turn computes only its new tokens; the cached to
 are whole blocks. When the pool runs out the newest sequence is preempted and later recomputed, invisibly to
 its client. A request's tokens do not depend on what else is batched with it.
 
+A request may ask for ``n`` choices: n sequences of its prompt, read once (``Scheduler.fork``: the choices share
+its KV blocks). Choice i samples with ``choice_seed(seed, i)`` (choice 0 with the request's seed itself), so a
+seeded request's every choice is reproducible and each differs from the others; each event names its choice.
+
 ``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for the HTTP
 side. A cancelled request (client gone) leaves at the next step. A request that fails (a bad prompt)
 fails alone; a step that fails fails the requests that were running, and the engine keeps serving.
@@ -25,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 import time
 
-from ..sampling import SamplingParams
+from ..sampling import MASK64, SamplingParams, step_seed
 from ..scheduler import Scheduler, Sequence
 from ..speculative import Drafter, NgramDrafter, Speculation
 from ..speculative.config import check_numerics
@@ -49,14 +54,17 @@ class Usage:
 
 @dataclasses.dataclass(frozen=True)
 class Delta:
-    """New text of a sequence (may cover several tokens, or a token may add none)."""
+    """New text of a choice (may cover several tokens, or a token may add none)."""
     text: str
+    index: int = 0  # which of the request's choices
 
 
 @dataclasses.dataclass(frozen=True)
 class Finished:
+    """A choice ended (each of a request's choices ends once). ``usage``: the prompt's tokens and this choice's."""
     reason: str  # "stop" (EOS or a stop string), "length" (max_tokens), "cancelled"
     usage: Usage
+    index: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,21 +72,31 @@ class Failed:
     message: str
 
 
-class Request:
-    """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``,
-    then exactly one ``Finished`` or ``Failed``. ``cache_scope``: whose cached prompt prefixes this
-    request may reuse (a server's tenant: requests of different scopes never share KV blocks)."""
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of a request's choice ``index``: the request's own for choice 0, else splitmix64 of (seed, -index)
+    (``step_seed`` at a negative step, so no choice's seed is another's step seed); None stays None (random)."""
+    if seed is None or index == 0:
+        return seed
+    return step_seed(seed & MASK64, -index - 1)
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = ""):
+
+class Request:
+    """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``, then, for each
+    of its ``n`` choices, one ``Finished`` (or one ``Failed`` for the request). ``cache_scope``: whose cached prompt
+    prefixes this request may reuse (a server's tenant: requests of different scopes never share KV blocks)."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = "", n: int = 1):
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
+        if n < 1:
+            raise ValueError("a request needs n >= 1 choices")
         self.prompt = list(prompt)
         self.params = params
+        self.n = n
         self.emit = emit
         self.cache_scope = cache_scope  # prefix-cache tenant: cached blocks are shared only within one scope
         self.arrival = time.perf_counter()
-        self.text: TextStream | None = None  # the engine's: its text so far, once admitted
-        self.tokens = 0  # tokens the engine has turned into text for this request (a verify step gives several)
+        self.open = n  # choices not ended yet
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -88,6 +106,20 @@ class Request:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+
+class Choice:
+    """One of a request's sequences (a scheduler ``Sequence``'s tag): its index and its text so far."""
+
+    def __init__(self, request: Request, index: int, text: TextStream):
+        self.request = request
+        self.index = index
+        self.text = text
+        self.tokens = 0  # tokens the engine has turned into text for this choice (a verify step gives several)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.request.cancelled
 
 
 class EngineUnavailable(RuntimeError):
@@ -191,8 +223,8 @@ class Engine:
             log.exception("engine thread died")
         finally:
             reason = self.error or "the server is shutting down"
-            for seq in self._sequences:
-                seq.tag.emit(Failed(reason))
+            for request in {id(seq.tag.request): seq.tag.request for seq in self._sequences}.values():
+                request.emit(Failed(reason))
             with self._cv:
                 self._stopping = True
                 incoming, self._incoming = list(self._incoming), collections.deque()
@@ -213,16 +245,23 @@ class Engine:
                     return
                 request = self._incoming.popleft()
             if request.cancelled:
-                self._report(request, Finished("cancelled", Usage(len(request.prompt), 0, 0)))
+                for index in range(request.n):
+                    self._report(request, Finished("cancelled", Usage(len(request.prompt), 0, 0), index))
                 continue
+            params = request.params
             try:
-                seq = self.scheduler.add(self.model.check_input_ids(request.prompt), request.params,
-                                         scope=request.cache_scope, tag=request, arrival_time=request.arrival)
+                seq = self.scheduler.add(self.model.check_input_ids(request.prompt), params, scope=request.cache_scope,
+                                         tag=Choice(request, 0, TextStream(self.tokenizer, params.stop)),
+                                         arrival_time=request.arrival)
+                sequences = [seq] + [  # the other choices start from its KV blocks once its prompt is read
+                    self.scheduler.fork(seq, dataclasses.replace(params, seed=choice_seed(params.seed, i)),
+                                        tag=Choice(request, i, TextStream(self.tokenizer, params.stop)))
+                    for i in range(1, request.n)]
             except Exception as e:  # the request's failure (a bad prompt, too long for the cache)
+                request.open = 0
                 self._report(request, Failed(f"{type(e).__name__}: {e}"))
                 continue
-            request.text = TextStream(self.tokenizer, request.params.stop)
-            self._sequences.append(seq)
+            self._sequences.extend(sequences)
 
     def _step(self) -> None:
         for seq in [s for s in self._sequences if s.tag.cancelled]:
@@ -234,9 +273,9 @@ class Engine:
             events = self.scheduler.step()
         except Exception as e:  # the running requests fail; the engine and the waiting ones go on
             log.exception("engine step failed")
-            for seq in [s for s in self._sequences if s.kv is not None]:
-                self.scheduler.finish(seq, "error")
-                self._done(seq, error=f"{type(e).__name__}: {e}")
+            failed = {id(s.tag.request): s.tag.request for s in self._sequences if s.kv is not None}
+            for request in failed.values():
+                self._fail(request, f"{type(e).__name__}: {e}")
             return
         last = {seq.id: i for i, (seq, _) in enumerate(events)}  # a verify step gives a sequence several
         ended = set()
@@ -247,9 +286,9 @@ class Engine:
     def _consume(self, seq: Sequence, token: int, last: bool = True) -> bool:
         """A new token of ``seq`` (``last``: its step's last one): its text (stop strings), and its end if
         this was its last token. Whether the request ended."""
-        request, text_stream = seq.tag, seq.tag.text
-        request.tokens += 1
-        if request.tokens == 1:  # the prompt is read: its first token
+        choice, text_stream = seq.tag, seq.tag.text
+        choice.tokens += 1
+        if choice.tokens == 1 and choice.index == 0:  # the prompt is read: the request's first token
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
         ending = last and seq.finished
@@ -265,51 +304,74 @@ class Engine:
                 self.scheduler.finish(seq, "stop")
                 seq.finish_reason = "stop"
         if text:
-            request.emit(Delta(text))
+            choice.request.emit(Delta(text, choice.index))
         if ending or stopped:
             self._done(seq)
             return True
         return False
 
-    def _done(self, seq: Sequence, error: str | None = None) -> None:
+    def _done(self, seq: Sequence) -> None:
         self._sequences.remove(seq)
         block = self.pool.block_size
         # the tokens its client got: a verify step may have drawn some past a stop string
         usage = Usage(seq.prompt_len, seq.tag.tokens, (seq.reused or 0) // block * block)
-        self._report(seq.tag, Failed(error) if error else Finished(seq.finish_reason, usage))
+        self._report(seq.tag.request, Finished(seq.finish_reason, usage, seq.tag.index))
+
+    def _fail(self, request: Request, error: str) -> None:
+        """End every choice of ``request`` and report one ``Failed``."""
+        for seq in [s for s in self._sequences if s.tag.request is request]:
+            self.scheduler.finish(seq, "error")
+            self._sequences.remove(seq)
+        request.open = 0
+        self._report(request, Failed(error))
 
     def _report(self, request: Request, event) -> None:
-        self.metrics.count_finished(event.reason if isinstance(event, Finished) else "error")
+        if isinstance(event, Finished):
+            request.open -= 1
+            if request.open == 0:  # the request's last choice: counted once, by its reason
+                self.metrics.count_finished(event.reason)
+        else:
+            self.metrics.count_finished("error")
         request.emit(event)
 
 
 class AsyncStream:
-    """A request's events as an async iterator on the event loop that made it.
+    """The events of one or more requests (a completions request's prompts, each with ``n`` choices) as one async
+    iterator on the event loop that made it. Prompt i's choice j is choice ``i * n + j`` (OpenAI's numbering);
+    it ends when every choice has finished, or at the first ``Failed`` (the other requests are then cancelled).
 
     The engine thread hands each event to the loop with ``call_soon_threadsafe``; when the loop
-    is gone (the server is stopping) the request is cancelled instead.
+    is gone (the server is stopping) the requests are cancelled instead.
     """
 
-    def __init__(self, prompt: list[int], params: SamplingParams, cache_scope: str = ""):
+    def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1):
+        """``jobs``: (prompt token ids, its sampling parameters) of each request."""
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.request = Request(prompt, params, self._emit, cache_scope=cache_scope)
+        self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n)
+                         for i, (prompt, params) in enumerate(jobs)]
 
-    def _emit(self, event) -> None:
+    def _emit(self, base: int, event) -> None:
+        if not isinstance(event, Failed):
+            event = dataclasses.replace(event, index=base + event.index)
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the loop is closed
-            self.request.cancel()
+            self.cancel()
 
     def cancel(self) -> None:
-        self.request.cancel()
+        for request in self.requests:
+            request.cancel()
 
     def __aiter__(self):
         return self._events()
 
     async def _events(self):
+        open_choices = sum(request.n for request in self.requests)
         while True:
             event = await self._queue.get()
             yield event
-            if not isinstance(event, Delta):
+            open_choices -= isinstance(event, Finished)
+            if isinstance(event, Failed) or not open_choices:
+                self.cancel()
                 return

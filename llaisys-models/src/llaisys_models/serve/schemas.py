@@ -3,26 +3,33 @@
 Requests are parsed by hand rather than by a schema library so that every rejection names its
 parameter in OpenAI's words (``param`` = ``messages[2].role``) and says what was expected.
 Unknown parameters are ignored (clients send vendor extras); known ones this server cannot
-honour (n > 1, logprobs, tools, penalties, ...) are refused rather than silently dropped.
+honour (logprobs, response_format, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 
 from llaisys import LlaisysValueError
 
+from ..penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
 from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
 from ..tokenizer import check_text
 from .engine import SamplingParams, Usage
 from .errors import invalid
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
 MAX_CACHE_SALT = 256  # characters of ``cache_salt``, as vLLM
-SEED_RANGE = (-(1 << 63), 1 << 64)
+SEED_RANGE = (-(1 << 63), 1 << 63)  # signed 64-bit, as OpenAI's peers (the sampler takes a seed modulo 2**64)
+MAX_N = 128  # choices per prompt: OpenAI's limit
+MAX_PROMPTS = 64  # prompts in one completions request (each with n choices, at most MAX_CHOICES in all)
+MAX_CHOICES = 256
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 
 
 # -- field checks ---------------------------------------------------------------------
@@ -67,15 +74,25 @@ def _in_range(value, name: str, low, high, low_open: bool = False):
     return value
 
 
-def _unsupported(body: dict, name: str, neutral) -> None:
+def unsupported(body: dict, name: str, neutral) -> None:
     """Refuse a parameter this server does not implement unless it has its neutral value."""
     value = body.get(name)
     if value is not None and value not in neutral:
         raise invalid(f"'{name}' = {value!r} is not supported by this server", name, "unsupported_parameter")
 
 
-def model_name(body: dict) -> str:
-    return field(body, "model", "string", required=True)
+def model_name(body: dict) -> str | None:
+    """``model``: optional, as one model is served (None: that one)."""
+    return field(body, "model", "string")
+
+
+def choices_n(body: dict, prompts: int = 1) -> int:
+    """``n``: choices per prompt, 1 .. MAX_N (and at most MAX_CHOICES for all of a request's prompts)."""
+    n = _in_range(field(body, "n", "integer", default=1), "n", 1, MAX_N)
+    if n * prompts > MAX_CHOICES:
+        raise invalid(f"'n' = {n} for {prompts} prompts asks for {n * prompts} choices; at most {MAX_CHOICES} "
+                      f"are allowed per request", "n")
+    return n
 
 
 def stream_flags(body: dict) -> tuple[bool, bool]:
@@ -109,7 +126,9 @@ def _content_text(content, param: str) -> str:
 
 
 def chat_messages(body: dict) -> list[dict]:
-    """The ``messages`` as [{"role", "content"}] for the chat template (``developer`` -> ``system``)."""
+    """The ``messages`` as [{"role", "content"}] for the chat template (``developer`` -> ``system``); an assistant
+    message's ``tool_calls`` and a tool message's ``tool_call_id`` (and ``name``) go along, each call's
+    ``arguments`` parsed into an object, as chat templates expect it."""
     messages = field(body, "messages", "array", required=True)
     if not messages:
         raise invalid("'messages' must contain at least one message", "messages", "empty_array")
@@ -131,50 +150,81 @@ def chat_messages(body: dict) -> list[dict]:
                           "missing_required_parameter")
         out.append({"role": ROLES[role], "content": "" if content is None else _content_text(content,
                                                                                               f"{param}.content")})
+        if role == "assistant" and message.get("tool_calls"):
+            out[-1]["tool_calls"] = _message_tool_calls(message, param)
+        if role == "tool":
+            out[-1]["tool_call_id"] = field(message, "tool_call_id", "string", required=True,
+                                            param=f"{param}.tool_call_id")
+            if message.get("name") is not None:
+                out[-1]["name"] = field(message, "name", "string", param=f"{param}.name")
     return out
 
 
-def completion_prompt(body: dict, vocab_size: int, context: int) -> str | list[int]:
-    """``prompt`` as a text, or as token ids (an array of integers). One prompt per request."""
+def _message_tool_calls(message: dict, param: str) -> list[dict]:
+    """An assistant message's ``tool_calls``, each ``{"id", "type": "function", "function": {"name", "arguments"}}``
+    with ``arguments`` as an object (OpenAI sends its JSON text; templates render the object)."""
+    calls = field(message, "tool_calls", "array", param=f"{param}.tool_calls")
+    out = []
+    for j, call in enumerate(calls):
+        p = f"{param}.tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise invalid(f"'{p}' must be an object, got {json_type(call)}", p, "invalid_type")
+        if field(call, "type", "string", default="function", param=f"{p}.type") != "function":
+            raise invalid(f"'{p}.type' = {call['type']!r} is not supported; only 'function' is", f"{p}.type")
+        function = field(call, "function", "object", required=True, param=f"{p}.function")
+        name = field(function, "name", "string", required=True, param=f"{p}.function.name")
+        text = field(function, "arguments", "string", required=True, param=f"{p}.function.arguments")
+        try:
+            arguments = json.loads(text)
+        except ValueError as e:
+            raise invalid(f"'{p}.function.arguments' is not valid JSON: {e}", f"{p}.function.arguments") from None
+        if not isinstance(arguments, dict):
+            raise invalid(f"'{p}.function.arguments' must be a JSON object, got {json_type(arguments)}",
+                          f"{p}.function.arguments")
+        out.append({"id": field(call, "id", "string", default=f"call_{j}", param=f"{p}.id"), "type": "function",
+                    "function": {"name": name, "arguments": arguments}})
+    return out
+
+
+def completion_prompts(body: dict, vocab_size: int, context: int) -> list[str | list[int]]:
+    """``prompt`` as a list of prompts, each a text or token ids: a string, an array of token ids, or an array of
+    those (one choice per prompt, times ``n``)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+    if prompt is None:
+        raise invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per request",
+                          "prompt", "array_too_long")
+        return [_one_prompt(p, f"prompt[{i}]", vocab_size, context) for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, "prompt", vocab_size, context)]
+
+
+def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) >= context:  # refused before each item is looked at
-        raise invalid(f"'prompt' holds {len(prompt)} items; this model's maximum context length is {context} tokens, "
-                      f"which leaves no room for a completion", "prompt", "context_length_exceeded")
+        raise invalid(f"'{param}' holds {len(prompt)} items; this model's maximum context length is {context} "
+                      f"tokens, which leaves no room for a completion", param, "context_length_exceeded")
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_KINDS["integer"](t) for t in prompt):
         bad = next((i for i, t in enumerate(prompt) if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise invalid(f"'prompt[{bad}]' = {prompt[bad]} is not a token id in [0, {vocab_size})", "prompt")
+            raise invalid(f"'{param}[{bad}]' = {prompt[bad]} is not a token id in [0, {vocab_size})", param)
         return prompt
-    if prompt is None:
-        raise invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise invalid("'prompt' holds several prompts; this server takes one per request", "prompt",
-                      "unsupported_parameter")
-    raise invalid(f"'prompt' must be a string or an array of token ids, got {json_type(prompt)}"
-                  + (" (empty)" if prompt == [] else ""), "prompt", "invalid_type")
+    raise invalid(f"'{param}' must be a string or an array of token ids (or, for 'prompt', an array of those), got "
+                  f"{json_type(prompt)}" + (" (empty)" if prompt == [] else ""), param, "invalid_type")
 
 
 def check_unsupported(body: dict, chat: bool) -> None:
-    n = field(body, "n", "integer", default=1)
-    if n != 1:
-        raise invalid(f"'n' = {n} is not supported: this server returns one choice per request", "n",
-                      "unsupported_parameter")
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        _unsupported(body, name, (0, 0.0, 1, 1.0) if name == "repetition_penalty" else (0, 0.0))
-    _unsupported(body, "logit_bias", ({},))
     if chat:
-        _unsupported(body, "logprobs", (False,))
-        _unsupported(body, "tools", ([],))
-        _unsupported(body, "response_format", ({"type": "text"},))
+        unsupported(body, "logprobs", (False,))
+        unsupported(body, "response_format", ({"type": "text"},))
     else:
-        _unsupported(body, "logprobs", (0,))
-        _unsupported(body, "echo", (False,))
-        _unsupported(body, "suffix", ("",))
-        _unsupported(body, "best_of", (1,))
+        unsupported(body, "logprobs", (0,))
+        unsupported(body, "echo", (False,))
+        unsupported(body, "suffix", ("",))
+        n = body.get("n") if _KINDS["integer"](body.get("n")) else 1
+        unsupported(body, "best_of", (1, n))  # best_of = n: every choice returned, as without it
 
 
 def cache_salt(body: dict) -> str | None:
@@ -192,15 +242,105 @@ def cache_salt(body: dict) -> str | None:
     return salt
 
 
+# -- tools ---------------------------------------------------------------------------------
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+MAX_TOOLS = 128  # OpenAI's limit
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolRequest:
+    """The tools a chat request offers: rendered through the chat template, their calls parsed from its output."""
+    tools: list[dict]  # [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
+    names: tuple[str, ...]
+    parallel: bool  # ``parallel_tool_calls``: more than one call per reply
+
+
+def chat_tools(body: dict) -> ToolRequest | None:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls``: what to render and parse, or None when the request
+    has no tools or ``tool_choice`` is "none" (then, as under vLLM's ``--exclude-tools-when-tool-choice-none``,
+    the model is shown no tools and its whole output is content)."""
+    tools = field(body, "tools", "array", default=[])
+    if len(tools) > MAX_TOOLS:
+        raise invalid(f"'tools' holds {len(tools)} tools; at most {MAX_TOOLS} are allowed", "tools", "array_too_long")
+    checked = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    names = tuple(tool["function"]["name"] for tool in checked)
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise invalid(f"'tools[{i}].function.name' = {name!r} names a function that an earlier tool already "
+                          f"names", f"tools[{i}].function.name")
+    parallel = field(body, "parallel_tool_calls", "boolean", default=True)
+    if tool_choice(body, names) == "none" or not checked:
+        return None
+    return ToolRequest(checked, names, parallel)
+
+
+def _tool(tool, param: str) -> dict:
+    if not isinstance(tool, dict):
+        raise invalid(f"'{param}' must be an object, got {json_type(tool)}", param, "invalid_type")
+    kind = field(tool, "type", "string", required=True, param=f"{param}.type")
+    if kind != "function":
+        raise invalid(f"'{param}.type' = {kind!r} is not supported; only 'function' tools are", f"{param}.type")
+    function = field(tool, "function", "object", required=True, param=f"{param}.function")
+    name = field(function, "name", "string", required=True, param=f"{param}.function.name")
+    if not TOOL_NAME.fullmatch(name):
+        raise invalid(f"'{param}.function.name' = {name!r} must be 1 to 64 letters, digits, '_' or '-'",
+                      f"{param}.function.name")
+    out = {"name": name}
+    description = field(function, "description", "string", param=f"{param}.function.description")
+    if description is not None:
+        out["description"] = description
+    parameters = field(function, "parameters", "object", param=f"{param}.function.parameters")
+    if parameters is not None:
+        out["parameters"] = parameters
+    field(function, "strict", "boolean", param=f"{param}.function.strict")
+    try:
+        check_text(json.dumps(out, ensure_ascii=False), f"'{param}'")
+    except LlaisysValueError as e:  # a lone surrogate
+        raise invalid(str(e), param, "invalid_text") from None
+    return {"type": "function", "function": out}
+
+
+def tool_choice(body: dict, names: tuple[str, ...]) -> str:
+    """``tool_choice``: "none" or "auto" (the default). Only with ``tools``, but for "none"."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict):
+        if field(choice, "type", "string", required=True, param="tool_choice.type") != "function":
+            raise invalid(f"'tool_choice.type' = {choice['type']!r} is not supported; use 'function'",
+                          "tool_choice.type")
+        function = field(choice, "function", "object", required=True, param="tool_choice.function")
+        name = field(function, "name", "string", required=True, param="tool_choice.function.name")
+        if name not in names:
+            raise invalid(f"'tool_choice.function.name' = {name!r} is not one of the request's tools",
+                          "tool_choice.function.name")
+    elif choice not in ("none", "auto", "required"):
+        raise invalid(f"'tool_choice' must be 'none', 'auto', 'required' or a named function, got "
+                      f"{choice if isinstance(choice, str) else json_type(choice)!r}", "tool_choice")
+    if choice != "none" and not names:
+        raise invalid("'tool_choice' is only allowed when 'tools' are specified", "tool_choice")
+    # --- tool_choice that must force a call: "required" and a named function ---------------------------------
+    # They need decoding constrained by a grammar (a call of one of the tools / of that function, whatever the
+    # model prefers). Until the sampler has the grammar's token mask, they are refused here, and only here.
+    if choice == "required" or isinstance(choice, dict):
+        shown = "required" if choice == "required" else f"function {choice['function']['name']!r}"
+        raise invalid(f"'tool_choice' = {shown} is not supported by this server yet (forcing a call needs "
+                      f"grammar-constrained decoding); use 'auto' or 'none'", "tool_choice", "unsupported_parameter")
+    return choice
+
+
 # -- sampling -----------------------------------------------------------------------------
 
-def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str) -> SamplingParams:
-    """The sampling parameters, checked against the model's context for this prompt length."""
+def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str,
+                    max_names=("max_completion_tokens", "max_tokens")) -> SamplingParams:
+    """The sampling parameters, checked against the model's context for this prompt length (the first of
+    ``max_names`` present bounds the reply)."""
     room = context - prompt_tokens
     if room <= 0:
         raise invalid(f"this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} "
                       f"tokens, which leaves no room for a completion", prompt_param, "context_length_exceeded")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    name = next((n for n in max_names if body.get(n) is not None), max_names[-1])
     max_tokens = field(body, name, "integer", default=room)
     if max_tokens <= 0:
         raise invalid(f"'{name}' must be >= 1, got {max_tokens}", name)
@@ -218,6 +358,34 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
         _in_range(seed, "seed", SEED_RANGE[0], SEED_RANGE[1] - 1)
     return SamplingParams(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                           top_k=max(top_k, 0), seed=seed, stop=stop_strings(body))
+
+
+def penalties(body: dict, params: SamplingParams, vocab_size: int) -> SamplingParams:
+    """``params`` with the request's repetition control: OpenAI's ``frequency_penalty`` and ``presence_penalty``
+    (-2 .. 2), vLLM's ``repetition_penalty`` (HF transformers', > 0) and OpenAI's ``logit_bias`` (an object of
+    token ids, as strings, to biases in -100 .. 100; at most MAX_LOGIT_BIAS of them)."""
+    frequency = _in_range(field(body, "frequency_penalty", "number", default=0.0), "frequency_penalty",
+                          *FREQUENCY_RANGE)
+    presence = _in_range(field(body, "presence_penalty", "number", default=0.0), "presence_penalty", *PRESENCE_RANGE)
+    repetition = field(body, "repetition_penalty", "number", default=1.0)
+    if repetition <= 0:
+        raise invalid(f"'repetition_penalty' must be > 0 (1 is off), got {repetition}", "repetition_penalty")
+    bias = field(body, "logit_bias", "object", default={})
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"'logit_bias' holds {len(bias)} tokens; at most {MAX_LOGIT_BIAS} are allowed", "logit_bias")
+    pairs = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise invalid(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})", "logit_bias")
+        if not _KINDS["number"](value):
+            raise invalid(f"'logit_bias[{key}]' must be a number, got {json_type(value)}", "logit_bias",
+                          "invalid_type")
+        if not BIAS_RANGE[0] <= value <= BIAS_RANGE[1]:
+            raise invalid(f"'logit_bias[{key}]' must be >= -100 and <= 100, got {value}", "logit_bias")
+        pairs[token] = float(value)
+    return dataclasses.replace(params, frequency_penalty=float(frequency), presence_penalty=float(presence),
+                               repetition_penalty=float(repetition), logit_bias=tuple(sorted(pairs.items())))
 
 
 def speculation(body: dict, params: SamplingParams, engine) -> SamplingParams:
@@ -272,7 +440,8 @@ def usage_body(usage: Usage) -> dict:
 
 
 class ResponseShape:
-    """Bodies of one response: ``chat.completion`` / ``text_completion`` and their stream chunks."""
+    """Bodies of one response: ``chat.completion`` / ``text_completion`` and their stream chunks (each chunk
+    carries one choice, named by its ``index``)."""
 
     def __init__(self, chat: bool, response_id: str, created: int, model: str):
         self.chat = chat
@@ -282,24 +451,45 @@ class ResponseShape:
     def _body(self, obj: str, choices: list, usage: dict | None) -> dict:
         return {**self.head, "object": obj, "choices": choices, "usage": usage}
 
-    def complete(self, text: str, finish_reason: str, usage: Usage) -> dict:
+    def complete(self, choices: list[tuple], usage: Usage) -> dict:
+        """The whole response: (text, finish reason) of each choice, in index order; a chat choice may add its
+        tool calls, (content or None, finish reason, [ToolCall])."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish_reason}
-            return self._body("chat.completion", [choice], usage_body(usage))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._body("text_completion", [choice], usage_body(usage))
+            body = [{"index": i, "message": _message(*choice), "logprobs": None, "finish_reason": choice[1]}
+                    for i, choice in enumerate(choices)]
+            return self._body("chat.completion", body, usage_body(usage))
+        body = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                for i, (text, reason) in enumerate(choices)]
+        return self._body("text_completion", body, usage_body(usage))
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """One stream chunk: the first chat chunk carries the role; the last, the finish reason."""
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False,
+              index: int = 0) -> dict:
+        """One stream chunk of choice ``index``: the first chat chunk carries the role; the last, the finish reason."""
         if self.chat:
             delta = {"role": "assistant", "content": text or ""} if first else (
                 {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._body("chat.completion.chunk", [choice], None)
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._body("text_completion", [choice], None)
+
+    def tool_call_chunks(self, call, index: int = 0) -> list[dict]:
+        """A tool call of choice ``index`` as OpenAI streams it: its id, type and name (arguments ''), then its
+        arguments (a client joins the ``arguments`` fragments of each call ``index``)."""
+        head = {"index": call.index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}
+        tail = {"index": call.index, "function": {"arguments": call.arguments}}
+        return [self._body("chat.completion.chunk", [{"index": index, "delta": {"tool_calls": [delta]},
+                                                      "logprobs": None, "finish_reason": None}], None)
+                for delta in (head, tail)]
 
     def usage_chunk(self, usage: Usage) -> dict:
         """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
         return self._body("chat.completion.chunk" if self.chat else "text_completion", [], usage_body(usage))
+
+
+def _message(content: str | None, reason: str, calls=()) -> dict:
+    message = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = [call.body() for call in calls]
+    return message

@@ -23,6 +23,7 @@ import numpy as np
 
 import llaisys
 
+from ..penalties import TokenCounts
 from ..sampling import Sampler, SamplingParams, step_seed
 
 
@@ -33,18 +34,27 @@ class Verifier:
         self.sampler = sampler
 
     def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
-               n: int) -> list[int]:
+               n: int, counts: TokenCounts | None = None) -> list[int]:
         """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
-        its last len(drafts)+1 rows, ``n`` the index of its next generated token. Returns the drafts that
-        matched and the model's token after them (1 to len(drafts)+1 tokens)."""
+        its last len(drafts)+1 rows, ``n`` the index of its next generated token, ``counts`` its tokens so far
+        (penalties, logit_bias) or None. Returns the drafts that matched and the model's token after them (1 to
+        len(drafts)+1 tokens). Row i is penalized as plain decoding would penalize token n+i: with the drafts
+        kept before it counted (for the call only: the scheduler counts what it keeps)."""
         if len(rows) != len(drafts) + 1:
             raise ValueError(f"{len(rows)} logit rows for {len(drafts)} drafted tokens")
-        out = []
-        for i, row in enumerate(rows):
-            token = self.sampler.select(row, params, step_seed(seed, n + i))
-            out.append(token)
-            if i == len(drafts) or token != drafts[i]:
-                break
+        out: list[int] = []
+        try:
+            for i, row in enumerate(rows):
+                if counts is not None and out:
+                    counts.add(out[-1])
+                token = self.sampler.select(row, params, step_seed(seed, n + i), counts)
+                out.append(token)
+                if i == len(drafts) or token != drafts[i]:
+                    break
+        finally:
+            if counts is not None:
+                for token in out[:-1]:
+                    counts.add(token, -1)
         return out
 
 

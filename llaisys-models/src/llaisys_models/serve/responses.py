@@ -1,0 +1,175 @@
+"""OpenAI's Responses API (``POST /v1/responses``) for text: its request checked field by field, its response
+object and its stream of semantic events.
+
+The input is a string (one user message) or a list of message items (``{"role", "content"}``, content a string
+or ``input_text`` / ``output_text`` parts), ``instructions`` a system message before them; the reply is one
+``message`` output item with one ``output_text`` part. Nothing is stored (``store`` is answered false), so
+``previous_response_id`` is refused, as are tools, reasoning, structured ``text.format``, images and files,
+each by its parameter's name.
+
+A stream is ``event: <type>`` / ``data: {...}`` pairs, each with a ``sequence_number``: ``response.created``,
+``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``, then
+``response.output_text.delta`` per piece of text, then ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done`` and ``response.completed`` (``response.incomplete``
+when ``max_output_tokens`` cut it short, ``response.failed`` on an engine error). There is no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .engine import Usage
+from .errors import invalid
+from .schemas import MAX_MESSAGES, ROLES, field, json_type, unsupported
+
+TEXT_PARTS = ("input_text", "output_text", "text")  # content parts whose text is read
+
+
+# -- the request ---------------------------------------------------------------------------
+
+def check_unsupported(body: dict) -> None:
+    """Refuse, by name, what this server cannot honour (unless sent with its neutral value)."""
+    unsupported(body, "tools", ([],))
+    unsupported(body, "tool_choice", ("none", "auto"))
+    unsupported(body, "include", ([],))
+    unsupported(body, "background", (False,))
+    unsupported(body, "truncation", ("disabled",))
+    unsupported(body, "top_logprobs", (0,))
+    unsupported(body, "reasoning", ({}, {"effort": None}))
+    for name in ("previous_response_id", "conversation", "prompt"):
+        if body.get(name) is not None:
+            raise invalid(f"'{name}' is not supported by this server (it stores no responses or prompts); send "
+                          f"the whole conversation as 'input'", name, "unsupported_parameter")
+    text = field(body, "text", "object", default={})
+    fmt = field(text, "format", "object", default={"type": "text"}, param="text.format")
+    if fmt.get("type") != "text":
+        raise invalid(f"'text.format.type' = {fmt.get('type')!r} is not supported by this server; only 'text' is",
+                      "text.format.type", "unsupported_parameter")
+    field(body, "store", "boolean")
+    field(body, "instructions", "string")
+    metadata = field(body, "metadata", "object", default={})
+    if len(metadata) > 16 or not all(isinstance(v, str) for v in metadata.values()):
+        raise invalid("'metadata' holds at most 16 string values", "metadata")
+
+
+def input_messages(body: dict) -> list[dict]:
+    """``instructions`` and ``input`` as [{"role", "content"}] for the chat template."""
+    instructions = field(body, "instructions", "string")
+    value = body.get("input")
+    if value is None:
+        raise invalid("missing required parameter 'input'", "input", "missing_required_parameter")
+    if isinstance(value, str):
+        items = [{"role": "user", "content": value}]
+    elif isinstance(value, list):
+        if not value:
+            raise invalid("'input' must contain at least one item", "input", "empty_array")
+        if len(value) > MAX_MESSAGES:
+            raise invalid(f"'input' holds {len(value)} items; at most {MAX_MESSAGES} are allowed", "input",
+                          "array_too_long")
+        items = [_message(item, f"input[{i}]") for i, item in enumerate(value)]
+    else:
+        raise invalid(f"'input' must be a string or an array of message items, got {json_type(value)}", "input",
+                      "invalid_type")
+    return ([{"role": "system", "content": instructions}] if instructions is not None else []) + items
+
+
+def _message(item, param: str) -> dict:
+    if not isinstance(item, dict):
+        raise invalid(f"'{param}' must be an object, got {json_type(item)}", param, "invalid_type")
+    kind = field(item, "type", "string", default="message", param=f"{param}.type")
+    if kind != "message":
+        raise invalid(f"'{param}.type' = {kind!r} is not supported; only message items are", f"{param}.type",
+                      "unsupported_parameter")
+    role = field(item, "role", "string", required=True, param=f"{param}.role")
+    if role not in ROLES:
+        raise invalid(f"'{param}.role' = {role!r} is not a supported role; use one of {', '.join(ROLES)}",
+                      f"{param}.role", "invalid_role")
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": ROLES[role], "content": content}
+    if not isinstance(content, list):
+        what = "missing" if content is None else f"got {json_type(content)}"
+        raise invalid(f"'{param}.content' must be a string or an array of text parts, {what}", f"{param}.content",
+                      "invalid_type" if content is not None else "missing_required_parameter")
+    texts = []
+    for j, part in enumerate(content):
+        p = f"{param}.content[{j}]"
+        if not isinstance(part, dict):
+            raise invalid(f"'{p}' must be an object, got {json_type(part)}", p, "invalid_type")
+        if part.get("type") not in TEXT_PARTS:
+            raise invalid(f"'{p}.type' = {part.get('type')!r} is not supported; only text parts "
+                          f"({', '.join(TEXT_PARTS)}) are", f"{p}.type", "unsupported_content")
+        texts.append(field(part, "text", "string", required=True, param=f"{p}.text"))
+    return {"role": ROLES[role], "content": "".join(texts)}
+
+
+# -- the response ---------------------------------------------------------------------------
+
+class ResponseObject:
+    """The ``response`` object of one request as it goes: created, in progress, completed / incomplete / failed,
+    and the stream events that say so."""
+
+    def __init__(self, response_id: str, created: int, model: str, body: dict, params):
+        self.id = response_id
+        self.item_id = "msg_" + response_id.removeprefix("resp_")
+        self.head = {
+            "id": response_id, "object": "response", "created_at": created, "model": model,
+            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": body.get("metadata") or {}, "parallel_tool_calls": True, "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": params.temperature,
+            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": params.top_p,
+            "truncation": "disabled", "user": body.get("user")}
+        self.sequence = 0
+
+    def body(self, status: str, text: str | None = None, usage: Usage | None = None, error: dict | None = None) -> dict:
+        output = [] if text is None else [self.item(text, "completed" if status == "completed" else "incomplete")]
+        return {**self.head, "status": status, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "output": output, "usage": None if usage is None else usage_body(usage)}
+
+    def item(self, text: str | None, status: str) -> dict:
+        content = [] if text is None else [output_text(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
+
+    def finished(self, reason: str, text: str, usage: Usage) -> dict:
+        return self.body("incomplete" if reason == "length" else "completed", text, usage)
+
+    # -- stream events ----------------------------------------------------------------------
+
+    def event(self, kind: str, **fields) -> str:
+        data = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    def opening(self) -> list[str]:
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return [self.event("response.created", response=self.body("in_progress")),
+                self.event("response.in_progress", response=self.body("in_progress")),
+                self.event("response.output_item.added", output_index=0, item=self.item(None, "in_progress")),
+                self.event("response.content_part.added", **where, part=output_text(""))]
+
+    def delta(self, text: str) -> str:
+        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
+                          delta=text, logprobs=[])
+
+    def closing(self, reason: str, text: str, usage: Usage) -> list[str]:
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        final = self.finished(reason, text, usage)
+        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                self.event("response.content_part.done", **where, part=output_text(text)),
+                self.event("response.output_item.done", output_index=0, item=final["output"][0]),
+                self.event(f"response.{final['status']}", response=final)]
+
+    def failed(self, message: str) -> str:
+        return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
+                                                                                 "message": message}))
+
+
+def output_text(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def usage_body(usage: Usage) -> dict:
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
