@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import llaisys
 
-from .qwen2 import Llama, Qwen2
+from .qwen2 import Llama, Qwen2, Qwen3
 from .weights import LayerWeights
 
 
@@ -54,6 +54,6 @@ class Mixtral(SparseMlp, Llama):
     """Mixtral: Llama attention, every layer's MLP 8 experts of which the router picks 2 (renormalised)."""
 
 
-class Qwen3Moe(SparseMlp):
+class Qwen3Moe(SparseMlp, Qwen3):
     """Qwen3-MoE: Qwen3 attention (q_norm / k_norm per head, explicit head_dim, no bias); the layers of
     ``decoder_sparse_step`` not in ``mlp_only_layers`` sparse, their weights renormalised if norm_topk_prob."""
