@@ -90,7 +90,7 @@ SPECS = {
                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     }.items() for dtype in ("f32", "bf16")},
 }
-# Mixture-of-experts checkpoints (tests/models/test_moe.py)
+# Mixture-of-experts checkpoints (tests/models/test_moe_families.py)
 MOE_SPECS = {
     # Mixtral: 8 experts, top 2, GQA 2
     "mixtral_f32": Spec(arch="mixtral", dtype="f32", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
