@@ -147,7 +147,8 @@ def test_a_gguf_only_directory_names_the_file(tmp_path):
 @pytest.mark.parametrize("config, match", [
     ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12},
      r"config.json: architecture 'GPT2LMHeadModel' is not supported; llaisys_models runs LlamaForCausalLM, "
-     r"MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM$"),
+     r"MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+     r"Qwen3MoeForCausalLM$"),
     ({"model_type": "gpt2", "n_embd": 768}, r"architecture \(none; model_type 'gpt2'\) is not supported"),
 ])
 def test_another_architecture_is_named_before_its_fields(tmp_path, config, match):

@@ -46,6 +46,12 @@ class Spec:
     # choices decisive (ignored for tied embeddings, where it would also scale the inputs)
     lm_head_spread: float = 0.5
     rope_scaling: dict | None = None  # rope_parameters beyond type "default" ({"rope_type": "llama3", ...})
+    # mixture of experts (arch mixtral / qwen3_moe): experts per layer, picked per token, their width
+    experts: int = 0
+    top_k: int = 0
+    moe_inter: int = 0
+    norm_topk: bool = False  # qwen3_moe: norm_topk_prob
+    dense_layers: tuple[int, ...] = ()  # qwen3_moe: mlp_only_layers
 
 
 SPECS = {
@@ -84,6 +90,22 @@ SPECS = {
                            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     }.items() for dtype in ("f32", "bf16")},
 }
+# Mixture-of-experts checkpoints (tests/models/test_moe_families.py)
+MOE_SPECS = {
+    # Mixtral: 8 experts, top 2, GQA 2
+    "mixtral_f32": Spec(arch="mixtral", dtype="f32", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
+                        experts=8, top_k=2, seed=7),
+    "mixtral_bf16": Spec(arch="mixtral", dtype="bf16", hidden=128, inter=96, heads=4, kv_heads=2, layers=2,
+                         experts=8, top_k=2, seed=8),
+    # Qwen3-MoE: q/k norms, head_dim 64 (q width 256 != hidden 128), 16 experts top 4, layer 1 dense
+    # (mlp_only_layers), raw top-k weights (norm_topk_prob false)
+    "qwen3_moe_f32": Spec(arch="qwen3_moe", dtype="f32", hidden=128, inter=192, heads=4, kv_heads=2, head_dim=64,
+                          layers=3, experts=16, top_k=4, moe_inter=64, dense_layers=(1,), seed=9),
+    # renormalised weights (norm_topk_prob), every layer sparse, bf16
+    "qwen3_moe_bf16": Spec(arch="qwen3_moe", dtype="bf16", hidden=128, inter=192, heads=4, kv_heads=2, head_dim=64,
+                           layers=2, experts=8, top_k=2, moe_inter=64, norm_topk=True, seed=10),
+}
+ALL_SPECS = {**SPECS, **MOE_SPECS}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -122,10 +144,17 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
                              "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                              "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
                              "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
-                             "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM)}[spec.arch]
+                             "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
+                             "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+                             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[spec.arch]
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
     if spec.arch in ("mistral", "phi3"):
         extra["sliding_window"] = None
+    if spec.arch == "mixtral":
+        extra.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k)
+    if spec.arch == "qwen3_moe":
+        extra.update(num_experts=spec.experts, num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_inter,
+                     norm_topk_prob=spec.norm_topk, mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1)
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})}
     config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
@@ -189,24 +218,26 @@ class TinyModels:
         if name not in self._paths:
             directory = self.root / name
             directory.mkdir()
-            self._paths[name] = make_checkpoint(directory, SPECS[name])
+            self._paths[name] = make_checkpoint(directory, ALL_SPECS[name])
         return self._paths[name]
 
     def hf(self, name: str, dtype: str | None = None):
         """The HF model loaded back from the checkpoint directory (as llaisys reads it)."""
         from transformers import AutoModelForCausalLM
 
-        dtype = dtype or SPECS[name].dtype
+        dtype = dtype or ALL_SPECS[name].dtype
         key = (name, dtype)
         if key not in self._hf:
             torch_dtype = torch.float64 if dtype == "f64" else TORCH_DTYPES[dtype]
-            self._hf[key] = AutoModelForCausalLM.from_pretrained(self.path(name), dtype=torch_dtype).eval()
+            # (MoE experts as HF's eager loop: its default grouped_mm has no float64)
+            extra = {"experts_implementation": "eager"} if ALL_SPECS[name].experts else {}
+            self._hf[key] = AutoModelForCausalLM.from_pretrained(self.path(name), dtype=torch_dtype, **extra).eval()
         return self._hf[key]
 
     def reference(self, name: str, length: int) -> Reference:
         key = (name, length)
         if key not in self._refs:
-            spec = SPECS[name]
+            spec = ALL_SPECS[name]
             ids = prompt(name, length, spec.vocab)
             model = self.hf(name)
             with torch.no_grad():

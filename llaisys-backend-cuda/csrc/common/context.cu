@@ -368,6 +368,9 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument("paged_attention: seq_lens[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " is below the sequence's query rows or above " +
                                   "max_blocks * block_size = " + std::to_string(record.c));
+        case kMoeExpertOutOfRange:
+            throw InvalidArgument("moe_linear: experts[" + std::to_string(record.b) + ", " + std::to_string(record.c) +
+                                  "] = " + std::to_string(record.a) + " is not an expert id (its row was not written)");
         case kPagedBlockId:
             throw InvalidArgument("paged_attention: block_tables entry " + std::to_string(record.b) + " = " +
                                   std::to_string(record.a) + " is not a block in [0, " + std::to_string(record.c) +

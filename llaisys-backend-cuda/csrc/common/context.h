@@ -30,6 +30,7 @@ enum KernelErrorCode : int {
     kPenaltyIdOutOfRange = 8,      // a = id, b = position, c = vocab
     kPenaltyIdsNotIncreasing = 9,  // a = id, b = position, c = the id before it
     kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
+    kMoeExpertOutOfRange = 11,  // a = expert id, b = row, c = slot
 };
 
 struct KernelErrorRecord {

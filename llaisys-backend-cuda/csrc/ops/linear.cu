@@ -17,31 +17,12 @@
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
 #include "../common/reduce.cuh"
+#include "linear.cuh"
 
 namespace llaisys::cuda {
 namespace {
 
-constexpr int kChunk = 8;             // k elements per chunk: 16 bytes of f16 / bf16, 32 of f32
 constexpr int kLinearThreads = 128;   // 4 warps (2 on CoreX) per block
-
-// The chunk of `row` at k0 as f32: one aligned load when the row allows it, else element by element;
-// both give the same values, and elements past K are 0 (only the last chunk has any).
-template <class T>
-__device__ __forceinline__ void load_chunk(const T* row, int64_t k0, int64_t K, bool aligned, float (&v)[kChunk]) {
-    if (aligned && k0 + kChunk <= K) {
-        const Pack<T, kChunk> p = *reinterpret_cast<const Pack<T, kChunk>*>(row + k0);
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) v[e] = to_float(p.v[e]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) v[e] = k0 + e < K ? to_float(row[k0 + e]) : 0.0f;
-    }
-}
-
-template <class T>
-__device__ __forceinline__ bool chunk_aligned(const T* row, int64_t K) {
-    return K % kChunk == 0 && (reinterpret_cast<uintptr_t>(row) % sizeof(Pack<T, kChunk>)) == 0;
-}
 
 template <class T, int MR, int NR>
 __global__ void __launch_bounds__(kLinearThreads) linear_rows_kernel(int64_t M, int64_t N, int64_t K, T* out,
@@ -49,7 +30,6 @@ __global__ void __launch_bounds__(kLinearThreads) linear_rows_kernel(int64_t M, 
     const int lane = lane_id();
     const int64_t warps_per_block = blockDim.x / WARP_SIZE;
     const int64_t col_tiles = (N + NR - 1) / NR, tiles = col_tiles * ((M + MR - 1) / MR);
-    const int64_t chunks = (K + kChunk - 1) / kChunk;
     for (int64_t tile = int64_t(blockIdx.x) * warps_per_block + warp_id(); tile < tiles;
          tile += int64_t(gridDim.x) * warps_per_block) {
         const int64_t m0 = tile / col_tiles * MR, n0 = tile % col_tiles * NR;  // a block's warps share rows
@@ -67,33 +47,13 @@ __global__ void __launch_bounds__(kLinearThreads) linear_rows_kernel(int64_t M, 
             wr[j] = w + (n0 + j < N ? n0 + j : N - 1) * K;
             w_aligned[j] = chunk_aligned(wr[j], K);
         }
-        float acc[MR][NR];
-#pragma unroll
-        for (int i = 0; i < MR; ++i)
-#pragma unroll
-            for (int j = 0; j < NR; ++j) acc[i][j] = 0.0f;
-
-        LLAISYS_UNROLL_2
-        for (int64_t c = lane; c < chunks; c += WARP_SIZE) {
-            const int64_t k0 = c * kChunk;
-            float wv[NR][kChunk];
-#pragma unroll
-            for (int j = 0; j < NR; ++j) load_chunk(wr[j], k0, K, w_aligned[j], wv[j]);
-#pragma unroll
-            for (int i = 0; i < MR; ++i) {
-                float xv[kChunk];
-                load_chunk(xr[i], k0, K, x_aligned[i], xv);
-#pragma unroll
-                for (int j = 0; j < NR; ++j)
-#pragma unroll
-                    for (int e = 0; e < kChunk; ++e) acc[i][j] = fmaf(xv[e], wv[j][e], acc[i][j]);
-            }
-        }
+        float sums[MR][NR];
+        warp_dot_tile<T, MR, NR>(xr, x_aligned, wr, w_aligned, K, sums);
 #pragma unroll
         for (int i = 0; i < MR; ++i)
 #pragma unroll
             for (int j = 0; j < NR; ++j) {
-                const float sum = warp_sum(acc[i][j]);  // the same value in every lane
+                const float sum = sums[i][j];
                 const int64_t m = m0 + i, n = n0 + j;
                 if (lane == (i * NR + j) % WARP_SIZE && m < M && n < N)
                     out[m * N + n] = from_float<T>(bias ? sum + to_float(bias[n]) : sum);

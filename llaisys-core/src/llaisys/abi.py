@@ -122,6 +122,12 @@ OP_SLOTS: dict[str, list] = {
     # dtype, M, N, K, out [M,N], x [M,K], weight int8 [NB,G,8,16,4] and scales bf16 [NB,G,16] (blocks of 16 rows,
     # NB = ceil(N/16), G = ceil(K/32): llaisys.ops.int8), bias [N] or NULL
     "linear_i8": [c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p],
+    # dtype, M, E, k, normalize, weights [M,k], experts int64 [M,k], logits [M,E]
+    "moe_router": [c_int, _i64, _i64, _i64, c_int, _p, _p, _p],
+    # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight [E,N,K], experts int64 [M,k]
+    "moe_linear": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p],
+    # dtype, M, k, N, out [M,N], y [M,k,N], weights [M,k]
+    "moe_combine": [c_int, _i64, _i64, _i64, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
     # dtype, numerics, rows, dim, eps, out, x, weight

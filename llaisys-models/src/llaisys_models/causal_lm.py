@@ -36,7 +36,9 @@ class Workspace:
     def __init__(self, shapes: dict[str, tuple], n: int, dtype, device, base: Workspace | None = None):
         self.n = n
         for name, shape in shapes.items():
-            t = llaisys.empty((n, *shape), dtype, device) if base is None else getattr(base, name).slice(0, 0, n)
+            # (a shape may start with its own dtype, e.g. int64 expert ids; else the model's)
+            own, shape = (shape[0], shape[1:]) if shape and isinstance(shape[0], llaisys.DType) else (dtype, shape)
+            t = llaisys.empty((n, *shape), own, device) if base is None else getattr(base, name).slice(0, 0, n)
             setattr(self, name, t)
 
 

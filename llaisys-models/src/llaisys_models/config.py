@@ -46,6 +46,14 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and of k, before rope
     fused_projections: bool = False  # Phi-3: q/k/v in one qkv_proj, gate/up in one gate_up_proj (weights.py)
     dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
+    # mixture of experts (Mixtral, Qwen3-MoE; 0 experts: a dense model): the layers whose MLP is num_experts
+    # experts of moe_intermediate_size of which a router picks num_experts_per_tok per token, their weights
+    # renormalised to sum 1 when norm_topk_prob
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    sparse_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_file(cls, path, supported=None) -> "ModelConfig":
@@ -118,9 +126,10 @@ class ModelConfig:
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=_bool(raw, "mlp_bias"),
             sliding_window=_sliding_window(raw, layers),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             fused_projections=model_type == "phi3",
             dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
+            **_experts(raw, model_type, layers),
         )
 
     @property
@@ -272,6 +281,27 @@ def _rope_scaling(source: dict, name: str, raw: dict) -> RopeScaling:
                        attention_factor=number("attention_factor", required=False),
                        mscale=number("mscale", required=False, positive=False),
                        mscale_all_dim=number("mscale_all_dim", required=False, positive=False), truncate=truncate)
+
+
+def _experts(raw: dict, model_type: str, layers: int) -> dict:
+    """The mixture-of-experts fields of Mixtral (every layer sparse, weights renormalised) and Qwen3-MoE
+    (``decoder_sparse_step``, ``mlp_only_layers``, ``norm_topk_prob``); nothing for a dense family."""
+    if model_type not in ("mixtral", "qwen3_moe"):
+        return {}
+    count = "num_local_experts" if model_type == "mixtral" or "num_experts" not in raw else "num_experts"
+    experts, per_token = _int(raw, count), _int(raw, "num_experts_per_tok")
+    if per_token > experts:
+        raise ModelLoadError(f"config field 'num_experts_per_tok' = {per_token} exceeds {count} = {experts}")
+    if model_type == "mixtral":
+        return dict(num_experts=experts, num_experts_per_tok=per_token, norm_topk_prob=True,
+                    moe_intermediate_size=_int(raw, "intermediate_size"), sparse_layers=tuple(range(layers)))
+    step = _int(raw, "decoder_sparse_step", 1)
+    dense = raw.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ModelLoadError(f"config field 'mlp_only_layers' must be a list of layer indices, got {shown(dense)}")
+    return dict(num_experts=experts, num_experts_per_tok=per_token, norm_topk_prob=_bool(raw, "norm_topk_prob"),
+                moe_intermediate_size=_int(raw, "moe_intermediate_size"),
+                sparse_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
 
 
 def _sliding_window(raw: dict, layers: int) -> int | None:

@@ -6,6 +6,7 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 
 from __future__ import annotations
 
+from .moe import Mixtral, Qwen3Moe
 from .qwen2 import Llama, Phi3, Qwen2, Qwen3
 
 #  HF architecture          GGUF architecture  model class   (None: llama.cpp writes the family as another)
@@ -15,7 +16,8 @@ FAMILIES = [
     ("Qwen3ForCausalLM",    "qwen3",           Qwen3),
     ("MistralForCausalLM",  None,              Llama),  # llama.cpp: "llama"
     ("Phi3ForCausalLM",     "phi3",            Phi3),
+    ("MixtralForCausalLM",  None,              Mixtral),  # llama.cpp: "llama" with llama.expert_count (gguf/)
+    ("Qwen3MoeForCausalLM", None,              Qwen3Moe),  # GGUF qwen3moe: not yet
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}
-GGUF_CLASSES = {gguf: cls for _, gguf, cls in FAMILIES if gguf is not None}

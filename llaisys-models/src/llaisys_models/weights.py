@@ -30,6 +30,15 @@ Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, o
 
 
 @dataclasses.dataclass
+class ExpertWeights:
+    """A mixture-of-experts MLP: the router and every expert's matrices, stacked (expert e at [e])."""
+    router: llaisys.Tensor  # [E, hidden]
+    gate: llaisys.Tensor  # [E, moe_intermediate, hidden]
+    up: llaisys.Tensor  # [E, moe_intermediate, hidden]
+    down: llaisys.Tensor  # [E, hidden, moe_intermediate]
+
+
+@dataclasses.dataclass
 class LayerWeights:
     input_norm: llaisys.Tensor
     q_proj: Linear
@@ -37,9 +46,10 @@ class LayerWeights:
     v_proj: Linear
     o_proj: Linear
     post_norm: llaisys.Tensor
-    gate_proj: Linear
-    up_proj: Linear
-    down_proj: Linear
+    gate_proj: Linear | None = None  # (None in a mixture-of-experts layer: its MLP is `experts`)
+    up_proj: Linear | None = None
+    down_proj: Linear | None = None
+    experts: ExpertWeights | None = None
     q_norm: llaisys.Tensor | None = None  # Qwen3: RMSNorm weights [head_dim] of each q head, each k head
     k_norm: llaisys.Tensor | None = None
     q_bias: llaisys.Tensor | None = None
@@ -97,6 +107,13 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
             "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
             "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
         }
+        if c.qk_norm:
+            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
+            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
+        if i in c.sparse_layers:
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                del layer[name]
+            layer.update(expert_plan(c, p))
         if c.qkv_bias:
             layer["q_bias"] = (p + "self_attn.q_proj.bias", (c.q_size,))
             layer["k_bias"] = (p + "self_attn.k_proj.bias", (c.kv_size,))
@@ -116,6 +133,57 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
     return top, layers
 
 
+class Stack(tuple):
+    """The checkpoint names of the matrices one stacked weight holds (an expert each), in order."""
+
+
+# a sparse layer's experts as HF checkpoints store them: {stacked field: (this layer's name of expert e's matrix)}
+_EXPERT_NAMES = {
+    "mixtral": ("block_sparse_moe.gate.weight",
+                {"gate": "block_sparse_moe.experts.{}.w1.weight", "up": "block_sparse_moe.experts.{}.w3.weight",
+                 "down": "block_sparse_moe.experts.{}.w2.weight"}),
+    "qwen3_moe": ("mlp.gate.weight",
+                  {"gate": "mlp.experts.{}.gate_proj.weight", "up": "mlp.experts.{}.up_proj.weight",
+                   "down": "mlp.experts.{}.down_proj.weight"}),
+}
+
+
+def expert_plan(c: ModelConfig, prefix: str) -> dict[str, tuple]:
+    """{field: (checkpoint name or Stack of names, shape)} of a sparse layer's router and experts."""
+    router, experts = _EXPERT_NAMES[c.model_type]
+    e, inter, hidden = c.num_experts, c.moe_intermediate_size, c.hidden_size
+    shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    plan = {"router": (prefix + router, (e, hidden))}
+    for field, name in experts.items():
+        plan["experts_" + field] = (Stack(prefix + name.format(i) for i in range(e)), (e, *shapes[field]))
+    return plan
+
+
+def _specs(groups: list[dict]) -> list[tuple[str, tuple]]:
+    """(checkpoint name, shape) of every tensor the plan names (each matrix of a Stack on its own)."""
+    specs = []
+    for name, shape, *_ in [spec for group in groups for spec in group.values()]:
+        specs += [(n, shape[1:]) for n in name] if isinstance(name, Stack) else [(name, shape)]
+    return specs
+
+
+def materialize_stack(infos: list[TensorInfo], dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
+    """The matrices of ``infos`` (all of one shape) stacked into one [len(infos), ...] tensor on ``device``."""
+    stacked = llaisys.empty((len(infos), *infos[0].shape), dtype, device)
+    for i, info in enumerate(infos):
+        llaisys.ops.rearrange(stacked.slice(0, i, i + 1).view(*info.shape), materialize(info, dtype, device))
+    return stacked
+
+
+def layer_weights(fields: dict) -> LayerWeights:
+    """A layer from its plan's fields (a sparse layer's router and experts_* fields become its ExpertWeights)."""
+    if "router" in fields:
+        fields = dict(fields)
+        fields["experts"] = ExpertWeights(fields.pop("router"),
+                                          *(fields.pop("experts_" + f) for f in ("gate", "up", "down")))
+    return LayerWeights(**fields)
+
+
 def _fuse(layer: dict, prefix: str, c: ModelConfig) -> None:
     """Phi-3's fused projections: q, k, v are rows of self_attn.qkv_proj, gate and up of mlp.gate_up_proj."""
     qkv = (prefix + "self_attn.qkv_proj.weight", (c.q_size + 2 * c.kv_size, c.hidden_size))
@@ -128,7 +196,7 @@ def _fuse(layer: dict, prefix: str, c: ModelConfig) -> None:
 def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, TensorInfo]:
     """Every needed tensor exists with its shape and a floating dtype; returns name -> info."""
     infos = {}
-    for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
+    for name, shape in _specs([top, *layers]):
         info = checkpoint.info(name)
         if info.shape != shape:
             raise ModelLoadError(f"tensor {name!r} in {info.file.path.name} has shape {info.shape}, but "
@@ -205,6 +273,10 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
     with Progress(total, f"loading {checkpoint.directory.name}", enabled=progress) as bar:
         def get(spec):
             name = spec[0]
+            if isinstance(name, Stack):
+                stacked = materialize_stack([infos[n] for n in name], dtype, device)
+                bar.update(sum(infos[n].nbytes for n in name))
+                return stacked
             if name not in cache:
                 cache[name] = materialize(infos[name], dtype, device)
                 bar.update(infos[name].nbytes)
@@ -220,11 +292,11 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             return weight
 
         def get_layer(layer):
-            return LayerWeights(**{field: (get_linear if field in LINEARS else get)(spec)
-                                   for field, spec in layer.items()})
+            return layer_weights({field: (get_linear if field in LINEARS else get)(spec)
+                                  for field, spec in layer.items()})
 
         embed = get(top["embed_tokens"])
-        layer_weights = [get_layer(layer) for layer in layers]
+        layer_list = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
         lm_head = get_linear(top.get("lm_head", top["embed_tokens"]))
-    return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)
+    return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

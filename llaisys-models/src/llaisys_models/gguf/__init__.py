@@ -25,7 +25,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     linears' weights into llaisys' int8 format instead (``llaisys_models.quantize``)."""
     from ..loading import float_dtype, pick_device
     from ..quantize import resolve as resolve_quantize
-    from ..registry import GGUF_CLASSES
+    from ..registry import MODEL_CLASSES
     from .config import architecture, model_config
     from .reader import GGUFFile
     from .weights import default_dtype, load_weights, tensor_plan
@@ -38,7 +38,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     device = pick_device(device, quantize)
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize)
-    return GGUF_CLASSES[arch].from_weights(f.path, config, weights, device=device, dtype=dtype,
+    return MODEL_CLASSES[config.architecture].from_weights(f.path, config, weights, device=device, dtype=dtype,
                                            eos_token_ids=config.eos_token_ids, source=f, numerics=numerics,
                                            quantize=quantize)
 

@@ -63,6 +63,7 @@ def model_config(f: GGUFFile) -> ModelConfig:
         limit = MAX_LAYERS if field == "num_hidden_layers" else MAX_SIZE
         raw[field] = value if field in FLOAT_FIELDS else _size(f, f"{arch}.{key}", value, limit)
     _check_attention_and_rope(f, arch, raw)
+    _experts(f, arch, raw)
 
     embed = f.tensors.get("token_embd.weight")
     if embed is None:
@@ -88,6 +89,19 @@ def model_config(f: GGUFFile) -> ModelConfig:
         mlp_bias="blk.0.ffn_gate.bias" in f.tensors,
         dtype_name=_file_type(meta.get("general.file_type")),
     )
+
+
+def _experts(f: GGUFFile, arch: str, raw: dict) -> None:
+    """A Llama file with experts (llama.expert_count) is Mixtral, as llama.cpp's converter writes it."""
+    meta = f.metadata
+    count = meta.get(f"{arch}.expert_count")
+    if arch != "llama" or not count:
+        return
+    raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+               num_local_experts=_size(f, f"{arch}.expert_count", count))
+    used = meta.get(f"{arch}.expert_used_count")
+    if used is not None:
+        raw["num_experts_per_tok"] = _size(f, f"{arch}.expert_used_count", used)
 
 
 def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:

@@ -24,7 +24,7 @@ from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
 from ..quantize import Int8Weight, int8_weight
-from ..weights import LINEARS, LayerWeights, Weights, plan
+from ..weights import LINEARS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
 
@@ -36,6 +36,9 @@ LAYER_NAMES = {
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
     "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
+    "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
+    "experts_down": "ffn_down_exps.weight",
 }
 # Phi-3's fused tensors (weights.plan's parts): q/k/v are rows of attn_qkv, gate/up of ffn_up (gate first)
 FUSED_NAMES = {"q_proj": "attn_qkv.weight", "k_proj": "attn_qkv.weight", "v_proj": "attn_qkv.weight",
@@ -85,7 +88,7 @@ def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
     4 bytes per weight in memory (and per weight read in a decode step); dtype=bfloat16 halves that,
     quantize="int8" takes about a quarter."""
     Q = quants.Q
-    types = {f.tensors[spec[0]].type for group in [top, *layers] for spec in group.values() if len(spec[1]) == 2}
+    types = {f.tensors[spec[0]].type for group in [top, *layers] for spec in group.values() if len(spec[1]) >= 2}
     if types <= {Q.F32}:
         return llaisys.float32
     if types <= {Q.F32, Q.F16}:
@@ -187,10 +190,10 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
             return tensor
 
         embed = get("embed_tokens", top["embed_tokens"])
-        layer_weights = [LayerWeights(**{field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
+        layer_list = [layer_weights({field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
         norm = get("norm", top["norm"])
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
         else:  # tied: the embedding, or its own int8 copy
             lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None else embed
-    return Weights(embed_tokens=embed, layers=layer_weights, norm=norm, lm_head=lm_head)
+    return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

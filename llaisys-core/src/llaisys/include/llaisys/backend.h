@@ -252,6 +252,34 @@ LLAISYS_OP int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M
 LLAISYS_OP int LLAISYS_FN(linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out,
                                      const void* x, const void* weight, const void* scales, const void* bias);
 
+/* Mixture of experts (a token's MLP is the weighted sum of the k experts its router picks of E):
+ *     weights, experts = moe_router(x Wgate^T);  y[m, j] = expert_{experts[m, j]}(x[m]);  out[m] = sum_j w y
+ * A row's result depends only on that row (and its expert weights), never on the other rows of the batch. */
+
+/* [op] Router, per row of logits [M, E] (a token's expert scores): p = softmax(row) in f32; experts int64
+ * [M, k] = the k largest logits in descending order (those of the k largest p), equal logits by ascending
+ * expert id, NaN as -inf; weights [M, k] (the dtype of logits) = their p, or p / (sum of the k p) when
+ * normalize is 1, rounded once. 1 <= k <= E. No overlap between the three buffers. */
+LLAISYS_OP int LLAISYS_FN(moe_router)(int device, void* stream, int dtype, int64_t M, int64_t E, int64_t k,
+                                      int normalize, void* weights, void* experts, const void* logits);
+
+/* [op] Grouped expert linear: out[m, j] = x_mj @ weight[experts[m, j]]^T for out [M, k, N], experts int64
+ * [M, k], weight [E, N, K] (expert e's [N, K] matrix at weight + e * N * K) and x_mj = x[m] (x [M, K],
+ * x_per_slot 0) or x[m, j] (x [M, k, K], x_per_slot 1). The rows are grouped by expert, so only the selected
+ * experts' weights are read, each once for all the rows that chose it. Every output is a dot product summed
+ * in one fixed order (as `linear` sums it), the same whatever else is in the batch. An expert id outside
+ * [0, E) is LLAISYS_INVALID_ARGUMENT, its output row not written (the CPU refuses before writing anything;
+ * an accelerator reports it at the next synchronizing call, as embedding does). K may be 0 (out = 0).
+ * out shares no memory with x, weight or experts. */
+LLAISYS_OP int LLAISYS_FN(moe_linear)(int device, void* stream, int dtype, int64_t M, int64_t k, int64_t E,
+                                      int64_t N, int64_t K, int x_per_slot, void* out, const void* x,
+                                      const void* weight, const void* experts);
+
+/* [op] Weighted combine: out[m] = sum over j = 0, 1, ..., k - 1 in order of weights[m, j] * y[m, j], for
+ * y [M, k, N], weights [M, k], out [M, N]; in f32, rounded once. out shares no memory with y or weights. */
+LLAISYS_OP int LLAISYS_FN(moe_combine)(int device, void* stream, int dtype, int64_t M, int64_t k, int64_t N,
+                                       void* out, const void* y, const void* weights);
+
 /* [op] Strided copy dst[i...] = src[i...] of ndim <= 16 dims. shape, dst_strides and src_strides
  * (in elements) are host arrays of ndim int64; elem_size is 1, 2, 4, 8 or 16 bytes. dst shares no
  * memory with src (core does not call it for a copy of a view onto itself). */

@@ -1,0 +1,132 @@
+"""Mixture of experts: a token's MLP is the weighted sum of the k experts (of E) its router picks.
+
+    moe_router(weights, experts, logits)          top k of softmax(logits) per row (renormalised or not)
+    moe_linear(out, x, weight, experts)           out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T
+    moe_combine(out, y, weights)                  out[m] = sum_j weights[m, j] * y[m, j]
+
+moe_linear reads only the selected experts' matrices, each once for all the rows that chose it. Every op
+computes a row on its own: a row's result never depends on the other rows of the batch (backend.h).
+Frontends as in ``elementwise``: plan, overlap test, kernel.
+"""
+
+from __future__ import annotations
+
+from . import _checks as check
+from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
+
+_router = new_plans()
+
+
+def moe_router(weights, experts, logits, normalize: bool = False) -> None:
+    """Per row of logits [M, E]: p = softmax(row) in f32; experts int64 [M, k] = the k largest p, descending
+    (by logit: equal logits by ascending expert id); weights [M, k] (logits' dtype) = those p, divided by their sum when
+    ``normalize`` (Mixtral; Qwen3-MoE's ``norm_topk_prob``). No buffer may overlap another."""
+    try:
+        kernel, fail, device, code, m, e, k = _router[weights._layout, experts._layout, logits._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, e, k = _plan_router(weights, experts, logits)
+    named = {"weights": weights, "experts": experts, "logits": logits}
+    for a, b in (("weights", "experts"), ("weights", "logits"), ("experts", "logits")):
+        if named[a]._ptr < named[b]._end and named[b]._ptr < named[a]._end:
+            check.overlap("moe_router", a, b)
+    status = kernel(device.index, current_stream_handle(device), code, m, e, k, int(bool(normalize)),
+                    weights._ptr, experts._ptr, logits._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_router(weights, experts, logits):
+    op = "moe_router"
+    device = check.tensors(op, weights=weights, experts=experts, logits=logits)
+    check.dtype(op, "logits", logits, check.FLOATS)
+    check.same_dtype(op, "logits", logits, weights=weights)
+    check.ndim(op, "logits", logits, 2)
+    check.ndim(op, "weights", weights, 2)
+    (m, e), k = logits.shape, weights.shape[1]
+    check.shape(op, "weights", weights, (m, k))
+    check.index_tensor(op, "experts", experts, (m, k))
+    if not 1 <= k <= e:
+        check.fail(op, f"k = {k} (weights.shape[1]) must be in [1, {e}], the number of experts (logits.shape[1])")
+    check.contiguous(op, weights=weights, experts=experts, logits=logits)
+    check.writable(op, "weights", weights)
+    check.writable(op, "experts", experts)
+    return remember(_router, (weights._layout, experts._layout, logits._layout),
+                    (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
+
+
+_linear = new_plans()
+
+
+def moe_linear(out, x, weight, experts) -> None:
+    """out [M, k, N] = for each row m and slot j, x_mj @ weight[experts[m, j]].T, with weight [E, N, K],
+    experts int64 [M, k] and x_mj = x[m] (x [M, K]: each row's input to all its experts) or x[m, j] (x [M, k,
+    K]: one input per slot). An expert id outside [0, E) raises. out must share no memory with the others."""
+    try:
+        kernel, fail, device, code, m, k, e, n, kk, per_slot = _linear[out._layout, x._layout, weight._layout,
+                                                                       experts._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, k, e, n, kk, per_slot = _plan_linear(out, x, weight, experts)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("x", x), ("weight", weight), ("experts", experts)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("moe_linear", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, m, k, e, n, kk, per_slot, o_ptr, x._ptr,
+                    weight._ptr, experts._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_linear(out, x, weight, experts):
+    op = "moe_linear"
+    device = check.tensors(op, out=out, x=x, weight=weight, experts=experts)
+    check.dtype(op, "out", out, check.FLOATS)
+    check.same_dtype(op, "out", out, x=x, weight=weight)
+    check.ndim(op, "weight", weight, 3)
+    check.ndim(op, "experts", experts, 2)
+    check.index_tensor(op, "experts", experts)
+    (m, k), (e, n, kk) = experts.shape, weight.shape
+    if x.ndim not in (2, 3):
+        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
+    per_slot = x.ndim == 3
+    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
+    check.shape(op, "out", out, (m, k, n))
+    check.contiguous(op, out=out, x=x, weight=weight, experts=experts)
+    check.writable(op, "out", out)
+    # (an empty out still checks its expert ids: a wrong id is an error whatever the sizes)
+    return remember(_linear, (out._layout, x._layout, weight._layout, experts._layout),
+                    (*kernel_for(op, device, m * k > 0), device, out.dtype.code, m, k, e, n, kk, int(per_slot)))
+
+
+_combine = new_plans()
+
+
+def moe_combine(out, y, weights) -> None:
+    """out [M, N] = sum over j in order of weights[m, j] * y[m, j] (y [M, k, N], weights [M, k]), in f32,
+    rounded once. out must share no memory with y or weights."""
+    try:
+        kernel, fail, device, code, m, k, n = _combine[out._layout, y._layout, weights._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, k, n = _plan_combine(out, y, weights)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("y", y), ("weights", weights)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("moe_combine", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, m, k, n, o_ptr, y._ptr, weights._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_combine(out, y, weights):
+    op = "moe_combine"
+    device = check.tensors(op, out=out, y=y, weights=weights)
+    check.dtype(op, "out", out, check.FLOATS)
+    check.same_dtype(op, "out", out, y=y, weights=weights)
+    check.ndim(op, "y", y, 3)
+    m, k, n = y.shape
+    check.shape(op, "weights", weights, (m, k))
+    check.shape(op, "out", out, (m, n))
+    check.contiguous(op, out=out, y=y, weights=weights)
+    check.writable(op, "out", out)
+    return remember(_combine, (out._layout, y._layout, weights._layout),
+                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, k, n))
+
