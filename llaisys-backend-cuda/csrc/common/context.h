@@ -30,6 +30,7 @@ enum KernelErrorCode : int {
     kPenaltyIdOutOfRange = 8,      // a = id, b = position, c = vocab
     kPenaltyIdsNotIncreasing = 9,  // a = id, b = position, c = the id before it
     kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
+    kLogprobsNoDistribution = 11,  // a = 0 (NaN), 1 (+inf) or 2 (all -inf), b = position of the maximum
 };
 
 struct KernelErrorRecord {
