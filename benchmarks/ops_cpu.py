@@ -315,7 +315,8 @@ def rope_case(seq):
             sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :].to(tdt)
             rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
             return x * cos + rotated * sin
-        return (lambda i: llaisys.ops.rope(lout, lx, lpos, ROPE_THETA)), theirs, None
+        table = lt(torch.from_numpy(llaisys.ops.rope_inv_freq(HEAD_DIM, ROPE_THETA)))
+        return (lambda i: llaisys.ops.rope(lout, lx, lpos, table)), theirs, None
     return ("rope", "decode" if seq == 1 else "prefill", f"[{seq},{HEADS},{HEAD_DIM}]", setup)
 
 

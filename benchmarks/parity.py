@@ -150,6 +150,7 @@ def prompts(name: str, path: Path, count: int) -> list[list[int]]:
 
 def wrong_rope_theta(model) -> None:
     model.config = dataclasses.replace(model.config, rope_theta=model.config.rope_theta * 10)
+    model.set_rope()  # the rope table is computed from the config at load
 
 
 def dropped_q_bias(model) -> None:

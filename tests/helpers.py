@@ -40,6 +40,11 @@ def random(shape, dtype, device, generator: torch.Generator, scale: float = 1.0)
     return from_torch(ref, device), ref.to(torch.float64)
 
 
+def rope_table(head_dim: int, theta: float, device) -> llaisys.Tensor:
+    """The plain rope table (``llaisys.ops.rope_inv_freq``) as an f32 tensor on ``device``."""
+    return llaisys.from_numpy(llaisys.ops.rope_inv_freq(head_dim, theta), device)
+
+
 def nan_filled(shape, dtype, device) -> llaisys.Tensor:
     """An output tensor full of NaN, so that elements a kernel forgets to write show."""
     return from_torch(torch.full(shape, float("nan"), dtype=TORCH_DTYPES[dtype]), device)

@@ -113,7 +113,7 @@ def _op_args(buffers, op, dtype, numerics):
         "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((3, 4), np.int8)),
                               buffers.upload(np.full((1, 3), 0x3f80, np.uint16)), None),
         "rms_norm": lambda: (dtype, numerics, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
-        "rope": lambda: (dtype, numerics, 2, 1, 8, 1e4, f(2, 1, 8), f(2, 1, 8), index),
+        "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
         "self_attention": lambda: (dtype, numerics, 2, 2, 2, 1, 8, 8, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 1, 8),
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),

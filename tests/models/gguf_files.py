@@ -35,7 +35,10 @@ LAYER_TENSORS = {  # HF name after "model.layers.{i}." -> GGUF name after "blk.{
     "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",  # Qwen3
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3
 }
+GGUF_ARCH = {"mistral": "llama"}  # llama.cpp writes Mistral as the Llama architecture
 
 
 def gguf_name(hf_name: str) -> str:
@@ -123,7 +126,7 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     ``add_extra``), ``types`` sets the type of single tensors (by GGUF name), ``skip`` leaves tensors out.
     """
     c = hf_model.config
-    model_arch = c.model_type
+    model_arch = GGUF_ARCH.get(c.model_type, c.model_type)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     writer = gguf.GGUFWriter(path, arch or model_arch)
     writer.add_name(f"tiny random {model_arch}")
@@ -142,6 +145,7 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     if tokenizer:
         write_tokenizer_metadata(writer, tokenizer_dir, c.vocab_size)
+    rope_freqs = write_rope_scaling(writer, c, head_dim)
     add_extra(writer, extra)  # after the standard keys, so it can replace one
 
     rng = np.random.default_rng(seed)
@@ -160,11 +164,43 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
         tensor_type = (types or {}).get(name, tensor_type)
         data = quantize(w, tensor_type, rng)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=tensor_type)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_rope_scaling(writer: gguf.GGUFWriter, c, head_dim: int) -> np.ndarray | None:
+    """The config's rope scaling as llama.cpp's converter writes it: linear and YaRN as rope.scaling.* keys,
+    llama3 as the tensor rope_freqs.weight (returned) of per-frequency divisors (convert_hf_to_gguf.py)."""
+    import math
+
+    rope = c.rope_parameters
+    kind = rope.get("rope_type", "default")
+    if kind in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        if kind == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if kind != "llama3":
+        return None
+    base, factor = rope["rope_theta"], rope["factor"]
+    low, high, old = rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max_position_embeddings"]
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def add_extra(writer: gguf.GGUFWriter, extra: dict | None) -> None:

@@ -61,6 +61,36 @@ def test_tie_word_embeddings_and_sliding_window():
     assert config(use_sliding_window=False, sliding_window=4096).sliding_window is None
     assert config(use_sliding_window=True, sliding_window=64, max_window_layers=1).sliding_window == 64
     assert config(layer_types=["full_attention", "sliding_attention"], sliding_window=32).sliding_window == 32
+    # Mistral and Phi-3 window every layer when a window is set below max_position_embeddings (4096)
+    for family in (dict(architectures=["MistralForCausalLM"], model_type="mistral"),
+                   dict(architectures=["Phi3ForCausalLM"], model_type="phi3")):
+        assert config(**family, sliding_window=2047).sliding_window == 2047
+        assert config(**family, sliding_window=4096).sliding_window is None
+        assert config(**family, sliding_window=None).sliding_window is None
+
+
+def test_family_variations():
+    qwen3 = config(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=128, attention_bias=False)
+    assert qwen3.qk_norm and qwen3.head_dim == 128 and qwen3.q_size == 1024 and not qwen3.qkv_bias
+    phi3 = config(architectures=["Phi3ForCausalLM"], model_type="phi3")
+    assert phi3.fused_projections and not phi3.qkv_bias and not phi3.qk_norm
+    mistral = config(architectures=["MistralForCausalLM"], model_type="mistral", head_dim=128)
+    assert mistral.head_dim == 128 and not mistral.qkv_bias and not mistral.qk_norm
+    assert not config().qk_norm and not config().fused_projections
+
+
+@pytest.mark.parametrize("raw, kind", [
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),  # transformers 4: "type"
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}), "yarn"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}), "llama3"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 5e5}, rope_scaling=None), "default"),
+])
+def test_rope_scaling_forms(raw, kind):
+    c = config(**raw)
+    assert c.rope_scaling.rope_type == kind
+    if kind == "llama3":
+        assert c.rope_theta == 5e5 and c.rope_scaling.original_max_position_embeddings == 8192
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -68,7 +98,25 @@ def test_tie_word_embeddings_and_sliding_window():
     (dict(num_attention_heads=6), "multiple"),
     (dict(hidden_size=250, num_attention_heads=8, num_key_value_heads=8), "head_dim"),
     (dict(head_dim=33), "even"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
+    (dict(rope_scaling={"type": "ntk", "factor": 2.0}), r"type 'ntk' \(rope_scaling.rope_type\) is not supported"),
+    (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}), "longrope.*sequence length"),
+    (dict(rope_scaling={"type": "su", "short_factor": [1.0]}), "'su'"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+    (dict(rope_scaling={"rope_type": "linear"}), "'rope_scaling.factor' is missing"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": -2.0}), "'rope_scaling.factor' must be a finite positive"),
+    (dict(rope_scaling=[1]), "'rope_scaling' must be an object"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0}), "'rope_parameters.original_max_position_embeddings' is missing"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 4.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+     "'rope_parameters.high_freq_factor' \\(4\\) must exceed 'rope_parameters.low_freq_factor'"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}),
+     "'rope_scaling.original_max_position_embeddings' must be a positive integer"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": 1}),
+     "'rope_scaling.truncate' must be true or false"),
+    (dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=None, hidden_size=250,
+          num_attention_heads=8, num_key_value_heads=8), "hidden_size 250 is not a multiple of num_attention_heads"),
+    (dict(architectures=["MistralForCausalLM"], model_type="mistral", head_dim=0), "'head_dim' must be a positive"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}), "partial"),
     (dict(eos_token_id="x"), "eos_token_id"),
     (dict(hidden_size=-4), "hidden_size"),

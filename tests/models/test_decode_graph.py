@@ -60,6 +60,23 @@ def test_generate_and_batches_equal_eager_runs(pair, name):
     assert graphed._decode_graphs.replays > 3 * 18  # batches of 3, 2 and 1 were replayed
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_verify_steps_of_speculative_decoding_are_replayed_too(pair, name):
+    """A verify step (the last token and K drafts, the logits of every row) is captured by its rows per
+    sequence: speculative output stays the eager plain output, and most steps are replays."""
+    graphed, eager = pair(name)
+    repeating = prompt(name, 6, SPECS[name].vocab) * 4  # prompt lookup finds drafts
+    plain = eager.generate(repeating, 24, eos_token_ids=())
+    for model in (graphed, eager):
+        assert model.generate(repeating, 24, eos_token_ids=(), speculative="ngram", num_speculative_tokens=3) == plain
+    stats = graphed.last_stats
+    assert stats.draft_tokens > 0
+    shapes = list(graphed._decode_graphs._steps)
+    assert any(rows[0] > 1 for rows in shapes), shapes  # a verify shape was captured
+    steps = stats.new_tokens - stats.accepted_tokens  # forwards of the reply (one token each, plus kept drafts)
+    assert graphed._decode_graphs.replays >= steps - 2 * len(shapes) - 1  # each shape: one eager warm-up
+
+
 def test_a_growing_kv_pool_is_captured_again(pair):
     graphed, eager = pair("f32_gqa2_hd32")
     p = prompt("f32_gqa2_hd32", 5, SPECS["f32_gqa2_hd32"].vocab)

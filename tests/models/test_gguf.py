@@ -65,21 +65,26 @@ class GGUFModels:
 
     def reference(self, arch: str, qtype: Q) -> Reference:
         """HF's greedy tokens and logits (float32 and exact float64) from the GGUF file."""
-        from transformers import AutoModelForCausalLM
-
         if (arch, qtype) not in self._refs:
-            path = self.file(arch, qtype)
-            hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
             ids = prompt(arch, PROMPT_LENGTH, SPECS[arch].vocab)
-            with torch.no_grad():
-                x = torch.tensor([ids])
-                tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                     min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)[0].tolist()
-                seq = torch.tensor([tokens[:-1]])
-                logits = hf(seq).logits[0].numpy()
-                exact = copy.deepcopy(hf).to(torch.float64)(seq).logits[0].numpy()
-            self._refs[arch, qtype] = Reference(ids, tokens, logits, exact)
+            self._refs[arch, qtype] = hf_reference(self.file(arch, qtype), ids)
         return self._refs[arch, qtype]
+
+
+def hf_reference(path, ids: list[int]) -> Reference:
+    """HF transformers reading the GGUF file ``path``: its greedy tokens after ``ids`` and its logits (float32
+    and exact float64) along them."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)[0].tolist()
+        seq = torch.tensor([tokens[:-1]])
+        logits = hf(seq).logits[0].numpy()
+        exact = copy.deepcopy(hf).to(torch.float64)(seq).logits[0].numpy()
+    return Reference(ids, tokens, logits, exact)
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def test_unsupported_quant_type_names_it_and_the_tensor(tiny_models, tmp_path):
 def test_unsupported_architecture(tiny_models, tmp_path):
     path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "g.gguf", Q.F32,
                       arch="gemma")
-    load_error(path, "GGUF architecture 'gemma' is not supported; llaisys runs llama, qwen2")
+    load_error(path, "GGUF architecture 'gemma' is not supported; llaisys runs llama, phi3, qwen2, qwen3")
 
 
 def test_missing_tensor(tiny_models, tmp_path):
@@ -160,7 +160,10 @@ def test_missing_tensor(tiny_models, tmp_path):
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0}, "rope scaling of type 'yarn'"),
+    ({"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0},
+     "'rope_scaling.original_max_position_embeddings' is missing"),
+    ({"qwen2.rope.scaling.type": "ntk", "qwen2.rope.scaling.factor": 4.0},
+     r"rope scaling of type 'ntk' \(qwen2.rope.scaling.type\) is not supported"),
     ({"qwen2.rope.dimension_count": 16}, "rope covers 16 of 32 head dimensions"),
 ])
 def test_unsupported_rope(tiny_models, tmp_path, extra, match):

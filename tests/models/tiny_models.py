@@ -45,6 +45,7 @@ class Spec:
     # lm_head rows scaled by exp(N(0, spread)): a heavier-tailed logit distribution makes greedy
     # choices decisive (ignored for tied embeddings, where it would also scale the inputs)
     lm_head_spread: float = 0.5
+    rope_scaling: dict | None = None  # rope_parameters beyond type "default" ({"rope_type": "llama3", ...})
 
 
 SPECS = {
@@ -65,6 +66,23 @@ SPECS = {
     # Llama architecture: no q/k/v bias; tied embeddings
     "llama_f32_tied": Spec(arch="llama", dtype="f32", vocab=320, hidden=128, heads=4, kv_heads=1, layers=2,
                            tie=True, seed=5),
+    # the families of issue 28 with their own decoder variations; rope scaling with a boundary
+    # (original_max_position_embeddings 32) that the prompts (up to 64 + 40 new tokens) pass
+    **{f"{name}_{dtype}": dataclasses.replace(spec, dtype=dtype) for name, spec in {
+        # Qwen3: q/k norms, head_dim 48 (q width 192 != hidden 128), no q/k/v bias
+        "qwen3": Spec(arch="qwen3", hidden=128, heads=4, kv_heads=2, head_dim=48, inter=256, rope_theta=1e6, seed=7),
+        # Mistral: Llama with an explicit head_dim (64, q width 256 != hidden 128), no sliding window
+        "mistral": Spec(arch="mistral", hidden=128, heads=4, kv_heads=1, head_dim=64, seed=8),
+        # Phi-3: fused qkv_proj and gate_up_proj
+        "phi3": Spec(arch="phi3", hidden=128, heads=4, kv_heads=2, inter=192, seed=9),
+        # Llama 3.1: llama3 rope scaling (wavelengths past 32 positions scaled, 8..32 smoothed)
+        "llama3": Spec(arch="llama", hidden=128, heads=4, kv_heads=2, rope_theta=5e5, seed=10,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+        # Qwen2.5 long context: YaRN (factor 4 over 32 original positions: attention factor 1.139)
+        "qwen2_yarn": Spec(arch="qwen2", hidden=128, heads=4, kv_heads=2, rope_theta=1e6, seed=11,
+                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+    }.items() for dtype in ("f32", "bf16")},
 }
 
 
@@ -98,16 +116,22 @@ def write_tokenizer(directory: Path) -> None:
 
 def make_checkpoint(directory: Path, spec: Spec) -> Path:
     """Create the HF checkpoint of ``spec`` in ``directory`` (weights, config, tokenizer)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers as tf
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "llama": (LlamaConfig, LlamaForCausalLM)}[spec.arch]
+    config_cls, model_cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+                             "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                             "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+                             "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                             "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM)}[spec.arch]
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
+    if spec.arch in ("mistral", "phi3"):
+        extra["sliding_window"] = None
+    rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})}
     config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.max_pos,
                         tie_word_embeddings=spec.tie, initializer_range=0.1, rms_norm_eps=1e-6,
-                        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+                        rope_parameters=rope,
                         eos_token_id=EOS_ID, bos_token_id=None, pad_token_id=EOS_ID, **extra)
     torch.manual_seed(spec.seed)
     model = model_cls(config).eval()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import llaisys
-from helpers import TORCH_DTYPES, from_torch, nan_filled, to_torch
+from helpers import TORCH_DTYPES, from_torch, nan_filled, rope_table, to_torch
 
 HALF_DTYPES = [llaisys.float16, llaisys.bfloat16]
 MANTISSA_BITS = {llaisys.float16: 10, llaisys.bfloat16: 7}
@@ -77,7 +77,8 @@ def test_rope_hf_matches_hf(device, case, dtype):
     x = rand((seq, heads, d), dtype, gen)
     pos = torch.randint(0, top, (seq,), generator=gen)
     out = nan_filled((seq, heads, d), dtype, device)
-    llaisys.ops.rope(out, from_torch(x, device), from_torch(pos, device), theta, numerics="hf")
+    llaisys.ops.rope(out, from_torch(x, device), from_torch(pos, device), rope_table(d, theta, device),
+                     numerics="hf")
     assert_identical(out, hf_rope(x, pos, theta), "rope")
 
 
@@ -233,7 +234,7 @@ def test_f32_hf_is_exact(device):
         assert torch.equal(outs[0], outs[1]), f"{op.__name__}: f32 hf differs from exact"
 
     x = from_torch(rand((9, 4, 64), f32, gen), device)
-    both(llaisys.ops.rope, (9, 4, 64), x, from_torch(torch.arange(9), device), 1e6)
+    both(llaisys.ops.rope, (9, 4, 64), x, from_torch(torch.arange(9), device), rope_table(64, 1e6, device))
     g, u = from_torch(rand((1000,), f32, gen), device), from_torch(rand((1000,), f32, gen), device)
     both(llaisys.ops.swiglu, (1000,), g, u)
     q, k = from_torch(rand((1, 4, 64), f32, gen), device), from_torch(rand((700, 2, 64), f32, gen), device)
@@ -244,4 +245,4 @@ def test_numerics_argument_is_checked(device):
     x = llaisys.zeros((2, 1, 4), llaisys.bfloat16, device)
     pos = from_torch(torch.arange(2), device)
     with pytest.raises(llaisys.LlaisysError, match="numerics must be 'exact' or 'hf', got 'HF-ish'"):
-        llaisys.ops.rope(x, x, pos, 1e4, numerics="HF-ish")
+        llaisys.ops.rope(x, x, pos, rope_table(4, 1e4, device), numerics="HF-ish")

@@ -1,7 +1,9 @@
 """rope (half-split / rotate_half layout), against float64 references and HF transformers' Qwen2 rope.
 
-Two references: `exact` uses float64 angles; `hf_angle` rotates in float64 by the f32 angle that HF
-computes (inv_freq = 1 / theta^(2j/d) and pos * inv_freq rounded to f32), which the kernel follows.
+The op takes its inverse frequencies as an f32 table (``rope_inv_freq(d, theta)`` is the plain one; rope
+scaling makes others) and a cos/sin scale (YaRN's attention factor). Two references: `exact` uses
+float64 angles; `hf_angle` rotates in float64 by the f32 angle that HF computes (inv_freq =
+1 / theta^(2j/d) and pos * inv_freq rounded to f32), which the kernel follows.
 Against `hf_angle` every dtype must meet the DESIGN §6 tolerance; against `exact` the f32 angle
 error shows (~pos * 1e-7 rad), so positions below 64 use the rope tolerances (f32 1e-4) and
 positions near 1e5 use 2e-2, as DESIGN §6 says.
@@ -14,7 +16,7 @@ import torch
 from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
-from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, rope_table, to_torch
 
 EXACT_TOL = {llaisys.float32: 1e-4, llaisys.float16: 1e-3, llaisys.bfloat16: 1e-2}  # small positions
 # (seq, heads, head_dim): odd sizes (half = 1, 3, 17, 2049 exercise the vector tails) and Qwen2 heads
@@ -49,7 +51,7 @@ def hf_angles(pos, head_dim, theta):
 def run_rope(x, pos, theta, dtype, device, out=None):
     pos_t = from_torch(pos, device)
     out = nan_filled(tuple(x.shape), dtype, device) if out is None else out
-    llaisys.ops.rope(out, x, pos_t, theta)
+    llaisys.ops.rope(out, x, pos_t, rope_table(x.shape[2], theta, device))
     return out
 
 
@@ -114,12 +116,18 @@ def test_rope_tables_are_not_stale(device):
     assert_close(run_rope(x32, torch.arange(6), 1e4, llaisys.float32, device),
                  rotate(rx32, hf_angles(torch.arange(6), 32, 1e4)))
     # the same position tensor (same address) rewritten in place
-    pos_t = from_torch(torch.arange(6), device)
+    pos_t, table = from_torch(torch.arange(6), device), rope_table(16, 1e4, device)
     out = nan_filled((6, 2, 16), llaisys.float32, device)
-    llaisys.ops.rope(out, x, pos_t, 1e4)
+    llaisys.ops.rope(out, x, pos_t, table)
     pos_t.load(np.arange(6, dtype=np.int64) * 5)
-    llaisys.ops.rope(out, x, pos_t, 1e4)
+    llaisys.ops.rope(out, x, pos_t, table)
     assert_close(out, rotate(rx, hf_angles(torch.arange(6) * 5, 16, 1e4)))
+    # the same table tensor rewritten in place, and a new scale
+    table.load(llaisys.ops.rope_inv_freq(16, 1e6))
+    llaisys.ops.rope(out, x, pos_t, table)
+    assert_close(out, rotate(rx, hf_angles(torch.arange(6) * 5, 16, 1e6)))
+    llaisys.ops.rope(out, x, pos_t, table, 0.5)
+    assert_close(out, rotate(rx, hf_angles(torch.arange(6) * 5, 16, 1e6)) * 0.5)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
@@ -127,7 +135,7 @@ def test_rope_in_place(device, dtype):
     g = torch.Generator().manual_seed(10)
     x, rx = random((5, 3, 40), dtype, device, g)
     pos = torch.arange(5) * 3
-    llaisys.ops.rope(x, x, from_torch(pos, device), 1e4)
+    llaisys.ops.rope(x, x, from_torch(pos, device), rope_table(40, 1e4, device))
     assert_close(x, rotate(rx, hf_angles(pos, 40, 1e4)))
 
 
@@ -167,18 +175,69 @@ def test_rope_on_every_simd_path(device, level):
 
 def test_rope_rejects_bad_arguments(device):
     f32 = lambda *s: llaisys.empty(s, llaisys.float32, device)  # noqa: E731
-    pos = from_torch(torch.arange(4), device)
+    pos, t = from_torch(torch.arange(4), device), rope_table(8, 1e4, device)
     with pytest.raises(ValueError, match=r"head dim.*even"):
-        llaisys.ops.rope(f32(4, 2, 7), f32(4, 2, 7), pos, 1e4)
+        llaisys.ops.rope(f32(4, 2, 7), f32(4, 2, 7), pos, t)
     with pytest.raises(ValueError, match=r"\bpos_ids\b.*dtype int32"):
-        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), llaisys.empty((4,), llaisys.int32, device), 1e4)
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), llaisys.empty((4,), llaisys.int32, device), t)
     with pytest.raises(ValueError, match=r"\bpos_ids\b.*shape"):
-        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), from_torch(torch.arange(5), device), 1e4)
-    with pytest.raises(ValueError, match=r"\btheta\b"):
-        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, 0.0)
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), from_torch(torch.arange(5), device), t)
+    with pytest.raises(ValueError, match=r"\binv_freq\b.*shape"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, f32(8))
+    with pytest.raises(ValueError, match=r"\binv_freq\b.*dtype"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, llaisys.empty((4,), llaisys.bfloat16, device))
+    with pytest.raises(ValueError, match=r"\binv_freq\b.*llaisys.Tensor"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, 1e4)
+    for scale in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"\bscale\b"):
+            llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, t, scale)
     with pytest.raises(ValueError, match=r"\bx\b.*3-d"):
-        llaisys.ops.rope(f32(4, 16), f32(4, 16), pos, 1e4)
+        llaisys.ops.rope(f32(4, 16), f32(4, 16), pos, t)
     with pytest.raises(ValueError, match=r"\bout\b.*shape"):
-        llaisys.ops.rope(f32(4, 2, 6), f32(4, 2, 8), pos, 1e4)
+        llaisys.ops.rope(f32(4, 2, 6), f32(4, 2, 8), pos, t)
     with pytest.raises(ValueError, match=r"\bx\b.*contiguous"):
-        llaisys.ops.rope(f32(4, 2, 8), f32(2, 4, 8).permute(1, 0, 2), pos, 1e4)
+        llaisys.ops.rope(f32(4, 2, 8), f32(2, 4, 8).permute(1, 0, 2), pos, t)
+    with pytest.raises(ValueError, match=r"\btheta\b"):
+        llaisys.ops.rope_inv_freq(8, 0.0)
+    with pytest.raises(ValueError, match=r"\bhead_dim\b.*even"):
+        llaisys.ops.rope_inv_freq(7, 1e4)
+
+
+def test_rope_inv_freq_is_hf_default_table():
+    """The plain table equals HF's default inv_freq (within 1 f32 ulp: torch's Sleef powf), for the theta /
+    head_dim pairs of the families llaisys runs."""
+    import transformers.modeling_rope_utils  # noqa: F401 (HF's default rope is inlined per model)
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+    for d, theta in [(64, 1e4), (128, 1e6), (128, 5e5), (96, 1e4), (256, 1e6), (32, 10000.0)]:
+        config = Qwen2Config(hidden_size=d * 2, num_attention_heads=2, head_dim=d, rope_theta=theta)
+        hf = Qwen2RotaryEmbedding(config).inv_freq.numpy()
+        ours = llaisys.ops.rope_inv_freq(d, theta)
+        assert ours.dtype == np.float32 and ours.shape == (d // 2,)
+        ulps = np.abs(ours.view(np.int32) - hf.view(np.int32))
+        assert ulps.max() <= 1 and (ulps == 0).mean() >= 0.9, f"d={d} theta={theta}: {ulps}"
+
+
+SCALED = [(3, 2, 16), (17, 3, 34), (5, 4, 128)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SCALED, ids=lambda s: "x".join(map(str, s)))
+def test_rope_any_table_and_scale(device, shape, dtype):
+    """A rope-scaling table (any positive inverse frequencies) and a cos/sin scale, against float64 torch
+    turning by the f32 angle f32(p) * inv_freq[j] (HF: position_ids.float() @ inv_freq) with cos, sin scaled."""
+    seq, heads, d = shape
+    g = torch.Generator().manual_seed(seq * 13 + d)
+    inv = (torch.rand(d // 2, generator=g, dtype=torch.float64) * 2.0).float()  # in [0, 2)
+    inv[0], inv[-1] = 1.0, 1e-5  # the extremes of real tables
+    pos = torch.randint(0, 40000, (seq,), generator=g)
+    x, rx = random(shape, dtype, device, g)
+    for scale in (1.0, 1.0693147, 0.75):
+        out = nan_filled(shape, dtype, device)
+        llaisys.ops.rope(out, x, from_torch(pos, device), from_torch(inv, device), scale)
+        angles = (pos.float()[:, None] * inv[None, :]).double()
+        c = (angles.cos().float() * np.float32(scale)).double()[:, None, :]
+        s = (angles.sin().float() * np.float32(scale)).double()[:, None, :]
+        half = d // 2
+        x1, x2 = rx[..., :half], rx[..., half:]
+        assert_close(out, torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1))

@@ -164,3 +164,16 @@ def test_cancelling_ends_every_choice_and_frees_the_blocks(chat_server, tokenize
             ended.append(event)
     assert sorted(e.index for e in ended) == [0, 1, 2] and {e.reason for e in ended} == {"cancelled"}
     assert chat_server.engine.pool.check()["used"] == 0
+
+
+def test_choices_with_penalties_count_the_prompt_and_their_own_tokens(client, chat_reference, tokenizer):
+    """A fork starts from the prompt's token counts, not its parent's replies: each choice is penalised as
+    ``generate`` penalises it alone."""
+    penalties = dict(repetition_penalty=1.5, frequency_penalty=1.0, presence_penalty=0.5)
+    ids = text_ids(tokenizer, "Repeat repeat repeat")
+    want = [generate_text(chat_reference, tokenizer, ids, 16, top_k=0, seed=choice_seed(5, i), **SAMPLING,
+                          **penalties) for i in range(3)]
+    r = client.completions.create(model=CHAT_MODEL, prompt="Repeat repeat repeat", max_tokens=16, n=3, seed=5,
+                                  extra_body={"repetition_penalty": 1.5}, frequency_penalty=1.0,
+                                  presence_penalty=0.5, **SAMPLING)
+    assert [c.text for c in r.choices] == want

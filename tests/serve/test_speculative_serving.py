@@ -12,9 +12,9 @@ from serve_helpers import CHAT_MODEL, chat_ids, events_until_done, http_request,
 
 import llaisys
 import llaisys_models
-from llaisys_models.serve.cli import speculative_options
 from llaisys_models.serve.engine import Delta, Engine, Finished
 from llaisys_models.speculative import NgramDrafter, Speculation
+from llaisys_models.speculative.flags import from_arguments as speculative_options
 from llaisys_models.tokenizer import load_tokenizer
 
 require_serving()

@@ -2,9 +2,10 @@
 //     for j < d/2:  out[j]       = x[j] cos(a) - x[j + d/2] sin(a)
 //                   out[j + d/2] = x[j + d/2] cos(a) + x[j] sin(a),      a = pos * inv_freq[j]
 // The cos/sin table is built once per call for each (position, j), shared by all heads, with the angle
-// computed the way HF transformers does (Qwen2RotaryEmbedding) so that models match HF: inv_freq =
-// 1 / theta^((2j)/d) rounded to f32, a = float(pos) * inv_freq in f32. cos/sin of that f32 angle are
-// evaluated in double and rounded to f32 (HF: Sleef f32, within 1 ulp).
+// computed the way HF transformers does (Qwen2RotaryEmbedding) so that models match HF: inv_freq is the
+// caller's f32 table (1 / theta^((2j)/d), or a rope-scaling variant), a = float(pos) * inv_freq in f32.
+// cos/sin of that f32 angle are evaluated in double, rounded to f32 (HF: Sleef f32, within 1 ulp) and
+// multiplied by the f32 scale (YaRN's attention factor, else 1: HF's cos() * attention_scaling).
 // The rotation is done in f32 with the two products rounded separately (no FMA, as torch's
 // x * cos + rotate_half(x) * sin does in f32) and one final rounding to the dtype. For f16 / bf16, HF
 // also rounds cos/sin and each product to the model dtype: LLAISYS_NUMERICS_HF does the same,
@@ -13,7 +14,7 @@
 // ulp against the exact result, beyond the DESIGN §6 tolerance (measured: 0.031 abs in bf16 at Qwen2
 // shapes), while a single rounding stays within it. For f32 both modes are the same.
 //
-// The table depends only on (theta, head_dim, positions); a model applies rope to q and k of every layer
+// The table depends only on (inv_freq, scale, positions); a model applies rope to q and k of every layer
 // with the same positions, so the entry point keeps the last table per thread and reuses it when those
 // match (HF likewise computes cos/sin once per forward).
 #include <cmath>
@@ -26,8 +27,8 @@
 #include "../simd/simd.h"
 
 // table: [seq][2][d/2] f32, cos then sin for each position.
-LLAISYS_DECLARE_PER_ISA(void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids,
-                                        float* table))
+LLAISYS_DECLARE_PER_ISA(void rope_table(int64_t seq, int64_t half, const float* inv_freq, float scale,
+                                        const int64_t* pos_ids, float* table))
 LLAISYS_DECLARE_PER_ISA(void rope(int dtype, bool hf, int64_t seq, int64_t heads, int64_t head_dim,
                                   const float* table, void* out, const void* x))
 
@@ -37,11 +38,11 @@ namespace llaisys::cpu::LLAISYS_ISA {
 constexpr double kRopeFastAngle = 1.6e6;
 
 // cos and sin of the f32 angles p * inv_freq[j] (f32 product, as HF), evaluated in double and rounded
-// to f32: correctly rounded but for ~1e-9 of the cases. Branch-free so that the compiler vectorises it
+// to f32 (correctly rounded but for ~1e-9 of the cases), times scale in f32. Branch-free so that the compiler vectorises it
 // (8 doubles per AVX-512 register): reduction by k * pi/2 with pi/2 split into a 33-bit head and a tail
 // (exact for |angle| < kRopeFastAngle; rope_table redoes larger angles with the C library), then
 // fdlibm's minimax polynomials on [-pi/4, pi/4].
-static void sincos_row(float p, const float* inv_freq, int64_t half, float* cos_out, float* sin_out) {
+static void sincos_row(float p, const float* inv_freq, float scale, int64_t half, float* cos_out, float* sin_out) {
 #pragma omp simd
     for (int64_t j = 0; j < half; ++j) {
         const double x = double(p * inv_freq[j]);
@@ -62,22 +63,23 @@ static void sincos_row(float p, const float* inv_freq, int64_t half, float* cos_
         // quadrant q = k mod 4: (sin, cos) = (s, c), (c, -s), (-s, -c), (-c, s)
         const double s = (q & 1) ? cos_r : sin_r, c = (q & 1) ? sin_r : cos_r;
         const double sin_sign = (q & 2) ? -1.0 : 1.0, cos_sign = ((q + 1) & 2) ? -1.0 : 1.0;
-        sin_out[j] = float(s * sin_sign);
-        cos_out[j] = float(c * cos_sign);
+        sin_out[j] = float(s * sin_sign) * scale;
+        cos_out[j] = float(c * cos_sign) * scale;
     }
 }
 
-void rope_table(int64_t seq, int64_t half, const float* inv_freq, const int64_t* pos_ids, float* table) {
+void rope_table(int64_t seq, int64_t half, const float* inv_freq, float scale, const int64_t* pos_ids,
+                float* table) {
     run_ranges(seq, [&](int64_t s_begin, int64_t s_end) {
         for (int64_t s = s_begin; s < s_end; ++s) {
             const float p = float(pos_ids[s]);  // position_ids.float()
             float* c = table + s * 2 * half;
-            sincos_row(p, inv_freq, half, c, c + half);
+            sincos_row(p, inv_freq, scale, half, c, c + half);
             for (int64_t j = 0; j < half; ++j) {
                 const double x = double(p * inv_freq[j]);
                 if (!(std::fabs(x) < kRopeFastAngle)) {  // huge, inf or NaN: the C library reduces exactly
-                    c[j] = float(std::cos(x));
-                    c[half + j] = float(std::sin(x));
+                    c[j] = float(std::cos(x)) * scale;
+                    c[half + j] = float(std::sin(x)) * scale;
                 }
             }
         }
@@ -149,42 +151,28 @@ void rope(int dtype, bool hf, int64_t seq, int64_t heads, int64_t head_dim, cons
 namespace {
 
 struct RopeTable {
-    double theta = 0;
-    int64_t head_dim = -1;
+    float scale = 0;
+    std::vector<float> inv_freq;  // [head_dim / 2]; empty: no table yet
     std::vector<int64_t> positions;
     std::vector<float> table;  // [seq][2][head_dim / 2]
 
-    bool matches(double t, int64_t d, int64_t seq, const int64_t* pos) const {
-        return t == theta && d == head_dim && int64_t(positions.size()) == seq &&
+    bool matches(const float* freq, int64_t half, float s, int64_t seq, const int64_t* pos) const {
+        return s == scale && int64_t(inv_freq.size()) == half && int64_t(positions.size()) == seq &&
+               std::memcmp(inv_freq.data(), freq, sizeof(float) * size_t(half)) == 0 &&
                std::memcmp(positions.data(), pos, sizeof(int64_t) * size_t(seq)) == 0;
     }
 };
 
-// inv_freq = 1 / theta^(arange(0, d, 2) / d), each step rounded to f32 as torch does in HF's
-// Qwen2RotaryEmbedding (the power is correctly rounded here; torch's Sleef powf may differ by 1 ulp
-// for a few j, e.g. j = 37 of d = 128, theta = 1e6: an angle difference of ~3e-11 * pos).
-std::vector<float> inverse_frequencies(int64_t head_dim, double theta) {
-    const int64_t half = head_dim / 2;
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    const float base = float(theta);  // theta ** tensor: the Python float becomes an f32 scalar
-    for (int64_t j = 0; j < half; ++j) {
-        const float exponent = float(2 * j) / float(head_dim);
-        const float power = float(std::pow(double(base), double(exponent)));
-        inv_freq[size_t(j)] = 1.0f / power;
-    }
-    return inv_freq;
-}
-
-const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const int64_t* pos_ids) {
+const float* cos_sin_table(int64_t seq, int64_t head_dim, const float* inv_freq, float scale, const int64_t* pos_ids) {
     thread_local RopeTable cache;
-    if (!cache.matches(theta, head_dim, seq, pos_ids)) {
-        const std::vector<float> inv_freq = inverse_frequencies(head_dim, theta);
-        cache.head_dim = -1;  // invalid until filled (an exception below leaves it so)
+    const int64_t half = head_dim / 2;
+    if (!cache.matches(inv_freq, half, scale, seq, pos_ids)) {
+        cache.inv_freq.clear();  // invalid until filled (an exception below leaves it so)
         cache.table.resize(size_t(seq) * size_t(head_dim));
-        LLAISYS_PER_ISA(rope_table)(seq, head_dim / 2, inv_freq.data(), pos_ids, cache.table.data());
+        LLAISYS_PER_ISA(rope_table)(seq, half, inv_freq, scale, pos_ids, cache.table.data());
         cache.positions.assign(pos_ids, pos_ids + seq);
-        cache.theta = theta;
-        cache.head_dim = head_dim;
+        cache.scale = scale;
+        cache.inv_freq.assign(inv_freq, inv_freq + half);
     }
     return cache.table.data();
 }
@@ -192,13 +180,14 @@ const float* cos_sin_table(int64_t seq, int64_t head_dim, double theta, const in
 }  // namespace
 
 int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads, int64_t head_dim,
-                     double theta, void* out, const void* x, const void* pos_ids) {
+                     double scale, void* out, const void* x, const void* pos_ids, const void* inv_freq) {
     (void)device;
     return llaisys::launch("rope", stream, [=] {
         const bool hf = llaisys::hf_numerics(numerics);
         llaisys::require_float_dtype(dtype);
         if (seq == 0 || heads == 0 || head_dim == 0) return;  // nothing to rotate
-        const float* table = cos_sin_table(seq, head_dim, theta, static_cast<const int64_t*>(pos_ids));
+        const float* table = cos_sin_table(seq, head_dim, static_cast<const float*>(inv_freq), float(scale),
+                                           static_cast<const int64_t*>(pos_ids));
         LLAISYS_PER_ISA(rope)(dtype, hf, seq, heads, head_dim, table, out, x);
     });
 }

@@ -1,9 +1,10 @@
 // rope: rotary embedding, half-split (rotate_half) layout, on x [seq, heads, d] with int64 positions:
 //     out[j] = x[j] cos(a) - x[j + d/2] sin(a),  out[j + d/2] = x[j + d/2] cos(a) + x[j] sin(a)
-// with a = float(pos) * inv_freq[j] in f32 and inv_freq[j] = 1 / theta^(2j / d) rounded to f32, as HF
-// transformers computes them (Qwen2RotaryEmbedding). One block per position: its threads first put cos/sin
-// of the d/2 angles in shared memory (evaluated in double from the f32 angle and rounded, so they are the
-// correctly rounded f32 values), then rotate every head. The products are rounded separately (no FMA, as
+// with a = float(pos) * inv_freq[j] in f32, inv_freq the caller's f32 table (1 / theta^(2j / d) or a
+// rope-scaling variant), as HF transformers computes them (Qwen2RotaryEmbedding). One block per position:
+// its threads first put cos/sin of the d/2 angles in shared memory (evaluated in double from the f32 angle
+// and rounded, so they are the correctly rounded f32 values, then times the f32 scale: YaRN's attention
+// factor, else 1), then rotate every head. The products are rounded separately (no FMA, as
 // torch does in f32) and the result once to the dtype. LLAISYS_NUMERICS_HF rounds as HF does in f16 / bf16:
 // cos and sin to the dtype, then each product, then the sum. out may be x (each pair is read, then
 // written, by one thread).
@@ -15,8 +16,8 @@ namespace llaisys::cuda {
 namespace {
 
 template <class T, bool kHf>
-__global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, T* out, const T* x,
-                            const int64_t* pos_ids) {
+__global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float scale, T* out, const T* x,
+                            const int64_t* pos_ids, const float* inv_freq) {
     LLAISYS_DYNAMIC_SHARED(float, table);  // [2][d/2]: cos, then sin
     const int64_t half = d / 2;
     float* cos_a = table;
@@ -24,11 +25,10 @@ __global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, 
     for (int64_t s = blockIdx.x; s < seq; s += gridDim.x) {
         const float p = float(pos_ids[s]);  // position_ids.float()
         for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-            const float exponent = float(2 * j) / float(d);
-            const float inv_freq = 1.0f / float(pow(double(theta), double(exponent)));
-            const double angle = double(__fmul_rn(p, inv_freq));
-            cos_a[j] = kHf ? round_to<T>(float(cos(angle))) : float(cos(angle));
-            sin_a[j] = kHf ? round_to<T>(float(sin(angle))) : float(sin(angle));
+            const double angle = double(__fmul_rn(p, inv_freq[j]));
+            const float c = __fmul_rn(float(cos(angle)), scale), sn = __fmul_rn(float(sin(angle)), scale);
+            cos_a[j] = kHf ? round_to<T>(c) : c;
+            sin_a[j] = kHf ? round_to<T>(sn) : sn;
         }
         __syncthreads();
         const T* xs = x + s * heads * d;
@@ -50,7 +50,7 @@ __global__ void rope_kernel(int64_t seq, int64_t heads, int64_t d, float theta, 
 }  // namespace llaisys::cuda
 
 int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads, int64_t head_dim,
-                     double theta, void* out, const void* x, const void* pos_ids) {
+                     double scale, void* out, const void* x, const void* pos_ids, const void* inv_freq) {
     using namespace llaisys::cuda;
     return guard("rope", [&] {
         const bool hf = hf_numerics(numerics);
@@ -64,8 +64,9 @@ int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t 
             using T = decltype(tag);
             const unsigned blocks = blocks_for(seq, 1, int64_t(device_context(device).sm_count) * 16);
             auto kernel = hf ? &rope_kernel<T, true> : &rope_kernel<T, false>;
-            LLAISYS_LAUNCH(kernel, blocks, 128, table_bytes, s.stream, seq, heads, head_dim, float(theta),
-                           static_cast<T*>(out), static_cast<const T*>(x), static_cast<const int64_t*>(pos_ids));
+            LLAISYS_LAUNCH(kernel, blocks, 128, table_bytes, s.stream, seq, heads, head_dim, float(scale),
+                           static_cast<T*>(out), static_cast<const T*>(x), static_cast<const int64_t*>(pos_ids),
+                           static_cast<const float*>(inv_freq));
         });
     });
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 3  # LLAISYS_API_VERSION
+API_VERSION = 4  # LLAISYS_API_VERSION
 
 
 class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>
@@ -126,8 +126,8 @@ OP_SLOTS: dict[str, list] = {
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
     # dtype, numerics, rows, dim, eps, out, x, weight
     "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
-    # dtype, numerics, seq, heads, head_dim, theta, out, x, pos_ids int64 [seq]
-    "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, seq, heads, head_dim, scale, out, x, pos_ids int64 [seq], inv_freq f32 [head_dim / 2]
+    "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],

@@ -21,7 +21,7 @@ from .errors import ModelBusyError, ModelLoadError
 from .generation import GenerationStats
 from .kv_blocks import BlockManager, SequenceKV
 from .kv_cache import KVPool, KVShape
-from .qwen2 import Llama, Qwen2
+from .qwen2 import Llama, Phi3, Qwen2, Qwen3
 from .registry import MODEL_CLASSES
 from .safetensors import Checkpoint, SafetensorsFile
 from .sampling import SamplingParams
@@ -58,5 +58,5 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "KVPool", "KVShape",
-           "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Qwen2", "SafetensorsFile",
-           "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]
+           "Llama", "MODEL_CLASSES", "ModelBusyError", "ModelConfig", "ModelLoadError", "Phi3", "Qwen2", "Qwen3",
+           "SafetensorsFile", "SamplingParams", "SequenceKV", "Session", "gguf", "load", "load_tokenizer"]

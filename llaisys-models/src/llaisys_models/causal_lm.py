@@ -17,6 +17,7 @@ import llaisys
 from llaisys.dtype import as_dtype
 
 from . import quantize as quantization
+from . import rope_scaling
 from .config import ModelConfig
 from .decode_graph import DecodeGraphs
 from .generation import GenerationMixin
@@ -81,6 +82,14 @@ class CausalLM(GenerationMixin, TextMixin):
         self._workspace_base: Workspace | None = None
         self._workspaces: dict[int, Workspace] = {}
         self._decode_graphs = DecodeGraphs(self)
+        self.set_rope()
+
+    def set_rope(self) -> None:
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale."""
+        c = self.config
+        inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                       c.max_position_embeddings)
+        self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
 
     def __repr__(self) -> str:
         c = self.config

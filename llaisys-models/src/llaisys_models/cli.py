@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from . import numerics, quantize
+from .speculative import flags as speculative_flags
 from .text import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
 
 DEFAULT_PROMPT = "12+34="
@@ -87,6 +88,7 @@ def register_generate(subparsers) -> None:
                         "(default: 0 = off)")
     p.add_argument("--presence-penalty", type=float, default=None, metavar="P",
                    help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
+    speculative_flags.add_arguments(p, "(greedy and seeded replies are the same as without it)")
     p.set_defaults(func=_command(run_generate))
 
 
@@ -181,7 +183,8 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
     print(f"{s.new_tokens} new tokens | prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
-          f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s", file=sys.stderr)
+          f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s"
+          + (f" | drafted {s.draft_tokens}, kept {s.accepted_tokens}" if s.draft_tokens else ""), file=sys.stderr)
     return decoder.tokens
 
 
@@ -197,7 +200,11 @@ def run_generate(args) -> int:
     if not args.chat:
         check_text(prompt, "--prompt")
     sampling = _sampling(args)
+    speculative_flags.check_arguments(args)
     model, tokenizer, _ = _load(args)
+    speculation, _ = speculative_flags.from_arguments(args, model)
+    if speculation is not None:
+        sampling["speculative"] = speculation
     if args.chat:
         return _chat(model, tokenizer, args, sampling)
     ids = encode(tokenizer, prompt, chat=not args.raw)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from .errors import ModelLoadError, shown
 from .files import read_json_object
+from .rope_scaling import SUPPORTED as ROPE_TYPES
+from .rope_scaling import RopeScaling
 
 DEFAULT_ROPE_THETA = 10000.0
 
@@ -40,6 +42,9 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None  # only set when some layer really uses a window
+    rope_scaling: RopeScaling = RopeScaling()  # rope_scaling.py: the frequency table's variant
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and of k, before rope
+    fused_projections: bool = False  # Phi-3: q/k/v in one qkv_proj, gate/up in one gate_up_proj (weights.py)
     dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
 
     @classmethod
@@ -87,7 +92,7 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
 
-        rope_theta = _rope_theta(raw)
+        rope_theta, rope_scaling = _rope(raw)
         is_qwen2 = model_type == "qwen2" or architecture_name.startswith("Qwen2")
         layers = _int(raw, "num_hidden_layers")
         attention_bias = _bool(raw, "attention_bias")
@@ -103,6 +108,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             max_position_embeddings=_int(raw, "max_position_embeddings", 32768),
             tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
             eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
@@ -112,6 +118,8 @@ class ModelConfig:
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=_bool(raw, "mlp_bias"),
             sliding_window=_sliding_window(raw, layers),
+            qk_norm=model_type == "qwen3",
+            fused_projections=model_type == "phi3",
             dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
         )
 
@@ -124,7 +132,8 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
 
-_DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+_DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def architecture(raw: dict) -> str:
@@ -189,8 +198,10 @@ def _bool(raw: dict, key: str, default: bool = False) -> bool:
     return value
 
 
-def _rope_theta(raw: dict) -> float:
-    """rope_theta from ``rope_parameters`` (transformers >= 5) or the top level (older writers)."""
+def _rope(raw: dict) -> tuple[float, RopeScaling]:
+    """rope_theta and the rope's scaling, from ``rope_parameters`` (transformers >= 5: one object with the
+    type, theta and the type's parameters) or the top level (older writers: ``rope_theta`` and a
+    ``rope_scaling`` object with ``type`` / ``rope_type``)."""
     params = raw.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise ModelLoadError(f"config field 'rope_parameters' must be an object, got {shown(params)}")
@@ -200,18 +211,67 @@ def _rope_theta(raw: dict) -> float:
     if not isinstance(params, dict):
         params = {}
     scaling = raw.get("rope_scaling")
-    for source in (params, scaling if isinstance(scaling, dict) else {}):
-        kind = source.get("rope_type", source.get("type", "default"))
-        if kind not in (None, "default"):
-            raise ModelLoadError(f"rope scaling of type {shown(kind)} is not supported (only the default rotary "
-                                 f"embedding)")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ModelLoadError(f"config field 'rope_scaling' must be an object, got {shown(scaling)}")
+    source, name = params, "rope_parameters"
+    if params.get("rope_type", "default") in (None, "default") and scaling:
+        source, name = scaling, "rope_scaling"
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ModelLoadError(f"partial_rotary_factor {shown(partial)} is not supported")
     theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
     if not _finite(theta) or theta <= 0:
         raise ModelLoadError(f"config field 'rope_theta' must be a finite positive number, got {shown(theta)}")
-    return float(theta)
+    return float(theta), _rope_scaling(source, name, raw)
+
+
+def _rope_scaling(source: dict, name: str, raw: dict) -> RopeScaling:
+    """The rope type named in ``source`` (config field ``name``) with the parameters it reads, each checked."""
+    kind = source.get("rope_type", source.get("type", "default"))
+    kind = "default" if kind is None else kind
+    if kind in ("longrope", "su", "dynamic"):
+        raise ModelLoadError(f"rope scaling of type {shown(kind)} ({name}.rope_type) is not supported: its "
+                             f"frequencies change with the sequence length (llaisys runs {', '.join(ROPE_TYPES)})")
+    if kind not in ROPE_TYPES:
+        raise ModelLoadError(f"rope scaling of type {shown(kind)} ({name}.rope_type) is not supported (llaisys runs "
+                             f"{', '.join(ROPE_TYPES)})")
+
+    def number(key: str, required: bool = True, positive: bool = True):
+        value = source.get(key)
+        if value is None:
+            if required:
+                raise ModelLoadError(f"config field '{name}.{key}' is missing (rope type {kind!r} needs it)")
+            return None
+        if not _finite(value) or (value <= 0 if positive else value < 0):
+            raise ModelLoadError(f"config field '{name}.{key}' must be a finite positive number, got {shown(value)}")
+        return float(value)
+
+    def original() -> int:
+        value = source.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+        if value is None:
+            raise ModelLoadError(f"config field '{name}.original_max_position_embeddings' is missing (rope type "
+                                 f"{kind!r} needs it)")
+        return _positive(f"{name}.original_max_position_embeddings", value)
+
+    if kind == "default":
+        return RopeScaling()
+    if kind == "linear":
+        return RopeScaling("linear", factor=number("factor"))
+    if kind == "llama3":
+        low, high = number("low_freq_factor"), number("high_freq_factor")
+        if high <= low:
+            raise ModelLoadError(f"config field '{name}.high_freq_factor' ({high:g}) must exceed "
+                                 f"'{name}.low_freq_factor' ({low:g})")
+        return RopeScaling("llama3", factor=number("factor"), low_freq_factor=low, high_freq_factor=high,
+                           original_max_position_embeddings=original())
+    truncate = source.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ModelLoadError(f"config field '{name}.truncate' must be true or false, got {shown(truncate)}")
+    return RopeScaling("yarn", factor=number("factor", required=False), original_max_position_embeddings=original(),
+                       beta_fast=number("beta_fast", required=False), beta_slow=number("beta_slow", required=False),
+                       attention_factor=number("attention_factor", required=False),
+                       mscale=number("mscale", required=False, positive=False),
+                       mscale_all_dim=number("mscale_all_dim", required=False, positive=False), truncate=truncate)
 
 
 def _sliding_window(raw: dict, layers: int) -> int | None:
@@ -222,6 +282,8 @@ def _sliding_window(raw: dict, layers: int) -> int | None:
         raise ModelLoadError(f"config field 'layer_types' must be a list of layer kinds, got {shown(layer_types)}")
     if isinstance(layer_types, list):
         sliding = any(t == "sliding_attention" for t in layer_types)
+    elif raw.get("model_type") in ("mistral", "phi3"):  # a window (when set) on every layer
+        sliding = isinstance(window, int) and window < _int(raw, "max_position_embeddings", 32768)
     else:
         max_window_layers = raw.get("max_window_layers", layers)
         if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int):

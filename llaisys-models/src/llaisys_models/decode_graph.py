@@ -4,8 +4,10 @@ A decode step (each sequence of the batch adds one token and wants its logits) h
 one step to the next. What changes is data: the token ids, positions, KV slots, block tables and lengths,
 which the paged ops read from device buffers (backend.h). So a decode step of B sequences is captured
 once into a ``llaisys.Graph`` over static input buffers; each later step of B sequences loads its values
-into those buffers and replays the graph. Prefill and mixed steps stay eager, and so do the verify steps of
-speculative decoding (several rows per sequence; a step where nothing was drafted is a decode step).
+into those buffers and replays the graph. A verify step of speculative decoding (sequence i appends its
+last token and d_i drafts, and wants the logits of all 1 + d_i rows) is captured the same way, keyed by its
+rows per sequence: (1, 1, 1) is a decode step of three sequences, (5, 1) a verify of four drafts beside a
+plain decode. Prefill and mixed steps (rows whose logits nobody wants) stay eager.
 
 A captured step is the same kernels on the same buffers as the eager step, so its logits are bit for bit
 the eager ones. On by default wherever the backend can capture graphs (CUDA, and the CPU, where it only
@@ -22,22 +24,23 @@ import llaisys
 from .kv_cache import KVPool
 from .step_inputs import Batch, load_step_inputs, static_step_inputs
 
-# Eager decode steps of a batch size on its static buffers before it is captured: the first one fills the
+# Eager steps of a shape on its static buffers before it is captured: the first one fills the
 # allocator's cache with the blocks the step needs, which the capture then takes without asking the backend
 # (a GPU forbids that). A capture that fails all the same (the cache gave those blocks away) is retried after
-# another eager step, at most MAX_CAPTURE_FAILURES times for a batch size.
+# another eager step, at most MAX_CAPTURE_FAILURES times for a shape.
 WARM_UP_STEPS = 1
 MAX_CAPTURE_FAILURES = 3
-MAX_SIZES = 16  # batch sizes kept captured at once (a serving engine runs 1 .. max_running)
+MAX_SHAPES = 16  # step shapes kept captured at once (a serving engine runs 1 .. max_running sequences)
+MAX_ROWS = 1 + 16  # rows per sequence of a captured step: a verify of up to 16 drafts (longer ones: eager)
 
 
 class _DecodeStep:
-    """One batch size: its static input buffers, and once captured the graph reading them. It refers to its
-    pool weakly: a graph holds the pool's tensors, so a pool that is gone (or grown: new tensors) must take
-    its graphs with it, never be kept alive by them."""
+    """One step shape (rows per sequence): its static input buffers, and once captured the graph reading
+    them. It refers to its pool weakly: a graph holds the pool's tensors, so a pool that is gone (or grown:
+    new tensors) must take its graphs with it, never be kept alive by them."""
 
-    def __init__(self, pool: KVPool, size: int):
-        self.step = static_step_inputs(size, pool.num_blocks, pool.shape.device)  # tables as wide as the pool
+    def __init__(self, pool: KVPool, rows: tuple[int, ...]):
+        self.step = static_step_inputs(rows, pool.num_blocks, pool.shape.device)  # tables as wide as the pool
         self.pool, self.generation = weakref.ref(pool), pool.generation
         self.graph: llaisys.Graph | None = None
         self.numerics = None  # the model's numerics when captured (a benchmark may switch it)
@@ -62,26 +65,26 @@ class DecodeGraphs:
     def __init__(self, model):
         self.model = model
         self.enabled = llaisys.graphs_supported(model.device)
-        self._steps: dict[int, _DecodeStep] = {}
+        self._steps: dict[tuple[int, ...], _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
     def run(self, pool: KVPool, batch: Batch, logits_of: list[int] | None) -> llaisys.Tensor | None:
-        """The logits [B, vocab] of a decode step (one new token per sequence, logits for each), run from its
-        graph once captured; None for any other forward, which the caller runs as usual."""
-        if not self.enabled or any(len(ids) != 1 for _, ids in batch):
+        """The logits [rows, vocab] of a decode or verify step (logits of every new row), run from its graph
+        once captured; None for any other forward, which the caller runs as usual."""
+        if not self.enabled or logits_of is None:
             return None
-        if logits_of is not None and not all(logits_of):
-            return None
+        rows = tuple(len(ids) for _, ids in batch)
+        if list(rows) != [int(want) for want in logits_of] or max(rows) > MAX_ROWS:
+            return None  # a prefill chunk (rows whose logits nobody wants), or a long verify
         self.release(None)  # the graphs of pools that are gone
-        size = len(batch)
-        entry = self._steps.get(size)
+        entry = self._steps.get(rows)
         if entry is not None and not (entry.fits(pool) and entry.numerics in (None, self.model.numerics)):
-            self._drop(size)
+            self._drop(rows)
             entry = None
         if entry is None:
-            if len(self._steps) >= MAX_SIZES:
+            if len(self._steps) >= MAX_SHAPES:
                 self._drop(next(iter(self._steps)))
-            entry = self._steps[size] = _DecodeStep(pool, size)
+            entry = self._steps[rows] = _DecodeStep(pool, rows)
         load_step_inputs(entry.step, batch)
         if entry.graph is None and not self._ready(pool, entry):
             entry.eager_steps += 1
@@ -113,14 +116,14 @@ class DecodeGraphs:
 
     def release(self, pool: KVPool | None) -> None:
         """Drop the graphs captured on ``pool`` (a pool its owner is done with), and those of pools gone."""
-        for size in [size for size, entry in self._steps.items() if entry.pool() in (None, pool)]:
-            self._drop(size)
+        for rows in [rows for rows, entry in self._steps.items() if entry.pool() in (None, pool)]:
+            self._drop(rows)
 
-    def _drop(self, size: int) -> None:
-        entry = self._steps.pop(size)
+    def _drop(self, rows: tuple[int, ...]) -> None:
+        entry = self._steps.pop(rows)
         with contextlib.suppress(llaisys.LlaisysError):
             entry.close()
 
     def clear(self) -> None:
-        for size in list(self._steps):
-            self._drop(size)
+        for rows in list(self._steps):
+            self._drop(rows)

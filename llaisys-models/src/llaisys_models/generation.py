@@ -33,6 +33,8 @@ class GenerationStats:
     prefill_seconds: float = 0.0  # prefill forwards + choosing the first new token
     new_tokens: int = 0
     decode_seconds: float = 0.0  # the decode steps: one forward + choice per token after the first
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and how many of them the model kept
+    accepted_tokens: int = 0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -61,6 +63,7 @@ def run(scheduler: Scheduler, seq: Sequence, stats: GenerationStats) -> Iterator
             else:
                 stats.decode_seconds += elapsed
     finally:
+        stats.draft_tokens, stats.accepted_tokens = seq.draft_tokens, seq.accepted_tokens
         scheduler.finish(seq)  # a no-op once finished; frees the blocks of a stream closed early
 
 

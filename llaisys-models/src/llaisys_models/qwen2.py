@@ -1,11 +1,17 @@
-"""Qwen2 (and the Llama architecture, its bias-free sibling), written only with ``llaisys.ops``.
+"""Qwen2 and the families that are its declared variations, written only with ``llaisys.ops``.
 
     x = embed(ids)
     for each layer:
         h = rms_norm(x);  q, k, v = h Wq + bq, h Wk + bk, h Wv + bv
+        q, k = rms_norm(q), rms_norm(k)  per head, with Qwen3's q_norm / k_norm (config.qk_norm)
         cache[pos] = rope(k), v;  x += attention(rope(q), cache[:pos+1]) Wo
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
+
+rope's frequencies are the config's table (rope_scaling.py: plain, linear, llama3, YaRN), computed at load.
+The other variations live in the config and the weights: biases (Qwen2: q/k/v; Llama, Mistral, Qwen3:
+``attention_bias`` / ``mlp_bias``), an explicit head_dim, Phi-3's fused qkv / gate_up weights (read as
+row views, weights.py).
 
 One forward runs any number of sequences at once (continuous batching): their new tokens are stacked
 into the rows of x, every matmul reads each weight once for all of them, and attention reads each
@@ -58,8 +64,12 @@ class Qwen2(CausalLM):
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
         linear(ws.k.view(n, c.kv_size), ws.h, w.k_proj, w.k_bias)
         linear(ws.v.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)
-        ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), step.positions, c.rope_theta, numerics)
-        ops.rope(ws.k, ws.k, step.positions, c.rope_theta, numerics)
+        q = ws.q.view(n, c.num_attention_heads, c.head_dim)
+        if w.q_norm is not None:  # Qwen3: each head of q and k RMS-normed before rope
+            ops.rms_norm(q, q, w.q_norm, c.rms_norm_eps, numerics)
+            ops.rms_norm(ws.k, ws.k, w.k_norm, c.rms_norm_eps, numerics)
+        ops.rope(ws.q_rot, q, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
+        ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
         ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
                             c.head_dim ** -0.5, numerics)
@@ -85,4 +95,13 @@ class Qwen2(CausalLM):
 
 
 class Llama(Qwen2):
-    """Llama-architecture checkpoints: the same decoder, biases as ``attention_bias`` / ``mlp_bias`` say."""
+    """Llama-architecture checkpoints (Llama 2, 3.x, and Mistral: Llama with an explicit head_dim): the same
+    decoder, biases as ``attention_bias`` / ``mlp_bias`` say."""
+
+
+class Qwen3(Qwen2):
+    """Qwen3: q_norm / k_norm on each head before rope, an explicit head_dim, no q/k/v bias."""
+
+
+class Phi3(Qwen2):
+    """Phi-3: the Llama decoder with fused qkv_proj / gate_up_proj weights (split into row views at load)."""

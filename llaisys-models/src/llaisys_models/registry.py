@@ -6,13 +6,16 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 
 from __future__ import annotations
 
-from .qwen2 import Llama, Qwen2
+from .qwen2 import Llama, Phi3, Qwen2, Qwen3
 
-#  HF architecture        GGUF architecture  model class
+#  HF architecture          GGUF architecture  model class   (None: llama.cpp writes the family as another)
 FAMILIES = [
-    ("Qwen2ForCausalLM",  "qwen2",           Qwen2),
-    ("LlamaForCausalLM",  "llama",           Llama),
+    ("Qwen2ForCausalLM",    "qwen2",           Qwen2),
+    ("LlamaForCausalLM",    "llama",           Llama),
+    ("Qwen3ForCausalLM",    "qwen3",           Qwen3),
+    ("MistralForCausalLM",  None,              Llama),  # llama.cpp: "llama"
+    ("Phi3ForCausalLM",     "phi3",            Phi3),
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}
-GGUF_CLASSES = {gguf: cls for _, gguf, cls in FAMILIES}
+GGUF_CLASSES = {gguf: cls for _, gguf, cls in FAMILIES if gguf is not None}

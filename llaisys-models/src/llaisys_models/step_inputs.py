@@ -2,7 +2,7 @@
 block tables, as device tensors (the paged ops' arguments, backend.h).
 
 A batch is a list of (sequence, new token ids), each sequence with blocks reserved for its new length.
-Decode graphs (decode_graph.py) keep one static set of these buffers per batch size and reload them.
+Decode graphs (decode_graph.py) keep one static set of these buffers per step shape and reload them.
 """
 
 from __future__ import annotations
@@ -43,19 +43,20 @@ def step_inputs(batch: Batch, device, logits_of: list[int] | None = None) -> Ste
                       num_tokens=len(arrays["tokens"]))
 
 
-def static_step_inputs(num_seqs: int, table_width: int, device) -> StepInputs:
-    """Buffers for decode steps of ``num_seqs`` sequences (one new token each, logits for each) with block
-    tables ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured decode graph."""
-    n, zeros = num_seqs, llaisys.zeros
-    return StepInputs(tokens=zeros((n,), llaisys.int64, device), positions=zeros((n,), llaisys.int64, device),
-                      slots=zeros((n,), llaisys.int64, device),
+def static_step_inputs(rows: tuple[int, ...], table_width: int, device) -> StepInputs:
+    """Buffers for steps that append ``rows[i]`` tokens to sequence i and want the logits of every row (a
+    decode step: all ones; a verify step of speculative decoding: 1 + the drafts), with block tables
+    ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured graph."""
+    n, t, zeros = len(rows), sum(rows), llaisys.zeros
+    return StepInputs(tokens=zeros((t,), llaisys.int64, device), positions=zeros((t,), llaisys.int64, device),
+                      slots=zeros((t,), llaisys.int64, device),
                       block_tables=zeros((n, table_width), llaisys.int32, device),
                       seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
-                      logit_rows=None, num_tokens=n)
+                      logit_rows=None, num_tokens=t)
 
 
 def load_step_inputs(step: StepInputs, batch: Batch) -> None:
-    """Copy a decode step's inputs into the buffers of ``static_step_inputs``."""
+    """Copy a step's inputs into the buffers of ``static_step_inputs`` (made for its rows per sequence)."""
     arrays = _host_arrays(batch, None, table_width=step.block_tables.shape[1])
     for name in STATIC:
         getattr(step, name).load(arrays[name])

@@ -40,6 +40,8 @@ class LayerWeights:
     gate_proj: Linear
     up_proj: Linear
     down_proj: Linear
+    q_norm: llaisys.Tensor | None = None  # Qwen3: RMSNorm weights [head_dim] of each q head, each k head
+    k_norm: llaisys.Tensor | None = None
     q_bias: llaisys.Tensor | None = None
     k_bias: llaisys.Tensor | None = None
     v_bias: llaisys.Tensor | None = None
@@ -73,7 +75,9 @@ def check_layer_count(checkpoint: Checkpoint, config: ModelConfig) -> None:
 
 
 def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
-    """{field: (checkpoint name, shape)} for the top-level weights and for each layer."""
+    """{field: (checkpoint name, shape)} for the top-level weights and for each layer; a field that is rows
+    [start, stop) of a fused checkpoint tensor (Phi-3's qkv_proj, gate_up_proj) is (name, shape, (start, stop)),
+    with the fused tensor's shape: the decoder reads the rows as a matrix of their own (a view, no copy)."""
     c = config
     top = {"embed_tokens": ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),
            "norm": ("model.norm.weight", (c.hidden_size,))}
@@ -103,14 +107,28 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
             layer["gate_bias"] = (p + "mlp.gate_proj.bias", (c.intermediate_size,))
             layer["up_bias"] = (p + "mlp.up_proj.bias", (c.intermediate_size,))
             layer["down_bias"] = (p + "mlp.down_proj.bias", (c.hidden_size,))
+        if c.qk_norm:
+            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
+            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
+        if c.fused_projections:
+            _fuse(layer, p, c)
         layers.append(layer)
     return top, layers
+
+
+def _fuse(layer: dict, prefix: str, c: ModelConfig) -> None:
+    """Phi-3's fused projections: q, k, v are rows of self_attn.qkv_proj, gate and up of mlp.gate_up_proj."""
+    qkv = (prefix + "self_attn.qkv_proj.weight", (c.q_size + 2 * c.kv_size, c.hidden_size))
+    gate_up = (prefix + "mlp.gate_up_proj.weight", (2 * c.intermediate_size, c.hidden_size))
+    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+    layer["q_proj"], layer["k_proj"], layer["v_proj"] = (*qkv, (0, q)), (*qkv, (q, q + kv)), (*qkv, (q + kv, q + 2 * kv))
+    layer["gate_proj"], layer["up_proj"] = (*gate_up, (0, inter)), (*gate_up, (inter, 2 * inter))
 
 
 def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, TensorInfo]:
     """Every needed tensor exists with its shape and a floating dtype; returns name -> info."""
     infos = {}
-    for name, shape in [spec for group in [top, *layers] for spec in group.values()]:
+    for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
         info = checkpoint.info(name)
         if info.shape != shape:
             raise ModelLoadError(f"tensor {name!r} in {info.file.path.name} has shape {info.shape}, but "
@@ -150,20 +168,30 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     return tensor
 
 
-def quantized(info: TensorInfo, device: llaisys.Device) -> Int8Weight:
-    """The checkpoint matrix in int8 on ``device``, quantized from its stored values a chunk of rows at a
-    time; its mapped pages are dropped from the resident set as soon as they are read."""
+def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None) -> Int8Weight:
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 on ``device``, quantized
+    from its stored values a chunk of rows at a time; its mapped pages are dropped from the resident set as
+    soon as they are read (parts are read in order, so the pages of the rows before are done with)."""
     source = info.file.array(info)  # a view of the mapping, or the bytes just read
     row_bytes = info.nbytes // max(info.shape[0], 1)
+    first, stop = rows or (0, info.shape[0])
 
     def read(start: int, end: int):
-        if start:  # the rows before ``start`` are quantized: their pages need not stay resident
-            info.file.release_pages(info.offset, start * row_bytes)
-        return source[start:end]
+        if first + start:  # the rows before are quantized: their pages need not stay resident
+            info.file.release_pages(info.offset, (first + start) * row_bytes)
+        return source[first + start:first + end]
 
-    weight = int8_weight(read, info.shape, device, info.name)
-    info.file.release_pages(info.offset, info.nbytes)
+    weight = int8_weight(read, (stop - first, info.shape[1]), device, info.name)
+    info.file.release_pages(info.offset, stop * row_bytes)
     return weight
+
+
+def _part_bytes(info: TensorInfo, spec: tuple) -> int:
+    """The bytes of the rows ``spec`` takes of its tensor (all of them but for a part of a fused one)."""
+    if len(spec) < 3:
+        return info.nbytes
+    start, stop = spec[2]
+    return info.nbytes * (stop - start) // max(info.shape[0], 1)
 
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
@@ -180,13 +208,15 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             if name not in cache:
                 cache[name] = materialize(infos[name], dtype, device)
                 bar.update(infos[name].nbytes)
+            if len(spec) == 3:  # rows of a fused tensor: a view
+                return cache[name].slice(0, *spec[2])
             return cache[name]
 
         def get_linear(spec):
             if quantize is None:
                 return get(spec)
-            weight = quantized(infos[spec[0]], device)
-            bar.update(infos[spec[0]].nbytes)
+            weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None)
+            bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
         def get_layer(layer):

@@ -20,6 +20,8 @@ from ops.test_penalize_logits import reference as penalty_reference
 from ops.test_rope import hf_angles, rotate
 from ops.test_self_attention import reference as attention_reference
 
+import llaisys
+
 pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -202,7 +204,8 @@ def test_hf_numerics(dev, dtype):
 
     x, pos = randn((5, 3, 128), dtype, 23), torch.tensor([0, 7, 100000, 3, 65535], dtype=torch.int64)
     out = dev.empty((5, 3, 128), dtype)
-    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1e6, out, dev.upload(x), dev.upload(pos))
+    table = dev.upload(torch.from_numpy(llaisys.ops.rope_inv_freq(128, 1e6)))
+    dev.op("rope", CODE[dtype], hf, 5, 3, 128, 1.0, out, dev.upload(x), dev.upload(pos), table)
     assert torch.equal(dev.download(out), hf_rope(x, pos, 1e6))
 
     g, u = randn(4097, dtype, 24, 3.0), randn(4097, dtype, 25)
@@ -238,11 +241,27 @@ def test_rope(dev, dtype, seq, heads, d):
     pos = torch.tensor([0, 7, 100000, 3, 65535][:seq], dtype=torch.int64)
     out = dev.empty((seq, heads, d), dtype)
     dx = dev.upload(x)
-    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, out, dx, dev.upload(pos))
+    table = dev.upload(torch.from_numpy(llaisys.ops.rope_inv_freq(d, 1e6)))
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.0, out, dx, dev.upload(pos), table)
     want = rotate(x.double(), hf_angles(pos, d, 1e6))
     check(dev.download(out), want, dtype, 1e-4 if dtype == torch.float32 else None)
-    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1e6, dx, dx, dev.upload(pos))  # in place
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.0, dx, dx, dev.upload(pos), table)  # in place
     check(dev.download(dx), want, dtype, 1e-4 if dtype == torch.float32 else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+def test_rope_scaled_table(dev, dtype):
+    """A rope-scaling table (any inverse frequencies) and YaRN's cos/sin scale."""
+    seq, heads, d = 4, 3, 34
+    g = torch.Generator().manual_seed(14)
+    inv = (torch.rand(d // 2, generator=g, dtype=torch.float64) * 2.0).float()
+    pos = torch.tensor([0, 9, 4097, 31000], dtype=torch.int64)
+    x = randn((seq, heads, d), dtype, 15)
+    out = dev.empty((seq, heads, d), dtype)
+    dev.op("rope", CODE[dtype], 0, seq, heads, d, 1.25, out, dev.upload(x), dev.upload(pos), dev.upload(inv))
+    angles = (pos.float()[:, None] * inv[None, :]).double()
+    want = rotate(x.double(), angles) * float(np.float32(1.25))
+    check(dev.download(out), want, dtype, 1e-4 if dtype == torch.float32 else None)
 
 
 # ---- self_attention -----------------------------------------------------------------------------------

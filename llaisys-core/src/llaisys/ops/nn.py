@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from ..dtype import bfloat16, int8
+import numpy as np
+
+from ..dtype import bfloat16, float32, int8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import NUMERICS
 from .int8 import INT8_GROUP, int8_shapes
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 _embedding = new_plans()
 
@@ -206,9 +210,12 @@ def _plan_rms_norm(out, x, weight):
 _rope = new_plans()
 
 
-def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
-    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq].
+def rope(out, x, pos_ids, inv_freq, scale: float = 1.0, numerics: str = "exact") -> None:
+    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq], inv_freq f32 [d/2].
 
+    Pair j at position p turns by the f32 angle p * inv_freq[j], its cos and sin times ``scale`` (YaRN's
+    attention factor; 1 for every other rope), as HF computes them. ``rope_inv_freq(d, theta)`` is the
+    plain table; a rope-scaling variant (llama3, YaRN, ...) is another table of the same shape.
     out may be x itself; no other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``).
     """
     try:
@@ -216,24 +223,27 @@ def rope(out, x, pos_ids, theta: float, numerics: str = "exact") -> None:
     except (KeyError, TypeError):
         mode = check.numerics("rope", numerics)
     try:
-        kernel, fail, device, code, seq, heads, d = _rope[out._layout, x._layout, pos_ids._layout]
+        kernel, fail, device, code, seq, heads, d = _rope[out._layout, x._layout, pos_ids._layout, inv_freq._layout]
     except (AttributeError, KeyError):
-        kernel, fail, device, code, seq, heads, d = _plan_rope(out, x, pos_ids)
-    if theta.__class__ is not float or not theta > 0.0:
-        theta = check.number("rope", "theta", theta, low=0, low_open=True)
-    o_ptr, o_end, x_ptr, p_ptr = out._ptr, out._end, x._ptr, pos_ids._ptr
+        kernel, fail, device, code, seq, heads, d = _plan_rope(out, x, pos_ids, inv_freq)
+    if scale.__class__ is not float or not 0.0 < scale <= F32_MAX:
+        scale = check.number("rope", "scale", scale, low=0, low_open=True, high=F32_MAX)
+    o_ptr, o_end, x_ptr, p_ptr, f_ptr = out._ptr, out._end, x._ptr, pos_ids._ptr, inv_freq._ptr
     if x_ptr < o_end and o_ptr < x._end and x_ptr != o_ptr:
         check.overlap("rope", "out", "x", exact_allowed=True)
     if p_ptr < o_end and o_ptr < pos_ids._end:
         check.overlap("rope", "out", "pos_ids")
-    status = kernel(device.index, current_stream_handle(device), code, mode, seq, heads, d, theta, o_ptr, x_ptr, p_ptr)
+    if f_ptr < o_end and o_ptr < inv_freq._end:
+        check.overlap("rope", "out", "inv_freq")
+    status = kernel(device.index, current_stream_handle(device), code, mode, seq, heads, d, scale, o_ptr, x_ptr,
+                    p_ptr, f_ptr)
     if status:
         fail(status)
 
 
-def _plan_rope(out, x, pos_ids):
+def _plan_rope(out, x, pos_ids, inv_freq):
     op = "rope"
-    device = check.tensors(op, out=out, x=x, pos_ids=pos_ids)
+    device = check.tensors(op, out=out, x=x, pos_ids=pos_ids, inv_freq=inv_freq)
     check.dtype(op, "out", out, check.FLOATS)
     check.same_dtype(op, "out", out, x=x)
     check.ndim(op, "x", x, 3)
@@ -241,10 +251,25 @@ def _plan_rope(out, x, pos_ids):
         check.fail(op, f"the head dim of x must be even, got {x.shape[2]}")
     check.shape(op, "out", out, x.shape)
     check.index_tensor(op, "pos_ids", pos_ids, (x.shape[0],))
-    check.contiguous(op, out=out, x=x, pos_ids=pos_ids)
+    check.dtype(op, "inv_freq", inv_freq, (float32,))
+    check.shape(op, "inv_freq", inv_freq, (x.shape[2] // 2,))
+    check.contiguous(op, out=out, x=x, pos_ids=pos_ids, inv_freq=inv_freq)
     check.writable(op, "out", out)
-    return remember(_rope, (out._layout, x._layout, pos_ids._layout),
+    return remember(_rope, (out._layout, x._layout, pos_ids._layout, inv_freq._layout),
                     (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, *x.shape))
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """The plain rope table, f32 [head_dim / 2]: 1 / theta^(2j / head_dim) as HF computes it in f32
+    (``1.0 / (theta ** (torch.arange(0, d, 2).float() / d))``: the exponent and the quotient rounded to f32;
+    the power here is correctly rounded, where torch's Sleef powf may be 1 ulp off for a few j)."""
+    head_dim = check.size("rope_inv_freq", "head_dim", head_dim)
+    if head_dim % 2:
+        check.fail("rope_inv_freq", f"head_dim must be even, got {head_dim}")
+    theta = check.number("rope_inv_freq", "theta", theta, low=0, low_open=True)
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    power = np.power(np.float64(np.float32(theta)), exponent.astype(np.float64)).astype(np.float32)
+    return np.float32(1.0) / power
 
 
 _attention = new_plans()

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..config import ModelConfig
 from ..errors import ModelLoadError, shown
 from ..registry import FAMILIES
+from ..rope_scaling import RopeScaling
 from .reader import GGUFFile
 
 # GGUF architecture -> the HuggingFace architecture of the same family (registry.py)
-ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES}
+ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES if gguf_name is not None}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {
@@ -72,6 +75,11 @@ def model_config(f: GGUFFile) -> ModelConfig:
         config = ModelConfig.from_dict(raw)
     except ModelLoadError as e:
         raise ModelLoadError(f"{f.path}: {e}") from None
+    if "rope_freqs.weight" in f.tensors:
+        config = dataclasses.replace(config, rope_scaling=_freq_factors(f, config.head_dim))
+    window = meta.get(f"{arch}.attention.sliding_window")  # (Phi-3, Mistral: every layer's window)
+    if window is not None and _size(f, f"{arch}.attention.sliding_window", window) < config.max_position_embeddings:
+        config = dataclasses.replace(config, sliding_window=window)  # generation stops at the window
     # biases are whatever tensors the file has (the layer-0 set is required of every layer)
     return dataclasses.replace(
         config,
@@ -93,7 +101,8 @@ def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:
 
 def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
     """Refuse what the decoder does not compute: a value width other than the key width, a
-    partial rotary dimension, rope scaling (llama3-style frequency factors included)."""
+    partial rotary dimension, a rope scaling one table cannot hold; translate the others to config.json's
+    rope_scaling (llama3's rope_freqs.weight is read by model_config)."""
     meta = f.metadata
     head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
@@ -104,12 +113,36 @@ def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
     if rope_dims != head_dim:
         raise ModelLoadError(f"{f.path}: rope covers {shown(rope_dims)} of {head_dim} head dimensions; llaisys "
                              f"supports full rotary embeddings only")
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in f.tensors:
+            raise ModelLoadError(f"{f.path}: rope scaling of type 'longrope' ({name}) is not supported: its "
+                                 f"frequencies change with the sequence length")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", 1.0)
-    if (scaling != "none" and factor not in (0.0, 1.0)) or "rope_freqs.weight" in f.tensors:
-        kind = shown(scaling) if scaling != "none" else "'llama3 (rope_freqs.weight)'"
-        raise ModelLoadError(f"{f.path}: rope scaling of type {kind} is not supported (only the default rotary "
-                             f"embedding)")
+    if scaling == "none" or factor in (0.0, 1.0) or "rope_freqs.weight" in f.tensors:
+        return  # (a llama3 file's table is rope_freqs.weight: model_config reads it)
+    if scaling not in ("linear", "yarn"):
+        raise ModelLoadError(f"{f.path}: rope scaling of type {shown(scaling)} ({arch}.rope.scaling.type) is not "
+                             f"supported (llaisys runs linear, yarn and llama3's rope_freqs.weight)")
+    rope = {"rope_type": scaling, "factor": factor}
+    if scaling == "yarn":  # config.py checks each value (named as config.json names them)
+        rope["original_max_position_embeddings"] = meta.get(f"{arch}.rope.scaling.original_context_length")
+        for key in ("beta_fast", "beta_slow"):
+            if f"{arch}.rope.scaling.yarn_{key}" in meta:
+                rope[key] = meta[f"{arch}.rope.scaling.yarn_{key}"]
+    raw["rope_scaling"] = rope
+
+
+def _freq_factors(f: GGUFFile, head_dim: int) -> RopeScaling:
+    """llama3's rope as llama.cpp stores it: rope_freqs.weight, F32 [head_dim / 2], a divisor per frequency."""
+    info = f.tensors["rope_freqs.weight"]
+    if info.shape != (head_dim // 2,) or info.type.name != "F32":
+        raise ModelLoadError(f"{f.path}: tensor 'rope_freqs.weight' is {info.type.name} {info.shape}; llaisys reads "
+                             f"rope frequency factors as F32 ({head_dim // 2},)")
+    factors = f.raw("rope_freqs.weight").view(np.float32).reshape(-1)
+    if not (np.isfinite(factors).all() and (factors > 0).all()):
+        raise ModelLoadError(f"{f.path}: tensor 'rope_freqs.weight' holds factors that are not finite and positive")
+    return RopeScaling("freq_factors", freq_factors=tuple(float(x) for x in factors))
 
 
 def eos_token_ids(f: GGUFFile) -> list[int]:

@@ -35,7 +35,11 @@ LAYER_NAMES = {
     "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
 }
+# Phi-3's fused tensors (weights.plan's parts): q/k/v are rows of attn_qkv, gate/up of ffn_up (gate first)
+FUSED_NAMES = {"q_proj": "attn_qkv.weight", "k_proj": "attn_qkv.weight", "v_proj": "attn_qkv.weight",
+               "gate_proj": "ffn_up.weight", "up_proj": "ffn_up.weight"}
 PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
 _LAYER = re.compile(r"blk\.([0-9]+)\.")
 
@@ -57,10 +61,10 @@ def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, t
     check_layer_count(f, config.num_hidden_layers)
     top, layers = plan(config)
     top = {field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()}
-    layers = [{field: (f"blk.{i}.{LAYER_NAMES[field]}", shape) for field, (_, shape) in layer.items()}
-              for i, layer in enumerate(layers)]
+    layers = [{field: (f"blk.{i}.{(FUSED_NAMES if len(spec) == 3 else LAYER_NAMES)[field]}", *spec[1:])
+               for field, spec in layer.items()} for i, layer in enumerate(layers)]
     supported = ", ".join(t.name for t in quants.SUPPORTED)
-    for name, shape in [spec for group in [top, *layers] for spec in group.values()]:
+    for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
         info = f.tensors.get(name)
         if info is None:
             raise ModelLoadError(f"{f.path}: tensor {name!r} is missing")
@@ -81,7 +85,7 @@ def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
     4 bytes per weight in memory (and per weight read in a decode step); dtype=bfloat16 halves that,
     quantize="int8" takes about a quarter."""
     Q = quants.Q
-    types = {f.tensors[name].type for group in [top, *layers] for name, shape in group.values() if len(shape) == 2}
+    types = {f.tensors[spec[0]].type for group in [top, *layers] for spec in group.values() if len(spec[1]) == 2}
     if types <= {Q.F32}:
         return llaisys.float32
     if types <= {Q.F32, Q.F16}:
@@ -103,17 +107,21 @@ def llama_row_order(rows: int, heads: int) -> np.ndarray:
 
 
 def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.DType, device: llaisys.Device,
-                rows: np.ndarray | None = None) -> llaisys.Tensor:
-    """One tensor of the file as ``dtype`` on ``device``, rows reordered by ``rows`` if given.
+                rows: np.ndarray | slice | None = None) -> llaisys.Tensor:
+    """One tensor of the file as ``dtype`` on ``device``, rows reordered by ``rows`` if given (a slice: the
+    rows of a part of a fused tensor).
 
-    A tensor already stored in ``dtype`` and order is used in place on the CPU (zero copy). Any
+    A tensor (or part) already stored in ``dtype`` and order is used in place on the CPU (zero copy). Any
     other is decoded into a fresh buffer, which on the CPU becomes the weight itself.
     """
     info = f.tensors[name]
     on_cpu = device.type == "cpu"
-    if on_cpu and rows is None and quants.FLOATS.get(info.type) == np.dtype(dtype.numpy):
-        return llaisys.from_buffer(f.mapping, dtype, shape, offset=info.offset)
+    first = rows.start if isinstance(rows, slice) else 0
+    if on_cpu and not isinstance(rows, np.ndarray) and quants.FLOATS.get(info.type) == np.dtype(dtype.numpy):
+        return llaisys.from_buffer(f.mapping, dtype, shape, offset=info.offset + first * info.row_bytes)
     raw = f.raw(name)
+    if isinstance(rows, slice):
+        raw, rows = raw[rows], None
     if len(shape) == 1 and rows is not None:  # a permuted bias: its values are the rows
         if info.type not in quants.FLOATS:
             raise ModelLoadError(f"{f.path}: tensor {name!r} is a {info.type.name} vector; only float vectors can be "
@@ -128,7 +136,7 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
 
 
 def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
-              rows: np.ndarray | None = None) -> Int8Weight:
+              rows: np.ndarray | slice | None = None) -> Int8Weight:
     """One matrix of the file in int8 (``quantize="int8"``) on ``device``, rows reordered by ``rows`` if given:
     decoded to float32 a chunk of rows at a time and quantized from there.
 
@@ -137,6 +145,8 @@ def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.De
     requantizes its integers against it: the error added is what that scale rounding changes.
     """
     qtype, raw = f.tensors[name].type, f.raw(name)
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, rows = raw[rows], None
 
     def read(start: int, end: int) -> np.ndarray:
         src = raw[start:end] if rows is None else raw[rows[start:end]]
@@ -147,18 +157,27 @@ def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.De
     return weight
 
 
+def _part_shape(spec: tuple) -> tuple[int, ...]:
+    """The shape of the weight a plan entry makes: its tensor's, or that of its rows of a fused tensor."""
+    if len(spec) < 3:
+        return spec[1]
+    (start, stop), shape = spec[2], spec[1]
+    return (stop - start, *shape[1:])
+
+
 def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
                  device: llaisys.Device, arch: str, progress: bool | None = None,
                  quantize: str | None = None) -> Weights:
     """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device`` (the linears' matrices
     into int8 with ``quantize="int8"``)."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
-    total = sum(math.prod(shape) for group in [top, *layers] for _, shape in group.values()) * dtype.itemsize
+    total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
         def get(field, spec):
-            name, shape = spec
-            rows = None
-            if arch == "llama" and field in PERMUTED:
+            name, shape, rows = spec[0], _part_shape(spec), None
+            if len(spec) == 3:  # rows of a fused tensor (Phi-3)
+                rows = slice(*spec[2])
+            elif arch == "llama" and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
             if quantize is not None and field in LINEARS:
                 tensor = quantized(f, name, shape, device, rows)

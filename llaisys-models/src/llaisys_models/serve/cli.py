@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import numerics, quantize
 from ..cli import MODEL_HELP
+from ..speculative import flags as speculative_flags
 
 LOOPBACK = "127.0.0.1"
 
@@ -54,11 +55,8 @@ def register_serve(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV cache block (default 16)")
     p.add_argument("--no-prefix-reuse", action="store_true",
                    help="always compute the whole prompt (no KV blocks shared between requests)")
-    p.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
-                   help="speculative decoding by default: prompt lookup (ngram) or a draft model of the same "
-                        "tokenizer; requests may choose with \"speculative\": \"ngram\"|\"draft\"|\"off\"")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="tokens drafted per step (default 4; needs --speculative)")
+    speculative_flags.add_arguments(p, "by default (requests may choose with \"speculative\": "
+                                       "\"ngram\" | \"draft\" | \"off\")")
     p.add_argument("--no-batching", action="store_true",
                    help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
     p.set_defaults(func=run_serve)
@@ -86,6 +84,7 @@ def run_serve(args) -> int:
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
+    speculative_flags.check_arguments(args)
     path = model_dir(args)
     # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
     listener = bind(args.host, args.port)
@@ -153,7 +152,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     tokenizer_path = args.tokenizer or path
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
-    speculation, draft = speculative_options(args, model)
+    speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
@@ -174,28 +173,6 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[listener])
     return 0
-
-
-def speculative_options(args, model):
-    """(the default ``Speculation`` or None, a draft model's drafter or None) from --speculative and
-    --num-speculative-tokens."""
-    from llaisys import LlaisysValueError
-
-    from .. import load
-    from ..speculative import DraftModelDrafter, resolve
-
-    method, k = args.speculative, args.num_speculative_tokens
-    if method is None or method == "off":
-        if k is not None:
-            raise LlaisysValueError("--num-speculative-tokens needs --speculative ngram|draft:PATH")
-        return None, None
-    if method == "ngram":
-        return resolve("ngram", k, model), None
-    if method.startswith("draft:") and method[len("draft:"):]:
-        draft_model = load(method[len("draft:"):], device=model.device, numerics=model.numerics)
-        drafter = DraftModelDrafter.of(draft_model, model)
-        return resolve(drafter, k, model), drafter
-    raise LlaisysValueError(f"--speculative = {method!r}: use ngram, draft:PATH or off")
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 3
+#define LLAISYS_API_VERSION 4
 
 /* Status codes returned by every slot. */
 typedef enum llaisys_status {
@@ -265,10 +265,13 @@ LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int num
                                     double eps, void* out, const void* x, const void* weight);
 
 /* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
- * [seq]; the angle of pair j at position p is p / theta^(2j / head_dim), computed as HF does in f32.
- * out may be x (exactly); no other overlap. */
+ * [seq]; inv_freq f32 [head_dim / 2]: the angle of pair j at position p is a = f32(f32(p) * inv_freq[j]),
+ * and x is rotated by c = f32(cos(a) * f32(scale)), s = f32(sin(a) * f32(scale)), as HF computes them (the
+ * table holds 1 / theta^(2j / head_dim) or a rope-scaling variant of it; scale is YaRN's attention factor,
+ * else 1). out may be x (exactly); no other overlap. */
 LLAISYS_OP int LLAISYS_FN(rope)(int device, void* stream, int dtype, int numerics, int64_t seq, int64_t heads,
-                                int64_t head_dim, double theta, void* out, const void* x, const void* pos_ids);
+                                int64_t head_dim, double scale, void* out, const void* x, const void* pos_ids,
+                                const void* inv_freq);
 
 /* [op] Causal GQA attention. q [L, H, d], k [S, Hkv, d], v [S, Hkv, dv], out [L, H, dv], S >= L;
  * head h reads kv head h / (H / Hkv); query i sees key j iff j <= i + S - L. d >= 1. out may be q or

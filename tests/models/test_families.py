@@ -1,0 +1,110 @@
+"""The families beyond Qwen2 / Llama 2 (Qwen3, Mistral, Phi-3, Llama 3.1's llama3 rope, Qwen2.5's YaRN rope).
+
+Their greedy parity with HF transformers (f32 and bf16) is test_parity's, over tiny_models.SPECS; int8
+against HF bf16 is test_int8's (also over SPECS). Here: each family batched (the scheduler, chunked
+prefill) and through decode graphs gives the tokens it gives alone and eager, in its dtype and in int8;
+each family from a GGUF file written as llama.cpp writes it, against HF (reading the same file where
+transformers reads that architecture's GGUF, else the directory the file was written from); the CLI's
+``infer --test`` (tokenizer, chat template, HF comparison) on each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from test_gguf import hf_reference
+
+import llaisys_models
+from gguf_files import write_gguf
+from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
+from tiny_models import SPECS, Spec, make_checkpoint, prompt
+
+FAMILIES = {"qwen3_f32": "Qwen3", "mistral_f32": "Llama", "phi3_f32": "Phi3", "llama3_f32": "Llama",
+            "qwen2_yarn_f32": "Qwen2"}
+# architectures whose GGUF files transformers reads (Llama's loader ignores llama.cpp's rope scaling and
+# head_dim keys, so Mistral / llama3 / YaRN files are compared with their directories instead)
+HF_READS_GGUF = {"qwen3": Spec(arch="qwen3", hidden=128, heads=2, kv_heads=1, head_dim=128, seed=13),
+                 "phi3": Spec(arch="phi3", hidden=128, heads=4, kv_heads=2, inter=192, seed=14)}
+NEW_TOKENS = 16  # (test_gguf's hf_reference generates as many)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_batched_and_graphed_generation_is_generation_alone(tiny_models, device, monkeypatch, name, quantize):
+    if quantize == "int8":
+        from helpers import skip_without_kernels
+        skip_without_kernels(device, ["linear_i8"], "quantize='int8'")
+    graphed = llaisys_models.load(tiny_models.path(name), device=device, quantize=quantize)
+    assert type(graphed).__name__ == FAMILIES[name]
+    monkeypatch.setenv("LLAISYS_GRAPHS", "0")
+    eager = llaisys_models.load(tiny_models.path(name), device=device, quantize=quantize)
+    prompts = [prompt(name, n, SPECS[name].vocab) for n in (1, 5, 17, 40)]
+    alone = [eager.generate(p, NEW_TOKENS, eos_token_ids=()) for p in prompts]
+    assert [graphed.generate(p, NEW_TOKENS, eos_token_ids=()) for p in prompts] == alone
+    assert graphed.generate_batch(prompts, NEW_TOKENS, eos_token_ids=(), max_batch_tokens=16) == alone
+    assert eager.generate_batch(prompts, NEW_TOKENS, eos_token_ids=(), max_batch_tokens=16) == alone
+    if graphed._decode_graphs.enabled:
+        assert graphed._decode_graphs.replays > 0
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_gguf_file_of_each_family(tiny_models, tmp_path, device, name):
+    directory = tiny_models.path(name)
+    path = write_gguf(tiny_models.hf(name), directory, tmp_path / f"{name}.gguf", Q.F32)
+    model = llaisys_models.load(path, device=device)
+    assert type(model).__name__ == FAMILIES[name]
+    # an F32 file holds the checkpoint: the directory's forward (a llama3 file's rope table is llama.cpp's
+    # rope_freqs.weight divisors, a few f32 ulps from HF's formula, so its logits are close, not equal)
+    ids = prompt(name, 64, SPECS[name].vocab)
+    from_gguf, from_dir = model.logits(ids), llaisys_models.load(directory, device=device).logits(ids)
+    if name == "llama3_f32":
+        assert model.config.rope_scaling.rope_type == "freq_factors"
+        np.testing.assert_allclose(from_gguf, from_dir, rtol=0, atol=1e-4 * np.abs(from_dir).max())
+    else:
+        np.testing.assert_array_equal(from_gguf, from_dir)
+    ties = check_against_reference(model, tiny_models.reference(name, 13), "f32")
+    assert len(ties) <= max(1, MAX_NEAR_TIE_RATE["f32"] * 40), f"near-ties at steps {ties}"
+
+
+@pytest.mark.parametrize("arch", list(HF_READS_GGUF))
+def test_quantized_gguf_against_hf_reading_the_file(tmp_path, device, arch):
+    """A Q8_0 file against HF transformers reading that very file (its GGUF loader takes head_dim from its
+    own config defaults, not from the file: a Qwen3 of head_dim 128, as the released ones)."""
+    from transformers import AutoModelForCausalLM
+
+    directory = tmp_path / arch
+    directory.mkdir()
+    make_checkpoint(directory, HF_READS_GGUF[arch])
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    path = write_gguf(hf, directory, tmp_path / f"{arch}-q8.gguf", Q.Q8_0)
+    model = llaisys_models.load(path, device=device, dtype="float32")
+    assert type(model).__name__ == {"qwen3": "Qwen3", "phi3": "Phi3"}[arch]
+    ties = check_against_reference(model, hf_reference(path, prompt(arch, 13, HF_READS_GGUF[arch].vocab)), "f32")
+    assert len(ties) <= 1, f"near-ties at steps {ties}"
+    int8 = llaisys_models.load(path, device=device, quantize="int8")  # (Phi-3's fused parts through int8)
+    ids = prompt(arch, 13, HF_READS_GGUF[arch].vocab)
+    assert np.mean(int8.logits(ids).argmax(1) == model.logits(ids).argmax(1)) >= 0.8
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_cli_infer_test_passes(tiny_models, device, capsys, name):
+    from llaisys.cli import main
+
+    rc = main(["infer", "--model", str(tiny_models.path(name)), "--device", str(device), "--prompt", "Hi",
+               "--max-new-tokens", "8", "--test"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "PASS: identical" in out, out
+
+
+def test_gguf_sliding_window_caps_the_context(tiny_models, tmp_path):
+    """A Phi-3 GGUF file's attention.sliding_window (Phi-3-mini-4k: 2047) below its context length caps
+    generation at the window, as config.json's does (sliding-window attention is not implemented yet)."""
+    name = "phi3_f32"
+    path = write_gguf(tiny_models.hf(name), tiny_models.path(name), tmp_path / "w.gguf", Q.F32,
+                      extra={"phi3.attention.sliding_window": 64})
+    model = llaisys_models.load(path, device="cpu")
+    assert model.config.sliding_window == 64 and model.context_length == 64
+    with pytest.raises(ValueError, match="sliding window of 64"):
+        model.generate(prompt(name, 60, SPECS[name].vocab), 8)
