@@ -615,7 +615,8 @@ def test_logprobs(dev, dtype, n, k, temperature):
 ])
 def test_logprobs_bad_logits_are_reported(dev, values, message):
     out = dev.empty((2,), torch.float32)
-    dev.op("logprobs", 0, len(values), dev.upload(torch.tensor(values)), 0, 1.0, 1, dev.empty((1,), torch.int64), out)
+    dev.op("logprobs", 0, len(values), dev.upload(torch.tensor(values)), 0, 1.0, 1, dev.empty((1,), torch.int64, -1),
+           out)
     with pytest.raises(SlotError) as info:
         dev.download(out)
     assert info.value.status == 1 and message in info.value.message
