@@ -27,15 +27,8 @@
 #include "../common/thread_pool.h"
 #include "../simd/simd.h"
 #include "argmax.h"
+#include "sample.h"
 
-// Elements per block of sample_exp's partial sums (fixed, so the sums do not depend on the thread count).
-constexpr int64_t kSampleBlock = 2048;
-
-// dst[i] = float(src[i]) for an f32 / f16 / bf16 src.
-LLAISYS_DECLARE_PER_ISA(void sample_widen(int dtype, int64_t n, const void* src, float* dst))
-// p[i] = exp((v[i] - max) / temperature) in f32; block_sums[b] = sum of p over block b (ceil(n / kSampleBlock)).
-LLAISYS_DECLARE_PER_ISA(void sample_exp(int64_t n, const float* v, float max, float temperature, float* p,
-                                        double* block_sums))
 // Writes base + i for every i in [0, n) with v[i] > threshold (>= if inclusive), in order; returns the count.
 LLAISYS_DECLARE_PER_ISA(int64_t sample_select(int64_t n, const float* v, float threshold, bool inclusive,
                                               int64_t base, int64_t* out))

@@ -388,6 +388,10 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument("penalize_logits: counts[" + std::to_string(record.b) + "] = (" +
                                   std::to_string(record.a) + ", " + std::to_string(record.c) +
                                   ") is negative (nothing was written)");
+        case kLogprobsNoDistribution:
+            throw InvalidArgument(record.a == 2 ? std::string("logprobs: every logit is -inf")
+                                                : "logprobs: logits[" + std::to_string(record.b) + "] is " +
+                                                      (record.a == 0 ? "NaN" : "+inf: no finite log-probabilities"));
         default:
             throw InvalidArgument("a kernel reported error code " + std::to_string(record.code));
     }

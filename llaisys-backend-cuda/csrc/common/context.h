@@ -31,6 +31,7 @@ enum KernelErrorCode : int {
     kPenaltyIdsNotIncreasing = 9,  // a = id, b = position, c = the id before it
     kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
     kMoeExpertOutOfRange = 11,  // a = expert id, b = row, c = slot
+    kLogprobsNoDistribution = 12,  // a = 0 (NaN), 1 (+inf) or 2 (all -inf), b = position of the maximum
 };
 
 struct KernelErrorRecord {

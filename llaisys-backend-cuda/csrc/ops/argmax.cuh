@@ -30,14 +30,8 @@ __device__ __forceinline__ ArgBest warp_argmax(ArgBest b) {
     return b;
 }
 
-// The argmax of v[0, n) (n >= 1), returned to every thread; all threads of the block must call it.
-template <class T>
-__device__ ArgBest block_argmax(const T* v, int64_t n, BlockScratch<ArgBest>& scratch) {
-    ArgBest best{-INFINITY, n};  // worse than any element (index n)
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float x = to_float(v[i]);
-        if (better(x, i, best.value, best.index)) best = ArgBest{x, i};
-    }
+// The best of every thread's `best`, returned to every thread; all threads of the block must call it.
+__device__ __forceinline__ ArgBest block_best(ArgBest best, BlockScratch<ArgBest>& scratch) {
     best = warp_argmax(best);
     __syncthreads();
     if (lane_id() == 0) scratch.slot[warp_id()] = best;
@@ -46,6 +40,17 @@ __device__ ArgBest block_argmax(const T* v, int64_t n, BlockScratch<ArgBest>& sc
     for (int w = 1; w < int(blockDim.x) / WARP_SIZE; ++w)
         if (better(scratch.slot[w].value, scratch.slot[w].index, best.value, best.index)) best = scratch.slot[w];
     return best;
+}
+
+// The argmax of v[0, n) (n >= 1), returned to every thread; all threads of the block must call it.
+template <class T>
+__device__ ArgBest block_argmax(const T* v, int64_t n, BlockScratch<ArgBest>& scratch) {
+    ArgBest best{-INFINITY, n};  // worse than any element (index n)
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float x = to_float(v[i]);
+        if (better(x, i, best.value, best.index)) best = ArgBest{x, i};
+    }
+    return block_best(best, scratch);
 }
 
 }  // namespace llaisys::cuda

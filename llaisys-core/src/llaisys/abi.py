@@ -152,6 +152,8 @@ OP_SLOTS: dict[str, list] = {
     # dtype, vocab, n, logits [vocab], ids int64 [n], counts int64 [n,2], bias f32 [n] or NULL, repetition,
     # frequency, presence
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
+    # dtype, n, logits [n], chosen, temperature, k, top_ids int64 [k] or NULL, values f32 [k + 1]
+    "logprobs": [c_int, _i64, _p, _i64, c_double, _i64, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,10 +37,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's, over the generated tokens; 0: off
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # sorted (token id, bias) pairs
+    logprobs: int | None = None  # each chosen token's log-probability and this many top alternatives
+    # (0 .. 20); None: off (nothing computed or copied)
 
     @property
     def greedy(self) -> bool:
         return self.top_k == 1 or self.temperature == 0
+
+
+class TokenLogprob(NamedTuple):
+    """A chosen token's log-probability and the most probable tokens' (id, log-probability), descending, from
+    the row it was chosen from (after penalties and logit_bias, under temperature as OpenAI defines it)."""
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -57,6 +67,8 @@ class Sampler:
         self._chosen = llaisys.empty((1,), llaisys.int64, device)
         self._value = llaisys.empty((1,), dtype, device)
         self._penalties = PenaltyBuffers(device)
+        self._device = device
+        self._logprob_buffers: dict[int, tuple[llaisys.Tensor, llaisys.Tensor]] = {}  # k -> (top ids, values)
 
     def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int,
                counts: TokenCounts | None = None, matcher=None) -> int:
@@ -81,6 +93,18 @@ class Sampler:
         token = self.select(logits, params, seed)
         matcher.accept(token)
         return token
+
+    def logprobs(self, logits: llaisys.Tensor, token: int, params: SamplingParams) -> TokenLogprob:
+        """``token``'s log-probability and the top ``params.logprobs`` alternatives from the 1-D ``logits`` it was
+        chosen from by ``select`` (which applied the penalties in place): k + 1 floats and k ids come back."""
+        k = min(int(params.logprobs or 0), logits.shape[0])
+        if k not in self._logprob_buffers:
+            self._logprob_buffers[k] = (llaisys.empty((k,), llaisys.int64, self._device),
+                                        llaisys.empty((k + 1,), llaisys.float32, self._device))
+        ids, values = self._logprob_buffers[k]
+        llaisys.ops.logprobs(ids, values, logits, token, 0.0 if params.greedy else params.temperature)
+        vals = values.numpy().tolist()
+        return TokenLogprob(vals[0], tuple(zip(ids.numpy().tolist(), vals[1:])) if k else ())
 
 
 # -- argument checks (before any value reaches a C type) --------------------------------------------------------

@@ -71,6 +71,8 @@ class Sequence:
         self.first_token_time: float | None = None
         self.preemptions = 0
         self.counts = TokenCounts.of(prompt, params)  # its tokens for penalties / logit_bias, or None
+        # each generated token's sampling.TokenLogprob where params.logprobs is set, else None
+        self.logprobs: list | None = [] if params.logprobs is not None else None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
@@ -277,13 +279,18 @@ class Scheduler:
                 mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
                 # forks draw their first token from the row after the prompt, before the parent extends
                 for fork in self._spawn(seq) if seq.forks else ():
-                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts, fork.matcher)
-                    events.extend(self._extend(fork, first, []))
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts, seq.matcher)
-                events.extend(self._extend(seq, new, drafts))
+                    lps: list = []
+                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts, fork.matcher,
+                                                 lps)
+                    events.extend(self._extend(fork, first, [], lps))
+                lps = []
+                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts,
+                                           seq.matcher, lps)
+                events.extend(self._extend(seq, new, drafts, lps))
         return events
 
-    def _extend(self, seq: Sequence, new: list[int], drafts: list[int]) -> list[tuple[Sequence, int]]:
+    def _extend(self, seq: Sequence, new: list[int], drafts: list[int],
+                logprobs: list | None = None) -> list[tuple[Sequence, int]]:
         """Append a sequence's new tokens (up to its EOS or max_tokens) and cut its KV cache back to them: the
         keys and values of rejected drafts (and of tokens past the end) are dropped, their blocks freed."""
         if drafts:
@@ -300,6 +307,8 @@ class Scheduler:
         if len(seq.kv) > keep:
             seq.kv.truncate(keep)
         events = []
+        if seq.logprobs is not None and logprobs:
+            seq.logprobs.extend(logprobs[:len(new)])  # new[i]'s TokenLogprob, read by whoever consumes it
         for token in new:
             seq.tokens.append(token)
             if seq.counts is not None:

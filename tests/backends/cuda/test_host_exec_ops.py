@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
+from ops.test_logprobs import reference as logprobs_reference
 from ops.test_numerics_hf import hf_rope
 from ops.test_penalize_logits import entries
 from ops.test_penalize_logits import reference as penalty_reference
@@ -599,3 +600,40 @@ def test_penalize_logits_bad_entries_write_nothing_and_are_reported(dev, ids, co
         dev.download(d_logits)
     assert info.value.status == 1 and message in info.value.message, info.value.message
     assert torch.equal(dev.download(d_logits), logits)
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------
+
+def logprobs(dev, logits, dtype, chosen, temperature, k):
+    top_ids, values = dev.empty((max(k, 1),), torch.int64, -1), dev.empty((k + 1,), torch.float32)
+    dev.op("logprobs", CODE[dtype], logits.numel(), dev.upload(logits.to(dtype)), chosen, temperature, k,
+           top_ids if k else None, values)
+    got = dev.download(values).double()
+    return float(got[0]), dev.download(top_ids)[:k].tolist(), got[1:].tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("n,k,temperature", [(1, 1, 1.0), (9, 0, 0.0), (4099, 20, 0.7)])
+def test_logprobs(dev, dtype, n, k, temperature):
+    logits = randn((n,), dtype, n, scale=3.0)
+    if n > 8:
+        logits[3] = logits[n - 2] = logits[5] = logits.max()  # ties: the lower id first
+    got = logprobs(dev, logits, dtype, n // 2, temperature, k)
+    want = logprobs_reference(logits, n // 2, temperature, k)
+    assert got[0] == pytest.approx(want[0], abs=1e-4)
+    assert got[1] == want[1]
+    assert got[2] == pytest.approx(want[2], abs=1e-4)
+
+
+@pytest.mark.parametrize("values,message", [
+    ([0.0, float("nan"), 1.0], "logits[1] is NaN"),
+    ([0.0, float("inf")], "logits[1] is +inf"),
+    ([-float("inf")] * 3, "every logit is -inf"),
+])
+def test_logprobs_bad_logits_are_reported(dev, values, message):
+    out = dev.empty((2,), torch.float32)
+    dev.op("logprobs", 0, len(values), dev.upload(torch.tensor(values)), 0, 1.0, 1, dev.empty((1,), torch.int64, -1),
+           out)
+    with pytest.raises(SlotError) as info:
+        dev.download(out)
+    assert info.value.status == 1 and message in info.value.message

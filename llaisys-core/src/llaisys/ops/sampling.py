@@ -156,3 +156,59 @@ def _plan_penalize(logits, ids, counts, bias):
     check.writable(op, "logits", logits)
     key = (logits._layout, ids._layout, counts._layout, None if bias is None else bias._layout)
     return remember(_penalize, key, (*kernel_for(op, device, n > 0), device, logits.dtype.code, logits.numel(), n))
+
+
+_logprobs = new_plans()
+LOGPROBS_MAX_K = 20  # OpenAI's top_logprobs maximum
+
+
+def logprobs(top_ids, values, logits, chosen: int, temperature: float = 1.0) -> None:
+    """Log-probabilities of the 1-D logits [n] under softmax(logits / temperature), as OpenAI defines them
+    (after temperature; temperature 0, greedy, is the raw logits' distribution).
+
+    values float32 [k + 1]: values[0] = log p(chosen); top_ids int64 [k] (0 <= k <= 20, k <= n) and
+    values[1:]: the k most probable tokens, logit descending, the lower id first among equals. In f32 with
+    a stable log-sum-exp (m = max(logits), d = (logits - m) / t in f32, log p = d - log(sum exp(d))).
+    A NaN or +inf logit, or logits all -inf, is a LlaisysValueError. The outputs share no memory with logits
+    or with each other.
+    """
+    op = "logprobs"
+    try:
+        kernel, fail, device, code, n, k = _logprobs[top_ids._layout, values._layout, logits._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, n, k = _plan_logprobs(top_ids, values, logits)
+    chosen = check.number(op, "chosen", chosen, low=0, high=n - 1, integer=True)
+    temperature = check.number(op, "temperature", temperature, low=0)
+    if not math.isfinite(temperature):
+        check.fail(op, f"temperature must be finite, got {temperature!r}")
+    l_ptr, l_end = logits._ptr, logits._end
+    for name, t in (("top_ids", top_ids), ("values", values)):
+        if t.numel() and t._ptr < l_end and l_ptr < t._end:
+            check.overlap(op, name, "logits")
+    if k and top_ids._ptr < values._end and values._ptr < top_ids._end:
+        check.overlap(op, "top_ids", "values")
+    status = kernel(device.index, current_stream_handle(device), code, n, l_ptr, chosen, temperature, k,
+                    top_ids._ptr if k else None, values._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_logprobs(top_ids, values, logits):
+    op = "logprobs"
+    device = check.tensors(op, top_ids=top_ids, values=values, logits=logits)
+    check.ndim(op, "logits", logits, 1)
+    if logits.numel() == 0:
+        check.fail(op, "logits is empty")
+    check.dtype(op, "logits", logits, check.FLOATS)
+    check.ndim(op, "top_ids", top_ids, 1)
+    check.dtype(op, "top_ids", top_ids, (int64,))
+    k = top_ids.shape[0]
+    if k > min(LOGPROBS_MAX_K, logits.numel()):
+        check.fail(op, f"top_ids holds {k} ids: at most {LOGPROBS_MAX_K} and at most the {logits.numel()} logits")
+    check.dtype(op, "values", values, (float32,))
+    check.shape(op, "values", values, (k + 1,))
+    check.contiguous(op, top_ids=top_ids, values=values, logits=logits)
+    check.writable(op, "top_ids", top_ids)
+    check.writable(op, "values", values)
+    return remember(_logprobs, (top_ids._layout, values._layout, logits._layout),
+                    (*kernel_for(op, device), device, logits.dtype.code, logits.numel(), k))

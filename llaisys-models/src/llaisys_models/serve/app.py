@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import hmac
 import importlib.resources
@@ -309,6 +310,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param)
         params = schemas.penalties(body, params, server.vocab_size)
+        params = dataclasses.replace(params, logprobs=schemas.logprobs_count(body, chat))
         jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), grammar)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
@@ -319,7 +321,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     if stream:
         return StreamingResponse(_stream_events(server, events, shape, usage, include_usage, parsers),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect_events(server, request, events, usage, parsers.completer(shape))
+    return await _collect_events(server, request, events, usage, parsers.completer(shape),
+                                 chat if jobs[0][1].logprobs is not None else None)
 
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -445,12 +448,19 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
                          include_usage: bool, parsers: ToolParsers):
     # Starlette cancels this generator when the client disconnects: ``finally`` cancels the request.
     # Choices' chunks interleave as their tokens come, each naming its index (OpenAI's way).
+    sent = [0] * usage.choices  # characters of each choice's tokens sent with log-probabilities (text_offset)
     try:
         for index in range(usage.choices):
             yield _sse(shape.chunk(first=True, index=index))
         async for event in events:
             if isinstance(event, Delta):
-                for chunk in _output_chunks(shape, parsers.push(event.index, event.text), event.index):
+                chunks = _output_chunks(shape, parsers.push(event.index, event.text), event.index)
+                if event.logprobs:  # on the delta's first chunk (an empty one where the text is held back)
+                    chunks = chunks or [shape.chunk(index=event.index)]
+                    chunks[0]["choices"][0]["logprobs"] = schemas.logprobs_body(shape.chat, event.logprobs,
+                                                                                 sent[event.index])
+                    sent[event.index] += sum(len(e.token) for e in event.logprobs)
+                for chunk in chunks:
                     yield _sse(chunk)
             elif isinstance(event, Finished):
                 usage.add(event)
@@ -468,9 +478,10 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
 
 
 async def _collect_events(server: Server, request: Request, events: AsyncStream, usage: UsageSum,
-                          shape) -> Response:
+                          shape, logprobs_chat: bool | None = None) -> Response:
     """The whole response, ``shape(choices, usage)`` once every choice has finished (choices: (text, finish reason)
-    in index order), or the error response."""
+    in index order), or the error response. ``logprobs_chat`` (where log-probabilities were asked for): each
+    choice's ``logprobs`` in chat's (True) or completions' (False) form."""
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -479,15 +490,21 @@ async def _collect_events(server: Server, request: Request, events: AsyncStream,
     watcher = asyncio.create_task(cancel_on_disconnect())
     texts: list[list[str]] = [[] for _ in range(usage.choices)]
     reasons: list[str] = [""] * usage.choices
+    logprobs: list[list] = [[] for _ in range(usage.choices)]
     try:
         async for event in events:
             if isinstance(event, Delta):
                 texts[event.index].append(event.text)
+                logprobs[event.index].extend(event.logprobs)
             elif isinstance(event, Finished):
                 usage.add(event)
                 reasons[event.index] = event.reason
                 if usage.done:
-                    return JSONResponse(shape([("".join(t), r) for t, r in zip(texts, reasons)], usage.total))
+                    body = shape([("".join(t), r) for t, r in zip(texts, reasons)], usage.total)
+                    if logprobs_chat is not None:
+                        for choice, entries in zip(body["choices"], logprobs):
+                            choice["logprobs"] = schemas.logprobs_body(logprobs_chat, entries)
+                    return JSONResponse(body)
             elif isinstance(event, Failed):
                 return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
     finally:

@@ -57,6 +57,16 @@ class Delta:
     """New text of a choice (may cover several tokens, or a token may add none)."""
     text: str
     index: int = 0  # which of the request's choices
+    # where the request asked for log-probabilities: one TokenLogprobText per token the text covers
+    logprobs: tuple[TokenLogprobText, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobText:
+    """A generated token's text, its log-probability and the top alternatives' (text, log-probability)."""
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +126,7 @@ class Choice:
         self.index = index
         self.text = text
         self.tokens = 0  # tokens the engine has turned into text for this choice (a verify step gives several)
+        self.logprobs: list[TokenLogprobText] = []  # tokens consumed whose log-probabilities are not yet emitted
 
     @property
     def cancelled(self) -> bool:
@@ -303,12 +314,20 @@ class Engine:
             if stopped:
                 self.scheduler.finish(seq, "stop")
                 seq.finish_reason = "stop"
-        if text:
-            choice.request.emit(Delta(text, choice.index))
+        if seq.logprobs is not None:
+            choice.logprobs.append(self._logprob_text(token, seq.logprobs[choice.tokens - 1]))
+        if text or (choice.logprobs and (ending or stopped)):  # the last tokens' log-probabilities, text or not
+            choice.request.emit(Delta(text, choice.index, tuple(choice.logprobs)))
+            choice.logprobs.clear()
         if ending or stopped:
             self._done(seq)
             return True
         return False
+
+    def _logprob_text(self, token: int, entry) -> TokenLogprobText:
+        """A ``sampling.TokenLogprob`` with its token ids decoded (on the engine thread, which owns the tokenizer)."""
+        decode = self.tokenizer.decode
+        return TokenLogprobText(decode([token]), entry.logprob, tuple((decode([i]), lp) for i, lp in entry.top))
 
     def _done(self, seq: Sequence) -> None:
         self._sequences.remove(seq)

@@ -3,7 +3,7 @@
 Requests are parsed by hand rather than by a schema library so that every rejection names its
 parameter in OpenAI's words (``param`` = ``messages[2].role``) and says what was expected.
 Unknown parameters are ignored (clients send vendor extras); known ones this server cannot
-honour (logprobs, response_format, ...) are refused rather than silently dropped.
+honour (echo, suffix, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -216,14 +216,45 @@ def _one_prompt(prompt, param: str, vocab_size: int, context: int) -> str | list
 
 
 def check_unsupported(body: dict, chat: bool) -> None:
-    if chat:
-        unsupported(body, "logprobs", (False,))
-    else:
-        unsupported(body, "logprobs", (0,))
+    if not chat:
         unsupported(body, "echo", (False,))
         unsupported(body, "suffix", ("",))
         n = body.get("n") if _KINDS["integer"](body.get("n")) else 1
         unsupported(body, "best_of", (1, n))  # best_of = n: every choice returned, as without it
+
+
+MAX_TOP_LOGPROBS = {True: 20, False: 5}  # OpenAI's bounds: chat's top_logprobs, completions' logprobs
+
+
+def logprobs_count(body: dict, chat: bool) -> int | None:
+    """How many top alternatives each token's log-probability comes with, or None (not asked): chat's
+    ``logprobs: true`` with ``top_logprobs`` 0 .. 20, completions' ``logprobs`` 0 .. 5."""
+    if not chat:
+        k = field(body, "logprobs", "integer")
+        return None if k is None else _in_range(k, "logprobs", 0, MAX_TOP_LOGPROBS[False])
+    wanted = field(body, "logprobs", "boolean", default=False)
+    top = field(body, "top_logprobs", "integer")
+    if top is not None and not wanted:
+        raise invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    if top is not None:
+        _in_range(top, "top_logprobs", 0, MAX_TOP_LOGPROBS[True])
+    return (top or 0) if wanted else None
+
+
+def logprobs_body(chat: bool, entries, offset: int = 0) -> dict:
+    """A choice's ``logprobs`` for the engine's TokenLogprobText ``entries``: chat's ``content`` list, or
+    completions' parallel lists (``text_offset`` counted from ``offset``, the characters already sent)."""
+    if chat:
+        def item(token, logprob):
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "surrogatepass"))}
+        return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                            for e in entries], "refusal": None}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
 
 
 def cache_salt(body: dict) -> str | None:

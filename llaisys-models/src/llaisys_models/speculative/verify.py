@@ -34,13 +34,14 @@ class Verifier:
         self.sampler = sampler
 
     def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
-               n: int, counts: TokenCounts | None = None, matcher=None) -> list[int]:
+               n: int, counts: TokenCounts | None = None, matcher=None, logprobs: list | None = None) -> list[int]:
         """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
         its last len(drafts)+1 rows, ``n`` the index of its next generated token, ``counts`` its tokens so far
         (penalties, logit_bias) or None. Returns the drafts that matched and the model's token after them (1 to
         len(drafts)+1 tokens). Row i is penalized as plain decoding would penalize token n+i: with the drafts
         kept before it counted (for the call only: the scheduler counts what it keeps). A grammar ``matcher``
-        constrains the choice (the scheduler never drafts for a sequence that has one)."""
+        constrains the choice (the scheduler never drafts for a sequence that has one). ``logprobs``: a list
+        that gets each returned token's ``TokenLogprob`` (from its own row) where ``params.logprobs`` is set."""
         if len(rows) != len(drafts) + 1:
             raise ValueError(f"{len(rows)} logit rows for {len(drafts)} drafted tokens")
         out: list[int] = []
@@ -50,6 +51,8 @@ class Verifier:
                     counts.add(out[-1])
                 token = self.sampler.select(row, params, step_seed(seed, n + i), counts, matcher)
                 out.append(token)
+                if logprobs is not None and params.logprobs is not None:
+                    logprobs.append(self.sampler.logprobs(row, token, params))
                 if i == len(drafts) or token != drafts[i]:
                     break
         finally:

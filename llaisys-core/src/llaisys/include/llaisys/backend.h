@@ -378,5 +378,15 @@ LLAISYS_OP int LLAISYS_FN(penalize_logits)(int device, void* stream, int dtype, 
                                            void* logits, const void* ids, const void* counts, const void* bias,
                                            double repetition, double frequency, double presence);
 
+/* [op] Log-probabilities of logits [n] under softmax(logits / temperature) (temperature 0: the raw logits,
+ * as greedy decoding's distribution), in f32 with a stable log-sum-exp: m = max(logits),
+ * d_i = (logits_i - m) / t in f32 (t = temperature, or 1 when it is 0), S = sum exp(d_i),
+ * log p_i = d_i - log S rounded to f32. values f32 [k + 1]: values[0] = log p of token `chosen` (in [0, n));
+ * top_ids int64 [k] (NULL when k = 0) and values[1 + j]: the k (0 <= k <= 20, k <= n) most probable tokens,
+ * logit descending, the lower id first among equals. A NaN or +inf logit, or all logits -inf, is
+ * LLAISYS_INVALID_ARGUMENT. The outputs share no memory with logits or each other. */
+LLAISYS_OP int LLAISYS_FN(logprobs)(int device, void* stream, int dtype, int64_t n, const void* logits,
+                                    int64_t chosen, double temperature, int64_t k, void* top_ids, void* values);
+
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
