@@ -123,6 +123,8 @@ def _op_args(buffers, op, dtype, numerics):
         "moe_combine": lambda: (dtype, 2, 2, 3, f(2, 3), f(2, 2, 3), f(2, 2)),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
         "mask_logits": lambda: (dtype, 1, 8, f(8), i32(1)),
+        # logits [8], chosen token 1, temperature 1, the top 2: ids int64 [2], values f32 [3]
+        "logprobs": lambda: (dtype, 8, f(8), 1, 1.0, 2, index, f(3)),
         "penalize_logits": lambda: (dtype, 8, 2, f(8), index, buffers.upload(np.zeros((2, 2), np.int64)), None, 1.2,
                                     0.5, 0.5),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
