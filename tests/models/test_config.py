@@ -61,8 +61,10 @@ def test_tie_word_embeddings_and_sliding_window():
     assert config(use_sliding_window=False, sliding_window=4096).sliding_window is None
     assert config(use_sliding_window=True, sliding_window=64, max_window_layers=1).sliding_window == 64
     assert config(layer_types=["full_attention", "sliding_attention"], sliding_window=32).sliding_window == 32
-    # Mistral and Phi-3 window every layer when a window is set below max_position_embeddings (4096)
+    # Mistral, Mixtral and Phi-3 window every layer when a window is set below max_position_embeddings (4096)
     for family in (dict(architectures=["MistralForCausalLM"], model_type="mistral"),
+                   dict(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+                        num_experts_per_tok=2),
                    dict(architectures=["Phi3ForCausalLM"], model_type="phi3")):
         assert config(**family, sliding_window=2047).sliding_window == 2047
         assert config(**family, sliding_window=4096).sliding_window is None

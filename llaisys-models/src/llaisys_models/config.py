@@ -312,7 +312,7 @@ def _sliding_window(raw: dict, layers: int) -> int | None:
         raise ModelLoadError(f"config field 'layer_types' must be a list of layer kinds, got {shown(layer_types)}")
     if isinstance(layer_types, list):
         sliding = any(t == "sliding_attention" for t in layer_types)
-    elif raw.get("model_type") in ("mistral", "phi3"):  # a window (when set) on every layer
+    elif raw.get("model_type") in ("mistral", "mixtral", "phi3"):  # a window (when set) on every layer
         sliding = isinstance(window, int) and window < _int(raw, "max_position_embeddings", 32768)
     else:
         max_window_layers = raw.get("max_window_layers", layers)
