@@ -118,6 +118,7 @@ def test_hf_runs_plain_greedy_whatever_the_checkpoint_asks(tiny_models, device, 
 
 def wrong_rope_theta(model):
     model.config = dataclasses.replace(model.config, rope_theta=model.config.rope_theta * 10)
+    model.set_rope()  # the rope table is built from the config at load
 
 
 def dropped_q_bias(model):
