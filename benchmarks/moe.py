@@ -27,20 +27,10 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 SHAPE = dict(hidden=2048, inter=768, experts=64, top_k=8, heads=16, kv_heads=4, head_dim=128, vocab=32000)
 CHUNK = 1 << 24  # values drawn per numpy call
-
-
-def _bytes_to_unicode() -> list[str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def tensors(layers: int) -> list[tuple[str, tuple[int, ...], float]]:
@@ -82,7 +72,8 @@ def write_gguf(path: Path, layers: int) -> None:
     writer.add_expert_count(s["experts"])
     writer.add_expert_used_count(s["top_k"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
-    byte_tokens = _bytes_to_unicode()
+    alphabet = bytes_to_unicode()  # GPT-2's byte alphabet
+    byte_tokens = [alphabet[b] for b in range(256)]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(byte_tokens + ["ĀĀ"] + [f"[PAD{i}]" for i in range(257, s["vocab"])])

@@ -108,24 +108,14 @@ MOE_SPECS = {
 ALL_SPECS = {**SPECS, **MOE_SPECS}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def write_tokenizer(directory: Path) -> None:
     """A byte-level tokenizer: byte b is token b, <|endoftext|> is 256; a simple chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte alphabet
 
-    vocab = {sym: b for b, sym in _bytes_to_unicode().items()}
+    vocab = {sym: b for b, sym in bytes_to_unicode().items()}
     core = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
