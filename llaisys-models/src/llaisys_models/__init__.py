@@ -38,7 +38,7 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None) -> CausalLM:
+         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.registry``).
 
@@ -50,12 +50,15 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     ``quantize="int8"`` (quantized from the mapping a chunk at a time, into memory).
     ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
     None reads ``$LLAISYS_NUMERICS``).
-    ``quantize`` None keeps the linears' weights in the model dtype; "int8" quantizes them at load time
-    (symmetric int8 per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about
-    half of bf16's memory and bytes read per token, on devices whose backend has the ``linear_i8`` kernel.
-    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
+    ``quantize`` None keeps the linears' weights as stored; "int8" quantizes them at load time (symmetric int8
+    per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about half of bf16's memory
+    and bytes read per token, on devices whose backend has the ``linear_i8`` kernel; "int4" into 4-bit blocks
+    (q4_0, the lm_head in int8): about a quarter, where the backend has ``linear_q``.
+    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead: its quantized matrices stay
+    in their blocks unless ``dequantize`` is True (decoded into ``dtype``, as HF transformers reads them).
     """
-    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
+    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
+                        dequantize=dequantize)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

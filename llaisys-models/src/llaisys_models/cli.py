@@ -130,10 +130,11 @@ def _load(args):
     _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
+                 dequantize=args.dequantize)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
-    weights = f" with {model.quantize} linears" if model.quantize else ""
+    weights = f" with {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     print(f"loaded {path} on {model.device} as {model.dtype.name}{weights} (numerics {model.numerics}) in "
           f"{elapsed:.2f}s", file=sys.stderr)
     return model, tokenizer, elapsed
@@ -279,6 +280,8 @@ def run_infer(args) -> int:
     if (args.test or args.strict) and args.quantize:
         raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
                                 f"{args.quantize} departs from by design; run --test without --quantize")
+    if args.test or args.strict:  # HF decodes a GGUF file's blocks into floats: compare like with like
+        args.dequantize = True
     model, tokenizer, _ = _load(args)
     ids = encode(tokenizer, args.prompt, chat=not args.raw)
     t0 = time.perf_counter()

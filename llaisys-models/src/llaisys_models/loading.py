@@ -29,7 +29,7 @@ KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_a
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None):
+         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False):
     """The model in the HuggingFace directory (or GGUF file, or Hub id: hub.py) ``path``, its class picked by
     the architecture its config names (registry.py). See ``llaisys_models.load`` for the options."""
     from .hub import resolve
@@ -39,7 +39,8 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     if is_gguf(path):
         from . import gguf
 
-        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
+        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize,
+                         dequantize=dequantize)
     path = model_directory(path)
     config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
     cls = MODEL_CLASSES[config.architecture]

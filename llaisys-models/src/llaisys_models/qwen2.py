@@ -24,7 +24,7 @@ import llaisys
 
 from .causal_lm import CausalLM
 from .kv_cache import KVPool
-from .quantize import linear
+from .quantize import embedding, linear
 from .step_inputs import StepInputs
 from .weights import LayerWeights
 
@@ -48,7 +48,7 @@ class Qwen2(CausalLM):
 
     def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
         ws = self._workspace(step.num_tokens)
-        llaisys.ops.embedding(ws.x, step.tokens, self.weights.embed_tokens)
+        embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
             self._attention(layer, ws, pool.keys[i], pool.values[i], step)
             self._mlp(layer, ws)

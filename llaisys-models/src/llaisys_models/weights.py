@@ -3,8 +3,9 @@
 Everything is checked (presence, shape, dtype) before a byte is converted or copied, so a
 bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dtype is
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
-once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` the
-linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file.
+once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` or ``"int4"`` the
+linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
+in int8).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import Int8Weight, int8_weight
+from .quantize import BlockWeight, Int8Weight, int4_weight, int8_weight
 from .safetensors import Checkpoint, TensorInfo
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
@@ -26,7 +27,8 @@ FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # biases stay in the model dtype)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
-Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, or int8 (quantize.py)
+# a linear's weight: in the model dtype, int8, or blocks (quantize.py: int4, and a GGUF file's quantized tensors)
+Linear = llaisys.Tensor | Int8Weight | BlockWeight
 
 
 @dataclasses.dataclass
@@ -63,10 +65,11 @@ class LayerWeights:
 
 @dataclasses.dataclass
 class Weights:
-    embed_tokens: llaisys.Tensor
+    embed_tokens: llaisys.Tensor | BlockWeight  # blocks: a GGUF file's quantized table, decoded per row read
     layers: list[LayerWeights]
     norm: llaisys.Tensor
-    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized)
+    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized; the same
+    # blocks when the embedding is a GGUF file's quantized table)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -236,10 +239,12 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     return tensor
 
 
-def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None) -> Int8Weight:
-    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 on ``device``, quantized
-    from its stored values a chunk of rows at a time; its mapped pages are dropped from the resident set as
-    soon as they are read (parts are read in order, so the pages of the rows before are done with)."""
+def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None,
+              quantize: str = "int8") -> Int8Weight | BlockWeight:
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 or int4 (``quantize``) on
+    ``device``, quantized from its stored values a chunk of rows at a time; its mapped pages are dropped from
+    the resident set as soon as they are read (parts are read in order, so the pages of the rows before are
+    done with)."""
     source = info.file.array(info)  # a view of the mapping, or the bytes just read
     row_bytes = info.nbytes // max(info.shape[0], 1)
     first, stop = rows or (0, info.shape[0])
@@ -249,7 +254,8 @@ def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | 
             info.file.release_pages(info.offset, (first + start) * row_bytes)
         return source[first + start:first + end]
 
-    weight = int8_weight(read, (stop - first, info.shape[1]), device, info.name)
+    make = int4_weight if quantize == "int4" else int8_weight
+    weight = make(read, (stop - first, info.shape[1]), device, info.name)
     info.file.release_pages(info.offset, stop * row_bytes)
     return weight
 
@@ -284,10 +290,10 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                 return cache[name].slice(0, *spec[2])
             return cache[name]
 
-        def get_linear(spec):
-            if quantize is None:
+        def get_linear(spec, mode=quantize):
+            if mode is None:
                 return get(spec)
-            weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None)
+            weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None, mode)
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
@@ -298,5 +304,6 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
-        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]))
+        # int4 keeps the lm_head in int8 (quantize.py)
+        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]), None if quantize is None else "int8")
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

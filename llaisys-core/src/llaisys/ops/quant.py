@@ -130,13 +130,17 @@ def weight_words(fmt: str, weight: np.ndarray) -> np.ndarray:
     return weight.view(np.uint32).reshape(nb, units, unit_bytes // 64, QUANT_BLOCK_ROWS)
 
 
-def blocks_from_words(fmt: str, words: np.ndarray, fields: dict[str, np.ndarray], out_weight: np.ndarray,
-                      out_scales: np.ndarray) -> None:
-    """Fill the blocks from the rows' own bytes: ``words`` uint32 [N, U, chunks] (or any shape whose trailing
-    dimensions multiply to U * chunks), each row's chunk words in order, and ``fields`` {name: [N, R, *shape]}
-    the per-row scale fields (``record_views`` names them)."""
-    target = weight_words(fmt, out_weight)
-    blocked(words, target.reshape(target.shape[0], *words.shape[1:], QUANT_BLOCK_ROWS))
+def blocks_from_words(fmt: str, parts: list[tuple[np.ndarray, int]], fields: dict[str, np.ndarray],
+                      out_weight: np.ndarray, out_scales: np.ndarray) -> None:
+    """Fill the blocks of N rows from the rows' own bytes. ``parts``: (words, first chunk) pairs, words uint32
+    [N, *unit dims, chunks] (unit dims multiplying to the units U) holding each row's 4-byte words of those
+    chunks of every unit, in order; ``fields`` {name: [N, R, *shape]}: the per-row scale fields
+    (``record_views`` names them). Reads only what it copies: the words may be strided views of a file."""
+    target = weight_words(fmt, out_weight)  # [NB, U, C, 16]
+    for words, first in parts:
+        dims, chunks = words.shape[1:-1], words.shape[-1]
+        view = target.reshape(target.shape[0], *dims, target.shape[2], QUANT_BLOCK_ROWS)
+        blocked(words, view[..., first:first + chunks, :])
     for name, view in record_views(fmt, out_scales).items():
         blocked(fields[name], view)
 
@@ -231,7 +235,7 @@ def pack_quant(fmt: str, codes: np.ndarray, *params: np.ndarray, out_weight: np.
     padded = np.zeros((n, weight_shape[1] * f.unit), codes.dtype)
     padded[:, :k] = codes
     words = np.ascontiguousarray(_row_bytes(f, padded)).view(np.uint32)
-    blocks_from_words(fmt, words, fields, out_weight, out_scales)
+    blocks_from_words(fmt, [(words, 0)], fields, out_weight, out_scales)
     return out_weight, out_scales
 
 

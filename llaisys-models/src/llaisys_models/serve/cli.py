@@ -150,7 +150,8 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     from .kv_memory import describe
 
     tokenizer_path = args.tokenizer or path
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
+                 dequantize=args.dequantize)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
@@ -164,7 +165,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
-    weights = f", {model.quantize} linears" if model.quantize else ""
+    weights = f", {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
