@@ -90,7 +90,8 @@ struct Lanes {
 //   scale(b, r, g, t) f32 scale of group g (half t when kSubs = 2); min(b, r, g) f32 min (kMin)
 // and the SIMD access (avx2 / avx512 builds), rows of `part`:
 //   steps<V, vnni>(b, g, part, wt)  the group's 8 step vectors as the dot product takes them
-//   scales<V>(b, g, part, t), mins<V>(b, g, part)
+//   Record<V>(b, r, part)   the scales of record r (kRecordGroups groups: 1, or 8 for the K formats' 256 k),
+//                     what is per record converted once: .scale(j, t) and .min(j) of its group j
 //   offset<vnni>()    what the integer sum starts at, per unit of sum(xq) (of the half when kSubs = 2)
 //   dot<VI, vnni>     the byte dot product for these integers
 
@@ -113,10 +114,15 @@ struct FormatI8 {
             wt[s] = kVnni ? v ^ VI(0x80808080u) : v;
         }
     }
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int) {
-        return Lanes<V>::template at<bf16_t>(b.s + g * 32, part);
-    }
-    template <class V> static V mins(const BlockPtrs&, int64_t, int) { return V::zero(); }
+    static constexpr int kRecordGroups = 1;
+    template <class V, class S = bf16_t>
+    struct Record {  // one scale per group
+        V s;
+        Record() = default;
+        Record(const BlockPtrs& b, int64_t r, int part) : s(Lanes<V>::template at<S>(b.s + r * 32, part)) {}
+        V scale(int, int) const { return s; }
+        V min(int) const { return V::zero(); }
+    };
     template <bool kVnni> static constexpr int32_t offset() { return kVnni ? 128 : 0; }
     template <class VI, bool kVnni> static VI dot(VI acc, VI w, VI x) {
         if constexpr (kVnni) return dot4_u8i8(acc, w, x);
@@ -129,9 +135,7 @@ struct FormatI8 {
 struct FormatQ8_0 : FormatI8 {
     static float scale(const BlockPtrs& b, int r, int64_t g, int) { return f16_at(b.s + g * 32 + r * 2); }
 #if !defined(LLAISYS_ISA_PORTABLE)
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int) {
-        return Lanes<V>::template at<f16_t>(b.s + g * 32, part);
-    }
+    template <class V> using Record = FormatI8::Record<V, f16_t>;
 #endif
 };
 
@@ -164,10 +168,8 @@ struct FormatQ4_0 : UnsignedCodes {
         for (int s = 0; s < kQSteps; ++s)
             wt[s] = Lanes<V>::nibble(Lanes<V>::chunk(b.w + g * kWeightBytes, s % 4, part), s >= 4);
     }
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int) {
-        return Lanes<V>::template at<f16_t>(b.s + g * 32, part);
-    }
-    template <class V> static V mins(const BlockPtrs&, int64_t, int) { return V::zero(); }
+    static constexpr int kRecordGroups = 1;
+    template <class V> using Record = FormatI8::Record<V, f16_t>;
     template <bool> static constexpr int32_t offset() { return 8; }
 #endif
 };
@@ -180,12 +182,15 @@ struct FormatQ4_1 : FormatQ4_0 {
     static float scale(const BlockPtrs& b, int r, int64_t g, int) { return f16_at(b.s + g * 64 + r * 2); }
     static float min(const BlockPtrs& b, int r, int64_t g) { return f16_at(b.s + g * 64 + 32 + r * 2); }
 #if !defined(LLAISYS_ISA_PORTABLE)
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int) {
-        return Lanes<V>::template at<f16_t>(b.s + g * 64, part);
-    }
-    template <class V> static V mins(const BlockPtrs& b, int64_t g, int part) {
-        return Lanes<V>::template at<f16_t>(b.s + g * 64 + 32, part);
-    }
+    template <class V>
+    struct Record {  // a scale and a min per group
+        V s, m;
+        Record() = default;
+        Record(const BlockPtrs& b, int64_t r, int part)
+            : s(Lanes<V>::template at<f16_t>(b.s + r * 64, part)), m(Lanes<V>::template at<f16_t>(b.s + r * 64 + 32, part)) {}
+        V scale(int, int) const { return s; }
+        V min(int) const { return m; }
+    };
     template <bool> static constexpr int32_t offset() { return 0; }
 #endif
 };
@@ -217,15 +222,20 @@ struct FormatQ4_K : UnsignedCodes {
         for (int s = 0; s < kQSteps; ++s)
             wt[s] = Lanes<V>::nibble(Lanes<V>::chunk(b.w + (g / 2) * 512, s, part), g % 2 == 1);
     }
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int) {
-        const uint8_t* rec = record(b, g);
-        return Lanes<V>::template at<f16_t>(rec, part) * Lanes<V>::template at<uint8_t>(rec + 64 + (g % 8) * 16, part);
-    }
-    template <class V> static V mins(const BlockPtrs& b, int64_t g, int part) {
-        const uint8_t* rec = record(b, g);
-        return V::zero() - Lanes<V>::template at<f16_t>(rec + 32, part) *
-                               Lanes<V>::template at<uint8_t>(rec + 192 + (g % 8) * 16, part);
-    }
+    static constexpr int kRecordGroups = 8;
+    template <class V>
+    struct Record {  // D and -Dm of the 256 k, converted once; the groups' 6-bit sc and mn
+        V d, neg_dmin;
+        const uint8_t* sc;
+        int part;
+        Record() = default;
+        Record(const BlockPtrs& b, int64_t r, int p)
+            : d(Lanes<V>::template at<f16_t>(b.s + r * kRecord, p)),
+              neg_dmin(V::zero() - Lanes<V>::template at<f16_t>(b.s + r * kRecord + 32, p)),
+              sc(b.s + r * kRecord + 64), part(p) {}
+        V scale(int j, int) const { return d * Lanes<V>::template at<uint8_t>(sc + j * 16, part); }
+        V min(int j) const { return neg_dmin * Lanes<V>::template at<uint8_t>(sc + 128 + j * 16, part); }
+    };
     template <bool> static constexpr int32_t offset() { return 0; }
 #endif
 };
@@ -259,16 +269,23 @@ struct FormatQ6_K : UnsignedCodes {
         const int j = int(g % 4);  // the group within the unit: k = 32 j ..
         for (int s = 0; s < kQSteps; ++s) {
             const VI low = Lanes<V>::nibble(Lanes<V>::chunk(unit, (j % 2) * 8 + s, part), j >= 2);
-            const VI high = (Lanes<V>::chunk(unit + 1024, s, part) >> (2 * j)) & VI(0x03030303u);
-            wt[s] = low | (high << 4);
+            const VI fields = Lanes<V>::chunk(unit + 1024, s, part);  // field j (bits 2j, 2j + 1) to bits 4, 5
+            const VI high = (j <= 2 ? fields << (4 - 2 * j) : fields >> 2) & VI(0x30303030u);
+            wt[s] = low | high;
         }
     }
-    template <class V> static V scales(const BlockPtrs& b, int64_t g, int part, int t) {
-        const uint8_t* rec = record(b, g);
-        return Lanes<V>::template at<f16_t>(rec, part) *
-               Lanes<V>::template at<int8_t>(rec + 32 + ((g % 8) * 2 + t) * 16, part);
-    }
-    template <class V> static V mins(const BlockPtrs&, int64_t, int) { return V::zero(); }
+    static constexpr int kRecordGroups = 8;
+    template <class V>
+    struct Record {  // D of the 256 k, converted once; a scale per 16 k
+        V d;
+        const uint8_t* sc;
+        int part;
+        Record() = default;
+        Record(const BlockPtrs& b, int64_t r, int p)
+            : d(Lanes<V>::template at<f16_t>(b.s + r * kRecord, p)), sc(b.s + r * kRecord + 32), part(p) {}
+        V scale(int j, int t) const { return d * Lanes<V>::template at<int8_t>(sc + (j * 2 + t) * 16, part); }
+        V min(int) const { return V::zero(); }
+    };
     template <bool> static constexpr int32_t offset() { return 32; }
 #endif
 };

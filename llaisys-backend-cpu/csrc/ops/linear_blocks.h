@@ -114,48 +114,55 @@ LLAISYS_ALWAYS_INLINE void block_totals(const BlockPtrs& b, const QuantizedX& xq
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 8
         for (int m = 0; m < MM; ++m) total[p][m] = V::zero();
-    for (int64_t g = 0; g < xq.G; ++g) {
-        if (next)
-#pragma GCC unroll 8
-            for (int line = 0; line < int(F::kWeightBytes) / 64; ++line)
-                __builtin_prefetch(next + g * F::kWeightBytes + line * 64, 0, 2);
+    constexpr int kRecordGroups = F::kRecordGroups;
+    for (int64_t r = 0; r < xq.G / kRecordGroups; ++r) {  // (the K formats' K is a multiple of 256)
+        typename F::template Record<V> rec[P];
 #pragma GCC unroll 2
-        for (int p = 0; p < P; ++p) {
-            VI wt[S];  // step s: k = 32 g + 4 s .. + 3 of rows p W .. p W + W - 1
-            F::template steps<V, kVnni>(b, g, p, wt);
-            V scale[kSubs];
+        for (int p = 0; p < P; ++p) rec[p] = typename F::template Record<V>(b, r, p);
+        for (int j = 0; j < kRecordGroups; ++j) {
+            const int64_t g = r * kRecordGroups + j;
+            if (next)
+#pragma GCC unroll 8
+                for (int line = 0; line < int(F::kWeightBytes) / 64; ++line)
+                    __builtin_prefetch(next + g * F::kWeightBytes + line * 64, 0, 2);
 #pragma GCC unroll 2
-            for (int t = 0; t < kSubs; ++t) scale[t] = F::template scales<V>(b, g, p, t);
-            const V min = F::kMin ? F::template mins<V>(b, g, p) : V::zero();
+            for (int p = 0; p < P; ++p) {
+                VI wt[S];  // step s: k = 32 g + 4 s .. + 3 of rows p W .. p W + W - 1
+                F::template steps<V, kVnni>(b, g, p, wt);
+                V scale[kSubs];
+#pragma GCC unroll 2
+                for (int t = 0; t < kSubs; ++t) scale[t] = rec[p].scale(j, t);
+                const V min = F::kMin ? rec[p].min(j) : V::zero();
 #pragma GCC unroll 8
-            for (int m = 0; m < MM; ++m) {
-                const int64_t row = m0 + m;
-                const int8_t* xk = xq.q + row * xq.ld + g * kQGroup;
-                const int32_t* sums = xq.sum + (row * xq.G + g) * 2;
-                const V sx = V::set1(xq.sx[row * xq.G + g]);
-                if constexpr (kSubs == 1) {
-                    // two chains of 4 dependent dot steps (half the latency of one); integer sums, so exact either way
-                    VI even = VI(uint32_t(-kOffset * (sums[0] + sums[1]))), odd = VI(0u);
+                for (int m = 0; m < MM; ++m) {
+                    const int64_t row = m0 + m;
+                    const int8_t* xk = xq.q + row * xq.ld + g * kQGroup;
+                    const int32_t* sums = xq.sum + (row * xq.G + g) * 2;
+                    const V sx = V::set1(xq.sx[row * xq.G + g]);
+                    if constexpr (kSubs == 1) {
+                        // two chains of 4 dependent dot steps (half the latency of one); integer sums, so exact
+                        VI even = VI(uint32_t(-kOffset * (sums[0] + sums[1]))), odd = VI(0u);
 #pragma GCC unroll 8
-                    for (int s = 0; s < S; s += 2) {
-                        even = F::template dot<VI, kVnni>(even, wt[s], broadcast4<VI>(xk + 4 * s));
-                        odd = F::template dot<VI, kVnni>(odd, wt[s + 1], broadcast4<VI>(xk + 4 * s + 4));
+                        for (int s = 0; s < S; s += 2) {
+                            even = F::template dot<VI, kVnni>(even, wt[s], broadcast4<VI>(xk + 4 * s));
+                            odd = F::template dot<VI, kVnni>(odd, wt[s + 1], broadcast4<VI>(xk + 4 * s + 4));
+                        }
+                        total[p][m] = fmadd(scale[0] * sx, int_to_f32(even + odd), total[p][m]);
+                    } else {  // a scale per half group: one chain each
+                        VI half[2] = {VI(uint32_t(-kOffset * sums[0])), VI(uint32_t(-kOffset * sums[1]))};
+#pragma GCC unroll 8
+                        for (int s = 0; s < S / 2; ++s) {
+                            half[0] = F::template dot<VI, kVnni>(half[0], wt[s], broadcast4<VI>(xk + 4 * s));
+                            half[1] = F::template dot<VI, kVnni>(half[1], wt[s + S / 2],
+                                                                 broadcast4<VI>(xk + 4 * s + kQHalf));
+                        }
+                        total[p][m] = fmadd(scale[0] * sx, int_to_f32(half[0]), total[p][m]);
+                        total[p][m] = fmadd(scale[1] * sx, int_to_f32(half[1]), total[p][m]);
                     }
-                    total[p][m] = fmadd(scale[0] * sx, int_to_f32(even + odd), total[p][m]);
-                } else {  // a scale per half group: one chain each
-                    VI half[2] = {VI(uint32_t(-kOffset * sums[0])), VI(uint32_t(-kOffset * sums[1]))};
-#pragma GCC unroll 8
-                    for (int s = 0; s < S / 2; ++s) {
-                        half[0] = F::template dot<VI, kVnni>(half[0], wt[s], broadcast4<VI>(xk + 4 * s));
-                        half[1] = F::template dot<VI, kVnni>(half[1], wt[s + S / 2],
-                                                             broadcast4<VI>(xk + 4 * s + kQHalf));
+                    if constexpr (F::kMin) {
+                        const float sum_x = xq.sx[row * xq.G + g] * float(sums[0] + sums[1]);
+                        total[p][m] = fmadd(min, V::set1(sum_x), total[p][m]);
                     }
-                    total[p][m] = fmadd(scale[0] * sx, int_to_f32(half[0]), total[p][m]);
-                    total[p][m] = fmadd(scale[1] * sx, int_to_f32(half[1]), total[p][m]);
-                }
-                if constexpr (F::kMin) {
-                    const float sum_x = xq.sx[row * xq.G + g] * float(sums[0] + sums[1]);
-                    total[p][m] = fmadd(min, V::set1(sum_x), total[p][m]);
                 }
             }
         }

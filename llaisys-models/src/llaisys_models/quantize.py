@@ -10,8 +10,9 @@ int4: the decoder's linears in the q4_0 block format of ``llaisys.ops.quant`` (4
 and group of 32, an f16 scale d and codes u in [0, 15], w = d (u - 8); ``llaisys.ops.linear_q``), the lm_head
 in int8 as above (llama.cpp keeps its output matrix at 6 bits or more for the same reason: the logits are
 where 4 bits hurt most). Per group: m = the value of largest magnitude, d = m / -8 rounded to f16, u =
-round-half-to-even(w / d) + 8 clipped to [0, 15]: m itself is exact (u = 0), every other value within half a
-step d / 2 (one value of magnitude |m| and the other sign clips to 7: within d). Symmetric, as llama.cpp's
+round-half-to-even(w / d) + 8 clipped to [0, 15]: m itself is exact (u = 0) up to d's f16 rounding, every
+other value within half a step |d| / 2, but for values of the other sign beyond 7.5 |d| (they clip at 7 steps:
+within |d|). Symmetric, as llama.cpp's
 Q4_0: a min per group (q4_1, 5 bits per weight) measured 4-6% less RMS error per weight on the demo and
 SmolLM2 weights (README) for 11% more bytes per token.
 
