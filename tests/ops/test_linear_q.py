@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ops.test_linear_i8 import quantize_x
 from simd_paths import LEVELS, cpu_simd_level, run_in_child, skip_unless_level_available
-from test_linear_i8 import quantize_x
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, skip_without_kernels, to_torch
@@ -124,37 +124,45 @@ class Case:
 
     def check(self):
         got = self.run().to(torch.float64).numpy()
-        m, n, k = self.shape
-        groups = -(-k // 32)
-        x32 = self.x_t.to(torch.float32).numpy()
-        xq, sx = quantize_x(x32)  # [M, G, 32], [M, G]
-        q, scale, mins = integers_and_scales(self.fmt, self.codes, self.params, k)
-        subs = scale.shape[2]
-        dots = np.einsum("mgsi,ngsi->mngs", xq.reshape(m, groups, subs, -1), q.reshape(n, groups, subs, -1))
-        sx64 = sx.astype(np.float64)
-        terms = dots * scale[None] * sx64[:, None, :, None]  # [M, N, G, subs]
-        min_terms = mins[None] * (sx64 * xq.sum(-1))[:, None, :]  # [M, N, G]
-        bias = 0.0 if self.bias_t is None else self.bias_t.to(torch.float64).numpy()
-        exact = terms.sum((2, 3)) + min_terms.sum(2) + bias
-        eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[self.dtype]
-        # Tight: the f32 arithmetic (each scale * sx rounded, one multiply-add per term, the bias) errs by at most
-        # ~(terms + 3) f32 roundings of the running sum, bounded by the sum of |terms|; then the one rounding to
-        # the dtype. xq is the contract's, exactly (the kernel and quantize_x follow the same arithmetic).
-        magnitude = np.abs(terms).sum((2, 3)) + np.abs(min_terms).sum(2) + np.abs(bias)
-        tight = 2 * (groups * (subs + 1) + 3) * 2.0 ** -24 * magnitude + eps * np.abs(exact)
+        exact, tight, loose_extra = contract_reference(self.fmt, self.codes, self.params, self.w, self.x_t,
+                                                       self.bias_t, self.dtype)
         bad = ~(np.abs(got - exact) <= tight)
         assert not bad.any(), (f"{self.fmt} {self.dtype.name} {self.shape}: {int(bad.sum())} outputs off the exact "
                                f"arithmetic; first {np.argwhere(bad)[0]}: got {got[bad][0]}, expected {exact[bad][0]}")
-        # Loose: against x @ w.T of the weights the blocks hold (exact) and the unquantized x.
-        xg = np.zeros((m, groups * 32))
-        xg[:, :k] = x32
-        wg = np.zeros((n, groups * 32))
-        wg[:, :k] = self.w
-        x_err = np.einsum("mg,ngi->mn", sx64 / 2, np.abs(wg.reshape(n, groups, 32)))
-        unquantized = x32.astype(np.float64) @ self.w.T + bias
-        loose = x_err + tight + eps * np.abs(unquantized) + 1e-12
+        unquantized, loose = loose_extra
         bad = ~(np.abs(got - unquantized) <= loose)
         assert not bad.any(), f"{self.fmt} {self.dtype.name} {self.shape}: {int(bad.sum())} outputs beyond the bound"
+
+
+def contract_reference(fmt, codes, params, w, x_t, bias_t, dtype):
+    """The contract's result (float64) for x_t (torch, in ``dtype``) against the blocks of (codes, params), the
+    tight bound around it, and (x @ w.T with the unquantized x, the loose bound around that)."""
+    m, k = x_t.shape
+    n = codes.shape[0]
+    groups = -(-k // 32)
+    x32 = x_t.to(torch.float32).numpy()
+    xq, sx = quantize_x(x32)  # [M, G, 32], [M, G]
+    q, scale, mins = integers_and_scales(fmt, codes, params, k)
+    subs = scale.shape[2]
+    dots = np.einsum("mgsi,ngsi->mngs", xq.reshape(m, groups, subs, -1), q.reshape(n, groups, subs, -1))
+    sx64 = sx.astype(np.float64)
+    terms = dots * scale[None] * sx64[:, None, :, None]  # [M, N, G, subs]
+    min_terms = mins[None] * (sx64 * xq.sum(-1))[:, None, :]  # [M, N, G]
+    bias = 0.0 if bias_t is None else bias_t.to(torch.float64).numpy()
+    exact = terms.sum((2, 3)) + min_terms.sum(2) + bias
+    eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[dtype]
+    # Tight: the f32 arithmetic (each scale * sx rounded, one multiply-add per term, the bias, partial sums added
+    # in any order) errs by at most ~(terms + 3) f32 roundings of the running sum, bounded by the sum of |terms|;
+    # then the one rounding to the dtype. xq is the contract's, exactly (kernels and quantize_x follow the same
+    # arithmetic).
+    magnitude = np.abs(terms).sum((2, 3)) + np.abs(min_terms).sum(2) + np.abs(bias)
+    tight = 2 * (groups * (subs + 1) + 3) * 2.0 ** -24 * magnitude + eps * np.abs(exact)
+    # Loose: x @ w.T of the weights the blocks hold (exact) and the unquantized x: |x - x'| <= sx / 2 per k.
+    wg = np.zeros((n, groups * 32))
+    wg[:, :k] = w
+    x_err = np.einsum("mg,ngi->mn", sx64 / 2, np.abs(wg.reshape(n, groups, 32)))
+    unquantized = x32.astype(np.float64) @ w.T + bias
+    return exact, tight, (unquantized, x_err + tight + eps * np.abs(unquantized) + 1e-12)
 
 
 def shapes_of(fmt: str, wide: bool = True):

@@ -81,16 +81,38 @@ def quant_shapes(fmt: str, n: int, k: int) -> tuple[tuple[int, int, int], tuple[
 # -- rows <-> blocks -------------------------------------------------------------------------------------------
 
 
-def blocked(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out [NB, *rest, 16] = rows [N, *rest] in blocks of 16 rows, rows past N zero (rest: any dimensions)."""
+def copy_strided(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src (the same shape and item size; either side strided): by the CPU backend's rearrange (C, on
+    its thread team) where one is loaded, else numpy, whose element-by-element strided copies moved the blocks'
+    2- and 4-byte words at ~100-200 MB/s (the C copy does ~10x that)."""
+    from ..dlpack import from_dlpack  # (ops import early; dlpack and the device list are needed only here)
+    from ..errors import LlaisysError
+    from .elementwise import rearrange
+
+    if dst.size >= 1 << 12 and dst.dtype in _BYTE_COPY_DTYPES and src.dtype == dst.dtype:
+        try:
+            rearrange(from_dlpack(dst), from_dlpack(src))
+            return
+        except (LlaisysError, BufferError, TypeError):  # no CPU backend, or an array DLPack cannot carry
+            pass
+    np.copyto(dst, src)
+
+
+_BYTE_COPY_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8), F16)  # what the blocks are moved as (llaisys dtypes)
+
+
+def blocked(rows: np.ndarray, out: np.ndarray, tail: int = 0) -> np.ndarray:
+    """out [NB, *rest, 16, *last] = rows [N, *rest, *last] in blocks of 16 rows, rows past N zero (rest: any
+    dimensions; last: the ``tail`` trailing ones, e.g. the 2 halves of a 4-byte word moved as f16 pairs)."""
     n = rows.shape[0]
     full = n // QUANT_BLOCK_ROWS
+    row_axis = out.ndim - 1 - tail
     body = rows[:full * QUANT_BLOCK_ROWS].reshape(full, QUANT_BLOCK_ROWS, *rows.shape[1:])
-    np.copyto(out[:full], np.moveaxis(body, 1, -1))
+    copy_strided(out[:full], np.moveaxis(body, 1, row_axis))
     if full < out.shape[0]:
-        tail = np.zeros((QUANT_BLOCK_ROWS, *rows.shape[1:]), rows.dtype)
-        tail[:n - full * QUANT_BLOCK_ROWS] = rows[full * QUANT_BLOCK_ROWS:]
-        np.copyto(out[full], np.moveaxis(tail, 0, -1))
+        last = np.zeros((QUANT_BLOCK_ROWS, *rows.shape[1:]), rows.dtype)
+        last[:n - full * QUANT_BLOCK_ROWS] = rows[full * QUANT_BLOCK_ROWS:]
+        np.copyto(out[full], np.moveaxis(last, 0, row_axis - 1))
     return out
 
 
@@ -132,15 +154,19 @@ def weight_words(fmt: str, weight: np.ndarray) -> np.ndarray:
 
 def blocks_from_words(fmt: str, parts: list[tuple[np.ndarray, int]], fields: dict[str, np.ndarray],
                       out_weight: np.ndarray, out_scales: np.ndarray) -> None:
-    """Fill the blocks of N rows from the rows' own bytes. ``parts``: (words, first chunk) pairs, words uint32
-    [N, *unit dims, chunks] (unit dims multiplying to the units U) holding each row's 4-byte words of those
-    chunks of every unit, in order; ``fields`` {name: [N, R, *shape]}: the per-row scale fields
-    (``record_views`` names them). Reads only what it copies: the words may be strided views of a file."""
-    target = weight_words(fmt, out_weight)  # [NB, U, C, 16]
+    """Fill the blocks of N rows from the rows' own bytes.
+
+    ``parts``: (words, first chunk) pairs: words [N, *unit dims, chunks, 2] f16 pairs (the halves of each 4-byte
+    word: a GGUF file's words sit at 2-byte offsets, e.g. after Q4_0's f16 scale; the unit dims multiply to the
+    units U), each row's words of those chunks of every unit, in order. ``fields`` {name: [N, R, *shape]}: the
+    per-row scale fields (``record_views`` names them). Reads only what it copies: the words and fields may be
+    strided views of a file."""
+    nb, units, unit_bytes = out_weight.shape
+    target = out_weight.view(F16).reshape(nb, units, unit_bytes // 64, QUANT_BLOCK_ROWS, 2)
     for words, first in parts:
-        dims, chunks = words.shape[1:-1], words.shape[-1]
-        view = target.reshape(target.shape[0], *dims, target.shape[2], QUANT_BLOCK_ROWS)
-        blocked(words, view[..., first:first + chunks, :])
+        dims, chunks = words.shape[1:-2], words.shape[-2]
+        view = target.reshape(nb, *dims, target.shape[2], QUANT_BLOCK_ROWS, 2)
+        blocked(words, view[..., first:first + chunks, :, :], tail=1)
     for name, view in record_views(fmt, out_scales).items():
         blocked(fields[name], view)
 
@@ -234,7 +260,8 @@ def pack_quant(fmt: str, codes: np.ndarray, *params: np.ndarray, out_weight: np.
                          f"{out_weight.shape} and {out_scales.shape}")
     padded = np.zeros((n, weight_shape[1] * f.unit), codes.dtype)
     padded[:, :k] = codes
-    words = np.ascontiguousarray(_row_bytes(f, padded)).view(np.uint32)
+    row_bytes = np.ascontiguousarray(_row_bytes(f, padded))  # [N, U, unit bytes / 16]
+    words = row_bytes.view(F16).reshape(n, weight_shape[1], -1, 2)  # [N, U, chunks, 2]
     blocks_from_words(fmt, [(words, 0)], fields, out_weight, out_scales)
     return out_weight, out_scales
 

@@ -21,20 +21,44 @@ from gguf import GGMLQuantizationType as Q
 import llaisys
 from llaisys.ops.quant import blocks_from_words
 
-from .quants import k_scales
-
 FORMATS = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q4_K: "q4_k", Q.Q6_K: "q6_k"}
-U32, F16 = np.dtype("<u4"), np.dtype("<f2")
+F16 = np.dtype("<f2")
 
 
 def _fields(raw: np.ndarray, qtype: Q, dtype: np.dtype, at: int, shape: tuple[int, ...] = (),
             strides: tuple[int, ...] = ()) -> np.ndarray:
     """A view [rows, blocks per row, *shape] of the ``dtype`` values at byte ``at`` of every block of ``raw``
-    (uint8 [rows, bytes per row], C-contiguous); possibly unaligned (numpy copies those element by element)."""
+    (uint8 [rows, bytes per row], C-contiguous)."""
     _, type_size = GGML_QUANT_SIZES[qtype]
     rows, row_bytes = raw.shape
     return np.ndarray((rows, row_bytes // type_size, *shape), dtype, buffer=raw, offset=at,
                       strides=(row_bytes, type_size, *strides))
+
+
+def _words(raw: np.ndarray, qtype: Q, at: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """The 4-byte words at byte ``at`` of every block as f16 pairs [rows, blocks per row, *shape, 2] (the unit
+    blocks_from_words moves: every block format's words sit at even offsets, not all at multiples of 4)."""
+    return _fields(raw, qtype, F16, at, (*shape, 2), (*strides, 2))
+
+
+def _word_fields(raw: np.ndarray, qtype: Q, at: int) -> np.ndarray:
+    """The 32-bit word at byte ``at`` of every block, as uint32 [rows, blocks per row] (4-byte aligned ones)."""
+    return _fields(raw, qtype, np.dtype("<u4"), at)
+
+
+def k_scales(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 6-bit scales and mins (bytes 4-16 of each block: quants.k_scales) as uint8 [rows, blocks, 8] each,
+    computed on the three 32-bit words of every block (4 bytes at a time: a byte-wise numpy pass over the
+    strided 12-byte fields took ~10 s on a 1.5B model)."""
+    lo, mid, hi = (_word_fields(raw, qtype, at) for at in (4, 8, 12))
+    six, two, four = np.uint32(0x3F3F3F3F), np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    rows, blocks = lo.shape
+    sc, mn = np.empty((rows, blocks, 2), np.uint32), np.empty((rows, blocks, 2), np.uint32)
+    np.bitwise_and(lo, six, out=sc[..., 0])
+    sc[..., 1] = (hi & four) | (((lo >> np.uint32(6)) & two) << np.uint32(4))
+    np.bitwise_and(mid, six, out=mn[..., 0])
+    mn[..., 1] = ((hi >> np.uint32(4)) & four) | (((mid >> np.uint32(6)) & two) << np.uint32(4))
+    return sc.view(np.uint8), mn.view(np.uint8)  # little-endian words: bytes in order
 
 
 def words_and_fields(raw: np.ndarray, qtype: Q) -> tuple[list[tuple[np.ndarray, int]], dict[str, np.ndarray]]:
@@ -42,19 +66,19 @@ def words_and_fields(raw: np.ndarray, qtype: Q) -> tuple[list[tuple[np.ndarray, 
     ``qtype`` tensor: its words (views) and its scale fields (views, or small arrays for Q4_K's 6-bit ones)."""
     raw = np.ascontiguousarray(raw)
     if qtype == Q.Q8_0:  # 34 bytes: f16 d, 32 x int8
-        return [(_fields(raw, qtype, U32, 2, (8,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
+        return [(_words(raw, qtype, 2, (8,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
     if qtype == Q.Q4_0:  # 18 bytes: f16 d, 16 bytes of nibbles (k, k + 16)
-        return [(_fields(raw, qtype, U32, 2, (4,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
+        return [(_words(raw, qtype, 2, (4,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
     if qtype == Q.Q4_1:  # 20 bytes: f16 d, f16 m, 16 bytes of nibbles
-        return ([(_fields(raw, qtype, U32, 4, (4,), (4,)), 0)],
+        return ([(_words(raw, qtype, 4, (4,), (4,)), 0)],
                 {"d": _fields(raw, qtype, F16, 0), "m": _fields(raw, qtype, F16, 2)})
     if qtype == Q.Q4_K:  # 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales / mins, 4 x 32 bytes of nibbles
-        sc, mn = k_scales(_fields(raw, qtype, np.dtype(np.uint8), 4, (12,), (1,)))
-        return ([(_fields(raw, qtype, U32, 16, (4, 8), (32, 4)), 0)],
+        sc, mn = k_scales(raw, qtype)
+        return ([(_words(raw, qtype, 16, (4, 8), (32, 4)), 0)],
                 {"d": _fields(raw, qtype, F16, 0), "dmin": _fields(raw, qtype, F16, 2), "sc": sc, "mn": mn})
     if qtype == Q.Q6_K:  # 210 bytes: 2 x 64 bytes of low nibbles, 2 x 32 of 2-bit fields, 16 int8 scales, f16 d
-        low = _fields(raw, qtype, U32, 0, (2, 16), (64, 4))
-        high = _fields(raw, qtype, U32, 128, (2, 8), (32, 4))
+        low = _words(raw, qtype, 0, (2, 16), (64, 4))
+        high = _words(raw, qtype, 128, (2, 8), (32, 4))
         return [(low, 0), (high, 16)], {"d": _fields(raw, qtype, F16, 208),
                                         "sc": _fields(raw, qtype, np.dtype(np.int8), 192, (16,), (1,))}
     raise ValueError(f"{qtype.name} has no llaisys block format")

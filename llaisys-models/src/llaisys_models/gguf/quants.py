@@ -91,21 +91,15 @@ def _q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
 # -- the k-quants: 256-value super-blocks ------------------------------------------------------
 
 
-def k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K's 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks: uint8 [..., 12] -> uint8 [..., 8] each.
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks -> float32 [n, 8] each.
 
     Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the
     same for mins; bytes 8-11 the low nibbles of scales 4-7 (low) and mins 4-7 (high).
     """
-    lo, mid, hi = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    scales = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
-    mins = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
-    return scales, mins
-
-
-def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """k_scales as float32 [n, 8] each."""
-    scales, mins = k_scales(packed)
+    lo, mid, hi = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1)
+    mins = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
     return scales.astype(np.float32), mins.astype(np.float32)
 
 

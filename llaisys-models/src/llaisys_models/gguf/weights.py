@@ -33,7 +33,7 @@ import llaisys
 from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import BLOCK_KERNELS, BlockWeight, Int8Weight, block_buffers, int4_weight, int8_weight
+from ..quantize import BLOCK_KERNELS, Arena, BlockWeight, Int8Weight, block_buffers, block_bytes, int4_weight, int8_weight
 from ..weights import LINEARS, Weights, layer_weights, plan
 from . import blocks, quants
 from .reader import GGUFFile
@@ -174,20 +174,22 @@ CHUNK_BYTES = 8 << 20  # stored bytes converted per step of block_weight (their 
 
 
 def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
-                 rows: np.ndarray | slice | None = None) -> BlockWeight:
-    """One matrix of the file kept in its blocks (gguf/blocks.py: the llaisys format of its type) on ``device``,
-    rows reordered by ``rows`` if given; converted a chunk of rows at a time, each chunk's mapped pages dropped
-    as soon as it is done."""
+                 rows: np.ndarray | slice | None = None, arena: Arena | None = None) -> BlockWeight:
+    """One matrix of the file kept in its blocks (gguf/blocks.py: the llaisys format of its type) on ``device``
+    (from ``arena`` if given), rows reordered by ``rows`` if given; converted a chunk of rows at a time, each
+    chunk's mapped pages dropped as soon as it is done."""
     info = f.tensors[name]
     fmt, raw, first = blocks.FORMATS[info.type], f.raw(name), 0
     if isinstance(rows, slice):  # a part of a fused tensor
         raw, first, rows = raw[rows], rows.start, None
-    buffers = block_buffers(fmt, shape, device)
+    buffers = block_buffers(fmt, shape, device, arena)
     weight, scales = buffers.arrays
     n = shape[0]
     step = max(1, CHUNK_BYTES // max(info.row_bytes, 1) // 16) * 16
     for start in range(0, n, step):
         end = min(n, start + step)
+        if rows is None:
+            f.populate(name, (first + start, first + end))
         part = raw[start:end] if rows is None else raw[rows[start:end]]
         b0, b1 = start // 16, -(-end // 16)
         blocks.convert_rows(part, info.type, weight[b0:b1], scales[b0:b1])
@@ -236,6 +238,16 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
     i8_ok = llaisys.ops.implemented("linear_i8", device)
+
+    def kind(field: str, spec: tuple) -> str:
+        return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok)
+
+    # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
+    kept = [(f.tensors[spec[0]].type, _part_shape(spec)) for group in [top, *layers] for field, spec in group.items()
+            if kind(field, spec) == "blocks"]
+    arena = None
+    if device.type == "cpu" and kept:
+        arena = Arena(sum(block_bytes(blocks.FORMATS[qtype], shape) for qtype, shape in kept), device)
     total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
         def get(field, spec):
@@ -244,13 +256,13 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 rows = slice(*spec[2])
             elif arch == "llama" and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
-            kind = kind_of(field, f.tensors[name].type, quantize, dequantize, blocks_ok)
-            if kind == "int8" and not i8_ok:
-                kind = "float"
-            if kind == "blocks":
-                tensor = block_weight(f, name, shape, device, rows)
-            elif kind in ("int8", "int4"):
-                tensor = quantized(f, name, shape, device, rows, kind)
+            how = kind(field, spec)
+            if how == "int8" and not i8_ok:
+                how = "float"
+            if how == "blocks":
+                tensor = block_weight(f, name, shape, device, rows, arena)
+            elif how in ("int8", "int4"):
+                tensor = quantized(f, name, shape, device, rows, how)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)
@@ -262,8 +274,6 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
         else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy
-            qtype = f.tensors[top["embed_tokens"][0]].type
-            same = kind_of("lm_head", qtype, quantize, dequantize, blocks_ok) == kind_of(
-                "embed_tokens", qtype, quantize, dequantize, blocks_ok)
+            same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
             lm_head = embed if same else get("lm_head", top["embed_tokens"])
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)
