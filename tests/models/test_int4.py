@@ -12,7 +12,7 @@ import llaisys
 import llaisys_models
 from llaisys_models import ModelLoadError
 from llaisys_models import quantize as quantization
-from llaisys_models.quantize import BlockWeight, Int8Weight
+from llaisys_models.quantize import BlockWeight
 from llaisys_models.weights import LINEARS
 
 
@@ -64,6 +64,20 @@ def test_every_value_comes_back_within_half_a_step():
     assert abs(llaisys.ops.dequantize_quant("q4_0", codes, d)[0, 31] - 1) == 0.125
 
 
+def test_q8_0_scales_are_amax_over_127_rounded_up_to_f16():
+    """The lm_head's q8_0 (quantize="int4"): d = max|w| / 127 rounded up to a float16, q = round-half-even(w / d)
+    in [-127, 127] without clipping: every value within half a step."""
+    w = random_matrix((9, 100), BF16, seed=3).astype(np.float32)
+    chunks = list(quantization.quantized_chunks(lambda s, e: w[s:e], w.shape, "w", quantization.quantize_rows_q8_0))
+    q, d = np.concatenate([c[2] for c in chunks]), np.concatenate([c[3] for c in chunks])
+    amax = np.abs(np.pad(w, ((0, 0), (0, 28)))).reshape(9, -1, 32).max(-1)
+    exact = amax.astype(np.float64) / 127
+    assert (d.astype(np.float64) >= exact).all()
+    assert (np.nextafter(d, np.float16(0)).astype(np.float64) < exact).all()  # the smallest f16 above
+    step = np.repeat(d.astype(np.float32), 32, axis=1)[:, :100]
+    assert np.abs(q).max() <= 127 and np.all(np.abs(q * step - w) <= step / 2)
+
+
 def test_zero_groups_and_refusals():
     w = np.zeros((2, 64), np.float32)
     w[1, 40] = 3.0
@@ -75,14 +89,18 @@ def test_zero_groups_and_refusals():
             quantize_int4(w)
 
 
-def test_a_load_stores_q4_0_blocks_and_an_int8_lm_head(tiny_models, device):
+def test_a_load_stores_q4_0_blocks_and_a_q8_0_lm_head(tiny_models, device):
     from helpers import skip_without_kernels
 
-    skip_without_kernels(device, ["linear_q", "linear_i8"], "quantize='int4'")
+    skip_without_kernels(device, ["linear_q"], "quantize='int4'")
     model = llaisys_models.load(tiny_models.path("llama_f32_tied"), device=device, quantize="int4")
     w = model.weights
-    assert model.quantize == "int4" and model.weight_formats == ("int8", "q4_0")
-    assert isinstance(w.lm_head, Int8Weight) and w.embed_tokens.dtype == model.dtype
+    assert model.quantize == "int4" and model.weight_formats == ("q4_0", "q8_0")
+    assert isinstance(w.lm_head, BlockWeight) and w.lm_head.fmt == "q8_0" and w.embed_tokens.dtype == model.dtype
+    # the tied lm_head: the embedding's values in q8_0, each within half a step (scales rounded up: no clipping)
+    q, d = llaisys.ops.unpack_quant("q8_0", w.lm_head.weight.numpy(), w.lm_head.scales.numpy(), *w.lm_head.shape)
+    step = np.repeat(d.astype(np.float32), 32, axis=1)[:, :q.shape[1]]
+    assert np.all(np.abs(q * step - w.embed_tokens.numpy().astype(np.float32)) <= step / 2)
     for layer in w.layers:
         for field in LINEARS[:-1]:
             weight = getattr(layer, field)

@@ -8,8 +8,9 @@ stays as it is: a lookup reads one row per token, the lm_head reads all of them 
 
 int4: the decoder's linears in the q4_0 block format of ``llaisys.ops.quant`` (4.5 bits per weight: per row
 and group of 32, an f16 scale d and codes u in [0, 15], w = d (u - 8); ``llaisys.ops.linear_q``), the lm_head
-in int8 as above (llama.cpp keeps its output matrix at 6 bits or more for the same reason: the logits are
-where 4 bits hurt most). Per group: m = the value of largest magnitude, d = m / -8 rounded to f16, u =
+in q8_0 (8.5 bits: int8 codes and an f16 scale per 32, as int8 above with an f16 scale rounded up; llama.cpp
+keeps its output matrix at 6 bits or more for the same reason: the logits are where 4 bits hurt most), both
+run by linear_q alone. Per group: m = the value of largest magnitude, d = m / -8 rounded to f16, u =
 round-half-to-even(w / d) + 8 clipped to [0, 15]: m itself is exact (u = 0) up to d's f16 rounding, every
 other value within half a step |d| / 2, but for values of the other sign beyond 7.5 |d| (they clip at 7 steps:
 within |d|). Symmetric, as llama.cpp's
@@ -50,8 +51,8 @@ from .host_memory import bytes_of, host_buffer, populate
 MODES = ("int8", "int4")
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
-INT4_FORMAT = "q4_0"  # quantize="int4"'s block format
-KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q", "linear_i8")}  # the ops beyond the float model's
+INT4_FORMAT, HEAD_FORMAT = "q4_0", "q8_0"  # quantize="int4"'s block formats: the linears', the lm_head's
+KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q",)}  # the ops beyond the float model's
 BLOCK_KERNELS = ("linear_q", "embedding_q")  # what weights kept in a GGUF file's blocks need
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
@@ -196,6 +197,35 @@ def quantize_rows_int4(rows: np.ndarray, work: np.ndarray, name: str) -> tuple[n
     return np.clip(x[:, :k] + 8, 0, 15).astype(np.uint8), d
 
 
+def f16_round_up(x: np.ndarray) -> np.ndarray:
+    """The smallest float16 >= x for each float32 x >= 0 (inf beyond the largest float16)."""
+    x = np.asarray(x, np.float32)
+    h = x.astype(np.float16)
+    low = h.astype(np.float32) < x
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h
+
+
+def quantize_rows_q8_0(rows: np.ndarray, work: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` (float [R, K]) in q8_0: (q int8 [R, K], d float16 [R, G]) as quantize_rows does int8, the scale
+    amax / 127 rounded up to a float16 instead of a bfloat16 (3 more bits: the q8_0 lm_head of quantize="int4")."""
+    n, k = rows.shape
+    x = work[0]
+    np.copyto(x[:, :k], rows, casting="unsafe")
+    groups = x.reshape(n, -1, GROUP)
+    amax = _finite_amax(x, work[1], name, "q8_0")
+    d = f16_round_up(amax / np.float32(127))
+    if np.isinf(d).any():
+        raise ModelLoadError(f"tensor {name!r} holds values beyond 127 x the largest float16, which q8_0's f16 "
+                             f"scales cannot hold; load it without quantize or with int8")
+    divisor = d.astype(np.float32)
+    divisor[divisor == 0] = 1
+    np.divide(groups, divisor[:, :, None], out=groups)
+    np.rint(x, out=x)
+    np.clip(x, -127, 127, out=x)
+    return x[:, :k].astype(np.int8), d
+
+
 def quantized_chunks(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], name: str = "weight",
                      quantize_rows=quantize_rows):
     """Quantize the [N, K] matrix whose rows ``read(start, end)`` returns a chunk of rows at a time (whole
@@ -306,16 +336,28 @@ def block_bytes(fmt: str, shape: tuple[int, int]) -> int:
     return sum(Arena.size_of(s) for s in llaisys.ops.quant_shapes(fmt, *shape))
 
 
-def int4_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], device: llaisys.Device,
-                name: str = "weight") -> BlockWeight:
-    """The q4_0 weight (``quantize="int4"``) on ``device`` of the [N, K] matrix whose rows ``read(start, end)``
+QUANTIZERS = {"q4_0": quantize_rows_int4, "q8_0": quantize_rows_q8_0}  # the formats quantized from floats
+
+
+def quantized_blocks(fmt: str, read: Callable[[int, int], np.ndarray], shape: tuple[int, int],
+                     device: llaisys.Device, name: str = "weight") -> BlockWeight:
+    """The ``fmt`` (q4_0 or q8_0) weight on ``device`` of the [N, K] matrix whose rows ``read(start, end)``
     returns, quantized a chunk of rows at a time straight into its blocks."""
-    buffers = block_buffers(INT4_FORMAT, shape, device)
+    buffers = block_buffers(fmt, shape, device)
     blocks, block_scales = buffers.arrays
-    for start, end, codes, d in quantized_chunks(read, shape, name, quantize_rows_int4):
+    for start, end, codes, d in quantized_chunks(read, shape, name, QUANTIZERS[fmt]):
         first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
-        llaisys.ops.pack_quant(INT4_FORMAT, codes, d, out_weight=blocks[first:last], out_scales=block_scales[first:last])
-    return BlockWeight(*buffers.placed(), INT4_FORMAT, shape)
+        llaisys.ops.pack_quant(fmt, codes, d, out_weight=blocks[first:last], out_scales=block_scales[first:last])
+    return BlockWeight(*buffers.placed(), fmt, shape)
+
+
+def quantized_weight(quantize: str, read: Callable[[int, int], np.ndarray], shape: tuple[int, int],
+                     device: llaisys.Device, name: str = "weight") -> Int8Weight | BlockWeight:
+    """The [N, K] matrix whose rows ``read(start, end)`` returns as ``quantize`` says: "int8" (Int8Weight), "int4"
+    (q4_0 blocks) or "q8_0" (the lm_head of int4)."""
+    if quantize == "int8":
+        return int8_weight(read, shape, device, name)
+    return quantized_blocks(INT4_FORMAT if quantize == "int4" else quantize, read, shape, device, name)
 
 
 def add_argument(parser) -> None:
@@ -327,6 +369,6 @@ def add_argument(parser) -> None:
     parser.add_argument("--quantize", default=None, choices=MODES,
                         help="store the linears' weights as int8 (per group of 32 inputs, bfloat16 scales: about "
                              "half the bytes per token of bf16) or int4 (q4_0 blocks, f16 scales, the lm_head in "
-                             "int8: about a quarter), quantized at load time from the checkpoint, at a small loss "
+                             "q8_0: about a third), quantized at load time from the checkpoint, at a small loss "
                              "of accuracy (default: the weights as stored; a GGUF file's quantized tensors stay in "
                              "their blocks)")

@@ -5,7 +5,7 @@ bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dt
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
 once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` or ``"int4"`` the
 linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
-in int8).
+in q8_0).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import BlockWeight, Int8Weight, int4_weight, int8_weight
+from .quantize import BlockWeight, Int8Weight, quantized_weight
 from .safetensors import Checkpoint, TensorInfo
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
@@ -241,7 +241,7 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
 
 def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None,
               quantize: str = "int8") -> Int8Weight | BlockWeight:
-    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 or int4 (``quantize``) on
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8, int4 or q8_0 (``quantize``) on
     ``device``, quantized from its stored values a chunk of rows at a time; its mapped pages are dropped from
     the resident set as soon as they are read (parts are read in order, so the pages of the rows before are
     done with)."""
@@ -254,8 +254,7 @@ def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | 
             info.file.release_pages(info.offset, (first + start) * row_bytes)
         return source[first + start:first + end]
 
-    make = int4_weight if quantize == "int4" else int8_weight
-    weight = make(read, (stop - first, info.shape[1]), device, info.name)
+    weight = quantized_weight(quantize, read, (stop - first, info.shape[1]), device, info.name)
     info.file.release_pages(info.offset, stop * row_bytes)
     return weight
 
@@ -304,6 +303,6 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
-        # int4 keeps the lm_head in int8 (quantize.py)
-        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]), None if quantize is None else "int8")
+        # int4 keeps the lm_head in q8_0 (quantize.py)
+        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]), "q8_0" if quantize == "int4" else quantize)
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

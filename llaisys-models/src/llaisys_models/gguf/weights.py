@@ -14,7 +14,7 @@ What each tensor becomes (``kind_of``), by default ("as stored", where the devic
   is decoded into the compute dtype.
 ``dequantize=True`` decodes everything into the compute dtype (the values exactly in float32: what HF
 transformers computes with); ``quantize="int8"`` / ``"int4"`` requantize the linears (int4 keeps the 4-bit
-blocks as they are, and the lm_head at 6 bits or more: its blocks, or int8).
+blocks as they are, and the lm_head at 6 bits or more: its blocks, or q8_0).
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
 head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
@@ -33,7 +33,7 @@ import llaisys
 from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import BLOCK_KERNELS, Arena, BlockWeight, Int8Weight, block_buffers, block_bytes, int4_weight, int8_weight
+from ..quantize import BLOCK_KERNELS, Arena, BlockWeight, Int8Weight, block_buffers, block_bytes, quantized_weight
 from ..weights import LINEARS, Weights, layer_weights, plan
 from . import blocks, quants
 from .reader import GGUFFile
@@ -150,7 +150,7 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
 
 def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
               rows: np.ndarray | slice | None = None, quantize: str = "int8") -> Int8Weight | BlockWeight:
-    """One matrix of the file in int8 or int4 (q4_0) on ``device``, rows reordered by ``rows`` if given:
+    """One matrix of the file in int8, int4 (q4_0) or q8_0 on ``device``, rows reordered by ``rows`` if given:
     decoded to float32 a chunk of rows at a time and quantized from there.
 
     Q8_0 (and Q4_0, Q5_0) are already int8 per group of 32 with an f16 scale ``d``; their decoded values
@@ -165,7 +165,7 @@ def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.De
         src = raw[start:end] if rows is None else raw[rows[start:end]]
         return quants.dequantize(src, qtype, np.empty((end - start, shape[1]), np.float32))
 
-    weight = (int4_weight if quantize == "int4" else int8_weight)(read, shape, device, name)
+    weight = quantized_weight(quantize, read, shape, device, name)
     f.release(name)
     return weight
 
@@ -204,8 +204,8 @@ FOUR_BIT = (quants.Q.Q4_0, quants.Q.Q4_1, quants.Q.Q4_K)
 
 
 def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
-    """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4" or "float" (this module's
-    docstring); ``blocks_ok``: the device has the block kernels."""
+    """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4", "q8_0" or "float" (this
+    module's docstring); ``blocks_ok``: the device has the block kernels."""
     kept = blocks_ok and qtype in blocks.FORMATS
     if field == "embed_tokens":
         return "blocks" if kept and not dequantize else "float"
@@ -215,7 +215,7 @@ def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok
         return "int8"
     if quantize == "int4":
         if field == "lm_head":
-            return "blocks" if kept else "int8"
+            return "blocks" if kept else "q8_0"
         return "blocks" if kept and qtype in FOUR_BIT else "int4"
     if dequantize or not blocks_ok:
         return "float"
@@ -261,7 +261,7 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 how = "float"
             if how == "blocks":
                 tensor = block_weight(f, name, shape, device, rows, arena)
-            elif how in ("int8", "int4"):
+            elif how in ("int8", "int4", "q8_0"):
                 tensor = quantized(f, name, shape, device, rows, how)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
