@@ -26,7 +26,7 @@ SHAPES = [(1, 1), (17, 3), (40, 2)]  # (rows, blocks per row): one block of rows
 
 
 def converted(raw: np.ndarray, qtype: Q, rows: int, k: int):
-    weight_shape, scales_shape = blocks.block_shapes(qtype, (rows, k))
+    weight_shape, scales_shape = llaisys.ops.quant_shapes(blocks.FORMATS[qtype], rows, k)
     weight, scales = np.full(weight_shape, 0xA5, np.uint8), np.full(scales_shape, 0xA5, np.uint8)
     blocks.convert_rows(raw, qtype, weight, scales)
     return weight, scales

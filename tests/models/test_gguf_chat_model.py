@@ -41,6 +41,12 @@ def chat_model_path() -> Path | None:
 
 
 @pytest.fixture(scope="module")
+def exact_model(chat_model):
+    """The file dequantized: float32, the stored values exactly."""
+    return llaisys_models.load(chat_model, device="cpu", dtype="float32", dequantize=True)
+
+
+@pytest.fixture(scope="module")
 def chat_model():
     path = chat_model_path()
     if path is None:
@@ -104,20 +110,19 @@ def departs_only_at_a_near_tie(model, exact, tokenizer, question: str, tolerance
             f"near-tie")
 
 
-def test_blocks_answer_as_float32_up_to_near_ties(chat_model):
+def test_blocks_answer_as_float32_up_to_near_ties(chat_model, exact_model):
     """As stored: the Q4_1 linears and the Q8_0 embedding / tied lm_head in their blocks, x quantized to int8 per
     group of 32 (as llama.cpp quantizes it for these types), which moves the logits by 4.4% on average, 15% at
     most (relative L2 per position, benchmarks/quant_quality.py). Measured departures: the capital question at
     step 0, where float32 prefers "The" by 0.08 of 25.3 (0.3%), the haiku at step 8 by 0.34 of 15.1 (2.2%)."""
     model = llaisys_models.load(chat_model, device="cpu")
     assert model.weight_formats == ("q4_1", "q8_0") and model.weights.lm_head is model.weights.embed_tokens
-    exact = llaisys_models.load(chat_model, device="cpu", dtype="float32", dequantize=True)
     tokenizer = load_tokenizer(chat_model)
     for question in QUESTIONS:
-        departs_only_at_a_near_tie(model, exact, tokenizer, question, 0.05)
+        departs_only_at_a_near_tie(model, exact_model, tokenizer, question, 0.05)
 
 
-def test_bf16_answers(chat_model):
+def test_bf16_answers(chat_model, exact_model):
     """dtype=bfloat16 (half the memory of the float32 default): its greedy answer is the f32 model's, up to
     near-ties: where bf16 chooses differently, the f32 logits of the two tokens are within 1% (bf16 keeps 8
     mantissa bits, and each op rounds to bf16: a 0.3% gap between the top two logits at step 0 of this question
@@ -125,10 +130,9 @@ def test_bf16_answers(chat_model):
     model = llaisys_models.load(chat_model, device="cpu", dtype="bfloat16", dequantize=True)
     assert model.dtype.name == "bfloat16" and type(model).__name__ == "Llama"
     tokenizer = load_tokenizer(chat_model)
-    f32 = llaisys_models.load(chat_model, device="cpu", dtype="float32", dequantize=True)
     ids = encode(tokenizer, QUESTIONS[0])
-    assert "Paris" in tokenizer.decode(f32.generate(ids, 16)[len(ids):], skip_special_tokens=True)
-    departs_only_at_a_near_tie(model, f32, tokenizer, QUESTIONS[0], 0.01)
+    assert "Paris" in tokenizer.decode(exact_model.generate(ids, 16)[len(ids):], skip_special_tokens=True)
+    departs_only_at_a_near_tie(model, exact_model, tokenizer, QUESTIONS[0], 0.01)
 
 
 def test_json_schema_answer_parses(chat_model):

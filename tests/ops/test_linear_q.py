@@ -170,12 +170,16 @@ def shapes_of(fmt: str, wide: bool = True):
 
 
 def check_shapes(formats=FORMATS, dtypes=FLOAT_DTYPES, device="cpu", wide=True):
-    """Every shape in every dtype of ``dtypes``; with wide=False (the other SIMD paths) one dtype per shape, in
-    turn, and the tail shapes only (the paths share everything but the kernel's inner loop)."""
+    """The tail shapes in every dtype of ``dtypes`` and the wide ones in one dtype each, in turn (the dtypes differ
+    only in the loads and the final store); with wide=False (the other SIMD paths) every other tail shape, one
+    dtype each (the paths share everything but the kernel's inner loop)."""
     for fmt in formats:
-        for i, shape in enumerate(shapes_of(fmt, wide)):
+        tails, wides = shapes_of(fmt, wide=False), WIDE_SHAPES if wide else []
+        for i, shape in enumerate(tails if wide else tails[::2]):
             for dtype in dtypes if wide else [dtypes[i % len(dtypes)]]:
                 Case(fmt, shape, dtype, with_bias=i % 2 == 0, device=device, seed=i).check()
+        for i, shape in enumerate(wides):
+            Case(fmt, shape, dtypes[i % len(dtypes)], with_bias=i % 2 == 0, device=device, seed=i).check()
 
 
 def check_rows_independent(device="cpu"):
@@ -232,12 +236,15 @@ PATHS["avx512-no-vnni"] = {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_VNN
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-def test_linear_q_every_simd_path(device, path):
+def test_block_linears_every_simd_path(device, path):
+    """linear_i8's checks (test_linear_i8.check_all) and linear_q's, in one child process per path (they share
+    the kernel; a child's start costs more than its checks)."""
     env = PATHS[path]
     skip_unless_level_available(device, env["LLAISYS_CPU_SIMD"])
     if env == {"LLAISYS_CPU_SIMD": cpu_simd_level()}:
         pytest.skip("this process's own path: the tests above ran it")
-    run_in_child(__name__, env, "t.check_all()", expect_level=env["LLAISYS_CPU_SIMD"])
+    run_in_child(__name__, env, "import ops.test_linear_i8 as i8; i8.check_all(); t.check_all()",
+                 expect_level=env["LLAISYS_CPU_SIMD"])
 
 
 def test_linear_q_nan_in_a_group_poisons_its_row(device):

@@ -51,7 +51,7 @@ from .host_memory import bytes_of, host_buffer, populate
 MODES = ("int8", "int4")
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
-INT4_FORMAT, HEAD_FORMAT = "q4_0", "q8_0"  # quantize="int4"'s block formats: the linears', the lm_head's
+INT4_FORMAT = "q4_0"  # quantize="int4"'s block format (its lm_head: "q8_0")
 KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q",)}  # the ops beyond the float model's
 BLOCK_KERNELS = ("linear_q", "embedding_q")  # what weights kept in a GGUF file's blocks need
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2

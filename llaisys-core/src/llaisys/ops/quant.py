@@ -124,11 +124,12 @@ def unblocked(blocks: np.ndarray, n: int) -> np.ndarray:
 def _record_fields(f: QuantFormat) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(name, dtype, per-row shape within one record) of each field of a scale record, in byte order."""
     u8, i8 = np.dtype(np.uint8), np.dtype(np.int8)
-    return {
+    fields: dict[str, list[tuple[str, np.dtype, tuple[int, ...]]]] = {
         "q8_0": [("d", F16, ())], "q4_0": [("d", F16, ())], "q4_1": [("d", F16, ()), ("m", F16, ())],
         "q4_k": [("d", F16, ()), ("dmin", F16, ()), ("sc", u8, (8,)), ("mn", u8, (8,))],
         "q6_k": [("d", F16, ()), ("sc", i8, (16,))],
-    }[f.name]
+    }
+    return fields[f.name]
 
 
 def record_views(fmt: str, scales: np.ndarray) -> dict[str, np.ndarray]:

@@ -18,7 +18,6 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-import llaisys
 from llaisys.ops.quant import blocks_from_words
 
 FORMATS = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q4_K: "q4_k", Q.Q6_K: "q6_k"}
@@ -90,8 +89,3 @@ def convert_rows(raw: np.ndarray, qtype: Q, out_weight: np.ndarray, out_scales: 
     the matrix's last ones)."""
     parts, fields = words_and_fields(raw, qtype)
     blocks_from_words(FORMATS[qtype], parts, fields, out_weight, out_scales)
-
-
-def block_shapes(qtype: Q, shape: tuple[int, int]):
-    """(weight shape, scales shape) of the llaisys blocks of a ``qtype`` [N, K] matrix."""
-    return llaisys.ops.quant_shapes(FORMATS[qtype], *shape)
