@@ -65,7 +65,7 @@ class PrefixAwareRouter(RequestRouter):
         lengths = [n for n in (self.replica_queue_len_cache.get(r.replica_id) for r in replicas) if n is not None]
         return not lengths or max(lengths) - min(lengths) <= self._imbalanced_threshold
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, _result) -> None:
         route = _route_of(pending_request)
         if route is not None:
             self._index.insert(route.scope, route.text, replica_id.unique_id)
