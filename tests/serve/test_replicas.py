@@ -5,7 +5,7 @@
   single server (``chat_server``), spread over both replicas;
 - each chat's next turn goes to the replica that holds its prefix (its cached tokens > 0);
 - the API is the single server's: API keys, the Host check, CORS, OpenAI's error bodies;
-- every replica's engine metrics reach Ray's Prometheus export;
+- every replica's engine metrics reach Ray's Prometheus export; a client that hangs up cancels its request there;
 - killing a replica's process loses no request that had not started streaming, and Ray starts a new replica.
 
 The cluster is started once for the module: small object stores, no dashboard, one CPU per node.
@@ -66,7 +66,8 @@ def cluster():
 
         node = {"num_cpus": 1, "object_store_memory": 80 << 20, "node_ip_address": LOOPBACK}
         cluster = Cluster(initialize_head=True, head_node_args={
-            **node, "include_dashboard": False, "_system_config": {"metrics_report_interval_ms": 500}})
+            **node, "include_dashboard": False, "no_monitor": True,  # (no autoscaler: a fixed cluster)
+            "_system_config": {"metrics_report_interval_ms": 500}})
         try:
             cluster.add_node(**node)
             ray.init(address=cluster.address, logging_level="WARNING")
@@ -95,15 +96,12 @@ def replicas(cluster, chat_model_dir, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("replicas") / "keys"
     key_file.write_text("\n".join(KEYS) + "\n")
     port = free_port()
-    serve.start(http_options={"host": LOOPBACK, "port": port}, logging_config=QUIET)
+    serve.start(http_options={"host": LOOPBACK, "port": port}, proxy_location="HeadOnly", logging_config=QUIET)
     app = build_app({"model": str(chat_model_dir), "replicas": "2", "served-model-name": CHAT_MODEL,
                      "max-running": "8", "kv-memory": "64MiB", "port": str(port), "api-key-file": str(key_file),
                      "cors-origin": ORIGIN})
-    try:
-        serve.run(app, name=APP_NAME, route_prefix="/", logging_config=QUIET)
-        yield Replicas(port)
-    finally:
-        serve.shutdown()
+    serve.run(app, name=APP_NAME, route_prefix="/", logging_config=QUIET)
+    yield Replicas(port)  # (the cluster's end stops Serve with it)
 
 
 def free_port() -> int:
@@ -200,6 +198,7 @@ BEARER_A = {"Authorization": f"Bearer {KEYS[0]}"}
     ("POST", CHAT, CHAT_BODY, {**BEARER_A, "Content-Type": "text/plain"}, 415, "unsupported_media_type"),
     ("POST", CHAT, CHAT_BODY, {**BEARER_A, "Host": "rebound.example"}, 421, "invalid_host"),
     ("GET", "/v1/models", None, {}, 401, "invalid_api_key"),
+    ("GET", "/metrics", None, {}, 401, "invalid_api_key"),
 ])
 def test_errors_are_the_single_servers(replicas, method, path, body, headers, status, code):
     r = http_request(replicas.base_url, method, path, body, headers=headers)
@@ -230,23 +229,41 @@ def test_health_models_and_cors(replicas):
 
 # -- metrics -------------------------------------------------------------------------------------------------------
 
-def test_every_replicas_metrics_reach_rays_prometheus_export(first_turns, cluster):
+def ray_metric(name: str, labels: str = "") -> dict[str, float]:
+    """Each replica's sample of ``name`` (whose labels include ``labels``), from every node's metrics export."""
     import ray
 
-    def generated_by_replica() -> dict[str, float]:
-        out = {}
-        for node in ray.nodes():
-            if node["Alive"]:
-                url = f"http://{LOOPBACK}:{node['MetricsExportPort']}/metrics"
-                with contextlib.suppress(OSError):  # (an agent not serving yet)
-                    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
-                        if line.startswith("ray_llaisys_generation_tokens_total{"):
-                            out[re.search(r'replica="([^"]+)"', line)[1]] = float(line.rsplit(" ", 1)[1])
-        return out
+    out = {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            url = f"http://{LOOPBACK}:{node['MetricsExportPort']}/metrics"
+            with contextlib.suppress(OSError):  # (an agent not serving yet)
+                for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+                    if line.startswith(f"ray_{name}{{") and labels in line:
+                        out[re.search(r'replica="([^"]+)"', line)[1]] = float(line.rsplit(" ", 1)[1])
+    return out
 
+
+def test_every_replicas_metrics_reach_rays_prometheus_export(replicas, first_turns):
     served = {replica for _, _, replica, _ in first_turns}
-    assert wait_until(lambda: all(generated_by_replica().get(r, 0) > 0 for r in served), timeout=TIMEOUT), \
-        generated_by_replica()
+    assert wait_until(lambda: all(ray_metric("llaisys_generation_tokens_total").get(r, 0) > 0 for r in served),
+                      timeout=TIMEOUT), ray_metric("llaisys_generation_tokens_total")
+    r = http_request(replicas.base_url, "GET", "/metrics", headers=BEARER_A)  # the application's own: every replica's
+    assert r.status == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert served <= set(re.findall(r'^ray_llaisys_generation_tokens_total\{[^}]*replica="([^"]+)"', r.text, re.M))
+    assert r.text.count("# TYPE ray_llaisys_generation_tokens_total counter") == 1
+
+
+def test_a_client_that_hangs_up_cancels_its_request_on_the_replica(replicas):
+    def cancelled() -> float:
+        return sum(ray_metric("llaisys_requests_finished_total", 'reason="cancelled"').values())
+
+    before = cancelled()
+    stream = replicas.client().chat.completions.create(
+        stream=True, model=CHAT_MODEL, messages=user("A very long story"), max_tokens=3000, temperature=0)
+    next(iter(stream))
+    stream.close()  # hang up mid-stream: the replica's engine drops the request (else it runs 3000 tokens)
+    assert wait_until(lambda: cancelled() > before, timeout=TIMEOUT)
 
 
 # -- a replica killed ------------------------------------------------------------------------------------------
@@ -273,9 +290,9 @@ def test_a_killed_replica_loses_no_waiting_request_and_is_replaced(replicas, clu
 
     victims = replica_processes(cluster)
     assert len(victims) == 2, victims
-    requests = [{"model": CHAT_MODEL, "messages": user(f"Long story {i}"), "max_tokens": 200, "temperature": 0}
+    requests = [{"model": CHAT_MODEL, "messages": user(f"Long story {i}"), "max_tokens": 120, "temperature": 0}
                 for i in range(8)]
-    expected = [ask(chat_server.client(), request, stream=False)[0] for request in requests]
+    expected = at_once([lambda r=r: ask(chat_server.client(), r, stream=False)[0] for r in requests])
     started = threading.Event()
 
     def canary():  # a stream that has started when the replica dies may end with an error, but never hangs

@@ -94,6 +94,11 @@ class Server:
                            "invalid_api_key")
         return name
 
+    def metrics_text(self) -> str:
+        """What ``GET /metrics`` answers: this engine's metrics (a replica on Ray answers every replica's instead:
+        serve/replicas/deployments.py)."""
+        return metrics.render(self.engine, self.model_name)
+
     def host_allowed(self, host: str | None) -> bool:
         """Whether a request's ``Host`` header may reach this server: any, unless it listens on a loopback
         address, where only a loopback name (localhost, 127.x.x.x, [::1]) with the port it listens on."""
@@ -600,8 +605,8 @@ def create_app(server: Server) -> FastAPI:
 
     @api.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(server.engine, server.model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await asyncio.get_running_loop().run_in_executor(None, server.metrics_text)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",

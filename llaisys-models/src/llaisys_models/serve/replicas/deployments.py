@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 
 from ray import serve
-from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.config import RequestRouterConfig
 
 from ..app import MAX_BODY_BYTES, Tenants, create_app
 from .forwarding import Relay, respond
-from .ray_metrics import RayMetrics
+from .ray_metrics import RayMetrics, exported
 from .router import PrefixAwareRouter
 
 APP_NAME = "llaisys"
@@ -47,11 +48,14 @@ class LlaisysReplica:
 
         args = argparse.Namespace(**options)
         server = load_server(args, args.path, args.kv_memory, Tenants(args.key_digests), args.port)
+        context = serve.get_replica_context()
+        self.replica = context.replica_id.unique_id
+        self._metrics = asyncio.create_task(RayMetrics(server.engine, server.model_name).run())
+        # GET /metrics (the app's route: its key and Host checks) answers with every replica's, from Ray's export
+        server.metrics_text = functools.partial(exported, context.app_name)
         self.server, self.app = server, create_app(server)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # the app's own start-up: the engine thread starts
-        self.replica = serve.get_replica_context().replica_id.unique_id
-        self._metrics = asyncio.create_task(RayMetrics(server.engine, server.model_name).run())
 
     async def respond(self, request):
         """A forwarded HTTP request (``forwarding.ForwardedRequest``) through the app: lists of ASGI messages."""
@@ -82,25 +86,17 @@ class LlaisysIngress:
         return self._relay
 
 
-def application(options: dict, *, replicas: int, max_replicas: int | None = None,
-                target_ongoing_requests: float | None = None, replica_resources: dict | None = None,
+def application(options: dict, scaling: dict, replica_resources: dict,
                 health_check_period_s: float = HEALTH_CHECK_PERIOD_S):
-    """The bound Ray Serve application: ``replicas`` replicas (between ``replicas`` and ``max_replicas``, scaled to
-    keep ``target_ongoing_requests`` per replica, when ``max_replicas`` is more) built from ``options`` (see
-    ``LlaisysReplica``), each reserving ``replica_resources`` (``ray_actor_options``: num_cpus, num_gpus)."""
-    max_running = options.get("max_running", 16)
-    scaling = {"num_replicas": replicas}
-    if max_replicas is not None and max_replicas > replicas:
-        scaling = {"autoscaling_config": AutoscalingConfig(
-            min_replicas=replicas, initial_replicas=replicas, max_replicas=max_replicas,
-            target_ongoing_requests=target_ongoing_requests or max_running)}
+    """The bound Ray Serve application: replicas built from ``options`` (see ``LlaisysReplica``), as many as
+    ``scaling`` says (``launch.scaling_options``), each reserving ``replica_resources`` (num_cpus, num_gpus)."""
     replica = serve.deployment(LlaisysReplica, name=REPLICA, **scaling,
-                               max_ongoing_requests=UNBOUNDED, ray_actor_options=replica_resources or {},
+                               max_ongoing_requests=UNBOUNDED, ray_actor_options=replica_resources,
                                health_check_period_s=health_check_period_s,
                                health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
                                request_router_config=RequestRouterConfig(
                                    request_router_class=PrefixAwareRouter,
-                                   request_router_kwargs={"imbalanced_threshold": max_running}))
+                                   request_router_kwargs={"imbalanced_threshold": options["max_running"]}))
     # the ingress needs no core of its own (it relays bytes); one, so that one prefix index sees every request
     ingress = serve.deployment(LlaisysIngress, name=INGRESS, num_replicas=1, max_ongoing_requests=UNBOUNDED,
                                ray_actor_options={"num_cpus": 0})

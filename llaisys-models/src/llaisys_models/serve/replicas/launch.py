@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,10 +21,25 @@ def replica_application(args, path: Path, kv_memory: int | None, keys: list[str]
 
     options = {name: value for name, value in vars(args).items() if name != "func"}
     options.update(path=path, kv_memory=kv_memory, key_digests=Tenants.of_keys(keys).digests, port=port)
+    return application(options, scaling_options(args), replica_resources(args))
+
+
+def scaling_options(args) -> dict:
+    """The replica deployment's count: ``--replicas`` fixed, or (``--max-replicas`` more) Ray Serve's autoscaling
+    between the two, aiming at ``--target-ongoing-requests`` per replica (default ``--max-running``: a replica
+    is busy once its engine runs all it can at once)."""
+    if args.max_replicas is None or args.max_replicas == args.replicas:
+        return {"num_replicas": args.replicas}
+    target = args.target_ongoing_requests or args.max_running
+    return {"autoscaling_config": {"min_replicas": args.replicas, "initial_replicas": args.replicas,
+                                   "max_replicas": args.max_replicas, "target_ongoing_requests": target}}
+
+
+def replica_resources(args) -> dict:
+    """What each replica reserves (Ray's ``ray_actor_options``): ``--replica-cpus`` cores (1), which Ray also makes
+    its kernels' thread count (OMP_NUM_THREADS), and ``--replica-gpus`` (1 where --device names a GPU, else 0)."""
     gpus = args.replica_gpus if args.replica_gpus is not None else float(_names_a_gpu(args.device))
-    resources = {"num_cpus": 1 if args.replica_cpus is None else args.replica_cpus, "num_gpus": gpus}
-    return application(options, replicas=args.replicas, max_replicas=args.max_replicas,
-                       target_ongoing_requests=args.target_ongoing_requests, replica_resources=resources)
+    return {"num_cpus": 1.0 if args.replica_cpus is None else args.replica_cpus, "num_gpus": gpus}
 
 
 def _names_a_gpu(device: str | None) -> bool:
@@ -31,6 +47,12 @@ def _names_a_gpu(device: str | None) -> bool:
 
 
 def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> int:
+    from ..app import is_loopback
+
+    if args.ray_address is None:  # the cluster started here is this machine's, for this server alone
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # (nobody asked for Ray's usage reports)
+        if is_loopback(args.host):  # its ports (unauthenticated: whoever reaches them runs code) stay on loopback,
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # as the server's (else Ray takes the outward IP)
     try:
         import ray
         from ray import serve
@@ -38,7 +60,6 @@ def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> 
         print(f"llaisys: error: --replicas needs the 'ray' extra ({e.name or e} is missing): {RAY_EXTRA}",
               file=sys.stderr)
         return 2
-    from ..app import is_loopback
     from ..cli import bind
     from .deployments import APP_NAME
 
@@ -58,7 +79,8 @@ def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> 
                   + ("" if keys else " without an API key"), file=sys.stderr)
         host = f"[{args.host}]" if ":" in args.host else args.host
         cluster = f"the Ray cluster at {args.ray_address}" if joined else "a Ray cluster of this machine"
-        print(f"llaisys serve: {args.replicas}{f'..{args.max_replicas}' if args.max_replicas else ''} replicas of "
+        count = f"{args.replicas}..{args.max_replicas}" if args.max_replicas else str(args.replicas)
+        print(f"llaisys serve: {count} replica{'' if count == '1' else 's'} of "
               f"{path.name} on {cluster} at http://{host}:{port}/  (OpenAI API under /v1"
               f"{', API key required' if keys else ''}; Ctrl+C stops)", file=sys.stderr, flush=True)
         try:

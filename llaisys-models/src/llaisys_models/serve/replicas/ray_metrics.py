@@ -8,6 +8,9 @@ Ray lists those ports for Prometheus' file-based service discovery (docs/archite
 
 Counters stay counters (each copy adds what grew since the last); a summary's ``_sum`` and ``_count`` are
 counters of their own; gauges are set.
+
+``exported`` gathers them back from every node, for the application's own ``GET /metrics`` (the ingress answers
+it: forwarded, it would show one replica's engine).
 """
 
 from __future__ import annotations
@@ -54,3 +57,32 @@ class RayMetrics:
             make = serve_metrics.Gauge if kind == "gauge" else serve_metrics.Counter
             metric = self._metrics[name] = make(name, description=help_text, tag_keys=tuple(sorted(tags)))
         return metric
+
+
+def exported(app_name: str, timeout: float = 10.0) -> str:
+    """This application's llaisys metrics from every live node's Ray metrics export, as one Prometheus text (each
+    family once: its HELP and TYPE, then every replica's samples). Blocking: call it on a worker thread."""
+    import urllib.request
+
+    import ray
+
+    meta: dict[str, dict[str, str]] = {}  # family -> "HELP" / "TYPE" -> its line (from the first node with it)
+    samples: dict[str, list[str]] = {}  # family -> its samples, every replica's
+    unanswered = []
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+        try:
+            text = urllib.request.urlopen(url, timeout=timeout).read().decode()
+        except OSError as e:  # that node's replicas are missing: said so, in a comment
+            unanswered.append(f"# the metrics export of node {node['NodeManagerAddress']} did not answer: {e}")
+            continue
+        for line in text.splitlines():
+            if line.startswith(("# HELP ray_llaisys_", "# TYPE ray_llaisys_")):
+                _, kind, family = line.split(" ", 3)[:3]
+                meta.setdefault(family, {}).setdefault(kind, line)
+            elif line.startswith("ray_llaisys_") and f'application="{app_name}"' in line:
+                samples.setdefault(line.split("{", 1)[0], []).append(line)
+    lines = unanswered + [line for family, rows in samples.items() for line in [*meta.get(family, {}).values(), *rows]]
+    return "\n".join(lines) + "\n"
