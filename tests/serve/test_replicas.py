@@ -32,6 +32,8 @@ if importlib.util.find_spec("ray") is None:
 
 import openai  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a minute of CPU: a Ray cluster and its Serve application start
+
 LOOPBACK = "127.0.0.1"
 KEYS = ("key-of-tenant-a", "key-of-tenant-b")
 ORIGIN = "https://app.example"
