@@ -272,10 +272,7 @@ def test_a_client_that_hangs_up_cancels_its_request_on_the_replica(replicas):
 
 def replica_processes(cluster) -> list[int]:
     """The process ids of the replicas of this cluster (the children of its nodes' raylets)."""
-    from ray._private import ray_constants
-
-    raylets = {info.process.pid for node in cluster.list_all_nodes()
-               for info in node.all_processes[ray_constants.PROCESS_TYPE_RAYLET]}
+    raylets = {info.process.pid for node in cluster.list_all_nodes() for info in node.all_processes["raylet"]}
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         with contextlib.suppress(OSError):
@@ -328,3 +325,19 @@ def test_a_killed_replica_loses_no_waiting_request_and_is_replaced(replicas, clu
     assert wait_until(a_new_replica_answers, timeout=3 * TIMEOUT)
     status = serve.status().applications[APP_NAME].deployments[REPLICA]
     assert status.status == "HEALTHY" and status.replica_states == {"RUNNING": 2}, status
+
+
+def test_a_replica_whose_engine_stopped_fails_its_health_check():
+    """Ray Serve calls check_health every period and replaces a replica it fails for (as one whose process died)."""
+    from types import SimpleNamespace
+
+    from llaisys_models.serve.replicas.deployments import LlaisysReplica
+
+    def replica(alive: bool, error: str | None):
+        return SimpleNamespace(server=SimpleNamespace(engine=SimpleNamespace(alive=alive, error=error)))
+
+    LlaisysReplica.check_health(replica(True, None))
+    with pytest.raises(RuntimeError, match="the engine stopped: MemoryError"):
+        LlaisysReplica.check_health(replica(False, "the engine stopped: MemoryError"))
+    with pytest.raises(RuntimeError, match="the engine is not running"):
+        LlaisysReplica.check_health(replica(False, None))
