@@ -47,7 +47,9 @@ class LlaisysReplica:
         from ..cli import load_server
 
         args = argparse.Namespace(**options)
-        server = load_server(args, args.path, args.kv_memory, Tenants(args.key_digests), args.port)
+        # (on a thread: loading takes seconds to minutes, and the replica's event loop goes on meanwhile)
+        server = await asyncio.to_thread(load_server, args, args.path, args.kv_memory, Tenants(args.key_digests),
+                                         args.port)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
         self._metrics = asyncio.create_task(RayMetrics(server.engine, server.model_name).run())

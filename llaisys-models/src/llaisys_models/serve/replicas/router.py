@@ -39,8 +39,9 @@ class PrefixAwareRouter(RequestRouter):
         self._imbalanced_threshold = imbalanced_threshold
         self._match_rate_threshold = match_rate_threshold
         self._index = PrefixIndex(max_chars_per_replica)
-        self._routes = Counter("llaisys_router_requests", "Requests routed, by what chose their replica: "
-                               "'prefix' (it holds their prefix) or 'load' (the less loaded of two).", ("by",))
+        self._routes = Counter("llaisys_router_choices", "The router's choices of replicas for a request, by what "
+                               "chose: 'prefix' (the replicas holding its prefix) or 'load' (two at random, the less "
+                               "loaded taken).", ("by",))
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
