@@ -158,7 +158,7 @@ def main() -> int:
             loads.append(os.getloadavg()[0])
         results[name].append(r)
         print(f"  {r['tok_s']:.1f} tok/s, {r['cached']:.0%} of later turns' prompt tokens cached, "
-              f"{r['same_replica']:.0%} of next turns on the same replica ({r['replicas']} replicas answered)"
+              f"{r['same_replica']:.0%} of next turns on the same replica ({r['replicas']} answered)"
               if r["replicas"] else f"  {r['tok_s']:.1f} tok/s, {r['cached']:.0%} of later turns' prompt tokens cached",
               file=sys.stderr, flush=True)
 
