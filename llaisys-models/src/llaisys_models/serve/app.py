@@ -63,13 +63,8 @@ class Server:
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
-                 host: str | None = None, port: int | None = None, cors_origins=()):
-        api_keys = tuple(api_keys)
-        for key in api_keys:
-            check_api_key(key)
-        # tenants by the digest of their key: the server keeps no key, and a tenant's name is no secret
-        self._tenants = {hashlib.sha256(key.encode()).digest(): hashlib.sha256(key.encode()).hexdigest()
-                         for key in api_keys}
+                 host: str | None = None, port: int | None = None, cors_origins=(), tenants: Tenants | None = None):
+        self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
         self.tokenizers = PromptTokenizers(tokenizer)
@@ -92,21 +87,17 @@ class Server:
         self.tool_format, self.no_tools_why = tool_support(tokenizer)
 
     def tenant(self, authorization: str) -> str:
-        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
-        A missing or unknown key is a 401."""
-        if not self._tenants:
-            return ""
-        scheme, _, key = authorization.partition(" ")
-        # the header came as latin-1: its bytes are the key's UTF-8
-        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
-        found = ""
-        for known, name in self._tenants.items():  # every key compared, in constant time
-            if hmac.compare_digest(digest, known):
-                found = name
-        if scheme.lower() != "bearer" or not found:
+        """The tenant of an ``Authorization`` header (``Tenants.of``); a missing or unknown key is a 401."""
+        name = self.tenants.of(authorization)
+        if name is None:
             raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
                            "invalid_api_key")
-        return found
+        return name
+
+    def metrics_text(self) -> str:
+        """What ``GET /metrics`` answers: this engine's metrics (a replica on Ray answers every replica's instead:
+        serve/replicas/deployments.py)."""
+        return metrics.render(self.engine, self.model_name)
 
     def host_allowed(self, host: str | None) -> bool:
         """Whether a request's ``Host`` header may reach this server: any, unless it listens on a loopback
@@ -216,6 +207,40 @@ class Server:
             stream.cancel()
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
+
+
+class Tenants:
+    """The API keys' tenants, known by the SHA-256 digest of each key: whoever holds this (a server, or a Ray
+    cluster's deployments) keeps no key, and a tenant's name (the digest in hex) is no secret."""
+
+    def __init__(self, digests=()):
+        self._names = {bytes(digest): bytes(digest).hex() for digest in digests}
+
+    @classmethod
+    def of_keys(cls, api_keys) -> Tenants:
+        """The tenants of these keys (each checked: ``check_api_key``)."""
+        api_keys = tuple(api_keys)
+        for key in api_keys:
+            check_api_key(key)
+        return cls(hashlib.sha256(key.encode()).digest() for key in api_keys)
+
+    @property
+    def digests(self) -> tuple[bytes, ...]:
+        return tuple(self._names)
+
+    def of(self, authorization: str) -> str | None:
+        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed;
+        None when the key is missing or unknown."""
+        if not self._names:
+            return ""
+        scheme, _, key = authorization.partition(" ")
+        # the header came as latin-1: its bytes are the key's UTF-8
+        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
+        found = None
+        for known, name in self._names.items():  # every key compared, in constant time
+            if hmac.compare_digest(digest, known):
+                found = name
+        return found if scheme.lower() == "bearer" else None
 
 
 class PromptTokenizers:
@@ -580,8 +605,8 @@ def create_app(server: Server) -> FastAPI:
 
     @api.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(server.engine, server.model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await asyncio.get_running_loop().run_in_executor(None, server.metrics_text)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",
