@@ -1,0 +1,153 @@
+"""Rank 0's side of a tensor-parallel group: the other ranks follow what its model does.
+
+Rank 0 runs the engine (the scheduler, sampling, the KV blocks' bookkeeping). Before each forward it
+sends the others the step's inputs and every change to its KV pools since the last step (messages.py);
+each then runs the same forward on its own part of the weights, the collectives meeting inside it.
+
+Failures end the whole group, once, with one line naming the rank:
+  * a rank that exits (crash, kill) closes its control connection, which the supervisor thread sees at
+    once: it aborts the group (the collectives every rank waits in fail at once) and ends the others;
+  * a rank that hangs leaves its peers waiting in a collective, which fails after the group's timeout
+    naming the late rank;
+  * a step that fails on rank 0 (its forward may have stopped between two collectives) ends the group too.
+After that every call of the model raises RankFailedError with the first failure's line; ``on_failure``
+callbacks run once (the server uses one to shut down).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import signal
+import threading
+import weakref
+from collections import deque
+from multiprocessing.connection import Connection, wait
+
+import numpy as np
+
+import llaisys
+
+from ..errors import RankFailedError
+from .messages import Channel, Op, command, step_command
+
+
+def exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-returncode).name}"
+        return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class Followers:
+    """The ranks 1 .. world-1 of ``group`` as rank 0 drives them: their control ``connections`` (rank ->
+    Connection: liveness, errors) and the ``launcher`` that started them (None: launched by the user)."""
+
+    def __init__(self, group: llaisys.distributed.Group, connections: dict[int, Connection], launcher=None):
+        self.group, self.connections, self.launcher = group, connections, launcher
+        self.channel = Channel(group)
+        self.failure: str | None = None
+        self.on_failure: list = []  # callbacks(message), run once when the group fails
+        self._pending: deque[np.ndarray] = deque()  # commands for the next message (appends are thread-safe)
+        self._pool_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closing = False
+        self._supervisor = threading.Thread(target=self._supervise, name="llaisys-tp-supervisor", daemon=True)
+        self._supervisor.start()
+        atexit.register(self.close)
+
+    # -- what rank 0's model tells the others -------------------------------------------------------
+
+    def new_pool(self, pool) -> None:
+        pool.followers, pool.follower_id = self, next(self._pool_ids)
+        self._pending.append(command(Op.NEW_POOL, pool.follower_id, pool.num_blocks, pool.block_size))
+        weakref.finalize(pool, self._pending.append, command(Op.DROP, pool.follower_id))
+
+    def grow(self, pool, num_blocks: int) -> None:
+        self._pending.append(command(Op.GROW, pool.follower_id, num_blocks))
+
+    def copy_block(self, pool, dst: int, src: int) -> None:
+        self._pending.append(command(Op.COPY, pool.follower_id, dst, src))
+
+    def clear_graphs(self) -> None:
+        self._pending.append(command(Op.CLEAR))
+
+    def run_step(self, pool, host, forward) -> llaisys.Tensor:
+        """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
+        self.check()
+        words = [self._pending.popleft() for _ in range(len(self._pending))]
+        try:
+            self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
+            return forward(pool, host)
+        except BaseException as e:
+            self.fail(self.failure or f"rank 0 failed in a step: {e}".splitlines()[0])
+            if isinstance(e, llaisys.LlaisysError):
+                raise RankFailedError(self.failure) from None
+            raise
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise RankFailedError(self.failure)
+
+    # -- failures and the end -------------------------------------------------------------------------
+
+    def fail(self, message: str) -> None:
+        """End the group with ``message`` (the first failure wins): abort it, stop the other ranks."""
+        with self._lock:
+            if self.failure is not None or self._closing:
+                return
+            self.failure = f"tensor-parallel group of {self.group.world_size} ranks closed: {message}"
+        with contextlib.suppress(llaisys.LlaisysError):
+            self.group.abort(message)
+        self._stop_ranks()
+        for callback in self.on_failure:
+            with contextlib.suppress(Exception):
+                callback(self.failure)
+
+    def close(self) -> None:
+        """Tell the other ranks to leave, wait for them (a few seconds at most), and leave the group."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        atexit.unregister(self.close)
+        if self.failure is None:
+            with contextlib.suppress(llaisys.LlaisysError):
+                self.channel.send(command(Op.STOP))
+        self._stop_ranks()
+        with contextlib.suppress(llaisys.LlaisysError):
+            self.group.destroy()
+
+    def _stop_ranks(self) -> None:
+        if self.launcher is not None:
+            self.launcher.stop(grace=5.0)
+        for conn in self.connections.values():
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _supervise(self) -> None:
+        """Watch the other ranks' control connections: an error they report or their end fails the group."""
+        rank_of = {conn: rank for rank, conn in self.connections.items()}
+        live = list(rank_of)
+        while live and not self._closing and self.failure is None:
+            try:
+                ready = wait(live)
+            except OSError:  # closed under us (close / fail)
+                return
+            for conn in ready:
+                rank = rank_of[conn]
+                try:
+                    message = json.loads(conn.recv_bytes())
+                except (EOFError, OSError, ValueError):
+                    live.remove(conn)
+                    if not self._closing:
+                        status = self.launcher.exit_status(rank, wait=1.0) if self.launcher is not None else None
+                        self.fail(f"rank {rank} {exit_description(status)}")
+                    continue
+                if "error" in message and not self._closing:
+                    self.fail(f"rank {rank}: {message['error']}")
