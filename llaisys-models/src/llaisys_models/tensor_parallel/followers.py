@@ -85,7 +85,7 @@ class Followers:
             self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
             return forward(pool, host)
         except BaseException as e:
-            self.fail(self.failure or f"rank 0 failed in a step: {e}".splitlines()[0])
+            self.fail(self.failure or f"rank 0's step failed: {e}".splitlines()[0])
             if isinstance(e, llaisys.LlaisysError):
                 raise RankFailedError(self.failure) from None
             raise
@@ -104,7 +104,7 @@ class Followers:
             self.failure = f"tensor-parallel group of {self.group.world_size} ranks closed: {message}"
         with contextlib.suppress(llaisys.LlaisysError):
             self.group.abort(message)
-        self._stop_ranks()
+        self._stop_ranks(grace=0.0)  # a rank that hangs may not answer SIGTERM (stopped, stuck in a call)
         for callback in self.on_failure:
             with contextlib.suppress(Exception):
                 callback(self.failure)
@@ -119,13 +119,13 @@ class Followers:
         if self.failure is None:
             with contextlib.suppress(llaisys.LlaisysError):
                 self.channel.send(command(Op.STOP))
-        self._stop_ranks()
+        self._stop_ranks(grace=5.0)
         with contextlib.suppress(llaisys.LlaisysError):
             self.group.destroy()
 
-    def _stop_ranks(self) -> None:
+    def _stop_ranks(self, grace: float) -> None:
         if self.launcher is not None:
-            self.launcher.stop(grace=5.0)
+            self.launcher.stop(grace=grace)
         for conn in self.connections.values():
             with contextlib.suppress(OSError):
                 conn.close()
