@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (ranks on cuda:0 .. cuda:N-1)")
     ap.add_argument("--tensor-parallel", type=int, default=None,
-                    help="ranks (default: 2 on the CPU, every GPU on cuda)")
+                    help="ranks (default: 2 on the CPU; on cuda as many GPUs as the model splits over evenly)")
     ap.add_argument("--through-communicator", action="store_true",
                     help="with --tensor-parallel 1: run the one rank through a communicator of one (NCCL on cuda)")
     ap.add_argument("--decode-tokens", type=int, default=16)
@@ -134,8 +134,8 @@ def main(argv=None) -> int:
 
     cores = len(os.sched_getaffinity(0))
     if args.tensor_parallel is None:
-        args.tensor_parallel = 2 if args.device == "cpu" else len([d for d in llaisys.available_devices()
-                                                                   if d.type == args.device])
+        args.tensor_parallel = 2 if args.device == "cpu" else largest_split(args.model, len(
+            [d for d in llaisys.available_devices() if d.type == args.device]))
     n = args.tensor_parallel
     cpu = args.device == "cpu"
     one_label = f"TP=1, {cores} threads" if cpu else "TP=1"
@@ -174,6 +174,22 @@ def main(argv=None) -> int:
         print(f"  {name:12s} {seconds * 1e6:9.1f} us")
     print(f"  {'total':12s} {total * 1000:9.1f} us = {100 * total / step_ms:.1f}% of a split decode step ({step_ms:.1f} ms)")
     return 0
+
+
+def largest_split(model: Path, devices: int) -> int:
+    """The most ranks, at most ``devices``, that the model splits over evenly."""
+    from llaisys_models.errors import ModelLoadError
+    from llaisys_models.tensor_parallel.launch import read_config
+    from llaisys_models.tensor_parallel.layout import Layout
+
+    config = read_config(model)
+    for ranks in range(devices, 1, -1):
+        try:
+            Layout.check(config, ranks)
+            return ranks
+        except ModelLoadError:
+            continue
+    return 1
 
 
 def child_one(args, threads: int | None) -> subprocess.Popen:

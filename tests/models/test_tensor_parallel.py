@@ -217,6 +217,45 @@ def test_user_launched_ranks(tiny_models, loaded_models):
     assert outputs[1][0] == ""
 
 
+def test_one_rank_through_a_communicator(tiny_models, loaded_models):
+    """A group of one (what a machine with one GPU can run): every collective through the communicator."""
+    from llaisys_models.tensor_parallel.launch import load_parallel
+
+    name = "llama_f32_tied"
+    model = load_parallel(tiny_models.path(name), 1, device="cpu")
+    try:
+        assert type(model.group) is llaisys.distributed.Group and model.group.world_size == 1
+        ids = prompt(name, 13, SPECS[name].vocab)
+        assert model.generate(ids, NEW, eos_token_ids=()) == one_rank(loaded_models, name).generate(ids, NEW,
+                                                                                                   eos_token_ids=())
+    finally:
+        model.close()
+
+
+def test_accelerator_ranks(tiny_models, device):
+    """On an accelerator (tools/gpu_check.sh runs tests/models with --backend=cuda): f32 greedy tokens of the
+    model split over every device of its kind (cuda:0 .. cuda:N-1), or on one device through a communicator of
+    one (NCCL's collectives all the same), against the model on device 0 alone."""
+    if device.type == "cpu":
+        pytest.skip("the CPU's ranks are the tests above")
+    if device.index != 0:
+        pytest.skip(f"a group starts at {device.type}:0")
+    from llaisys_models.tensor_parallel.launch import load_parallel
+
+    name, ranks = "f32_gqa2_hd32", len([d for d in llaisys.available_devices() if d.type == device.type])
+    try:
+        model = load_parallel(tiny_models.path(name), min(ranks, 2), device=str(device))
+    except llaisys.NotSupportedError as e:
+        pytest.skip(f"{device.type} has no collectives here: {e}")
+    try:
+        whole = llaisys_models.load(tiny_models.path(name), device=str(device))
+        for length in LENGTHS:
+            ids = prompt(name, length, SPECS[name].vocab)
+            assert model.generate(ids, NEW, eos_token_ids=()) == whole.generate(ids, NEW, eos_token_ids=()), length
+    finally:
+        model.close()
+
+
 def test_cli_splits_the_cores(monkeypatch):
     from llaisys_models.cli import split_cpu_threads
 

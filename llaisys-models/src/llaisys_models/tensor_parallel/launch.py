@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import weakref
 
 import llaisys
 
@@ -137,6 +138,7 @@ def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: b
     finally:
         control.close()
     model.followers = Followers(group, connections, launcher)
+    weakref.finalize(model, model.followers.close)  # a model dropped without close() still ends its ranks
     return model
 
 
