@@ -268,6 +268,35 @@ def test_cli_splits_the_cores(monkeypatch):
     assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's choice stays
 
 
+def test_vocabulary_rows_padded_and_gathered():
+    """A vocabulary that does not divide evenly (7 ids over 2 ranks: 4 + 3, the last padded with a zero row):
+    each rank's rows, and the logits put back together in id order without the padding."""
+    from llaisys_models.config import ModelConfig
+    from llaisys_models.tensor_parallel.layout import Layout
+    from llaisys_models.tensor_parallel.shards import part_reader
+    from llaisys_models.tensor_parallel.vocab import gather_vocab
+
+    config = ModelConfig.from_dict({"hidden_size": 4, "num_attention_heads": 2, "num_hidden_layers": 1,
+                                    "intermediate_size": 8, "vocab_size": 7})
+    table = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    parts = [Layout(rank, 2).part("lm_head", config) for rank in range(2)]
+    rows = [part_reader(lambda a, b: table[a:b], table.shape, part) for part in parts]
+    assert [shape for _, shape in rows] == [(4, 3), (4, 3)]
+    np.testing.assert_array_equal(rows[0][0](0, 4), table[:4])
+    np.testing.assert_array_equal(rows[1][0](0, 4), np.concatenate([table[4:], np.zeros((1, 3), np.float32)]))
+
+    class TwoRanks:  # rank 0's view of an all_gather: its own logits and rank 1's
+        world_size = 2
+
+        def all_gather(self, out, t):
+            out.load(np.stack([t.numpy(), t.numpy() + 100]))
+
+    local = llaisys.from_numpy(np.arange(2 * 4, dtype=np.float32).reshape(2, 4))  # 2 rows, 4 ids each
+    logits = gather_vocab(local, 7, TwoRanks()).numpy()
+    want = np.concatenate([local.numpy(), local.numpy() + 100], axis=1)[:, :7]
+    np.testing.assert_array_equal(logits, want)
+
+
 def test_a_model_that_does_not_split_is_refused(tiny_models):
     path = tiny_models.path("f32_gqa2_hd32")  # 4 heads, 2 kv heads
     with pytest.raises(llaisys_models.ModelLoadError, match="cannot be split over 3 ranks: num_attention_heads = 4"):

@@ -93,6 +93,9 @@ class Followers:
     def check(self) -> None:
         if self.failure is not None:
             raise RankFailedError(self.failure)
+        if self._closing:
+            raise RankFailedError(f"the tensor-parallel group of {self.group.world_size} ranks was closed "
+                                  f"(model.close())")
 
     # -- failures and the end -------------------------------------------------------------------------
 
