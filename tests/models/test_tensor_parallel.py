@@ -301,6 +301,7 @@ def test_a_model_that_does_not_split_is_refused(tiny_models):
     path = tiny_models.path("f32_gqa2_hd32")  # 4 heads, 2 kv heads
     with pytest.raises(llaisys_models.ModelLoadError, match="cannot be split over 3 ranks: num_attention_heads = 4"):
         llaisys_models.load(path, device="cpu", tensor_parallel=3)
-    with pytest.raises(llaisys_models.ModelLoadError, match="tensor_parallel must be"):
-        llaisys_models.load(path, device="cpu", tensor_parallel=0)
+    for bad in (0, True, "2"):
+        with pytest.raises(llaisys_models.ModelLoadError, match="tensor_parallel must be"):
+            llaisys_models.load(path, device="cpu", tensor_parallel=bad)
     assert llaisys.distributed.local_group("cpu").world_size == 1

@@ -40,14 +40,15 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     from .hub import resolve
     from .registry import MODEL_CLASSES
 
+    if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int)
+                                        or tensor_parallel < 1):
+        raise ModelLoadError(f"tensor_parallel must be a number of ranks >= 1, got {tensor_parallel!r}")
     if layout is None and tensor_parallel not in (None, 1):
         from .tensor_parallel.launch import load_parallel
 
         if mmap is False:
             raise ModelLoadError("tensor_parallel needs the checkpoint mapped (each rank reads its part from the "
                                  "mapping): leave mmap unset")
-        if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
-            raise ModelLoadError(f"tensor_parallel must be a number of ranks >= 1, got {tensor_parallel!r}")
         return load_parallel(path, tensor_parallel, device, dtype, progress=progress, numerics=numerics,
                              quantize=quantize)
     path = resolve(path)  # a Hub id ("org/name") -> its copy in the Hub cache (downloaded when missing)
