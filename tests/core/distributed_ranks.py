@@ -103,6 +103,13 @@ def _failures(rank: int, world: int, uids: list[bytes], results: dict, out: Path
         time.sleep(3.0)
         attempt("after abort", lambda: group.all_reduce(one))
     group.destroy()
+    # ranks that call different collectives are told so (not handed each other's data)
+    group = llaisys.distributed.Group(uids[3], rank, world, "cpu", timeout=60)
+    if rank == 0:
+        attempt("out of step", lambda: group.all_reduce(one))
+    else:
+        attempt("out of step", lambda: group.broadcast(one, 0))
+    group.destroy()
     # a rank that exits is named at once (not after the timeout)
     group = llaisys.distributed.Group(uids[2], rank, world, "cpu", timeout=60)
     if rank == 1:

@@ -5,7 +5,7 @@ all-reduce must equal the sum of the ranks' inputs made here with numpy in rank 
 rank 2, in float32, rounded once to the dtype), to the bit, on every rank and at every repetition; the
 buffers are cut into several protocol steps (a small LLAISYS_CPU_COMM_SLOT_BYTES), at odd sizes. The
 failures: a rank that is late (the error names it after the timeout), one that has exited (named at once),
-an abort (every rank's wait ends with the reason).
+an abort (every rank's wait ends with the reason), ranks that call different collectives (told so).
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def test_all_gather_and_broadcast(sums):
             np.testing.assert_array_equal(np.array(results[f"broadcast {root}"]), want)
 
 
-def test_late_exited_and_aborted_ranks_end_the_waits(tmp_path):
-    rank0, rank1 = run_ranks("failures", 2, 3, tmp_path)
+def test_late_exited_aborted_and_out_of_step_ranks_end_the_waits(tmp_path):
+    rank0, rank1 = run_ranks("failures", 2, 4, tmp_path)
     message, seconds = rank1["aborted"]
     assert "aborted by rank 0: the test stops here" in message, message
     message, seconds = rank0["late"]
@@ -100,6 +100,10 @@ def test_late_exited_and_aborted_ranks_end_the_waits(tmp_path):
     assert 1.4 <= seconds < 3.5, f"the late rank was named after {seconds:.2f} s (timeout 1.5 s)"
     message, _ = rank1["after abort"]
     assert "aborted by rank 0: rank 0 gave up" in message, message
+    for results, mine, theirs in ((rank0, "all_reduce of 20 bytes", "broadcast from root 0 of 20 bytes"),
+                                  (rank1, "broadcast from root 0 of 20 bytes", "all_reduce of 20 bytes")):
+        message, _ = results["out of step"]
+        assert "out of step" in message and f"in a {mine}" in message and f"in a {theirs}" in message, message
     message, seconds = rank0["exited"]
     assert "rank 1" in message and "has exited" in message, message
     assert seconds < 1.0, f"an exited rank was named after {seconds:.2f} s"

@@ -41,8 +41,22 @@ struct alignas(64) RankState {
     std::atomic<uint32_t> arrived;  // futex word: the last step whose data this rank has put in its slot
     std::atomic<uint32_t> done;     // futex word: the last step this rank has finished reading
     std::atomic<int32_t> pid;       // 0 until the rank joins
+    std::atomic<uint64_t> what[2];  // what step k is (kind, root, bytes: tag()), at [k % 2], before `arrived`
     char reason[kReasonBytes];      // why this rank aborted the communicator (if it did)
 };
+
+// A step's kind, root and size in one word, so that a rank can tell when its peers are in another collective
+// (ranks out of step: a caller's bug, reported instead of mixing unrelated data).
+uint64_t tag(int kind, int root, size_t bytes) {
+    return uint64_t(kind) << 56 | uint64_t(uint8_t(root + 1)) << 48 | (uint64_t(bytes) & ((uint64_t(1) << 48) - 1));
+}
+
+std::string describe_tag(uint64_t t) {
+    static const char* const kinds[] = {"?", "all_reduce", "all_gather", "broadcast"};
+    const int kind = int(t >> 56), root = int((t >> 48) & 0xff) - 1;
+    return std::string(kinds[kind < 4 ? kind : 0]) + (root >= 0 ? " from root " + std::to_string(root) : "") +
+           " of " + std::to_string(t & ((uint64_t(1) << 48) - 1)) + " bytes";
+}
 
 }  // namespace
 
@@ -211,8 +225,7 @@ unsigned char* ShmComm::slot(uint32_t step, int rank) const {
 }
 
 std::string ShmComm::describe(const char* what) const {
-    return std::string(what) + " (collective #" + std::to_string(collectives_) + " of rank " + std::to_string(rank_) +
-           ")";
+    return std::string(what) + " #" + std::to_string(collectives_);
 }
 
 void ShmComm::check_aborted() const {
@@ -260,19 +273,32 @@ void ShmComm::wait_for(std::atomic<uint32_t>& word, uint32_t target, int peer, b
 }
 
 template <class Read>
-void ShmComm::step(const char* what, const void* contribute, size_t bytes, int root, Read&& read) {
+void ShmComm::step(const char* what, int kind, const void* contribute, size_t bytes, int root, Read&& read) {
     RankState* ranks = header_->ranks();
     const uint32_t k = ++step_;
+    const uint64_t mine = tag(kind, root, bytes);
     for (int r = 0; r < world_; ++r)  // 1. the last readers of this buffer (step k - 2) are done with it
         if (r != rank_) wait_for(ranks[r].done, k - 2, r, true, what);
     if (contribute) std::memcpy(slot(k, rank_), contribute, bytes);  // 2. this rank's data, then its arrival
+    ranks[rank_].what[k & 1u].store(mine, std::memory_order_relaxed);
     ranks[rank_].arrived.store(k, std::memory_order_seq_cst);
     wake(ranks[rank_].arrived);
+    auto same_step = [&](int r) {  // (read after its `arrived`: its step k's tag, which it cannot change yet)
+        const uint64_t theirs = ranks[r].what[k & 1u].load(std::memory_order_relaxed);
+        if (theirs != mine)
+            throw std::runtime_error(describe(what) + ": the ranks are out of step: rank " + std::to_string(r) +
+                                     " is in a " + describe_tag(theirs) + ", rank " + std::to_string(rank_) +
+                                     " in a " + describe_tag(mine));
+    };
     if (root < 0) {  // 3. the ranks whose data this step reads
         for (int r = 0; r < world_; ++r)
-            if (r != rank_) wait_for(ranks[r].arrived, k, r, true, what);
+            if (r != rank_) {
+                wait_for(ranks[r].arrived, k, r, true, what);
+                same_step(r);
+            }
     } else if (root != rank_) {
         wait_for(ranks[root].arrived, k, root, false, what);  // a follower waits for its leader (backend.h)
+        same_step(root);
     }
     read(k);  // 4.
     ranks[rank_].done.store(k, std::memory_order_seq_cst);  // 5.
@@ -289,7 +315,7 @@ void ShmComm::all_reduce(int dtype, int64_t n, void* out, const void* in) {
     for (int64_t first = 0; first < n; first += per_step) {
         const int64_t count = std::min(per_step, n - first);
         const size_t offset = size_t(first) * elem;
-        step("all_reduce", static_cast<const unsigned char*>(in) + offset, size_t(count) * elem, -1, [&](uint32_t k) {
+        step("all_reduce", 1, static_cast<const unsigned char*>(in) + offset, size_t(count) * elem, -1, [&](uint32_t k) {
             for (int r = 0; r < world_; ++r) sources[size_t(r)] = slot(k, r);
             reduce_sum(dtype, count, static_cast<unsigned char*>(out) + offset, sources.data(), world_);
         });
@@ -302,7 +328,7 @@ void ShmComm::all_gather(int64_t nbytes, void* out, const void* in) {
     const int64_t per_step = int64_t(header_->slot_bytes);
     for (int64_t first = 0; first < nbytes; first += per_step) {
         const size_t count = size_t(std::min(per_step, nbytes - first));
-        step("all_gather", static_cast<const unsigned char*>(in) + first, count, -1, [&](uint32_t k) {
+        step("all_gather", 2, static_cast<const unsigned char*>(in) + first, count, -1, [&](uint32_t k) {
             for (int r = 0; r < world_; ++r)
                 std::memcpy(static_cast<unsigned char*>(out) + size_t(r) * size_t(nbytes) + size_t(first), slot(k, r), count);
         });
@@ -319,7 +345,7 @@ void ShmComm::broadcast(int64_t nbytes, void* data, int root) {
     for (int64_t first = 0; first < nbytes; first += per_step) {
         const size_t count = size_t(std::min(per_step, nbytes - first));
         unsigned char* part = static_cast<unsigned char*>(data) + first;
-        step("broadcast", rank_ == root ? part : nullptr, count, root, [&](uint32_t k) {
+        step("broadcast", 3, rank_ == root ? part : nullptr, count, root, [&](uint32_t k) {
             if (rank_ != root) std::memcpy(part, slot(k, root), count);
         });
     }

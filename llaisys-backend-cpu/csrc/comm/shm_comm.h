@@ -11,7 +11,9 @@
 // only after its readers published `done`, so no step ever sees a half-written buffer. Waits spin briefly,
 // then sleep on the futex word in slices, checking on each wake whether the communicator was aborted,
 // whether the rank waited for is still alive, and whether the deadline (the communicator's timeout,
-// counted from this rank's arrival) has passed; each failure names the rank and the collective.
+// counted from this rank's arrival) has passed; each failure names the rank and the collective. Each step
+// also carries its kind and size, so ranks that call different collectives are told so, not handed each
+// other's data.
 #pragma once
 
 #include <atomic>
@@ -47,11 +49,10 @@ class ShmComm {
     void abort(const std::string& reason);
 
   private:
-    enum class Kind { kAllReduce, kAllGather, kBroadcast };
     // One protocol step of `what`: this rank's `contribute` bytes (null: none) into its slot, the wait for
     // the ranks it reads (root < 0: all of them), then read() over the slots.
     template <class Read>
-    void step(const char* what, const void* contribute, size_t bytes, int root, Read&& read);
+    void step(const char* what, int kind, const void* contribute, size_t bytes, int root, Read&& read);
     unsigned char* slot(uint32_t step, int rank) const;
     // Waits until word >= target (wrap-around order); `peer` is the rank whose word it is (named on failure).
     void wait_for(std::atomic<uint32_t>& word, uint32_t target, int peer, bool bounded, const char* what);

@@ -85,7 +85,7 @@ class Followers:
             self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
             return forward(pool, host)
         except BaseException as e:
-            self.fail(self.failure or f"rank 0's step failed: {e}".splitlines()[0])
+            self.fail(self.failure or f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
             if isinstance(e, llaisys.LlaisysError):
                 raise RankFailedError(self.failure) from None
             raise
