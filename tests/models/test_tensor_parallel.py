@@ -32,7 +32,8 @@ from llaisys_models.quantize import Int8Weight
 from test_parity import MAX_NEAR_TIE_RATE, tie_tolerance
 from tiny_models import SPECS, prompt
 
-NAMES = ["f32_gqa2_hd32", "llama_f32_tied", "bf16_mha_hd64"]  # GQA split; 1 kv head replicated + tied; bf16 MHA
+# GQA split; 1 kv head replicated + tied embeddings; bf16 MHA; Phi-3's fused qkv / gate_up (parts of parts)
+NAMES = ["f32_gqa2_hd32", "llama_f32_tied", "bf16_mha_hd64", "phi3_f32"]
 LENGTHS = (1, 13, 64)
 NEW = 20
 
