@@ -8,7 +8,9 @@ Failures end the whole group, once, with one line naming the rank:
   * a rank that exits (crash, kill) closes its control connection, which the supervisor thread sees at
     once: it aborts the group (the collectives every rank waits in fail at once) and ends the others;
   * a rank that hangs leaves its peers waiting in a collective, which fails after the group's timeout
-    naming the late rank;
+    naming the late rank (the CPU's shared memory); where the collectives cannot tell (NCCL: the GPU waits,
+    the host only sees a step that does not end), the supervisor ends a step still running after
+    STEP_TIMEOUTS group timeouts;
   * a step that fails on rank 0 (its forward may have stopped between two collectives) ends the group too.
 After that every call of the model raises RankFailedError with the first failure's line; ``on_failure``
 callbacks run once (the server uses one to shut down).
@@ -22,6 +24,7 @@ import itertools
 import json
 import signal
 import threading
+import time
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -44,6 +47,9 @@ def exit_description(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+STEP_TIMEOUTS = 3  # an accelerator step running this many group timeouts is taken as a hung rank
+
+
 class Followers:
     """The ranks 1 .. world-1 of ``group`` as rank 0 drives them: their control ``connections`` (rank ->
     Connection: liveness, errors) and the ``launcher`` that started them (None: launched by the user)."""
@@ -57,6 +63,8 @@ class Followers:
         self._pool_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False
+        self._step_started: float | None = None  # monotonic time of the running step's start
+        self._watch_steps = not group.device.type == "cpu"
         self._supervisor = threading.Thread(target=self._supervise, name="llaisys-tp-supervisor", daemon=True)
         self._supervisor.start()
         atexit.register(self.close)
@@ -81,14 +89,20 @@ class Followers:
         """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
         self.check()
         words = [self._pending.popleft() for _ in range(len(self._pending))]
+        self._step_started = time.monotonic()
         try:
             self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
-            return forward(pool, host)
+            logits = forward(pool, host)
+            if self._watch_steps:
+                llaisys.synchronize(self.group.device)  # (the step is over when the device is done with it)
+            return logits
         except BaseException as e:
             self.fail(self.failure or f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
             if isinstance(e, llaisys.LlaisysError):
                 raise RankFailedError(self.failure) from None
             raise
+        finally:
+            self._step_started = None
 
     def check(self) -> None:
         if self.failure is not None:
@@ -139,9 +153,12 @@ class Followers:
         live = list(rank_of)
         while live and not self._closing and self.failure is None:
             try:
-                ready = wait(live)
+                ready = wait(live, timeout=1.0)
             except OSError:  # closed under us (close / fail)
                 return
+            started, limit = self._step_started, STEP_TIMEOUTS * self.group.timeout
+            if self._watch_steps and started is not None and time.monotonic() - started > limit:
+                self.fail(f"a step has not ended within {limit:.0f} s: a rank is hung (or its device is)")
             for conn in ready:
                 rank = rank_of[conn]
                 try:
