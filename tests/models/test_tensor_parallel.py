@@ -102,6 +102,8 @@ def test_f32_greedy_tokens_are_one_rank_s(split, loaded_models, name):
     assert model._decode_graphs.replays > replays, "the split model's decode steps ran from graphs"
     prompts = [prompt(name, length, SPECS[name].vocab) for length in LENGTHS]
     assert model.generate_batch(prompts, NEW, eos_token_ids=()) == whole.generate_batch(prompts, NEW, eos_token_ids=())
+    long = prompt(name, 400, SPECS[name].vocab)  # a step whose message takes two broadcasts (messages.FIRST)
+    np.testing.assert_allclose(model.logits(long), whole.logits(long), rtol=0, atol=1e-4)
 
 
 def test_bf16_within_near_ties(split, loaded_models):

@@ -12,8 +12,10 @@ A message is int64 words: commands one after the other, each [opcode, its words.
     STOP                                          leave the group
 
 The block bookkeeping stays on rank 0 (kv_blocks.py): the others only apply what it decided, in order, so
-that every rank's pools hold the same blocks. ``send`` broadcasts the length, then the words; ``receive``
-is its other side. A message travels as device tensors (the collectives' buffers live on the device).
+that every rank's pools hold the same blocks. ``send`` broadcasts one block of FIRST words (the magic, the
+length, the message's first words: a decode step of a few sequences fits), then the rest, if any, in a second
+broadcast; ``receive`` is its other side. A message travels as device tensors (the collectives' buffers live on
+the device).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Op(enum.IntEnum):
 
 
 MAGIC = 0x4C4C5450  # "LLTP": a header that is not one of rank 0's is a broken group, not a command
+FIRST = 1024  # words of the first broadcast (8 KiB): [MAGIC, length, the message's first FIRST - 2 words]
 _ARGS = {Op.NEW_POOL: 3, Op.GROW: 2, Op.COPY: 3, Op.DROP: 1, Op.CLEAR: 0, Op.STOP: 0}
 
 
@@ -93,18 +96,24 @@ class Channel:
         self.group = group
 
     def send(self, words: np.ndarray) -> None:
-        header = llaisys.from_numpy(np.array([MAGIC, len(words)], np.int64), self.group.device)
-        self.group.broadcast(header, 0)
-        self.group.broadcast(llaisys.from_numpy(np.ascontiguousarray(words, np.int64), self.group.device), 0)
+        first = np.zeros(FIRST, np.int64)
+        head = min(len(words), FIRST - 2)
+        first[:2], first[2:2 + head] = (MAGIC, len(words)), words[:head]
+        self.group.broadcast(llaisys.from_numpy(first, self.group.device), 0)
+        if len(words) > head:
+            self.group.broadcast(llaisys.from_numpy(np.ascontiguousarray(words[head:], np.int64), self.group.device), 0)
 
     def receive(self) -> np.ndarray:
         """The next message (waits as long as rank 0 sends none, until the group is aborted)."""
-        header = llaisys.empty((2,), llaisys.int64, self.group.device)
-        self.group.broadcast(header, 0)
-        magic, length = (int(v) for v in header.numpy())
+        first = llaisys.empty((FIRST,), llaisys.int64, self.group.device)
+        self.group.broadcast(first, 0)
+        values = first.numpy()
+        magic, length = int(values[0]), int(values[1])
         if magic != MAGIC or length < 0:
             raise llaisys.LlaisysError(f"rank {self.group.rank}: a message from rank 0 with a bad header "
                                        f"({magic:#x}, {length}): the ranks are out of step")
-        words = llaisys.empty((length,), llaisys.int64, self.group.device)
-        self.group.broadcast(words, 0)
-        return words.numpy()
+        if length <= FIRST - 2:
+            return values[2:2 + length]
+        rest = llaisys.empty((length - (FIRST - 2),), llaisys.int64, self.group.device)
+        self.group.broadcast(rest, 0)
+        return np.concatenate([values[2:], rest.numpy()])
