@@ -15,8 +15,8 @@ steps before they part is printed).
 
 The collectives' cost per decode step is measured apart, by ranks doing only collectives of a decode step's
 sizes (an all-reduce of [1, hidden] after o_proj and after down_proj in every layer, an all-gather of the
-logits' [1, vocab / N], and rank 0's two broadcasts of the step's inputs): their time per step, and its share
-of a split decode step.
+logits' [1, vocab / N], and rank 0's broadcast of the step's inputs): their time per step, and its share of a
+split decode step.
 """
 
 from __future__ import annotations
@@ -70,11 +70,13 @@ def run_collectives(args) -> dict:
     hidden = llaisys.zeros((1, config["hidden_size"]), "bfloat16", device)
     per = -(-config["vocab_size"] // args.ranks)
     logits, gathered = llaisys.zeros((1, per), "bfloat16", device), llaisys.empty((args.ranks, 1, per), "bfloat16", device)
-    header, step = llaisys.zeros((2,), "int64", device), llaisys.zeros((12,), "int64", device)
+    from llaisys_models.tensor_parallel.messages import FIRST
+
+    message = llaisys.zeros((FIRST,), "int64", device)  # a decode step's inputs: one broadcast
     steps, layers, times = 200, config["num_hidden_layers"], {}
     for name, op, count in (("all_reduce", lambda: group.all_reduce(hidden), 2 * layers),
                             ("all_gather", lambda: group.all_gather(gathered, logits), 1),
-                            ("broadcast", lambda: (group.broadcast(header, 0), group.broadcast(step, 0)), 1)):
+                            ("broadcast", lambda: group.broadcast(message, 0), 1)):
         for _ in range(20):
             op()
         llaisys.synchronize(device)
