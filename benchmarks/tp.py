@@ -9,9 +9,10 @@
 On the CPU the comparison is at equal cores: TP=1 with all of them (OMP_NUM_THREADS = cores), TP=N with
 N ranks of cores/N threads each. Each configuration runs in its own process (a rank's thread count is
 fixed when its CPU backend starts), alternately, ``--rounds`` times; the table shows medians and the ratio.
-Greedy decoding, bf16, ``--decode-tokens`` new tokens after a 16-token prompt, EOS ignored; the split
-model's tokens are checked against the one-rank model's (bf16: they may part at a near-tie; the count of
-steps before they part is printed).
+Greedy decoding, bf16 (``--dtype``), ``--decode-tokens`` new tokens after a 16-token prompt, EOS ignored; the split
+model's tokens are checked against the one-rank model's (in bf16 they may part at a near-tie, and a random
+model's logits are nearly flat: the 1.5B shape's first two logits tie exactly in bf16; ``--dtype float32``
+gives the same tokens; the count of steps before they part is printed).
 
 The collectives' cost per decode step is measured apart, by ranks doing only collectives of a decode step's
 sizes (an all-reduce of [1, hidden] after o_proj and after down_proj in every layer, an all-gather of the
@@ -46,11 +47,11 @@ def run_decode(args) -> dict:
     config = json.loads((args.model / "config.json").read_text())
     t0 = time.perf_counter()
     if args.ranks == 1 and not args.through_communicator:
-        model = llaisys_models.load(args.model, device=args.device, dtype="bfloat16", progress=False)
+        model = llaisys_models.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     else:
         from llaisys_models.tensor_parallel.launch import load_parallel
 
-        model = load_parallel(args.model, args.ranks, device=args.device, dtype="bfloat16", progress=False)
+        model = load_parallel(args.model, args.ranks, device=args.device, dtype=args.dtype, progress=False)
     load = time.perf_counter() - t0
     ids = prompt(config["vocab_size"])
     model.generate(ids, 2, eos_token_ids=())  # warm-up: pages in, decode graphs captured
@@ -95,7 +96,7 @@ def child(args, engine: str, ranks: int, threads: int | None, **extra) -> subpro
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     command = [sys.executable, __file__, "--model", str(args.model), "--device", args.device, "--engine", engine,
-               "--ranks", str(ranks), "--decode-tokens", str(args.decode_tokens)]
+               "--ranks", str(ranks), "--decode-tokens", str(args.decode_tokens), "--dtype", args.dtype]
     if args.through_communicator:
         command.append("--through-communicator")
     for key, value in extra.items():
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--through-communicator", action="store_true",
                     help="with --tensor-parallel 1: run the one rank through a communicator of one (NCCL on cuda)")
     ap.add_argument("--decode-tokens", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--engine", choices=["decode", "collectives"], help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=1, help=argparse.SUPPRESS)
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
     split_label = f"TP={n}, {max(1, cores // n)} thread(s) each" if cpu else f"TP={n}"
     if n == 1:
         split_label += " through the communicator" if args.through_communicator else ""
-    print(f"{args.model.name}, {args.device}, bf16, {args.decode_tokens} decode tokens after {PROMPT}; "
+    print(f"{args.model.name}, {args.device}, {args.dtype}, {args.decode_tokens} decode tokens after {PROMPT}; "
           f"load average {os.getloadavg()[0]:.1f} on {cores} cores", flush=True)
     runs: dict[str, list[dict]] = {one_label: [], split_label: []}
     for _ in range(args.rounds):  # alternately, each in a fresh process
