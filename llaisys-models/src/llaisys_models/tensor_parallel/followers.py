@@ -62,6 +62,7 @@ class Followers:
         self._pending: deque[np.ndarray] = deque()  # commands for the next message (appends are thread-safe)
         self._pool_ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # one message and its step at a time (a step, or close's STOP)
         self._closing = False
         self._step_started: float | None = None  # monotonic time of the running step's start
         self._watch_steps = not group.device.type == "cpu"
@@ -87,6 +88,10 @@ class Followers:
 
     def run_step(self, pool, host, forward) -> llaisys.Tensor:
         """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
+        with self._sending:
+            return self._run_step(pool, host, forward)
+
+    def _run_step(self, pool, host, forward) -> llaisys.Tensor:
         self.check()
         words = [self._pending.popleft() for _ in range(len(self._pending))]
         self._step_started = time.monotonic()
@@ -97,7 +102,9 @@ class Followers:
                 llaisys.synchronize(self.group.device)  # (the step is over when the device is done with it)
             return logits
         except BaseException as e:
-            self.fail(self.failure or f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
+            # a rank that has ended is the cause (rank 0's collective may see it before the supervisor does)
+            self.fail(self.failure or self._ended_rank() or
+                      f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
             if isinstance(e, llaisys.LlaisysError):
                 raise RankFailedError(self.failure) from None
             raise
@@ -133,12 +140,24 @@ class Followers:
                 return
             self._closing = True
         atexit.unregister(self.close)
-        if self.failure is None:
-            with contextlib.suppress(llaisys.LlaisysError):
-                self.channel.send(command(Op.STOP))
+        # after the step running now, if any (a step that does not end within the timeout: the ranks are killed)
+        if self.failure is None and self._sending.acquire(timeout=STEP_TIMEOUTS * self.group.timeout):
+            try:
+                with contextlib.suppress(llaisys.LlaisysError):
+                    self.channel.send(command(Op.STOP))
+            finally:
+                self._sending.release()
         self._stop_ranks(grace=5.0)
         with contextlib.suppress(llaisys.LlaisysError):
             self.group.destroy()
+
+    def _ended_rank(self) -> str | None:
+        # (a moment's wait: the supervisor thread may be reaping the same process, and a poll meanwhile says
+        # nothing)
+        for rank in sorted(self.connections):
+            if self.launcher is not None and (status := self.launcher.exit_status(rank, wait=0.5)) is not None:
+                return f"rank {rank} {exit_description(status)}"
+        return None
 
     def _stop_ranks(self, grace: float) -> None:
         if self.launcher is not None:
