@@ -14,7 +14,9 @@ import threading
 
 import numpy as np
 import pytest
-from abi import CODES, INVALID_ARGUMENT, NOT_SUPPORTED, OK, OUT_OF_MEMORY, SLOTS, DeviceBuffers
+from abi import CODES, INVALID_ARGUMENT, NOT_SUPPORTED, OK, OUT_OF_MEMORY, RUNTIME_ERROR, SLOTS, DeviceBuffers
+
+from llaisys.abi import UNIQUE_ID_BYTES
 
 OPS = sorted(name for name, slot in SLOTS.items() if slot.kind == "OP")
 F32 = CODES["LLAISYS_F32"]
@@ -280,3 +282,45 @@ def test_optional_events(on_device):
     for event in (start, end):
         on_device.check("event_destroy", 0, event)
     on_device.check("stream_destroy", 0, stream)
+
+
+COLLECTIVES = ["comm_unique_id", "comm_create", "comm_destroy", "comm_abort", "comm_all_reduce", "comm_all_gather",
+               "comm_broadcast"]
+
+
+def test_optional_collectives(on_device):
+    """A communicator of one rank: the collectives copy (in place, all_gather's rank 0 slot); bad ranks and
+    dtypes are refused; a backend whose collective library is missing says NOT_SUPPORTED and what to install."""
+    if not all(on_device.has(n) for n in COLLECTIVES):
+        pytest.skip(f"{on_device.backend.name} has no collectives (optional)")
+    uid = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+    status = on_device("comm_unique_id", 0, uid)
+    if status == NOT_SUPPORTED:  # (CUDA without NCCL): the message says what to install
+        on_device.expect(status, NOT_SUPPORTED, "pip install")
+        return
+    on_device.expect(status, OK)
+    comm = ctypes.c_void_p()
+    on_device.expect(on_device("comm_create", 0, uid, 1, 1, 1000, ctypes.byref(comm)), INVALID_ARGUMENT, "rank 1")
+    on_device.expect(on_device("comm_create", 0, uid, 0, 1, 0, ctypes.byref(comm)), INVALID_ARGUMENT, "timeout")
+    on_device.check("comm_create", 0, uid, 0, 1, 5000, ctypes.byref(comm))
+    try:
+        with DeviceBuffers(on_device) as buffers:
+            values = np.arange(7, dtype=np.float32) - 2.5
+            data, out = buffers.upload(values), buffers.upload(np.full(7, np.nan, np.float32))
+            on_device.check("comm_all_reduce", 0, None, comm, F32, 7, out, data)
+            on_device.check("comm_all_reduce", 0, None, comm, F32, 7, data, data)  # in place
+            on_device.expect(on_device.finish(on_device("comm_all_reduce", 0, None, comm, UNKNOWN_DTYPE, 7, out, data)),
+                             NOT_SUPPORTED, str(UNKNOWN_DTYPE))
+            gathered = buffers.upload(np.zeros(7, np.float32))
+            on_device.check("comm_all_gather", 0, None, comm, 28, gathered, data)
+            on_device.check("comm_broadcast", 0, None, comm, 28, data, 0)
+            on_device.expect(on_device("comm_broadcast", 0, None, comm, 28, data, 1), INVALID_ARGUMENT, "root 1")
+            on_device.check("device_synchronize", 0)
+            for ptr in (out, data, gathered):
+                np.testing.assert_array_equal(buffers.download(ptr, values), values)
+        on_device.check("comm_abort", comm, b"probe")  # later collectives fail, saying so
+        on_device.expect(on_device.finish(on_device("comm_all_reduce", 0, None, comm, F32, 0, None, None)),
+                         RUNTIME_ERROR, "abort")
+    finally:
+        on_device.check("comm_destroy", comm)
+    on_device.check("comm_destroy", None)

@@ -15,6 +15,7 @@ import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
 API_VERSION = 4  # LLAISYS_API_VERSION
+UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
 
 class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>
@@ -106,6 +107,17 @@ RUNTIME_SLOTS: dict[str, tuple[SlotKind, object, list]] = {
     "graph_end_capture": (OPTIONAL, c_int, [c_int, _p, _out_p]),
     "graph_launch": (OPTIONAL, c_int, [c_int, _p, _p]),
     "graph_destroy": (OPTIONAL, c_int, [c_int, _p]),
+    # collectives: device, id (char [UNIQUE_ID_BYTES]); device, id, rank, world_size, timeout_ms, comm*; ...
+    "comm_unique_id": (OPTIONAL, c_int, [c_int, POINTER(c_char)]),
+    "comm_create": (OPTIONAL, c_int, [c_int, POINTER(c_char), c_int, c_int, c_int64, _out_p]),
+    "comm_destroy": (OPTIONAL, c_int, [_p]),
+    "comm_abort": (OPTIONAL, c_int, [_p, POINTER(c_char)]),
+    # device, stream, comm, dtype, n, out [n], in [n]
+    "comm_all_reduce": (OPTIONAL, c_int, [c_int, _p, _p, c_int, c_int64, _p, _p]),
+    # device, stream, comm, nbytes, out [world_size * nbytes], in [nbytes]
+    "comm_all_gather": (OPTIONAL, c_int, [c_int, _p, _p, c_int64, _p, _p]),
+    # device, stream, comm, nbytes, data [nbytes], root
+    "comm_broadcast": (OPTIONAL, c_int, [c_int, _p, _p, c_int64, _p, c_int]),
 }
 
 _i64 = c_int64
@@ -168,6 +180,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "events": ("event_create", "event_destroy", "event_record", "event_synchronize", "stream_wait_event"),
     "event_timing": ("event_elapsed_ms",),
     "graphs": ("graph_begin_capture", "graph_end_capture", "graph_launch", "graph_destroy"),
+    "collectives": ("comm_unique_id", "comm_create", "comm_destroy", "comm_abort", "comm_all_reduce",
+                    "comm_all_gather", "comm_broadcast"),
 }
 
 INT64_MAX = (1 << 63) - 1

@@ -38,7 +38,7 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None) -> CausalLM:
+         numerics: str | None = None, quantize: str | None = None, tensor_parallel: int | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.registry``).
 
@@ -54,8 +54,12 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     (symmetric int8 per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about
     half of bf16's memory and bytes read per token, on devices whose backend has the ``linear_i8`` kernel.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
+    ``tensor_parallel`` N > 1 splits the model over N ranks, one device each (``device="cuda"``: cuda:0 ..
+    cuda:N-1; the CPU: N processes sharing its cores), this process rank 0: the returned model runs the
+    engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them.
     """
-    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
+    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
+                        tensor_parallel=tensor_parallel)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

@@ -29,26 +29,48 @@ KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_a
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None):
+         numerics: str | None = None, quantize: str | None = None, tensor_parallel: int | None = None,
+         layout=None, group=None):
     """The model in the HuggingFace directory (or GGUF file, or Hub id: hub.py) ``path``, its class picked by
-    the architecture its config names (registry.py). See ``llaisys_models.load`` for the options."""
+    the architecture its config names (registry.py). See ``llaisys_models.load`` for the options.
+
+    ``layout`` and ``group`` (tensor_parallel/): load only this rank's part of the weights, its collectives
+    through ``group``; ``tensor_parallel`` > 1 starts a group (tensor_parallel/launch.py) and returns rank 0's
+    model."""
     from .hub import resolve
     from .registry import MODEL_CLASSES
 
+    if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int)
+                                        or tensor_parallel < 1):
+        raise ModelLoadError(f"tensor_parallel must be a number of ranks >= 1, got {tensor_parallel!r}")
+    if layout is None and tensor_parallel not in (None, 1):
+        from .tensor_parallel.launch import load_parallel
+
+        if mmap is False:
+            raise ModelLoadError("tensor_parallel needs the checkpoint mapped (each rank reads its part from the "
+                                 "mapping): leave mmap unset")
+        return load_parallel(path, tensor_parallel, device, dtype, progress=progress, numerics=numerics,
+                             quantize=quantize)
     path = resolve(path)  # a Hub id ("org/name") -> its copy in the Hub cache (downloaded when missing)
     if is_gguf(path):
         from . import gguf
 
-        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize)
+        return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize,
+                         layout=layout, group=group)
     path = model_directory(path)
+    if layout is not None:
+        return MODEL_CLASSES[ModelConfig.from_file(path, supported=MODEL_CLASSES).architecture].from_weights(
+            **read_directory(path, device, dtype, progress=progress, mmap=True, quantize=quantize, layout=layout),
+            numerics=numerics, group=group)
     config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
     cls = MODEL_CLASSES[config.architecture]
     return cls(path, device=device, dtype=dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize)
 
 
 def read_directory(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-                   quantize: str | None = None) -> dict:
-    """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``."""
+                   quantize: str | None = None, layout=None) -> dict:
+    """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``
+    (with ``layout``: this rank's part of the weights, and its config)."""
     from .hub import resolve
     from .registry import MODEL_CLASSES
 
@@ -61,7 +83,9 @@ def read_directory(path, device=None, dtype=None, *, progress: bool | None = Non
     checkpoint = Checkpoint(path, mapped=mmap)
     dtype = default_dtype(checkpoint, config) if dtype is None else float_dtype(dtype)
     eos = eos_token_ids(path, config)
-    weights = load_weights(checkpoint, config, dtype, device, progress=progress, quantize=quantize)
+    weights = load_weights(checkpoint, config, dtype, device, progress=progress, quantize=quantize, layout=layout)
+    if layout is not None:
+        config = layout.local_config(config)
     # the checkpoint stays alive with the model: its memory maps are what the weights may point into
     return dict(path=path, config=config, weights=weights, device=device, dtype=dtype, eos_token_ids=eos,
                 source=checkpoint, quantize=quantize)

@@ -8,6 +8,10 @@
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
 
+Split over the ranks of a tensor-parallel group (tensor_parallel/), each rank holds some heads and some of
+the MLP's width: the o_proj and down_proj outputs are partial sums, all-reduced, and the logits of each
+rank's rows of the vocabulary are gathered. With one rank both cost nothing.
+
 rope's frequencies are the config's table (rope_scaling.py: plain, linear, llama3, YaRN), computed at load.
 The other variations live in the config and the weights: biases (Qwen2: q/k/v; Llama, Mistral, Qwen3:
 ``attention_bias`` / ``mlp_bias``), an explicit head_dim, Phi-3's fused qkv / gate_up weights (read as
@@ -26,6 +30,7 @@ from .causal_lm import CausalLM
 from .kv_cache import KVPool
 from .quantize import linear
 from .step_inputs import StepInputs
+from .tensor_parallel.vocab import gather_vocab
 from .weights import LayerWeights
 
 
@@ -74,6 +79,7 @@ class Qwen2(CausalLM):
         ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
                             c.head_dim ** -0.5, numerics)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
+        llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)
         ops.add(ws.x, ws.x, ws.out)
 
     def _mlp(self, w: LayerWeights, ws) -> None:
@@ -83,15 +89,16 @@ class Qwen2(CausalLM):
         linear(ws.up, ws.h, w.up_proj, w.up_bias)
         ops.swiglu(ws.act, ws.gate, ws.up, numerics)
         linear(ws.out, ws.act, w.down_proj, w.down_bias)
+        llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' columns of the MLP
         ops.add(ws.x, ws.x, ws.out)
 
     def _lm_head(self, x: llaisys.Tensor) -> llaisys.Tensor:
         c, n = self.config, x.shape[0]
         normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
         llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
-        logits = llaisys.empty((n, c.vocab_size), self.dtype, self.device)
+        logits = llaisys.empty((n, self.weights.lm_head.shape[0]), self.dtype, self.device)  # this rank's vocab rows
         linear(logits, normed, self.weights.lm_head)
-        return logits
+        return gather_vocab(logits, c.vocab_size, self.group)
 
 
 class Llama(Qwen2):

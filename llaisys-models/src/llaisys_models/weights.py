@@ -20,6 +20,8 @@ from .host_memory import bytes_of
 from .progress import Progress
 from .quantize import Int8Weight, int8_weight
 from .safetensors import Checkpoint, TensorInfo
+from .tensor_parallel import shards
+from .tensor_parallel.layout import DROP
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
@@ -263,12 +265,17 @@ def _part_bytes(info: TensorInfo, spec: tuple) -> int:
 
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
-                 progress: bool | None = None, quantize: str | None = None) -> Weights:
+                 progress: bool | None = None, quantize: str | None = None, layout=None) -> Weights:
+    """The weights ``config`` names, checked, then placed on ``device`` in ``dtype`` (the linears in int8 with
+    ``quantize``). ``layout`` (tensor_parallel.Layout): only this rank's part of each weight (the checkpoint
+    must then be mapped: each part is read from the mapping)."""
     check_layer_count(checkpoint, config)
     top, layers = plan(config)
     infos = check(checkpoint, top, layers)
     tied_copy = quantize is not None and "lm_head" not in top  # the embedding read a second time, quantized
     total = sum(i.nbytes for i in infos.values()) + (infos[top["embed_tokens"][0]].nbytes if tied_copy else 0)
+    if layout is not None and layout.world > 1:
+        total //= layout.world
     cache: dict[str, llaisys.Tensor] = {}
     with Progress(total, f"loading {checkpoint.directory.name}", enabled=progress) as bar:
         def get(spec):
@@ -291,12 +298,32 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
+        def get_field(field, spec):
+            part = layout.part(field, config) if layout is not None else None
+            if part is None:
+                return (get_linear if field in LINEARS else get)(spec)
+            if part == DROP:
+                return None
+            return get_part(field, spec, part)
+
+        def get_part(field, spec, part):
+            info = infos[spec[0]]
+            first, stop = spec[2] if len(spec) == 3 else (0, info.shape[0])  # (a part of a fused tensor)
+            whole = not (quantize and field in LINEARS) and part.dim == 0 and part.rows in (None, part.stop - part.start)
+            if whole and len(spec) < 3 and spec[0] in cache:  # a tied lm_head's rows: a view of the embedding
+                return cache[spec[0]].slice(0, part.start, part.stop)
+            source = info.file.array(info)
+            weight = shards.build(lambda a, b: source[first + a:first + b], (stop - first, *info.shape[1:]), part,
+                                  dtype, device, quantize is not None and field in LINEARS, info.name)
+            info.file.release_pages(info.offset, info.nbytes)
+            bar.update(_part_bytes(info, spec) // layout.world)
+            return weight
+
         def get_layer(layer):
-            return layer_weights({field: (get_linear if field in LINEARS else get)(spec)
-                                  for field, spec in layer.items()})
+            return layer_weights({field: get_field(field, spec) for field, spec in layer.items()})
 
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
         norm = get(top["norm"])
-        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]))
+        lm_head = get_field("lm_head", top.get("lm_head", top["embed_tokens"]))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

@@ -161,3 +161,13 @@ def test_devices_the_build_cannot_run_are_left_out_with_the_reason(warp, env, us
             assert status == 1 and "no device 0" in message
     finally:
         device.close()
+
+
+def test_collectives_without_nccl_are_not_supported_and_say_what_to_install(dev):
+    """collectives.cu opens NCCL (CoreX's library on Iluvatar) at run time, not at load: the emulated machine
+    has none, so the backend loads and its collectives answer NOT_SUPPORTED naming what to install."""
+    status, message, _ = dev.call("comm_unique_id", 0, out("bytes", 128), check=False)
+    assert status == 4 and "NCCL" in message, message
+    assert ("nvidia-nccl-cu13" if dev.warp == 32 else "CoreX SDK") in message, message
+    status, message, _ = dev.call("comm_create", 0, b"\0" * 128, 0, 1, 1000, out("ptr"), check=False)
+    assert status == 4 and "NCCL" in message, message

@@ -18,11 +18,12 @@ from ..files import GGUF_MAGIC as MAGIC
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None,
-         quantize: str | None = None):
+         quantize: str | None = None, layout=None, group=None):
     """The model in the GGUF file ``path`` on ``device`` (None: the best available), its weights
     decoded into ``dtype`` (None: the stored float type, or float32 for quantized weights), its ops
     rounding as ``numerics`` says (``llaisys_models.numerics``); ``quantize="int8"`` requantizes the
-    linears' weights into llaisys' int8 format instead (``llaisys_models.quantize``)."""
+    linears' weights into llaisys' int8 format instead (``llaisys_models.quantize``). ``layout`` and ``group``:
+    this rank's part of a tensor-parallel model (llaisys_models.tensor_parallel)."""
     from ..loading import float_dtype, pick_device
     from ..quantize import resolve as resolve_quantize
     from ..registry import MODEL_CLASSES
@@ -37,10 +38,12 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     top, layers = tensor_plan(f, config)
     device = pick_device(device, quantize)
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
-    weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize)
-    return MODEL_CLASSES[config.architecture].from_weights(f.path, config, weights, device=device, dtype=dtype,
-                                           eos_token_ids=config.eos_token_ids, source=f, numerics=numerics,
-                                           quantize=quantize)
+    weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize,
+                           layout=layout)
+    local = config if layout is None else layout.local_config(config)
+    return MODEL_CLASSES[config.architecture].from_weights(f.path, local, weights, device=device, dtype=dtype,
+                                                           eos_token_ids=config.eos_token_ids, source=f,
+                                                           numerics=numerics, quantize=quantize, group=group)
 
 
 def load_tokenizer(path):

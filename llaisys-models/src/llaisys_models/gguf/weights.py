@@ -24,6 +24,8 @@ from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
 from ..quantize import Int8Weight, int8_weight
+from ..tensor_parallel import shards
+from ..tensor_parallel.layout import DROP
 from ..weights import LINEARS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
@@ -168,13 +170,33 @@ def _part_shape(spec: tuple) -> tuple[int, ...]:
     return (stop - start, *shape[1:])
 
 
+def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray | slice | None) -> shards.Reader:
+    """Rows [start, stop) of a weight of ``shape`` (rows reordered or cut by ``rows``) decoded to float32, a
+    chunk at a time (a vector: its elements, decoded once)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, rows = raw[rows], None
+    if len(shape) == 1:
+        if rows is not None:  # a permuted bias: its values are the rows
+            values = quants.dequantize(raw.reshape(shape[0], -1), qtype, np.empty((shape[0], 1), np.float32), rows)
+        else:
+            values = quants.dequantize(raw, qtype, np.empty((1, shape[0]), np.float32))
+        values = values.reshape(-1)
+        return lambda start, stop: values[start:stop]
+    return lambda start, stop: quants.dequantize(raw[start:stop] if rows is None else raw[rows[start:stop]], qtype,
+                                                 np.empty((stop - start, shape[1]), np.float32))
+
+
 def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
                  device: llaisys.Device, arch: str, progress: bool | None = None,
-                 quantize: str | None = None) -> Weights:
+                 quantize: str | None = None, layout=None) -> Weights:
     """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device`` (the linears' matrices
-    into int8 with ``quantize="int8"``)."""
+    into int8 with ``quantize="int8"``); with ``layout`` (tensor_parallel.Layout), only this rank's part of
+    each."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
+    if layout is not None and layout.world > 1:
+        total //= layout.world
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
         def get(field, spec):
             name, shape, rows = spec[0], _part_shape(spec), None
@@ -182,6 +204,15 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 rows = slice(*spec[2])
             elif arch == "llama" and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
+            part = layout.part(field, config) if layout is not None else None
+            if part == DROP:
+                return None
+            if part is not None:
+                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device,
+                                      quantize is not None and field in LINEARS, name)
+                f.release(name)
+                bar.update(math.prod(part.shape(shape)) * dtype.itemsize)
+                return tensor
             if quantize is not None and field in LINEARS:
                 tensor = quantized(f, name, shape, device, rows)
             else:
@@ -194,6 +225,7 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
         norm = get("norm", top["norm"])
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
-        else:  # tied: the embedding, or its own int8 copy
-            lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None else embed
+        else:  # tied: the embedding, or its own int8 copy (or this rank's rows of it)
+            split = layout is not None and layout.world > 1
+            lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None or split else embed
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

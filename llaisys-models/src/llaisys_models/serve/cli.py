@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
-from ..cli import MODEL_HELP
+from ..cli import MODEL_HELP, add_tensor_parallel_argument, split_cpu_threads
 from ..speculative import flags as speculative_flags
 
 LOOPBACK = "127.0.0.1"
@@ -30,6 +30,7 @@ def register_serve(subparsers) -> None:
                    help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(p)
     quantize.add_argument(p)
+    add_tensor_parallel_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -198,7 +199,9 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     from .engine import Engine
 
     tokenizer_path = args.tokenizer or path
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize)
+    split_cpu_threads(args.tensor_parallel)
+    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
+                 tensor_parallel=args.tensor_parallel)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
@@ -223,14 +226,25 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
     weights = f", {model.quantize} linears" if model.quantize else ""
+    if args.tensor_parallel > 1:
+        weights += f", split over {args.tensor_parallel} ranks"
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
     # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
     config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[listener])
-    return 0
+    http = uvicorn.Server(config)
+    failures = []
+    if model.followers is not None:  # a rank that dies or hangs ends the group, and the server with it
+        def end(message: str) -> None:
+            failures.append(message)
+            print(f"llaisys serve: error: {message}", file=sys.stderr, flush=True)
+            http.should_exit = True
+        model.followers.on_failure.append(end)
+    http.run(sockets=[listener])
+    model.close()
+    return 1 if failures else 0
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 
+from ..errors import RankFailedError
 from ..sampling import MASK64, SamplingParams, step_seed
 from ..scheduler import Scheduler, Sequence
 from ..speculative import Drafter, NgramDrafter, Speculation
@@ -229,6 +230,8 @@ class Engine:
             while self._wait_for_work():
                 self._admit()
                 self._step()
+        except RankFailedError as e:  # the model's own one-line reason (tensor_parallel/followers.py)
+            self.error = f"the engine stopped: {e}"
         except BaseException as e:  # a bug, not a request's fault: say so everywhere
             self.error = f"the engine stopped: {type(e).__name__}: {e}"
             log.exception("engine thread died")
@@ -282,6 +285,8 @@ class Engine:
             return
         try:
             events = self.scheduler.step()
+        except RankFailedError:  # a tensor-parallel group that lost a rank: the engine cannot go on
+            raise
         except Exception as e:  # the running requests fail; the engine and the waiting ones go on
             log.exception("engine step failed")
             failed = {id(s.tag.request): s.tag.request for s in self._sequences if s.kv is not None}

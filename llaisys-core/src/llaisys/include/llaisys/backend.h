@@ -48,6 +48,9 @@
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
 #define LLAISYS_API_VERSION 4
 
+/* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
+#define LLAISYS_UNIQUE_ID_BYTES 128
+
 /* Status codes returned by every slot. */
 typedef enum llaisys_status {
     LLAISYS_OK = 0,
@@ -210,6 +213,57 @@ LLAISYS_OPTIONAL int LLAISYS_FN(graph_begin_capture)(int device, void* stream);
 LLAISYS_OPTIONAL int LLAISYS_FN(graph_end_capture)(int device, void* stream, void** graph);
 LLAISYS_OPTIONAL int LLAISYS_FN(graph_launch)(int device, void* graph, void* stream);
 LLAISYS_OPTIONAL int LLAISYS_FN(graph_destroy)(int device, void* graph);
+
+/* ---- collectives ------------------------------------------------------------------------------ */
+/* [optional] A communicator joins world_size ranks (processes, one device each) so that they can sum,
+ * gather and share buffers of their devices (tensor parallelism). One rank gets a unique id from
+ * comm_unique_id and hands it to the others by any means (llaisys.distributed: a TCP store); each then
+ * calls comm_create with it, its rank and the world size. The collectives are queued on `stream` like
+ * operators: recorded instead of run while the stream is being captured into a graph, so a captured
+ * decode step replays its collectives too (every rank must then replay the same graphs in the same
+ * order). Every rank must call the same collectives in the same order with the same sizes. A collective
+ * whose peers do not all arrive within the communicator's timeout fails with LLAISYS_RUNTIME_ERROR
+ * naming a rank that is late (an accelerator library may only detect it at the next synchronizing call,
+ * or through comm_abort from another thread); the one exception is a non-root rank of comm_broadcast,
+ * which waits for its root until the root arrives or the communicator is aborted (a follower waiting for
+ * the next step's inputs may wait as long as the leader is idle). */
+
+/* [optional] Fill id (LLAISYS_UNIQUE_ID_BYTES bytes) with a new unique id for comm_create, made by (and for
+ * a communicator of) devices of this backend. LLAISYS_NOT_SUPPORTED when the collective library is missing,
+ * with a message naming what to install. Synchronous. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_unique_id)(int device, char* id);
+
+/* [optional] *comm = this process's member of the communicator `id` (from comm_unique_id, the same bytes on
+ * every rank) as rank `rank` of `world_size` (0 <= rank < world_size), on `device`. Waits for every rank to
+ * join, at most timeout_ms milliseconds (> 0), which also bounds each collective's wait for late peers.
+ * LLAISYS_NOT_SUPPORTED when the collective library is missing (the message names what to install). */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_create)(int device, const char* id, int rank, int world_size,
+                                             int64_t timeout_ms, void** comm);
+
+/* [optional] Leave and free `comm` (no collective of it may still be queued or running on this rank). */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_destroy)(void* comm);
+
+/* [optional] Make every pending and later collective of `comm` fail, on this rank and (where the library
+ * can: shared memory, NCCL's abort) on the others, with `reason` (a NUL-terminated line) in their messages.
+ * May be called from any thread, also while another thread waits in a collective of `comm`; comm_destroy
+ * must still follow. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_abort)(void* comm, const char* reason);
+
+/* [optional] out [n] = the sum over ranks 0, 1, ..., world_size - 1 of their in [n] (dtype f32 / f16 / bf16;
+ * LLAISYS_NOT_SUPPORTED for any other), on every rank, queued on `stream`. out may be in (in place); no other
+ * overlap. Host-addressable backends sum in that fixed order in f32 and round once, so the result has the
+ * same bits on every rank and in every run. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_all_reduce)(int device, void* stream, void* comm, int dtype, int64_t n,
+                                                 void* out, const void* in);
+
+/* [optional] out [world_size * nbytes] = every rank's in [nbytes], rank r's at byte r * nbytes, on every rank,
+ * queued on `stream`. out shares no memory with in. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_all_gather)(int device, void* stream, void* comm, int64_t nbytes, void* out,
+                                                 const void* in);
+
+/* [optional] data [nbytes] of rank `root` copied into data [nbytes] of every other rank, queued on `stream`. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_broadcast)(int device, void* stream, void* comm, int64_t nbytes, void* data,
+                                                int root);
 
 /* ---- operators ------------------------------------------------------------------------------ */
 /* Every operator: int <prefix>_<op>(int device, void* stream, ...). Tensors are contiguous unless a
