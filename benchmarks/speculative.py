@@ -18,7 +18,7 @@ Rounds alternate plain and speculative runs of each task (after one warm-up of e
 prompt); each checks that both give the same tokens. The table prints medians: decode tok/s by the wall
 clock and the ratio, the ratio of CPU time per token (process CPU time, all threads: on a shared machine
 other programs take the cores, not the CPU time, so this ratio moves less with the load; it counts the
-thread team's spinning between kernels too), the acceptance (kept / drafted tokens) and tokens per decode
+thread team's spinning between kernels too), the acceptance (kept / drafted tokens) and new tokens per
 step. The load average is printed with each table: absolute tok/s are only comparable within one run.
 
 --step-costs: the time of one forward of M = 1 .. --max-rows new rows of a sequence of --context cached
@@ -126,7 +126,7 @@ def compare(model, prompts: dict, speculations: dict, args, eos) -> None:
         s_cpu = statistics.median(r.cpu_per_token for r in spec)
         last = spec[-1]  # greedy: every round drafts and keeps the same tokens
         rate = last.kept / last.drafted if last.drafted else 0.0
-        per_step = (last.new - 1) / max(last.steps - 1, 1)  # decode steps: after the prefill's first token
+        per_step = last.new / max(last.steps, 1)  # (the prompt is cached: its first step may verify drafts too)
         print(f"{name:<10} {len(ids):>6} {last.new:>4} {p_rate:>11.1f} {s_rate:>10.1f} {s_rate / p_rate:>5.2f}x "
               f"{p_cpu / s_cpu:>8.2f}x {rate:>6.0%} ({last.kept:>3}/{last.drafted:>3}) {per_step:>8.2f}")
     print(load_average())
