@@ -76,8 +76,8 @@ void moe_linear_dot(const MoeLinearArgs& a) {
         const int64_t e = groups.selected[t / blocks], b = t % blocks, first = groups.start[e];
         const int64_t rows = groups.rows(e), n0 = b * block, n1 = std::min(N, n0 + block);
         const T* w = weight + e * N * K;
-        // (at most kMR rows: tiles of one weight row, one sequential stream per thread, as in linear_dot)
-        if (rows <= kMR) Block::template run<1>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
+        // (tiles of one weight row, one sequential stream per thread, where linear_dot's would stream)
+        if (streams(rows, K, sizeof(X), kMR)) Block::template run<1>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
         else Block::template run<kNR>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
     }, parallel);
 

@@ -46,7 +46,7 @@ import llaisys
 
 from .penalties import TokenCounts
 from .sampling import MASK64, Sampler, SamplingParams
-from .speculative.config import check_numerics, pause_after
+from .speculative.config import check_numerics, next_draft_length, pause_after
 from .speculative.verify import Verifier
 
 _ids = itertools.count()
@@ -74,6 +74,8 @@ class Sequence:
         # each generated token's sampling.TokenLogprob where params.logprobs is set, else None
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
+        # tokens to draft next (adapted to what was kept, up to the Speculation's num_tokens)
+        self.draft_length = params.speculation.num_tokens if params.speculation is not None else 0
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
         self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
@@ -299,6 +301,7 @@ class Scheduler:
             seq.accepted_tokens += kept
             seq.draft_misses = 0 if kept else seq.draft_misses + 1
             seq.draft_pause = pause_after(seq.draft_misses)
+            seq.draft_length = next_draft_length(seq.draft_length, len(drafts), kept, seq.speculation.num_tokens)
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_tokens += kept
         end = next((i + 1 for i, t in enumerate(new) if t in seq.eos), len(new))
@@ -383,7 +386,7 @@ class Scheduler:
         if seq.draft_pause:  # its recent drafts all failed: a verify row costs more than it brings
             seq.draft_pause -= 1
             return []
-        k = min(seq.speculation.num_tokens, seq.params.max_tokens - seq.num_generated - 1)
+        k = min(seq.draft_length, seq.params.max_tokens - seq.num_generated - 1)
         if k < 1:
             return []
         vocab = self.model.config.vocab_size
