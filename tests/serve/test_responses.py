@@ -113,7 +113,6 @@ def test_a_reply_that_ends_by_itself_is_completed(chat_server, tokenizer):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
     ({"input": "x", "background": True}, "background", "unsupported_parameter"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format.type", "unsupported_parameter"),
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
     ({"input": "x", "metadata": {"a": 1}}, "metadata", "invalid_value"),
     ({"input": "x", "model": "gpt-9"}, "model", "model_not_found"),

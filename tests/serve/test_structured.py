@@ -10,6 +10,7 @@ import queue
 import random
 
 import pytest
+from random_schemas import matches, random_schema
 from serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, generate_text, http_request, require_serving, user
 
 import llaisys
@@ -25,47 +26,6 @@ MAX_TOKENS = 400  # room for the largest schema below (each string character may
 @pytest.fixture(scope="module")
 def client(chat_server):
     return chat_server.client()
-
-
-# -- random schemas and the test's own validator (the subset of JSON Schema the schemas use) ---------------
-
-def leaf(rng: random.Random) -> dict:
-    kind = rng.choice(["boolean", "integer", "string", "enum", "null"])
-    if kind == "integer":
-        low = rng.randint(-50, 50)
-        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 100)}
-    if kind == "string":
-        return {"type": "string", "maxLength": rng.randint(1, 6)}
-    if kind == "enum":
-        return {"enum": rng.sample(["red", "green", "blue", "x y", "ünï"], rng.randint(1, 3))}
-    return {"type": kind}
-
-
-def random_schema(rng: random.Random) -> dict:
-    props = {}
-    for i in range(rng.randint(1, 3)):
-        value = leaf(rng)
-        if rng.random() < 0.3:
-            value = {"type": "array", "items": value, "maxItems": 2}
-        props[f"k{i}_{rng.choice('abc')}"] = value
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
-def matches(value, schema: dict) -> bool:
-    if "enum" in schema:
-        return value in schema["enum"]
-    kind = schema["type"]
-    if kind == "object":
-        return (isinstance(value, dict) and set(value) == set(schema["properties"])
-                and all(matches(value[k], s) for k, s in schema["properties"].items()))
-    if kind == "array":
-        return isinstance(value, list) and len(value) <= schema["maxItems"] and all(
-            matches(v, schema["items"]) for v in value)
-    if kind == "integer":
-        return type(value) is int and schema["minimum"] <= value <= schema["maximum"]
-    if kind == "string":
-        return isinstance(value, str) and len(value) <= schema["maxLength"]
-    return {"boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None}[kind](value)
 
 
 def json_schema_format(schema: dict) -> dict:

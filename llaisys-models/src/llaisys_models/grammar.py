@@ -101,8 +101,10 @@ class Grammar:
         return cls(tokenizer, _llguidance().LLMatcher.grammar_from_regex(pattern), "regex")
 
     @classmethod
-    def lark(cls, tokenizer, source: str) -> Grammar:
-        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), "lark")
+    def lark(cls, tokenizer, source: str, what: str = "lark") -> Grammar:
+        """Output of a Lark grammar (llguidance's dialect: ``%json {schema}`` embeds a JSON schema, ``<[id]>`` is
+        a token); ``what`` names it in errors."""
+        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), what)
 
     def matcher(self, vocab_size: int) -> Matcher:
         return Matcher(self, vocab_size)

@@ -244,6 +244,13 @@ def parse_tool_calls(text: str, fmt: ToolFormat, names, parallel: bool = True) -
     return (None if stream.calls and not content.strip() else content), stream.calls
 
 
+def special_openers(tokenizer, fmt: ToolFormat) -> dict[str, int]:
+    """The openers of ``fmt`` that ``tokenizer`` has as special tokens (Llama 3's ``<|python_tag|>``, Mistral's
+    ``[TOOL_CALLS]``), which a detokenizer that skips special tokens would drop: {text: token id}."""
+    return {added.content: token_id for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if added.special and added.content in fmt.openers}
+
+
 def tool_support(tokenizer) -> tuple[ToolFormat | None, str]:
     """(the format of the model's tool calls, '') where its chat template renders tools (a probe tool's name shows
     in the prompt) and teaches a format parsed here; else (None, why not)."""
