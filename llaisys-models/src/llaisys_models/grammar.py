@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,6 +29,14 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF tokenizer -> llguidance tokenizer
 _lock = threading.Lock()
+_mask_threads: list[ThreadPoolExecutor] = []  # the one thread that computes prepared masks (made when first needed)
+
+
+def _mask_thread() -> ThreadPoolExecutor:
+    with _lock:
+        if not _mask_threads:
+            _mask_threads.append(ThreadPoolExecutor(1, thread_name_prefix="llaisys-grammar-mask"))
+        return _mask_threads[0]
 
 
 class GrammarError(llaisys.LlaisysValueError):
@@ -125,15 +134,29 @@ class Matcher:
         self._host = np.zeros(words, dtype=np.int32)  # over the model's vocabulary
         self._shared = min(words, self._filled.shape[1])
         self._device: llaisys.Tensor | None = None
+        self._prepared: Future | None = None  # the next token's bitmask, being computed on another thread
 
     @property
     def done(self) -> bool:
         """The grammar is complete and nothing may follow (the sequence stops here)."""
         return self._matcher.is_stopped()
 
+    def prepare(self) -> None:
+        """Start computing the next token's bitmask on the mask thread (llguidance releases the GIL, so the forward
+        that makes the logits runs meanwhile); ``mask`` waits for it. The matcher must not move until then."""
+        if self._prepared is None:
+            self._prepared = _mask_thread().submit(self._fill)
+
+    def _fill(self) -> None:
+        self._ll.numpy.fill_next_token_bitmask(self._matcher, self._filled, 0)
+
     def mask(self, logits: llaisys.Tensor) -> None:
         """Set the logits (1-D, the model's vocabulary) of the tokens the grammar forbids next to -inf."""
-        self._ll.numpy.fill_next_token_bitmask(self._matcher, self._filled, 0)
+        if self._prepared is not None:
+            prepared, self._prepared = self._prepared, None
+            prepared.result()
+        else:
+            self._fill()
         self._host[:self._shared] = self._filled[0, :self._shared]
         if not self._host.any():  # a grammar that allows nothing the model can emit (a tokenizer / model mismatch)
             raise GrammarError(f"the grammar allows no token of the model's vocabulary here "
@@ -145,5 +168,8 @@ class Matcher:
 
     def accept(self, token: int) -> None:
         """Advance past the chosen token (one the mask allowed)."""
+        if self._prepared is not None:  # a mask computed for the old position (a token chosen without ``mask``)
+            self._prepared.result()
+            self._prepared = None
         if not self._matcher.consume_token(token):
             raise GrammarError(f"token {token} was chosen against the grammar: {self._matcher.get_error()}")
