@@ -7,9 +7,10 @@ A family's chat template says how its models call tools, and the parser is picke
                                   ``<|python_tag|>``
     mistral  (Mistral v3)         ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``
 
-``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which the engine's detokenizer leaves out of the
-text; so for those two families a call may also be the output itself: a JSON object (llama3) or array
-(mistral) that the output starts with. Such a call counts only if every function it names is one of the
+``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which the engine's detokenizer keeps in the text of
+requests with tools only (``special_openers``); and Llama 3 models often call without the tag. So for those two
+families a call may also be the output itself: a JSON object (llama3) or array (mistral) that the output starts
+with. Such a call counts only if every function it names is one of the
 request's tools (a model answering in JSON is not calling a tool). Text that opens a call but does not parse
 as one is content, unchanged: a model's malformed call is the client's to see, never a server error.
 
