@@ -149,7 +149,7 @@ def test_grammar_view_is_built_at_start_up_and_only_constrained_requests_wait(ch
     built a plain request is answered and a constrained one waits for it."""
     import threading
 
-    import llguidance.hf
+    import llguidance
 
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
@@ -157,14 +157,14 @@ def test_grammar_view_is_built_at_start_up_and_only_constrained_requests_wait(ch
     from llaisys_models.tokenizer import load_tokenizer
 
     started, gate = threading.Event(), threading.Event()
-    build = llguidance.hf.from_tokenizer
+    build = llguidance.LLTokenizer
 
     def slow_build(*args, **kwargs):
         started.set()
         gate.wait(TIMEOUT)
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(llguidance.hf, "from_tokenizer", slow_build)
+    monkeypatch.setattr(llguidance, "LLTokenizer", slow_build)
     import llaisys_models
 
     engine = Engine(llaisys_models.load(chat_model_dir), load_tokenizer(chat_model_dir), max_running=2,

@@ -15,6 +15,7 @@ verified (llguidance can roll back, but the verifier has no hook for it yet).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import weakref
@@ -46,7 +47,6 @@ class GrammarError(llaisys.LlaisysValueError):
 def _llguidance():
     try:
         import llguidance
-        import llguidance.hf
         import llguidance.numpy
     except ImportError as e:
         raise GrammarError(f"structured outputs need llguidance ({e}); pip install 'llaisys-models[serve]' "
@@ -55,7 +55,8 @@ def _llguidance():
 
 
 def grammar_tokenizer(tokenizer):
-    """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens)."""
+    """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens on an idle
+    core, holding the GIL a fraction of it)."""
     ll = _llguidance()
     with _lock:
         found = _tokenizers.get(tokenizer)
@@ -64,11 +65,23 @@ def grammar_tokenizer(tokenizer):
             if eos is None:  # a model without EOS: the grammar's end is the only end
                 eos = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             try:
-                found = ll.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=eos)
+                found = ll.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=len(tokenizer), eos_token=eos)
             except Exception as e:
                 raise GrammarError(f"structured outputs need a fast (tokenizers) tokenizer: {e}") from None
             _tokenizers[tokenizer] = found
     return found
+
+
+def _tokenizer_json(tokenizer) -> str:
+    """A HF fast tokenizer's JSON, as llguidance.hf.from_tokenizer reads it, but without copying the Rust tokenizer
+    where it pads and truncates nothing: that copy holds the GIL for seconds at 150k tokens (every other thread of
+    a server that warms up its grammars would stall), ``to_str`` releases it."""
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is not None or backend.truncation is not None:
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+    return backend.to_str()
 
 
 class Grammar:
