@@ -142,11 +142,11 @@ def test_each_syntax_parses_back_into_valid_calls(fmt, tool_model_dir):
         text = tokenizer.decode(out[len(ids):], skip_special_tokens=True)
         content, calls = parse_tool_calls(text, fmt, [t["function"]["name"] for t in tools])
         assert content is None and calls, (fmt.name, text)
-        assert seed % 2 == 0 or len(calls) == 1, text
+        assert (seed % 2 == 0 and fmt is not LLAMA3) or len(calls) == 1, text  # Llama 3: one call a reply
         for call in calls:
             assert matches(json.loads(call.arguments), schema_of(tools, call.name)), (text, tools)
         several += len(calls) > 1
-    assert several, "no reply made parallel calls: the separator was never exercised"
+    assert several if fmt is not LLAMA3 else not several, "parallel calls: never (the separator untested) or Llama 3"
 
 
 def test_a_special_token_marker_is_that_token_and_kept_in_the_text(tool_model_dir):

@@ -6,7 +6,7 @@ parser as an unforced reply and reads to the model like its own calls. Each call
 functions and its arguments follow that function's ``parameters`` schema:
 
     hermes   <tool_call>\\n{"name": "f", "arguments": ARGS}\\n</tool_call>   calls joined by "\\n"
-    llama3   {"name": "f", "parameters": ARGS}                               calls joined by "; "
+    llama3   {"name": "f", "parameters": ARGS}                               one call (Llama 3's templates render one)
     mistral  [TOOL_CALLS][{"name": "f", "arguments": ARGS}, ...]             ([TOOL_CALLS] as its special token)
 
 "required": one call of any of the tools, or several where ``parallel_tool_calls`` allows (the model ends the
@@ -36,13 +36,13 @@ class CallSyntax:
     call_start: str
     arguments_key: str
     call_end: str
-    separator: str  # between two calls
+    separator: str | None  # between two calls; None: one call per reply
     closer: str
 
 
 SYNTAX = {
     "hermes": CallSyntax("", "<tool_call>\n", "arguments", "\n</tool_call>", "\n", ""),
-    "llama3": CallSyntax("", "", "parameters", "", "; ", ""),
+    "llama3": CallSyntax("", "", "parameters", "", None, ""),
     "mistral": CallSyntax("[TOOL_CALLS][", "", "arguments", "", ", ", "]"),
 }
 
@@ -80,13 +80,15 @@ def _text(text: str, special: dict[str, int]) -> str:
 
 def grammar_source(fmt: ToolFormat, tools: list[dict], several: bool, special: dict[str, int]) -> str:
     """The Lark grammar (llguidance's dialect: ``%json`` embeds a JSON schema) of a reply that is calls of
-    ``tools`` (OpenAI function tools) in ``fmt``'s syntax: one or more when ``several``, else exactly one."""
+    ``tools`` (OpenAI function tools) in ``fmt``'s syntax: one or more when ``several`` (and the syntax has a
+    separator), else exactly one."""
     syntax = SYNTAX[fmt.name]
     rules = []
     for i, tool in enumerate(tools):
         head = f'{syntax.call_start}{{"name": {json.dumps(tool["function"]["name"])}, "{syntax.arguments_key}": '
         rules.append(f"call_{i}: {_text(head, special)} args_{i} {_text('}' + syntax.call_end, special)}")
         rules.append(f"args_{i}: %json {json.dumps(arguments_schema(tool), ensure_ascii=False)}")
+    several = several and syntax.separator is not None
     calls = "call" + (f" ({_text(syntax.separator, special)} call)*" if several else "")
     opener = _text(syntax.opener, special) + " " if syntax.opener else ""
     closer = " " + _text(syntax.closer, special) if syntax.closer else ""
