@@ -93,6 +93,15 @@ def test_required_calls_tools_of_the_request(client, parallel):
     assert min(counts) >= 1 and (max(counts) > 1 if parallel else max(counts) == 1), counts
 
 
+def test_functions_named_like_choices_are_forced_by_name(client):
+    tools = [function(name, {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]})
+             for name in ("auto", "none", "required")]
+    for name in ("none", "auto"):
+        r = client.chat.completions.create(model=CHAT_MODEL, messages=user("x"), tools=tools, seed=1, max_tokens=100,
+                                           tool_choice={"type": "function", "function": {"name": name}})
+        assert [c.function.name for c in r.choices[0].message.tool_calls] == [name]
+
+
 def test_a_forced_call_streams_as_tool_call_chunks(tool_server):
     tool_server.scripted.reply = None
     tools = [function("get_weather", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}},
