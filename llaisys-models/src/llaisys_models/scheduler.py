@@ -266,6 +266,13 @@ class Scheduler:
         # rows after each drafted token
         counts = [len(drafts) + 1 if seq.pending == n else 0 for seq, n, drafts in plan]
         chunks = [(seq.kv, seq.tokens[len(seq.kv):len(seq.kv) + n] + drafts) for seq, n, drafts in plan]
+        # the grammar masks of the tokens this step draws depend on tokens drawn already: they are computed on the
+        # mask thread while the forward runs (vLLM overlaps its grammar bitmasks with the forward likewise)
+        for (seq, _, _), count in zip(plan, counts):
+            if count:
+                for constrained in (seq, *seq.forks):
+                    if constrained.matcher is not None:
+                        constrained.matcher.prepare()
         if self.batched:
             logits = self.model.forward_batch(self.pool, chunks, counts)
             rows = [logits.slice(0, r, r + 1) for r in range(sum(counts))]
