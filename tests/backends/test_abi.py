@@ -128,7 +128,7 @@ def _op_args(buffers, op, dtype, numerics):
         "penalize_logits": lambda: (dtype, 8, 2, f(8), index, buffers.upload(np.zeros((2, 2), np.int64)), None, 1.2,
                                     0.5, 0.5),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
-        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 8),
+        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8), f(2, 2, 8),
                                     f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
         "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
     }[op]()
@@ -188,7 +188,7 @@ def test_paged_attention_checks_its_index_data(on_device, case):
         f = lambda *shape: buffers.alloc(4 * int(np.prod(shape)))  # noqa: E731
         i32 = lambda values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
         status = on_device("paged_attention", 0, None, F32, CODES["LLAISYS_NUMERICS_EXACT"], 2, 1, 2, 1, 8, 8, 2, 2, 2,
-                           0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
+                           0, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
                            i32(query_start))
         on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
 

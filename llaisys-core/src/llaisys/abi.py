@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 4  # LLAISYS_API_VERSION
+API_VERSION = 5  # LLAISYS_API_VERSION
 
 
 class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>
@@ -136,10 +136,10 @@ OP_SLOTS: dict[str, list] = {
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
-    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
-    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
-    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
-    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window (0: none), scale,
+    # out [T,H,dv], q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32
+    # [num_seqs,max_blocks], seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
                         _p, _p, _p, _p, _p, _p, _p],
     # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
     "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],

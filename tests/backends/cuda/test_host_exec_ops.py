@@ -350,10 +350,10 @@ def paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=0, seed=
     return args, buffers, q, dense, starts
 
 
-def paged_attention(dev, dtype, args, buffers, scale):
+def paged_attention(dev, dtype, args, buffers, scale, window=0):
     T, H, dv = args[0], args[2], args[5]
     out = dev.empty((T, H, dv), dtype)
-    dev.op("paged_attention", CODE[dtype], 0, *args, scale, out, *buffers)
+    dev.op("paged_attention", CODE[dtype], 0, *args, window, scale, out, *buffers)
     return dev.download(out)
 
 
@@ -378,6 +378,33 @@ def test_paged_attention_matches_dense_attention(dev, dtype, case):
         if L:
             check(got[rows], attention_reference(q[rows], *dense[s], scale), dtype)
     assert (got[int(starts[-1]):] == 0).all()  # rows outside every sequence
+
+
+# sliding windows (query at position p sees keys p - window < j <= p): shorter than a cache block, longer than
+# one and than a tile of 64 keys, longer than every sequence
+WINDOWS = [(0, 3), (0, 5), (1, 40), (1, 400), (2, 7)]  # (PAGED case, window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_ids.get)
+@pytest.mark.parametrize("case,window", WINDOWS)
+def test_paged_attention_window_matches_dense_attention(dev, dtype, case, window):
+    """Keys before each query's window hold NaN (the caches are filled so): they must not be read at all."""
+    lens, (H, Hkv, d, dv), block_size = PAGED[case]
+    args, buffers, q, dense, starts = paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=2)
+    tables = dev.download(buffers[3])
+    k_cache, v_cache = dev.download(buffers[1]), dev.download(buffers[2])
+    for s, (L, S) in enumerate(lens):  # NaN wherever no query of the sequence looks
+        for j in range(max(0, S - L - window + 1)):
+            row = (int(tables[s, j // block_size]), j % block_size)
+            k_cache[row], v_cache[row] = float("nan"), float("nan")
+    buffers = (buffers[0], dev.upload(k_cache), dev.upload(v_cache), *buffers[3:])
+    scale = 1 / math.sqrt(d)
+    got = paged_attention(dev, dtype, args, buffers, scale, window)
+    for s, (L, _) in enumerate(lens):
+        rows = slice(int(starts[s]), int(starts[s + 1]))
+        if L:
+            check(got[rows], attention_reference(q[rows], *dense[s], scale, window), dtype)
+    assert (got[int(starts[-1]):] == 0).all()
 
 
 def test_paged_attention_a_sequence_alone_or_batched_bit_for_bit(dev):
@@ -414,7 +441,7 @@ def test_paged_attention_bad_index_data_is_reported(dev, case, named):
     else:
         starts = i32([0, 1, 5, 9, 6])  # not ascending
     out = dev.empty((args[0], H, dv), torch.float32)
-    dev.op("paged_attention", 0, 0, *args, 0.25, out, dq, dk, dv_, tables, seq_lens, starts)
+    dev.op("paged_attention", 0, 0, *args, 0, 0.25, out, dq, dk, dv_, tables, seq_lens, starts)
     with pytest.raises(SlotError) as info:
         dev.download(out)
     assert info.value.status == 1 and named in info.value.message, info.value.message

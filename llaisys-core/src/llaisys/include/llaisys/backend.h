@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 4
+#define LLAISYS_API_VERSION 5
 
 /* Status codes returned by every slot. */
 typedef enum llaisys_status {
@@ -318,8 +318,10 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 /* [op] Attention of a batch of sequences over their paged keys and values, in one call. Sequence s owns
  * the query rows [query_start[s], query_start[s + 1]) of q [T, H, d] and out [T, H, dv]: L_s = the row
  * count, the rows being its last L_s positions; its keys are positions [0, seq_lens[s]) through row s of
- * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i sees
- * key j iff j <= i + seq_lens[s] - L_s; GQA: head h reads kv head h / (H / Hkv). seq_lens and
+ * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i, at
+ * position p = i + seq_lens[s] - L_s, sees key j iff j <= p, and with window > 0 (sliding-window attention)
+ * only iff also j > p - window (the last `window` positions, its own included; window 0: no window). Key
+ * blocks wholly outside a query's window are skipped, not read. GQA: head h reads kv head h / (H / Hkv). seq_lens and
  * query_start are int32 [num_seqs] and [num_seqs + 1]. Rows of out outside every sequence are set to 0.
  * The kernel checks the data it reads (LLAISYS_INVALID_ARGUMENT, nothing read out of bounds):
  * 0 <= query_start[0] <= ... <= query_start[num_seqs] <= T, L_s <= seq_lens[s] <= max_blocks * block_size,
@@ -330,7 +332,7 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 LLAISYS_OP int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T,
                                            int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
                                            int64_t num_blocks, int64_t block_size, int64_t max_blocks,
-                                           double scale, void* out, const void* q, const void* k_cache,
+                                           int64_t window, double scale, void* out, const void* q, const void* k_cache,
                                            const void* v_cache, const void* block_tables, const void* seq_lens,
                                            const void* query_start);
 
