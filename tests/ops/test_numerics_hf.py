@@ -3,7 +3,8 @@
 The reference is torch running HF's own op sequence in the model dtype (the modules and functions HF's
 modeling_qwen2 calls), so the comparison is bit for bit where torch's op is deterministic:
 * rope: HF's Qwen2RotaryEmbedding (cos/sin in f32, rounded to the dtype) and apply_rotary_pos_emb;
-* swiglu: F.silu(gate) * up (silu in f32, rounded, then the product, rounded);
+* swiglu: F.silu(gate) * up (silu in f32, rounded, then the product, rounded); geglu_tanh likewise with
+  F.gelu(gate, approximate="tanh") (Gemma's MLP);
 * rms_norm: Qwen2RMSNorm (the exact mode already rounds there, so both modes must match it);
 * self_attention: F.scaled_dot_product_attention, which runs torch's CPU flash-attention kernel: P
   rounded to the dtype against the running max of 512-key blocks. torch computes exp with a ~20-bit
@@ -121,6 +122,32 @@ def test_rms_norm_hf_matches_hf(device, shape, dtype):
         got = to_torch(out)
         # the f32 mean of squares is summed in another order than torch's: 1 f32 ulp, rarely visible
         assert int((got != want).sum()) <= max(1, got.numel() // 1000), f"{numerics}: differs from HF's"
+
+
+# ---- geglu_tanh ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("n", [17, 4097, 8960 * 3])
+def test_geglu_tanh_hf_matches_hf(device, n, dtype):
+    """HF's Gemma3MLP: act_fn(gate_proj(x)) * up_proj(x), gelu_pytorch_tanh rounded to the dtype before the
+    product. torch computes x / 2 * (1 + tanh(z)) in f32, which cancels for negative gates (1 + tanh(z) is
+    ~1e-3 at -2.5, from a tanh good to 1 f32 ulp of 1): those values are off the function by what the dtype
+    resolves from -2.5 on in bf16, -2 in f16, and no other tanh reproduces them; llaisys computes the function
+    itself. Above, the rounding is HF's."""
+    gen = torch.Generator().manual_seed(n)
+    gate, up = rand((n,), dtype, gen, 3.0), rand((n,), dtype, gen)
+    got = {}
+    for numerics in ("hf", "exact"):
+        out = nan_filled((n,), dtype, device)
+        llaisys.ops.geglu_tanh(out, from_torch(gate, device), from_torch(up, device), numerics=numerics)
+        got[numerics] = to_torch(out)
+    want = F.gelu(gate, approximate="tanh") * up
+    well_conditioned = gate.float() > (-2.5 if dtype == llaisys.bfloat16 else -2.0)
+    mismatched = int((got["hf"] != want)[well_conditioned].sum())
+    assert mismatched <= (0 if dtype == llaisys.bfloat16 else max(1, n // 2000)), (
+        f"{mismatched} of {int(well_conditioned.sum())} differ from HF's")
+    if n > 1000:
+        assert int((got["exact"] != want).sum()) > 3 * int((got["hf"] != want).sum()), "hf rounds as exact does?"
 
 
 # ---- self_attention -----------------------------------------------------------------------------------
@@ -277,6 +304,7 @@ def test_f32_hf_is_exact(device):
     both(llaisys.ops.rope, (9, 4, 64), x, from_torch(torch.arange(9), device), rope_table(64, 1e6, device))
     g, u = from_torch(rand((1000,), f32, gen), device), from_torch(rand((1000,), f32, gen), device)
     both(llaisys.ops.swiglu, (1000,), g, u)
+    both(llaisys.ops.geglu_tanh, (1000,), g, u)
     q, k = from_torch(rand((1, 4, 64), f32, gen), device), from_torch(rand((700, 2, 64), f32, gen), device)
     both(llaisys.ops.self_attention, (1, 4, 64), q, k, k, 0.125)
 

@@ -130,8 +130,8 @@ OP_SLOTS: dict[str, list] = {
     "moe_combine": [c_int, _i64, _i64, _i64, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
-    # dtype, numerics, rows, dim, eps, out, x, weight
-    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, weight_dtype (dtype, or F32 with F16 / BF16), rows, dim, eps, out, x, weight
+    "rms_norm": [c_int, c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
     # dtype, numerics, seq, heads, head_dim, scale, out, x, pos_ids int64 [seq], inv_freq f32 [head_dim / 2]
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
@@ -154,6 +154,10 @@ OP_SLOTS: dict[str, list] = {
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
     # dtype, n, logits [n], chosen, temperature, k, top_ids int64 [k] or NULL, values f32 [k + 1]
     "logprobs": [c_int, _i64, _p, _i64, c_double, _i64, _p, _p],
+    # dtype, numerics, n, out, gate, up
+    "geglu_tanh": [c_int, c_int, _i64, _p, _p, _p],
+    # dtype, n, factor, out, x
+    "scale": [c_int, _i64, c_double, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

@@ -287,10 +287,12 @@ LLAISYS_OP int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, in
                                      void* dst, const int64_t* dst_strides, const void* src,
                                      const int64_t* src_strides);
 
-/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x (exactly);
- * no other overlap. */
-LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim,
-                                    double eps, void* out, const void* x, const void* weight);
+/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps), in f32 with r = 1 / sqrt(mean + eps).
+ * weight_dtype is dtype (HF's Llama / Qwen2 RMSNorm: y = x * r rounded to dtype, then y * weight rounded again)
+ * or LLAISYS_F32 with f16 / bf16 x (Gemma's RMSNorm, whose weight 1 + w is kept in f32: x * r * weight in f32,
+ * rounded once). out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int weight_dtype, int64_t rows,
+                                    int64_t dim, double eps, void* out, const void* x, const void* weight);
 
 /* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
  * [seq]; inv_freq f32 [head_dim / 2]: the angle of pair j at position p is a = f32(f32(p) * inv_freq[j]),
@@ -389,6 +391,18 @@ LLAISYS_OP int LLAISYS_FN(penalize_logits)(int device, void* stream, int dtype, 
  * LLAISYS_INVALID_ARGUMENT. The outputs share no memory with logits or each other. */
 LLAISYS_OP int LLAISYS_FN(logprobs)(int device, void* stream, int dtype, int64_t n, const void* logits,
                                     int64_t chosen, double temperature, int64_t k, void* top_ids, void* values);
+
+/* [op] out = up * gelu_tanh(gate) over n elements, gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715
+ * x^3))) (HF's gelu_pytorch_tanh, Gemma's MLP), in f32 and rounded once; LLAISYS_NUMERICS_HF rounds
+ * gelu_tanh(gate) to the dtype before the product, as HF's act_fn(gate) * up does in f16 / bf16. out may be
+ * gate or up (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(geglu_tanh)(int device, void* stream, int dtype, int numerics, int64_t n, void* out,
+                                      const void* gate, const void* up);
+
+/* [op] out = x * factor over n elements (Gemma's embedding scale), in f32 with factor rounded to f32, then
+ * rounded once to dtype. out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(scale)(int device, void* stream, int dtype, int64_t n, double factor, void* out,
+                                 const void* x);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
