@@ -10,7 +10,6 @@ from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import F32_MAX, NUMERICS
 from .int8 import INT8_GROUP, int8_shapes
 
-
 _embedding = new_plans()
 
 
