@@ -22,6 +22,7 @@ from .config import ModelConfig
 from .decode_graph import DecodeGraphs
 from .generation import GenerationMixin
 from .kv_cache import KVPool, KVShape
+from .loading import KERNELS
 from .numerics import resolve as resolve_numerics
 from .step_inputs import Batch, StepInputs, step_inputs
 from .text import TextMixin
@@ -87,11 +88,14 @@ class CausalLM(GenerationMixin, TextMixin):
         self.set_rope()
 
     def set_rope(self) -> None:
-        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale."""
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale; and where
+        the sliding layers have a rope base of their own (Gemma 3), their plain table ``local_rope_inv_freq``."""
         c = self.config
         inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
                                                        c.max_position_embeddings)
         self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
+        self.local_rope_inv_freq = None if c.rope_local_theta is None else llaisys.from_numpy(
+            llaisys.ops.rope_inv_freq(c.head_dim, c.rope_local_theta), self.device)
 
     def __repr__(self) -> str:
         c = self.config
@@ -100,6 +104,8 @@ class CausalLM(GenerationMixin, TextMixin):
                 f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
     # -- what the family provides ------------------------------------------------------
+
+    KERNELS = KERNELS  # the ops its forward calls (loading.py refuses a device whose backend lacks one)
 
     def activations(self) -> dict[str, tuple]:
         """Name -> shape (after the row dimension) of each work buffer ``_run_step`` uses."""
@@ -110,23 +116,32 @@ class CausalLM(GenerationMixin, TextMixin):
         of the rows ``step.logit_rows`` names (every row when None)."""
         raise NotImplementedError
 
+    def _logits(self, x: llaisys.Tensor, step: StepInputs) -> llaisys.Tensor:
+        """The logits of the rows of the residual stream x that ``step.logit_rows`` names (every row when None):
+        the final RMSNorm, then the lm_head."""
+        if step.logit_rows is not None:
+            last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
+            llaisys.ops.embedding(last, step.logit_rows, x)  # gathers the rows
+            x = last
+        c, n = self.config, x.shape[0]
+        normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
+        logits = llaisys.empty((n, c.vocab_size), self.dtype, self.device)
+        quantization.linear(logits, normed, self.weights.lm_head)
+        return logits
+
     # -- limits and inputs ------------------------------------------------------------
 
     @property
     def context_length(self) -> int:
         """The most positions (prompt + new tokens) one sequence may take."""
-        window = self.config.sliding_window
-        return min(self.config.max_position_embeddings, window or self.config.max_position_embeddings)
+        return self.config.max_position_embeddings
 
     def check_length(self, total: int) -> None:
         limit = self.config.max_position_embeddings
         if total > limit:
             raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
                                             f"max_position_embeddings = {limit}")
-        window = self.config.sliding_window
-        if window is not None and total > window:
-            raise llaisys.LlaisysValueError(f"{total} positions exceed the sliding window of {window}, which "
-                                            f"llaisys does not implement")
 
     def check_input_ids(self, input_ids) -> list[int]:
         """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""

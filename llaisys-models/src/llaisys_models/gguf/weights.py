@@ -30,7 +30,7 @@ from .reader import GGUFFile
 
 TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 LAYER_NAMES = {
-    "input_norm": "attn_norm.weight", "post_norm": "ffn_norm.weight",
+    "input_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight",
     "q_proj": "attn_q.weight", "k_proj": "attn_k.weight", "v_proj": "attn_v.weight", "o_proj": "attn_output.weight",
     "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
