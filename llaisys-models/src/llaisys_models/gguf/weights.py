@@ -8,7 +8,8 @@ are dropped, so the load peaks at the decoded weights plus one tensor's stored b
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
 head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
-those rows back in HF order. Qwen2 files are written unpermuted.
+those rows back in HF order. Qwen2 files are written unpermuted. Gemma 3's norms are stored as
+1 + w (the converter adds the 1), which is what the model wants, in float32 (weights.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
 from ..quantize import Int8Weight, int8_weight
-from ..weights import LINEARS, Weights, layer_weights, plan
+from ..weights import LINEARS, NORMS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
 
@@ -36,6 +37,7 @@ LAYER_NAMES = {
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
     "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post_ffw_norm.weight",  # Gemma
     # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
     "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
     "experts_down": "ffn_down_exps.weight",
@@ -184,6 +186,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
             if quantize is not None and field in LINEARS:
                 tensor = quantized(f, name, shape, device, rows)
+            elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
+                tensor = materialize(f, name, shape, llaisys.float32, device, rows)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)
