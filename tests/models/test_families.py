@@ -17,10 +17,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType
 from test_gguf import hf_reference
 
 import llaisys_models
-from gguf_files import write_gguf
+from gguf_files import write_gguf, write_tiny_gguf
+from llaisys_models import ModelLoadError
+from llaisys_models.gguf.config import model_config
+from llaisys_models.gguf.reader import GGUFFile
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 from tiny_models import SPECS, Spec, make_checkpoint, prompt
 
@@ -128,3 +132,36 @@ def test_gemma3_gguf_file_is_its_directory(tmp_path, device):
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(from_gguf, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # layers as Gemma 3's releases have them (every 6th global: here all 3 slide): no pattern key in the file,
+    # llama.cpp's default read
+    spec = dataclasses.replace(spec, window_pattern=6)
+    directory = make_checkpoint(tmp_path / "gemma3-6", spec)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    f = GGUFFile(write_gguf(hf, directory, tmp_path / "gemma3-6.gguf", Q.F32))
+    assert "gemma3.attention.sliding_window_pattern" not in f.metadata
+    assert model_config(f).sliding_layers == (0, 1, 2)
+
+
+V = GGUFValueType
+WINDOW = "qwen2.attention.sliding_window"
+
+
+@pytest.mark.parametrize("extra, window, layers", [
+    ({}, None, ()),
+    ({WINDOW: 0}, None, ()),  # (Phi-3's converter writes 0 for none)
+    ({WINDOW: 8}, 8, (0, 1, 2)),  # every layer (Phi-3; HF's Mistral)
+    ({WINDOW: 8, "qwen2.attention.sliding_window_pattern": 3}, 8, (0, 1)),  # i % 3 < 2 (llama.cpp's n)
+    ({WINDOW: 8, "qwen2.attention.sliding_window_pattern": ([False, True, True], V.ARRAY, V.BOOL)}, 8, (1, 2)),
+])
+def test_gguf_sliding_window_metadata(tmp_path, extra, window, layers):
+    f = GGUFFile(write_tiny_gguf(tmp_path / "w.gguf", layers=3, extra=extra))
+    c = model_config(f)
+    assert (c.sliding_window, c.sliding_layers) == (window, layers)
+
+
+def test_gguf_sliding_window_pattern_of_the_wrong_length(tmp_path):
+    pattern = ([True, False], V.ARRAY, V.BOOL)
+    f = GGUFFile(write_tiny_gguf(tmp_path / "w.gguf", layers=3, extra={WINDOW: 8,
+                                                                      "qwen2.attention.sliding_window_pattern": pattern}))
+    with pytest.raises(ModelLoadError, match="sliding_window_pattern must hold one true/false per layer"):
+        model_config(f)
