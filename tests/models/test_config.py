@@ -92,6 +92,13 @@ GEMMA3 = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num
               hidden_size=640, num_attention_heads=4, num_key_value_heads=1)
 
 
+def test_multimodal_gemma3_is_refused_by_name(tmp_path):
+    write(tmp_path, json.dumps({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                                "text_config": {"hidden_size": 2560}}))
+    with pytest.raises(ModelLoadError, match="'Gemma3ForConditionalGeneration' .*vision tower.*Gemma3ForCausalLM"):
+        ModelConfig.from_file(tmp_path, supported={"Gemma3ForCausalLM"})
+
+
 def test_gemma3_sliding_layers_need_a_window():
     with pytest.raises(ModelLoadError, match="layer 0 a sliding_attention layer, but sliding_window is null"):
         ModelConfig.from_dict(dict(BASE, **GEMMA3, sliding_window=None))  # (null, not absent: HF's default 4096)

@@ -78,6 +78,8 @@ class ModelConfig:
         raw = read_json_object(path)
         try:
             if supported is not None and (arch := architecture(raw)) not in supported:
+                if arch in REFUSED:
+                    raise ModelLoadError(f"architecture {arch!r} {REFUSED[arch]}")
                 named = repr(arch) if arch else f"(none; model_type {shown(raw.get('model_type'))})"
                 raise ModelLoadError(f"architecture {named} is not supported; llaisys_models runs "
                                      f"{', '.join(sorted(supported))}")
@@ -158,6 +160,10 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+
+# architectures of a known family that llaisys does not run, and why
+REFUSED = {"Gemma3ForConditionalGeneration": "(Gemma 3 with its vision tower) is not supported: llaisys runs Gemma 3's "
+                                           "text model, Gemma3ForCausalLM (gemma-3-1b and the text-only checkpoints)"}
 
 _DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
