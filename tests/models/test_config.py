@@ -110,7 +110,7 @@ def test_gemma3_fields():
     c = config(**GEMMA3)
     assert windows(c) == [4096] * 5 + [0, 4096]
     assert (c.rope_theta, c.rope_local_theta, c.attention_scale) == (1e6, 1e4, 256 ** -0.5)
-    assert c.tie_word_embeddings and c.mlp_activation == "gelu_tanh" and c.qk_norm and c.sandwich_norms
+    assert c.tie_word_embeddings and c.qk_norm and c.sandwich_norms
     assert c.norm_offset == 1.0 and c.max_position_embeddings == 4096  # (BASE sets it)
     c = config(**GEMMA3, sliding_window=512, sliding_window_pattern=2, query_pre_attn_scalar=168,
                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},

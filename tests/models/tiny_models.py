@@ -100,8 +100,8 @@ SPECS = {
                            sliding_window=60, max_window_layers=1),
         # Gemma 3: sliding (window 24, rope base 1e4) and global (1e6) layers alternating, (1 + w) norms around
         # both blocks, GeGLU, q/k norms, embeddings times sqrt(80) (8.9375 in bf16), query_pre_attn_scalar 24
-        # != head_dim 32; the vocabulary is the tokenizer's (llama.cpp's converter drops embedding rows past it)
-        "gemma3": Spec(arch="gemma3", vocab=257, hidden=80, inter=160, layers=3, heads=4, kv_heads=2, head_dim=32,
+        # != head_dim 32
+        "gemma3": Spec(arch="gemma3", vocab=320, hidden=80, inter=160, layers=3, heads=4, kv_heads=2, head_dim=32,
                        tie=True, rope_theta=1e6, sliding_window=24, window_pattern=2, query_pre_attn_scalar=24,
                        seed=12),
     }.items() for dtype in ("f32", "bf16")},

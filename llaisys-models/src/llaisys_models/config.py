@@ -49,7 +49,6 @@ class ModelConfig:
     rope_local_theta: float | None = None  # Gemma 3: the plain rope base of the sliding layers (None: rope_theta's)
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and of k, before rope
     fused_projections: bool = False  # Phi-3: q/k/v in one qkv_proj, gate/up in one gate_up_proj (weights.py)
-    mlp_activation: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
     query_pre_attn_scalar: float | None = None  # Gemma: attention scores times query_pre_attn_scalar^-1/2
     sandwich_norms: bool = False  # Gemma: RMSNorms of the attention's and the MLP's outputs too (weights.py)
     norm_offset: float = 0.0  # Gemma: every RMSNorm multiplies by norm_offset + w (1 + w; weights.py keeps it f32)
@@ -111,6 +110,7 @@ class ModelConfig:
         is_qwen2 = model_type == "qwen2" or architecture_name.startswith("Qwen2")
         layers = _int(raw, "num_hidden_layers")
         window, sliding_layers = _sliding_window(raw, model_type, layers)
+        _check_activation(raw, model_type)
         attention_bias = _bool(raw, "attention_bias")
         return cls(
             architecture=architecture_name,
@@ -137,7 +137,6 @@ class ModelConfig:
             sliding_layers=sliding_layers,
             qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             fused_projections=model_type == "phi3",
-            mlp_activation=_activation(raw, model_type),
             **(_gemma3(raw) if gemma else {}),
             dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
             **_experts(raw, model_type, layers),
@@ -382,18 +381,18 @@ def _layer_types(raw: dict, model_type: str, layers: int, window) -> list[str]:
     return kinds
 
 
-def _activation(raw: dict, model_type: str) -> str:
-    """The MLP gate's activation: SiLU (hidden_act), or for Gemma 3 the tanh GELU (hidden_activation)."""
+def _check_activation(raw: dict, model_type: str) -> None:
+    """The MLP gate's activation the family's model file computes: SiLU (hidden_act), or for Gemma 3 the tanh
+    GELU (hidden_activation)."""
     if model_type == "gemma3_text":
         act = raw.get("hidden_activation", raw.get("hidden_act", "gelu_pytorch_tanh"))
         if act != "gelu_pytorch_tanh":
             raise ModelLoadError(f"config field 'hidden_activation' is {shown(act)}; Gemma 3 runs gelu_pytorch_tanh "
                                  f"(a GeGLU MLP with the tanh GELU)")
-        return "gelu_tanh"
+        return
     act = raw.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
-    return "silu"
 
 
 def _gemma3(raw: dict) -> dict:
