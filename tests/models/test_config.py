@@ -182,6 +182,7 @@ def test_rope_scaling_forms(raw, kind):
     (dict(tie_word_embeddings="false"), "'tie_word_embeddings' must be true or false, got 'false'"),
     (dict(attention_bias=1), "attention_bias"),
     (dict(use_sliding_window="true"), "use_sliding_window"),
+    (dict(num_hidden_layers=10**9), "'num_hidden_layers' = 1000000000 is more than llaisys runs"),
     (dict(use_sliding_window=True, max_window_layers="2"), "max_window_layers"),
     (dict(use_sliding_window=True, layer_types=["full_attention"]), "'layer_types' names 1 layers, but "
                                                                     "num_hidden_layers is 2"),

@@ -19,6 +19,7 @@ from .rope_scaling import SUPPORTED as ROPE_TYPES
 from .rope_scaling import RopeScaling
 
 DEFAULT_ROPE_THETA = 10000.0
+MAX_LAYERS = 1 << 20  # a bound for corrupt counts (the largest models have ~130 layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,8 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope(raw, DEFAULT_GEMMA_ROPE_THETA if gemma else DEFAULT_ROPE_THETA)
         is_qwen2 = model_type == "qwen2" or architecture_name.startswith("Qwen2")
         layers = _int(raw, "num_hidden_layers")
+        if layers > MAX_LAYERS:  # (the per-layer lists below would be built before the checkpoint is counted)
+            raise ModelLoadError(f"config field 'num_hidden_layers' = {layers} is more than llaisys runs ({MAX_LAYERS})")
         window, sliding_layers = _sliding_window(raw, model_type, layers)
         _check_activation(raw, model_type)
         attention_bias = _bool(raw, "attention_bias")
@@ -350,6 +353,8 @@ def _sliding_window(raw: dict, model_type: str, layers: int) -> tuple[int | None
         return None, ()
     if model_type != "gemma3_text" and not _bool(raw, "use_sliding_window"):
         window = None  # (Qwen2Config: sliding_window = sliding_window if use_sliding_window else None)
+        if raw.get("layer_types") is None:
+            return None, ()
     sliding = tuple(i for i, kind in enumerate(_layer_types(raw, model_type, layers, window))
                     if kind == "sliding_attention")
     if sliding and window is None:
