@@ -29,7 +29,8 @@ def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
     (int32 [num_seqs, max_blocks]). Query i of a sequence with L rows and S keys, at position
     p = i + S - L, sees key j iff j <= p (as ``self_attention``) and, with a ``window`` (sliding-window
     attention; None or 0: none), iff also j > p - window: its last ``window`` positions, as HF transformers
-    masks them. Keys outside every query's window are not read. Head h reads kv head h // (H / Hkv). seq_lens int32
+    masks them. The keys before the window of a sequence's first query row (less the ≤ 64 keys of a kernel's
+    key block) are not read: a decode step costs the window. Head h reads kv head h // (H / Hkv). seq_lens int32
     [num_seqs], query_start int32 [num_seqs + 1]. Rows outside every sequence are set to 0. The
     kernel checks the index data it reads (offsets, lengths, block ids) and raises on bad values.
     out may be q itself; no other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``; ``self_attention``
