@@ -87,9 +87,10 @@ class Paged:
                 out[a:b] = reference(self.q[a:b], self.keys[s], self.values[s], self.scale, self.window)
         return out
 
-    def poison_before_windows(self, margin=64) -> None:
+    def poison_before_windows(self, margin=63) -> None:
         """NaN in the cache rows more than ``margin`` keys before the window of each sequence's first query
-        row (backend.h: a kernel never reads those; the expected values do not use them)."""
+        row (backend.h: a kernel never reads those, its key blocks being at most 64 keys; the expected values
+        do not use them)."""
         for s, (L, S) in enumerate(self.seqs):
             first = S - L - self.window + 1
             for j in range(max(0, first - margin)):
@@ -191,7 +192,7 @@ WINDOW_CASES = {
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("case", WINDOW_CASES.values(), ids=WINDOW_CASES.keys())
 def test_window_matches_reference(device, dtype, case):
-    """Each query sees its last `window` keys only, and nothing more than 64 keys before its sequence's first
+    """Each query sees its last `window` keys only, and nothing more than 63 keys before its sequence's first
     query's window is read (those rows are NaN here)."""
     seqs, H, Hkv, d, dv, bs, window = case
     paged = Paged(seqs, H, Hkv, d, dv, bs, dtype, device, lead=2, tail=3, window=window)

@@ -322,8 +322,9 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
  * count, the rows being its last L_s positions; its keys are positions [0, seq_lens[s]) through row s of
  * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i, at
  * position p = i + seq_lens[s] - L_s, sees key j iff j <= p, and with window > 0 (sliding-window attention)
- * only iff also j > p - window (the last `window` positions, its own included; window 0: no window). Key
- * blocks wholly outside a query's window are skipped, not read. GQA: head h reads kv head h / (H / Hkv). seq_lens and
+ * only iff also j > p - window (the last `window` positions, its own included; window 0: no window). The keys
+ * before the window of a sequence's first query row, less at most 63 (a kernel's block of 64 keys), are not
+ * read, so a decode step costs the window. GQA: head h reads kv head h / (H / Hkv). seq_lens and
  * query_start are int32 [num_seqs] and [num_seqs + 1]. Rows of out outside every sequence are set to 0.
  * The kernel checks the data it reads (LLAISYS_INVALID_ARGUMENT, nothing read out of bounds):
  * 0 <= query_start[0] <= ... <= query_start[num_seqs] <= T, L_s <= seq_lens[s] <= max_blocks * block_size,
