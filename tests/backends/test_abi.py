@@ -114,11 +114,13 @@ def _op_args(buffers, op, dtype, numerics):
         # weight int8 [3, 4], scales bf16 [1, 3] (as raw 16-bit words)
         "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((3, 4), np.int8)),
                               buffers.upload(np.full((1, 3), 0x3f80, np.uint16)), None),
-        "rms_norm": lambda: (dtype, numerics, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
+        "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
+        "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
         "self_attention": lambda: (dtype, numerics, 2, 2, 2, 1, 8, 8, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 1, 8),
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
+        "geglu_tanh": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "moe_router": lambda: (dtype, 2, 4, 2, 1, f(2, 2), buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4)),
         "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),
                                buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
@@ -130,14 +132,14 @@ def _op_args(buffers, op, dtype, numerics):
         "penalize_logits": lambda: (dtype, 8, 2, f(8), index, buffers.upload(np.zeros((2, 2), np.int64)), None, 1.2,
                                     0.5, 0.5),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
-        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 8),
+        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8), f(2, 2, 8),
                                     f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
         "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
     }[op]()
 
 
 DTYPE_OPS = [op for op in OPS if SLOTS[op].argtypes[2] is ctypes.c_int and op != "rearrange"]
-NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu", "paged_attention"]
+NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu", "geglu_tanh", "paged_attention"]
 
 
 @pytest.mark.parametrize("op", DTYPE_OPS)
@@ -190,7 +192,7 @@ def test_paged_attention_checks_its_index_data(on_device, case):
         f = lambda *shape: buffers.alloc(4 * int(np.prod(shape)))  # noqa: E731
         i32 = lambda values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
         status = on_device("paged_attention", 0, None, F32, CODES["LLAISYS_NUMERICS_EXACT"], 2, 1, 2, 1, 8, 8, 2, 2, 2,
-                           0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
+                           0, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
                            i32(query_start))
         on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
 

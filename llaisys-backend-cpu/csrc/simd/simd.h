@@ -28,7 +28,7 @@
 //   masks: V::Mask (one per lane) from isnan_mask / eq_mask / lt_mask / gt_mask / ge_mask / V::first(n),
 //   combined with | and &, consumed by select(m, if_true, if_false) and bits(m) (bit i = lane i);
 //   reduce_add_each(const Vec8 (&a)[8]) (lane j = sum of a[j]).
-// Below: scalar conversions (to_f32, from_f32<T>), hold_in_register, vexp, convert, with_float_type, map2.
+// Below: scalar conversions (to_f32, from_f32<T>), hold_in_register, vexp, convert, with_float_type, map2, map1.
 #pragma once
 
 #include <cmath>
@@ -209,6 +209,12 @@ inline void map2(int64_t n, T* out, const T* a, const T* b, F f) {
             }
         }
     }, n >= kParallelGrain);
+}
+
+// out[i] = f(a[i]): map2 with one input (its second load of a hits L1).
+template <class T, class F>
+inline void map1(int64_t n, T* out, const T* a, F f) {
+    map2(n, out, a, a, [&f](Vec x, Vec) { return f(x); });
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 4  # LLAISYS_API_VERSION
+API_VERSION = 5  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
 
@@ -142,16 +142,16 @@ OP_SLOTS: dict[str, list] = {
     "moe_combine": [c_int, _i64, _i64, _i64, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
-    # dtype, numerics, rows, dim, eps, out, x, weight
-    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, weight_dtype (dtype, or F32 with F16 / BF16), rows, dim, eps, out, x, weight
+    "rms_norm": [c_int, c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
     # dtype, numerics, seq, heads, head_dim, scale, out, x, pos_ids int64 [seq], inv_freq f32 [head_dim / 2]
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
-    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
-    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
-    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
-    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window (0: none), scale,
+    # out [T,H,dv], q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32
+    # [num_seqs,max_blocks], seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
                         _p, _p, _p, _p, _p, _p, _p],
     # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
     "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
@@ -166,6 +166,10 @@ OP_SLOTS: dict[str, list] = {
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
     # dtype, n, logits [n], chosen, temperature, k, top_ids int64 [k] or NULL, values f32 [k + 1]
     "logprobs": [c_int, _i64, _p, _i64, c_double, _i64, _p, _p],
+    # dtype, numerics, n, out, gate, up
+    "geglu_tanh": [c_int, c_int, _i64, _p, _p, _p],
+    # dtype, n, factor, out, x
+    "scale": [c_int, _i64, c_double, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

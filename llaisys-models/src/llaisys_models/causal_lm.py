@@ -22,9 +22,11 @@ from .config import ModelConfig
 from .decode_graph import DecodeGraphs
 from .generation import GenerationMixin
 from .kv_cache import KVPool, KVShape
+from .loading import KERNELS
 from .numerics import resolve as resolve_numerics
 from .step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
 from .text import TextMixin
+from .tensor_parallel.vocab import gather_vocab
 from .weights import Weights
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
@@ -93,11 +95,14 @@ class CausalLM(GenerationMixin, TextMixin):
         self.set_rope()
 
     def set_rope(self) -> None:
-        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale."""
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale; and where
+        the sliding layers have a rope base of their own (Gemma 3), their plain table ``local_rope_inv_freq``."""
         c = self.config
         inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
                                                        c.max_position_embeddings)
         self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
+        self.local_rope_inv_freq = None if c.rope_local_theta is None else llaisys.from_numpy(
+            llaisys.ops.rope_inv_freq(c.head_dim, c.rope_local_theta), self.device)
 
     def __repr__(self) -> str:
         c = self.config
@@ -109,6 +114,8 @@ class CausalLM(GenerationMixin, TextMixin):
 
     # -- what the family provides ------------------------------------------------------
 
+    KERNELS = KERNELS  # the ops its forward calls (loading.py refuses a device whose backend lacks one)
+
     def activations(self) -> dict[str, tuple]:
         """Name -> shape (after the row dimension) of each work buffer ``_run_step`` uses."""
         raise NotImplementedError
@@ -118,23 +125,32 @@ class CausalLM(GenerationMixin, TextMixin):
         of the rows ``step.logit_rows`` names (every row when None)."""
         raise NotImplementedError
 
+    def _logits(self, x: llaisys.Tensor, step: StepInputs) -> llaisys.Tensor:
+        """The logits of the rows of the residual stream x that ``step.logit_rows`` names (every row when None):
+        the final RMSNorm, then the lm_head."""
+        if step.logit_rows is not None:
+            last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
+            llaisys.ops.embedding(last, step.logit_rows, x)  # gathers the rows
+            x = last
+        c, n = self.config, x.shape[0]
+        normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
+        logits = llaisys.empty((n, self.weights.lm_head.shape[0]), self.dtype, self.device)  # this rank's vocab rows
+        quantization.linear(logits, normed, self.weights.lm_head)
+        return gather_vocab(logits, c.vocab_size, self.group)
+
     # -- limits and inputs ------------------------------------------------------------
 
     @property
     def context_length(self) -> int:
         """The most positions (prompt + new tokens) one sequence may take."""
-        window = self.config.sliding_window
-        return min(self.config.max_position_embeddings, window or self.config.max_position_embeddings)
+        return self.config.max_position_embeddings
 
     def check_length(self, total: int) -> None:
         limit = self.config.max_position_embeddings
         if total > limit:
             raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
                                             f"max_position_embeddings = {limit}")
-        window = self.config.sliding_window
-        if window is not None and total > window:
-            raise llaisys.LlaisysValueError(f"{total} positions exceed the sliding window of {window}, which "
-                                            f"llaisys does not implement")
 
     def check_input_ids(self, input_ids) -> list[int]:
         """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""

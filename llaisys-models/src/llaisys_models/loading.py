@@ -23,7 +23,7 @@ from .safetensors import Checkpoint
 from .weights import FLOAT_WEIGHTS, default_dtype, load_weights
 
 # Every op a forward, the paged KV cache and sampling call: a device whose backend lacks one cannot run the
-# model (there is no second, unpaged code path).
+# model (there is no second, unpaged code path). A family that calls more says so (its class's KERNELS).
 KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_attention", "swiglu", "add",
            "rearrange", "argmax", "sample")
 
@@ -77,7 +77,7 @@ def read_directory(path, device=None, dtype=None, *, progress: bool | None = Non
     quantize = quantization.resolve(quantize)
     path = model_directory(resolve(path))
     config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
-    device = pick_device(device, quantize)
+    device = pick_device(device, quantize, MODEL_CLASSES[config.architecture].KERNELS)
     if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
         mmap = device.type != "cpu" or quantize is not None
     checkpoint = Checkpoint(path, mapped=mmap)
@@ -98,22 +98,22 @@ def float_dtype(dtype) -> llaisys.DType:
     return dtype
 
 
-def missing_kernels(device: llaisys.Device) -> list[str]:
-    return [op for op in KERNELS if not llaisys.ops.implemented(op, device)]
+def missing_kernels(device: llaisys.Device, kernels=KERNELS) -> list[str]:
+    return [op for op in kernels if not llaisys.ops.implemented(op, device)]
 
 
-def pick_device(device, quantize: str | None = None) -> llaisys.Device:
-    """The device asked for, or (None) the best available one whose backend runs every op of KERNELS (and
-    the quantized linear when ``quantize`` asks for one)."""
+def pick_device(device, quantize: str | None = None, kernels=KERNELS) -> llaisys.Device:
+    """The device asked for, or (None) the best available one whose backend runs every op of ``kernels`` (the
+    model class's KERNELS; and the quantized linear when ``quantize`` asks for one)."""
     if device is None:
         devices = llaisys.available_devices()
         if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
             raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
-        able = [d for d in devices if not missing_kernels(d) and not quantization.missing_kernels(d, quantize)]
+        able = [d for d in devices if not missing_kernels(d, kernels) and not quantization.missing_kernels(d, quantize)]
         device = able[0] if able else devices[0]  # none able: the best one's error below
     device = as_device(device)
     llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
-    missing = missing_kernels(device)
+    missing = missing_kernels(device, kernels)
     if missing:
         raise llaisys.BackendUnavailableError(
             f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs (its KV "

@@ -39,7 +39,7 @@ class SparseMlp(Qwen2):
         if w.experts is None:  # a dense layer (Qwen3-MoE's mlp_only_layers, decoder_sparse_step)
             return super()._mlp(w, ws)
         c, ops, e = self.config, llaisys.ops, w.experts
-        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps, self.numerics)
+        ops.rms_norm(ws.h, ws.x, w.mlp_norm, c.rms_norm_eps, self.numerics)
         ops.linear(ws.router_logits, ws.h, e.router)
         ops.moe_router(ws.route_weights, ws.route_experts, ws.router_logits, c.norm_topk_prob)
         ops.moe_linear(ws.expert_gate, ws.h, e.gate, ws.route_experts)

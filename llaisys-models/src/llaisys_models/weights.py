@@ -5,12 +5,20 @@ bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dt
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
 once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` the
 linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file.
+
+Gemma's RMSNorms multiply by 1 + w (``config.norm_offset``): the norm weights (NORMS) are then loaded as
+f32(w) + 1 in float32, whatever the model dtype, which is what HF computes (``1.0 + self.weight.float()``):
+the rms_norm op takes an f32 weight for f16 / bf16 activations as Gemma's norm (rounded once), so f32 models
+are bit-exact and bf16 ones round where HF does. (Folding 1 + w into a bf16 weight would move it by up to
+half a bf16 ulp of 1 + w, 2^-9, more than the activations' rounding.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+
+import numpy as np
 
 import llaisys
 
@@ -27,6 +35,8 @@ FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
 # biases stay in the model dtype)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+# the RMSNorm weights (of a layer, and the final "norm")
+NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm")
 
 Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, or int8 (quantize.py)
 
@@ -42,18 +52,20 @@ class ExpertWeights:
 
 @dataclasses.dataclass
 class LayerWeights:
-    input_norm: llaisys.Tensor
+    input_norm: llaisys.Tensor  # of the attention's input
     q_proj: Linear
     k_proj: Linear
     v_proj: Linear
     o_proj: Linear
-    post_norm: llaisys.Tensor
+    mlp_norm: llaisys.Tensor  # of the MLP's input (HF: post_attention_layernorm; Gemma: pre_feedforward_layernorm)
     gate_proj: Linear | None = None  # (None in a mixture-of-experts layer: its MLP is `experts`)
     up_proj: Linear | None = None
     down_proj: Linear | None = None
     experts: ExpertWeights | None = None
-    q_norm: llaisys.Tensor | None = None  # Qwen3: RMSNorm weights [head_dim] of each q head, each k head
+    q_norm: llaisys.Tensor | None = None  # Qwen3, Gemma 3: RMSNorm weights [head_dim] of each q head, each k head
     k_norm: llaisys.Tensor | None = None
+    attn_out_norm: llaisys.Tensor | None = None  # Gemma: of the attention's output (post_attention_layernorm)
+    mlp_out_norm: llaisys.Tensor | None = None  # Gemma: of the MLP's output (post_feedforward_layernorm)
     q_bias: llaisys.Tensor | None = None
     k_bias: llaisys.Tensor | None = None
     v_bias: llaisys.Tensor | None = None
@@ -104,14 +116,15 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
             "k_proj": (p + "self_attn.k_proj.weight", (c.kv_size, c.hidden_size)),
             "v_proj": (p + "self_attn.v_proj.weight", (c.kv_size, c.hidden_size)),
             "o_proj": (p + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),
-            "post_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
+            "mlp_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
             "gate_proj": (p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
             "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
             "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
         }
-        if c.qk_norm:
-            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
-            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
+        if c.sandwich_norms:  # Gemma: a norm after the attention and after the MLP too
+            layer["mlp_norm"] = (p + "pre_feedforward_layernorm.weight", (c.hidden_size,))
+            layer["attn_out_norm"] = (p + "post_attention_layernorm.weight", (c.hidden_size,))
+            layer["mlp_out_norm"] = (p + "post_feedforward_layernorm.weight", (c.hidden_size,))
         if i in c.sparse_layers:
             for name in ("gate_proj", "up_proj", "down_proj"):
                 del layer[name]
@@ -298,10 +311,21 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
+        def get_norm(spec):  # Gemma: 1 + w in f32 (see the top)
+            info = infos[spec[0]]
+            weight = info.file.array(info).astype(np.float32) + np.float32(config.norm_offset)
+            bar.update(info.nbytes)
+            return llaisys.from_numpy(weight, device)
+
+        def getter(field):
+            if field in LINEARS:
+                return get_linear
+            return get_norm if field in NORMS and config.norm_offset else get
+
         def get_field(field, spec):
             part = layout.part(field, config) if layout is not None else None
             if part is None:
-                return (get_linear if field in LINEARS else get)(spec)
+                return getter(field)(spec)
             if part == DROP:
                 return None
             return get_part(field, spec, part)
@@ -324,6 +348,6 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
 
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
-        norm = get(top["norm"])
+        norm = getter("norm")(top["norm"])
         lm_head = get_field("lm_head", top.get("lm_head", top["embed_tokens"]))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

@@ -97,7 +97,7 @@ def test_graph_replays_the_captured_ops_with_the_current_data(dev):
     token = dev.empty((1,), torch.int64, -1)
 
     def step(s):
-        dev.call("rms_norm", 0, s, 0, 0, 1, dim, 1e-6, h.ptr, x.ptr, w_norm.ptr)
+        dev.call("rms_norm", 0, s, 0, 0, 0, 1, dim, 1e-6, h.ptr, x.ptr, w_norm.ptr)
         dev.call("self_attention", 0, s, 0, 0, 1, 9, 2, 2, dim // 2, dim // 2, 0.5, att.ptr, h.ptr, kv.ptr, kv.ptr)
         dev.call("linear", 0, s, 0, 1, vocab, dim, logits.ptr, att.ptr, w_head.ptr, None)
         dev.call("sample", 0, s, 0, vocab, token.ptr, logits.ptr, 0.8, 5, 0.9, 1234)

@@ -36,12 +36,13 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     arch = architecture(f)
     config = model_config(f)
     top, layers = tensor_plan(f, config)
-    device = pick_device(device, quantize)
+    cls = MODEL_CLASSES[config.architecture]
+    device = pick_device(device, quantize, cls.KERNELS)
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize,
                            layout=layout)
     local = config if layout is None else layout.local_config(config)
-    return MODEL_CLASSES[config.architecture].from_weights(f.path, local, weights, device=device, dtype=dtype,
+    return cls.from_weights(f.path, local, weights, device=device, dtype=dtype,
                                                            eos_token_ids=config.eos_token_ids, source=f,
                                                            numerics=numerics, quantize=quantize, group=group)
 

@@ -8,7 +8,8 @@ are dropped, so the load peaks at the decoded weights plus one tensor's stored b
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
 head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
-those rows back in HF order. Qwen2 files are written unpermuted.
+those rows back in HF order. Qwen2 files are written unpermuted. Gemma 3's norms are stored as
+1 + w (the converter adds the 1), which is what the model wants, in float32 (weights.py).
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ from ..progress import Progress
 from ..quantize import Int8Weight, int8_weight
 from ..tensor_parallel import shards
 from ..tensor_parallel.layout import DROP
-from ..weights import LINEARS, Weights, layer_weights, plan
+from ..weights import LINEARS, NORMS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
 
 TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 LAYER_NAMES = {
-    "input_norm": "attn_norm.weight", "post_norm": "ffn_norm.weight",
+    "input_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight",
     "q_proj": "attn_q.weight", "k_proj": "attn_k.weight", "v_proj": "attn_v.weight", "o_proj": "attn_output.weight",
     "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
     "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post_ffw_norm.weight",  # Gemma
     # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
     "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
     "experts_down": "ffn_down_exps.weight",
@@ -215,6 +217,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 return tensor
             if quantize is not None and field in LINEARS:
                 tensor = quantized(f, name, shape, device, rows)
+            elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
+                tensor = materialize(f, name, shape, llaisys.float32, device, rows)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 4
+#define LLAISYS_API_VERSION 5
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
 #define LLAISYS_UNIQUE_ID_BYTES 128
@@ -341,10 +341,12 @@ LLAISYS_OP int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, in
                                      void* dst, const int64_t* dst_strides, const void* src,
                                      const int64_t* src_strides);
 
-/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x (exactly);
- * no other overlap. */
-LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim,
-                                    double eps, void* out, const void* x, const void* weight);
+/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps), in f32 with r = 1 / sqrt(mean + eps).
+ * weight_dtype is dtype (HF's Llama / Qwen2 RMSNorm: y = x * r rounded to dtype, then y * weight rounded again)
+ * or LLAISYS_F32 with f16 / bf16 x (Gemma's RMSNorm, whose weight 1 + w is kept in f32: x * r * weight in f32,
+ * rounded once). out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int weight_dtype, int64_t rows,
+                                    int64_t dim, double eps, void* out, const void* x, const void* weight);
 
 /* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
  * [seq]; inv_freq f32 [head_dim / 2]: the angle of pair j at position p is a = f32(f32(p) * inv_freq[j]),
@@ -372,8 +374,11 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 /* [op] Attention of a batch of sequences over their paged keys and values, in one call. Sequence s owns
  * the query rows [query_start[s], query_start[s + 1]) of q [T, H, d] and out [T, H, dv]: L_s = the row
  * count, the rows being its last L_s positions; its keys are positions [0, seq_lens[s]) through row s of
- * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i sees
- * key j iff j <= i + seq_lens[s] - L_s; GQA: head h reads kv head h / (H / Hkv). seq_lens and
+ * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i, at
+ * position p = i + seq_lens[s] - L_s, sees key j iff j <= p, and with window > 0 (sliding-window attention)
+ * only iff also j > p - window (the last `window` positions, its own included; window 0: no window). The keys
+ * before the window of a sequence's first query row, less at most 63 (a kernel's block of 64 keys), are not
+ * read, so a decode step costs the window. GQA: head h reads kv head h / (H / Hkv). seq_lens and
  * query_start are int32 [num_seqs] and [num_seqs + 1]. Rows of out outside every sequence are set to 0.
  * The kernel checks the data it reads (LLAISYS_INVALID_ARGUMENT, nothing read out of bounds):
  * 0 <= query_start[0] <= ... <= query_start[num_seqs] <= T, L_s <= seq_lens[s] <= max_blocks * block_size,
@@ -384,7 +389,7 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 LLAISYS_OP int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T,
                                            int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
                                            int64_t num_blocks, int64_t block_size, int64_t max_blocks,
-                                           double scale, void* out, const void* q, const void* k_cache,
+                                           int64_t window, double scale, void* out, const void* q, const void* k_cache,
                                            const void* v_cache, const void* block_tables, const void* seq_lens,
                                            const void* query_start);
 
@@ -441,6 +446,18 @@ LLAISYS_OP int LLAISYS_FN(penalize_logits)(int device, void* stream, int dtype, 
  * LLAISYS_INVALID_ARGUMENT. The outputs share no memory with logits or each other. */
 LLAISYS_OP int LLAISYS_FN(logprobs)(int device, void* stream, int dtype, int64_t n, const void* logits,
                                     int64_t chosen, double temperature, int64_t k, void* top_ids, void* values);
+
+/* [op] out = up * gelu_tanh(gate) over n elements, gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715
+ * x^3))) (HF's gelu_pytorch_tanh, Gemma's MLP), in f32 and rounded once; LLAISYS_NUMERICS_HF rounds
+ * gelu_tanh(gate) to the dtype before the product, as HF's act_fn(gate) * up does in f16 / bf16. out may be
+ * gate or up (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(geglu_tanh)(int device, void* stream, int dtype, int numerics, int64_t n, void* out,
+                                      const void* gate, const void* up);
+
+/* [op] out = x * factor over n elements (Gemma's embedding scale), in f32 with factor rounded to f32, then
+ * rounded once to dtype. out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(scale)(int device, void* stream, int dtype, int64_t n, double factor, void* out,
+                                 const void* x);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
