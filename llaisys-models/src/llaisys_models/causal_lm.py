@@ -25,8 +25,8 @@ from .kv_cache import KVPool, KVShape
 from .loading import KERNELS
 from .numerics import resolve as resolve_numerics
 from .step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
-from .text import TextMixin
 from .tensor_parallel.vocab import gather_vocab
+from .text import TextMixin
 from .weights import Weights
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
