@@ -154,6 +154,9 @@ OP_SLOTS: dict[str, list] = {
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
     # dtype, n, logits [n], chosen, temperature, k, top_ids int64 [k] or NULL, values f32 [k + 1]
     "logprobs": [c_int, _i64, _p, _i64, c_double, _i64, _p, _p],
+    # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight int8 [E,NB,G,8,16,4], scales bf16
+    # [E,NB,G,16] (each expert's linear_i8 blocks), experts int64 [M,k]
+    "moe_linear_i8": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 
