@@ -35,7 +35,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     arch = architecture(f)
     config = model_config(f)
     top, layers = tensor_plan(f, config)
-    device = pick_device(device, quantize)
+    device = pick_device(device, quantize, config)
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize)
     return MODEL_CLASSES[config.architecture].from_weights(f.path, config, weights, device=device, dtype=dtype,
