@@ -15,17 +15,18 @@ active a token). Modes:
     the same file requantized to Q8_0 by llama-quantize (--llama-quantize, default: beside llama-bench),
     the same 8.5 bits a weight (an int8 per weight and a 16-bit scale per 32).
 
-Each llaisys mode runs in its own process (so its peak RSS is its own): it loads the file, decodes --new
-tokens greedily after a 16-token prompt 3 times (the median counts), and measures what its kernels stream
-from memory in the same process: a dense ``linear`` (bf16) or ``linear_i8`` (int8) over a 1 GiB weight (M =
-1), the machine's read rate for that kernel. Printed per mode:
+Each llaisys mode runs in its own process (so its peak RSS is its own): it loads the file, then 3 times
+decodes --new tokens greedily after a 16-token prompt and measures what its kernels stream from memory: a
+dense ``linear`` (bf16) or ``linear_i8`` (int8) over a 1 GiB weight (M = 1), the machine's read rate for
+that kernel at that moment (medians of the 3). Printed per mode:
 
   * active bytes per token: every layer's attention, router and 8 chosen experts, and the lm_head, in that
     mode's format (the bound: a decode step must read them, and need read nothing else);
-  * llaisys' and llama.cpp's decode tokens/s (llama-bench ``-p 0 -n NEW -t THREADS -r 3``), so the effective
-    read rate = active bytes x tokens/s, and its fraction of the dense stream rate (target >= 75%);
-  * the ratio llaisys / llama.cpp on the same file (target > 1), each a median over --rounds rounds that
-    alternate llaisys and llama.cpp;
+  * llaisys' and llama.cpp's decode tokens/s (llama-bench ``-p 0 -n NEW -t THREADS -r 3``, plus each
+    --llama-args), so the effective read rate = active bytes x tokens/s, and its fraction of the dense stream
+    rate (target >= 75%);
+  * the ratio llaisys / llama.cpp on the same file (target > 1): per round (llaisys, then llama.cpp, right
+    after), the median over --rounds rounds;
   * int8: the load's peak RSS against the int8 weights' bytes (quantizing expert by expert from the mapping
     keeps it about the int8 size).
 """
@@ -137,8 +138,9 @@ def status_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def stream_rate(mode: str, device: str) -> float:
-    """Bytes per second the mode's dense kernel (M = 1) streams over a 1 GiB weight (best of 5)."""
+def stream_rate(mode: str, device: str):
+    """A function returning the bytes per second the mode's dense kernel (M = 1) streams over a 1 GiB weight
+    (best of 3 calls)."""
     import llaisys
 
     k = 2048
@@ -157,13 +159,17 @@ def stream_rate(mode: str, device: str) -> float:
         args, nbytes = (w, scales), int(n * k * INT8_BYTES)
         run = llaisys.ops.linear_i8
     out = llaisys.empty((1, n), llaisys.bfloat16, device)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        run(out, x, *args)
-        out.numpy()  # (waits for the device)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+
+    def measure() -> float:
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            run(out, x, *args)
+            out.numpy()  # (waits for the device)
+            best = min(best, time.perf_counter() - t)
+        return nbytes / best
+
+    return measure
 
 
 def weight_bytes(model) -> int:
@@ -193,17 +199,19 @@ def run_llaisys(path: Path, mode: str, new: int, device: str) -> dict:
     load_s, peak = time.perf_counter() - t, status_bytes("VmHWM")
     prompt = list(range(16))
     model.generate(prompt, 4, eos_token_ids=())  # warm-up (page faults of the mapping, decode graphs)
-    rates = []
-    for _ in range(3):
+    stream = stream_rate(mode, device)
+    rates, streams = [], []
+    for _ in range(3):  # decode and the dense stream in turn: each rate beside the other in time
         model.generate(prompt, new, eos_token_ids=())
         rates.append(model.last_stats.decode_tokens_per_second)
+        streams.append(stream())
     return dict(mode=mode, tps=statistics.median(rates), load_s=load_s, peak=peak, weights=weight_bytes(model),
-                stream=stream_rate(mode, device))
+                stream=statistics.median(streams))
 
 
-def run_llama_bench(binary: str, path: Path, new: int, threads: int) -> float:
+def run_llama_bench(binary: str, path: Path, new: int, threads: int, extra: str = "") -> float:
     result = subprocess.run([binary, "-m", str(path), "-p", "0", "-n", str(new), "-t", str(threads), "-r", "3",
-                             "-o", "json"], capture_output=True, text=True, timeout=3600)
+                             *extra.split(), "-o", "json"], capture_output=True, text=True, timeout=3600)
     if result.returncode:
         raise RuntimeError(f"llama-bench failed:\n{result.stderr[-2000:]}")
     rows = json.loads(result.stdout[result.stdout.index("["):])
@@ -228,6 +236,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--llama-bench", default=None, help="a llama.cpp llama-bench binary")
     parser.add_argument("--llama-quantize", default=None, help="llama-quantize (default: beside llama-bench)")
+    parser.add_argument("--llama-args", action="append", default=None,
+                        help="more llama-bench arguments, e.g. '--poll 0' (its threads then wait without spinning: "
+                             "on a loaded machine a spinning thread that loses its core stalls every op); "
+                             "repeat for several llama.cpp runs (default: its defaults)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a worker process: one llaisys mode
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -246,30 +258,38 @@ def main() -> None:
     if args.llama_bench and "int8" in modes:
         quantizer = args.llama_quantize or str(Path(args.llama_bench).with_name("llama-quantize"))
         files["int8"] = q8_file(path, quantizer, args.threads)
+    variants = (args.llama_args or [""]) if args.llama_bench else []
     ours: dict[str, list[dict]] = {m: [] for m in modes}
-    theirs: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(args.rounds):
+    theirs: dict[tuple[str, str], list[float]] = {(m, v): [] for m in modes for v in variants}
+    for round_ in range(args.rounds):
         for mode in modes:
             worker = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--layers", str(args.layers),
                                      "--new", str(args.new), "--threads", str(args.threads), "--device", args.device,
                                      "--one", mode], check=True, capture_output=True, text=True).stdout
             ours[mode].append(json.loads(worker.strip().splitlines()[-1]))
-            if args.llama_bench:
-                theirs[mode].append(run_llama_bench(args.llama_bench, files[mode], args.new, args.threads))
+            progress = [f"llaisys {ours[mode][-1]['tps']:.2f}"]
+            for variant in variants:
+                theirs[mode, variant].append(run_llama_bench(args.llama_bench, files[mode], args.new, args.threads,
+                                                             variant))
+                progress.append(f"llama.cpp {variant or '(defaults)'} {theirs[mode, variant][-1]:.2f}")
+            print(f"round {round_ + 1} {mode}: " + ", ".join(progress) + f" tok/s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
 
     print(f"{path.name}: {args.layers} layers, {SHAPE['experts']} experts top {SHAPE['top_k']}, "
           f"{path.stat().st_size / 2**30:.2f} GiB; {args.device}, {args.threads} threads, {args.rounds} rounds "
           f"(medians); load average {os.getloadavg()[0]:.1f}")
     print(f"{'mode':5} {'engine':10} {'active GiB/tok':>14} {'tok/s':>7} {'ms/tok':>7} {'GB/s active':>12} "
-          f"{'stream GB/s':>12} {'of bound':>9} {'vs llama.cpp':>13}")
+          f"{'stream GB/s':>12} {'of bound':>9} {'llaisys/this':>13}")
     for mode in modes:
         active = active_bytes(args.layers, mode)
         stream = statistics.median(r["stream"] for r in ours[mode])
-        rows = [("llaisys", statistics.median(r["tps"] for r in ours[mode]))]
-        if theirs[mode]:
-            rows.append(("llama.cpp", statistics.median(theirs[mode])))
-        for engine, tps in rows:
-            ratio = f"{rows[0][1] / tps:12.2f}x" if engine == "llaisys" and len(rows) > 1 else ""
+        ours_tps = statistics.median(r["tps"] for r in ours[mode])
+        rows = [("llaisys", ours_tps, "")]
+        for variant in variants:  # llaisys / llama.cpp per round (alternating runs), then the median
+            ratios = [r["tps"] / t for r, t in zip(ours[mode], theirs[mode, variant])]
+            rows.append((f"llama.cpp {variant}".strip(), statistics.median(theirs[mode, variant]),
+                         f"{statistics.median(ratios):.2f}x"))
+        for engine, tps, ratio in rows:
             print(f"{mode:5} {engine:10} {active / 2**30:14.3f} {tps:7.2f} {1e3 / tps:7.1f} {active * tps / 1e9:12.2f} "
                   f"{stream / 1e9:12.2f} {active * tps / stream:9.0%} {ratio:>13}")
         r = ours[mode][0]
