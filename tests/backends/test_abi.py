@@ -125,6 +125,11 @@ def _op_args(buffers, op, dtype, numerics):
         "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),
                                buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "moe_combine": lambda: (dtype, 2, 2, 3, f(2, 3), f(2, 2, 3), f(2, 2)),
+        # 4 experts [3, 8]: weight int8 [4, 1, 1, 8, 16, 4], scales bf16 [4, 1, 1, 16] (as raw 16-bit words)
+        "moe_linear_i8": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8),
+                                  buffers.upload(np.ones((4, 1, 1, 8, 16, 4), np.int8)),
+                                  buffers.upload(np.full((4, 1, 1, 16), 0x3f80, np.uint16)),
+                                  buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
         "mask_logits": lambda: (dtype, 1, 8, f(8), i32(1)),
         # logits [8], chosen token 1, temperature 1, the top 2: ids int64 [2], values f32 [3]

@@ -15,14 +15,10 @@ void linear_i8(const LinearI8Args& a) {
         using T = decltype(tag);
         if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
         const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
-#if defined(LLAISYS_ISA_AVX512)
-        const bool vnni = has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed();
-        if (vnni) linear_i8_simd<Vec16, DotVnni<Vec16i>, T>(a, xq);
-        else linear_i8_simd<Vec16, DotSigned<Vec16i>, T>(a, xq);
-#elif defined(LLAISYS_ISA_AVX2)
-        linear_i8_simd<Vec8, DotSigned<Vec8i>, T>(a, xq);
-#else
+#if defined(LLAISYS_ISA_PORTABLE)
         linear_i8_scalar<T>(a, xq);
+#else
+        with_i8_path([&](auto v, auto dot) { linear_i8_simd<decltype(v), decltype(dot), T>(a, xq); });
 #endif
     });
 }

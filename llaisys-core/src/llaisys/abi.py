@@ -170,6 +170,9 @@ OP_SLOTS: dict[str, list] = {
     "geglu_tanh": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, factor, out, x
     "scale": [c_int, _i64, c_double, _p, _p],
+    # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight int8 [E,NB,G,8,16,4], scales bf16
+    # [E,NB,G,16] (each expert's linear_i8 blocks), experts int64 [M,k]
+    "moe_linear_i8": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

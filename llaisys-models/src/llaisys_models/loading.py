@@ -3,8 +3,8 @@
     model = load("path/to/hf-dir")          # or a GGUF file (gguf/)
 
 Device choice: the one asked for, or the best available device whose backend runs every kernel a model
-calls (KERNELS, plus the quantized linear when asked for one); a device whose backend lacks one is refused
-here, naming the kernels, never in the middle of a forward.
+calls (KERNELS, MOE_KERNELS for a mixture of experts, plus the quantized linears when asked for them); a
+device whose backend lacks one is refused here, naming the kernels, never in the middle of a forward.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .weights import FLOAT_WEIGHTS, default_dtype, load_weights
 # model (there is no second, unpaged code path). A family that calls more says so (its class's KERNELS).
 KERNELS = ("embedding", "rms_norm", "linear", "rope", "paged_kv_write", "paged_attention", "swiglu", "add",
            "rearrange", "argmax", "sample")
+MOE_KERNELS = ("moe_router", "moe_linear", "moe_combine")  # ... and a mixture-of-experts model's sparse layers
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
@@ -77,7 +78,8 @@ def read_directory(path, device=None, dtype=None, *, progress: bool | None = Non
     quantize = quantization.resolve(quantize)
     path = model_directory(resolve(path))
     config = ModelConfig.from_file(path, supported=MODEL_CLASSES)
-    device = pick_device(device, quantize, MODEL_CLASSES[config.architecture].KERNELS)
+    cls = MODEL_CLASSES[config.architecture]
+    device = pick_device(device, quantize, cls.KERNELS, experts=bool(config.sparse_layers))
     if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
         mmap = device.type != "cpu" or quantize is not None
     checkpoint = Checkpoint(path, mapped=mmap)
@@ -102,23 +104,26 @@ def missing_kernels(device: llaisys.Device, kernels=KERNELS) -> list[str]:
     return [op for op in kernels if not llaisys.ops.implemented(op, device)]
 
 
-def pick_device(device, quantize: str | None = None, kernels=KERNELS) -> llaisys.Device:
+def pick_device(device, quantize: str | None = None, kernels=KERNELS, experts: bool = False) -> llaisys.Device:
     """The device asked for, or (None) the best available one whose backend runs every op of ``kernels`` (the
-    model class's KERNELS; and the quantized linear when ``quantize`` asks for one)."""
+    model class's KERNELS: a mixture of experts adds MOE_KERNELS) and the quantized linears when ``quantize``
+    asks for them (``experts``: the experts' too)."""
     if device is None:
         devices = llaisys.available_devices()
         if not devices:  # core's one line: each plugin's state (disabled, no device + why, failed + why) or what to install
             raise llaisys.BackendUnavailableError(llaisys.plugins.why_no_device())
-        able = [d for d in devices if not missing_kernels(d, kernels) and not quantization.missing_kernels(d, quantize)]
+        able = [d for d in devices
+                if not missing_kernels(d, kernels) and not quantization.missing_kernels(d, quantize, experts)]
         device = able[0] if able else devices[0]  # none able: the best one's error below
     device = as_device(device)
     llaisys.empty((0,), llaisys.float32, device)  # raises, naming the cause, for a device that is not there
     missing = missing_kernels(device, kernels)
     if missing:
+        why = " (its KV cache is paged)" if any(op.startswith("paged_") for op in missing) else ""
         raise llaisys.BackendUnavailableError(
-            f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs (its KV "
-            f"cache is paged); run it on another device (e.g. device='cpu', --device cpu)")
-    quantization.check_device(device, quantize)
+            f"the '{device.type}' backend does not implement {', '.join(missing)}, which the model needs{why}; "
+            f"run it on another device (e.g. device='cpu', --device cpu)")
+    quantization.check_device(device, quantize, experts)
     return device
 
 

@@ -2,9 +2,12 @@
 
 Every linear of the decoder (q/k/v/o, gate/up/down) and the lm_head is stored as symmetric int8 in
 groups of 32 consecutive inputs of a row, one bfloat16 scale per group; ``llaisys.ops.linear_i8``
-quantizes the activations per row and group on the fly and runs integer dot products. Embeddings,
-norms and biases stay in the model dtype; a tied lm_head gets its own int8 copy (the embedding table
-stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
+quantizes the activations per row and group on the fly and runs integer dot products. So are the experts
+of a mixture-of-experts layer (``Int8Experts``: each expert's matrix in the same format, stacked; run by
+``llaisys.ops.moe_linear_i8``, which gives for each row what linear_i8 gives for that row and expert).
+Embeddings, norms, biases and the routers stay in the model dtype (a router's few logits pick the experts:
+llama.cpp's quantizer leaves ffn_gate_inp unquantized too); a tied lm_head gets its own int8 copy (the
+embedding table stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
 
 The format (docs/architecture.md; ``llaisys.ops.int8`` holds the layout, the ``linear_i8`` kernels read it):
 
@@ -21,7 +24,7 @@ back within half a step: |w - scale * q| <= scale / 2.
 
 A weight is quantized chunk by chunk (whole blocks of rows) straight from the (mapped) checkpoint into the
 buffers that become the int8 tensors, so a load peaks at the int8 weights, the leftovers in the model dtype
-and one chunk.
+and one chunk; a layer's experts are quantized expert by expert into their stacked buffers the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from .host_memory import bytes_of, host_buffer
 MODES = ("int8",)
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
-KERNELS = {"int8": ("linear_i8",)}  # the ops a quantized model needs beyond the float model's
+# the ops a quantized model needs beyond the float model's: its linears', and its experts' (a mixture of experts)
+KERNELS = {"int8": ("linear_i8",)}
+EXPERT_KERNELS = {"int8": ("moe_linear_i8",)}
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
 
@@ -53,17 +58,21 @@ def resolve(quantize: str | None) -> str | None:
     raise ModelLoadError(f"quantize must be None or {' or '.join(map(repr, MODES))}, got {shown(quantize)}")
 
 
-def missing_kernels(device: llaisys.Device, quantize: str | None) -> list[str]:
-    """The ops ``quantize``'s linears need that ``device``'s backend does not implement."""
-    return [op for op in KERNELS.get(quantize, ()) if not llaisys.ops.implemented(op, device)]
+def missing_kernels(device: llaisys.Device, quantize: str | None, experts: bool = False) -> list[str]:
+    """The ops ``quantize``'s linears (and experts, for a mixture-of-experts model) need that ``device``'s
+    backend does not implement."""
+    ops = KERNELS.get(quantize, ()) + (EXPERT_KERNELS.get(quantize, ()) if experts else ())
+    return [op for op in ops if not llaisys.ops.implemented(op, device)]
 
 
-def check_device(device: llaisys.Device, quantize: str | None) -> None:
-    """Raise, naming the device and the way out, when its backend cannot run ``quantize``'s linears."""
-    missing = missing_kernels(device, quantize)
+def check_device(device: llaisys.Device, quantize: str | None, experts: bool = False) -> None:
+    """Raise, naming the device and the way out, when its backend cannot run ``quantize``'s linears (and
+    experts)."""
+    missing = missing_kernels(device, quantize, experts)
     if missing:
+        kernels = "kernel" if len(missing) == 1 else "kernels"
         raise llaisys.BackendUnavailableError(
-            f"quantize={quantize!r} needs the {', '.join(missing)} kernel, which the '{device.type}' backend "
+            f"quantize={quantize!r} needs the {', '.join(missing)} {kernels}, which the '{device.type}' backend "
             f"({device}) does not implement; load the model on a device that has it (device='cpu', --device cpu) "
             f"or without quantize")
 
@@ -77,6 +86,16 @@ class Int8Weight:
     shape: tuple[int, int]  # [N, K]
 
 
+@dataclasses.dataclass(frozen=True)
+class Int8Experts:
+    """A mixture-of-experts layer's stacked expert matrices [E, N, K] in the int8 format: expert e's blocks at
+    ``weight[e]`` and ``scales[e]`` (``llaisys.ops.moe_linear_i8``)."""
+
+    weight: llaisys.Tensor  # int8 [E, ceil(N / 16), ceil(K / 32), 8, 16, 4]
+    scales: llaisys.Tensor  # bf16 [E, ceil(N / 16), ceil(K / 32), 16]
+    shape: tuple[int, int, int]  # [E, N, K]
+
+
 def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Weight,
            bias: llaisys.Tensor | None = None) -> None:
     """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, or int8."""
@@ -84,6 +103,16 @@ def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8
         llaisys.ops.linear_i8(out, x, weight.weight, weight.scales, bias)
     else:
         llaisys.ops.linear(out, x, weight, bias)
+
+
+def moe_linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Experts,
+               experts: llaisys.Tensor) -> None:
+    """out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T, whichever kind the stacked experts are: a tensor
+    [E, N, K] in the model dtype, or int8."""
+    if isinstance(weight, Int8Experts):
+        llaisys.ops.moe_linear_i8(out, x, weight.weight, weight.scales, experts)
+    else:
+        llaisys.ops.moe_linear(out, x, weight, experts)
 
 
 # -- the quantizer ----------------------------------------------------------------------------------------
@@ -155,24 +184,55 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
 
     On the CPU the rows are quantized straight into the weight's own buffers (in blocks); another device
     gets a copy of host buffers."""
-    n, k = shape
-    weight_shape, scales_shape = llaisys.ops.int8_shapes(n, k)
-    if device.type == "cpu":  # straight into the weight's own buffers (large ones on huge pages)
+    def fill(blocks: np.ndarray, block_scales: np.ndarray) -> None:
+        _quantize_into(read, shape, blocks, block_scales, name)
+
+    weight, scales = _int8_buffers(llaisys.ops.int8_shapes(*shape), device, fill)
+    return Int8Weight(weight, scales, shape)
+
+
+def int8_experts(reads: list[Callable[[int, int], np.ndarray]], shape: tuple[int, int], device: llaisys.Device,
+                 names: list[str]) -> Int8Experts:
+    """The int8 stacked experts on ``device`` of len(reads) [N, K] matrices, expert e's rows returned by
+    ``reads[e](start, end)`` (``names[e]``: its name in errors): each quantized in turn, a chunk of rows at a
+    time, into its slot [e] of the stacked buffers (so a load holds one chunk beside the int8 result)."""
+    weight_shape, scales_shape = llaisys.ops.int8_shapes(*shape)
+    experts = len(reads)
+
+    def fill(blocks: np.ndarray, block_scales: np.ndarray) -> None:
+        for e, read in enumerate(reads):
+            _quantize_into(read, shape, blocks[e], block_scales[e], names[e])
+
+    weight, scales = _int8_buffers(((experts, *weight_shape), (experts, *scales_shape)), device, fill)
+    return Int8Experts(weight, scales, (experts, *shape))
+
+
+def _int8_buffers(shapes: tuple[tuple[int, ...], tuple[int, ...]], device: llaisys.Device,
+                  fill: Callable[[np.ndarray, np.ndarray], None]) -> tuple[llaisys.Tensor, llaisys.Tensor]:
+    """(int8 weight, bf16 scales) tensors on ``device`` of ``shapes``, their contents written by
+    ``fill(weight array, scales array)``: on the CPU into the tensors' own buffers (large ones on huge pages),
+    elsewhere into host buffers then copied."""
+    weight_shape, scales_shape = shapes
+    if device.type == "cpu":
         weight = llaisys.empty(weight_shape, llaisys.int8, device)
         scales = llaisys.empty(scales_shape, llaisys.bfloat16, device)
         w_bytes, s_bytes = bytes_of(weight), bytes_of(scales)
     else:
         w_bytes = host_buffer(math.prod(weight_shape))
         s_bytes = host_buffer(math.prod(scales_shape) * llaisys.bfloat16.itemsize)
-    blocks = w_bytes.view(np.int8).reshape(weight_shape)
-    block_scales = s_bytes.view(llaisys.bfloat16.numpy).reshape(scales_shape)
-    for start, end, q_rows, s_rows in quantized_chunks(read, shape, name):
-        first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
-        llaisys.ops.pack_int8(q_rows, s_rows, blocks[first:last], block_scales[first:last])
+    fill(w_bytes.view(np.int8).reshape(weight_shape), s_bytes.view(llaisys.bfloat16.numpy).reshape(scales_shape))
     if device.type != "cpu":
         weight = llaisys.from_buffer(w_bytes, llaisys.int8, weight_shape).to(device)
         scales = llaisys.from_buffer(s_bytes, llaisys.bfloat16, scales_shape).to(device)
-    return Int8Weight(weight, scales, (n, k))
+    return weight, scales
+
+
+def _quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], blocks: np.ndarray,
+                   block_scales: np.ndarray, name: str) -> None:
+    """The [N, K] matrix whose rows ``read(start, end)`` returns, quantized into its blocks (``int8_shapes``)."""
+    for start, end, q_rows, s_rows in quantized_chunks(read, shape, name):
+        first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
+        llaisys.ops.pack_int8(q_rows, s_rows, blocks[first:last], block_scales[first:last])
 
 
 def add_argument(parser) -> None:

@@ -18,7 +18,7 @@ FAMILIES = [
     ("MistralForCausalLM",  None,              Llama),  # llama.cpp: "llama"
     ("Phi3ForCausalLM",     "phi3",            Phi3),
     ("MixtralForCausalLM",  None,              Mixtral),  # llama.cpp: "llama" with llama.expert_count (gguf/)
-    ("Qwen3MoeForCausalLM", None,              Qwen3Moe),  # GGUF qwen3moe: not yet
+    ("Qwen3MoeForCausalLM", "qwen3moe",        Qwen3Moe),
     ("Gemma3ForCausalLM",   "gemma3",          Gemma3),
 ]
 

@@ -4,7 +4,8 @@ Everything is checked (presence, shape, dtype) before a byte is converted or cop
 bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dtype is
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
 once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` the
-linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file.
+linears' weights (LINEARS) and the experts' matrices (EXPERTS) are quantized instead (quantize.py), each
+straight from the file.
 
 Gemma's RMSNorms multiply by 1 + w (``config.norm_offset``): the norm weights (NORMS) are then loaded as
 f32(w) + 1 in float32, whatever the model dtype, which is what HF computes (``1.0 + self.weight.float()``):
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
+
+import numpy as np
 
 import numpy as np
 
@@ -26,7 +30,7 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import Int8Weight, int8_weight
+from .quantize import Int8Experts, Int8Weight, int8_experts, int8_weight
 from .safetensors import Checkpoint, TensorInfo
 from .tensor_parallel import shards
 from .tensor_parallel.layout import DROP
@@ -37,17 +41,20 @@ FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 # the RMSNorm weights (of a layer, and the final "norm")
 NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm")
+# ... and a sparse layer's stacked expert matrices (the router stays in the model dtype: quantize.py)
+EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
 Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, or int8 (quantize.py)
+Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
 
 
 @dataclasses.dataclass
 class ExpertWeights:
     """A mixture-of-experts MLP: the router and every expert's matrices, stacked (expert e at [e])."""
     router: llaisys.Tensor  # [E, hidden]
-    gate: llaisys.Tensor  # [E, moe_intermediate, hidden]
-    up: llaisys.Tensor  # [E, moe_intermediate, hidden]
-    down: llaisys.Tensor  # [E, hidden, moe_intermediate]
+    gate: Experts  # [E, moe_intermediate, hidden]
+    up: Experts  # [E, moe_intermediate, hidden]
+    down: Experts  # [E, hidden, moe_intermediate]
 
 
 @dataclasses.dataclass
@@ -251,22 +258,41 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     return tensor
 
 
-def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None) -> Int8Weight:
-    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 on ``device``, quantized
-    from its stored values a chunk of rows at a time; its mapped pages are dropped from the resident set as
-    soon as they are read (parts are read in order, so the pages of the rows before are done with)."""
-    source = info.file.array(info)  # a view of the mapping, or the bytes just read
+def _row_reader(info: TensorInfo, first: int = 0) -> Callable[[int, int], np.ndarray]:
+    """``read(start, end)``: rows [first + start, first + end) of the checkpoint matrix as stored (a view of the
+    mapping, or the bytes just read), the mapped pages of the rows before dropped from the resident set (the
+    rows are read in order, so those are done with)."""
     row_bytes = info.nbytes // max(info.shape[0], 1)
-    first, stop = rows or (0, info.shape[0])
+    source = None
 
-    def read(start: int, end: int):
+    def read(start: int, end: int) -> np.ndarray:
+        nonlocal source
+        if source is None:
+            source = info.file.array(info)
         if first + start:  # the rows before are quantized: their pages need not stay resident
             info.file.release_pages(info.offset, (first + start) * row_bytes)
         return source[first + start:first + end]
 
-    weight = int8_weight(read, (stop - first, info.shape[1]), device, info.name)
-    info.file.release_pages(info.offset, stop * row_bytes)
+    return read
+
+
+def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None) -> Int8Weight:
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 on ``device``, quantized
+    from its stored values a chunk of rows at a time; its mapped pages are dropped from the resident set as
+    soon as they are read."""
+    first, stop = rows or (0, info.shape[0])
+    weight = int8_weight(_row_reader(info, first), (stop - first, info.shape[1]), device, info.name)
+    info.file.release_pages(info.offset, stop * (info.nbytes // max(info.shape[0], 1)))
     return weight
+
+
+def quantized_experts(infos: list[TensorInfo], device: llaisys.Device) -> Int8Experts:
+    """The experts' checkpoint matrices (all of one shape) as stacked int8 experts on ``device``, quantized
+    expert by expert from their stored values (each one's pages dropped as it is read)."""
+    experts = int8_experts([_row_reader(info) for info in infos], infos[0].shape, device, [i.name for i in infos])
+    for info in infos:
+        info.file.release_pages(info.offset, info.nbytes)
+    return experts
 
 
 def _part_bytes(info: TensorInfo, spec: tuple) -> int:
@@ -320,7 +346,17 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
         def getter(field):
             if field in LINEARS:
                 return get_linear
+            if field in EXPERTS:
+                return get_experts
             return get_norm if field in NORMS and config.norm_offset else get
+
+        def get_experts(spec):
+            if quantize is None:
+                return get(spec)
+            infos_of_stack = [infos[name] for name in spec[0]]
+            experts = quantized_experts(infos_of_stack, device)
+            bar.update(sum(info.nbytes for info in infos_of_stack))
+            return experts
 
         def get_field(field, spec):
             part = layout.part(field, config) if layout is not None else None

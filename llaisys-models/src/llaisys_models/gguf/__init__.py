@@ -37,7 +37,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     config = model_config(f)
     top, layers = tensor_plan(f, config)
     cls = MODEL_CLASSES[config.architecture]
-    device = pick_device(device, quantize, cls.KERNELS)
+    device = pick_device(device, quantize, cls.KERNELS, experts=bool(config.sparse_layers))
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize,
                            layout=layout)

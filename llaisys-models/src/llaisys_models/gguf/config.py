@@ -20,8 +20,10 @@ from ..registry import FAMILIES
 from ..rope_scaling import RopeScaling
 from .reader import GGUFFile
 
-# GGUF architecture -> the HuggingFace architecture of the same family (registry.py)
+# GGUF architecture -> the HuggingFace architecture of the same family (registry.py), and config.json's
+# model_type where it is not the GGUF name
 ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES if gguf_name is not None}
+MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {
@@ -53,9 +55,9 @@ def architecture(f: GGUFFile) -> str:
 def model_config(f: GGUFFile) -> ModelConfig:
     arch = architecture(f)
     meta = f.metadata
-    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": arch, "hidden_act": "silu"}
+    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": MODEL_TYPES.get(arch, arch), "hidden_act": "silu"}
     if arch == "gemma3":
-        raw.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh")
+        raw.update(hidden_activation="gelu_pytorch_tanh")
     for field, (key, required) in HYPERPARAMETERS.items():
         value = meta.get(f"{arch}.{key}")
         if value is None:
@@ -135,16 +137,34 @@ def _gemma3(f: GGUFFile, raw: dict) -> None:
 
 
 def _experts(f: GGUFFile, arch: str, raw: dict) -> None:
-    """A Llama file with experts (llama.expert_count) is Mixtral, as llama.cpp's converter writes it."""
+    """The experts, as llama.cpp reads them: a Llama file with experts (llama.expert_count) is Mixtral, as its
+    converter writes it; qwen3moe is Qwen3-MoE with every layer sparse (llama.cpp makes every layer a MoE
+    layer, so the converter's files of checkpoints with mlp_only_layers do not load there either) and the
+    top-k weights always renormalised (llama.cpp passes norm_w = true, whatever norm_topk_prob was; transformers'
+    GGUF loader sets norm_topk_prob so too)."""
     meta = f.metadata
     count = meta.get(f"{arch}.expert_count")
-    if arch != "llama" or not count:
+    if arch == "llama" and count:
+        raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   num_local_experts=_size(f, f"{arch}.expert_count", count))
+    elif arch == "qwen3moe":
+        if count is None:
+            raise ModelLoadError(f"{f.path}: metadata key {arch}.expert_count (num_experts) is missing")
+        raw.update(num_experts=_size(f, f"{arch}.expert_count", count), norm_topk_prob=True)
+        width = meta.get(f"{arch}.expert_feed_forward_length")  # (absent: llama.cpp takes n_ff / n_expert_used)
+        if width is not None:
+            raw["moe_intermediate_size"] = _size(f, f"{arch}.expert_feed_forward_length", width)
+        scale = meta.get(f"{arch}.expert_weights_scale", 0.0)
+        if scale not in (0.0, 1.0):  # llama.cpp scales the top-k weights by it (converters write it for others)
+            raise ModelLoadError(f"{f.path}: {arch}.expert_weights_scale = {shown(scale)} (a factor on the expert "
+                                 f"weights) is not supported")
+    else:
         return
-    raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
-               num_local_experts=_size(f, f"{arch}.expert_count", count))
     used = meta.get(f"{arch}.expert_used_count")
     if used is not None:
         raw["num_experts_per_tok"] = _size(f, f"{arch}.expert_used_count", used)
+    if arch == "qwen3moe" and "moe_intermediate_size" not in raw and "num_experts_per_tok" in raw:
+        raw["moe_intermediate_size"] = raw["intermediate_size"] // raw["num_experts_per_tok"]
 
 
 def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:

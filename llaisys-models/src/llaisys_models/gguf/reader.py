@@ -281,14 +281,17 @@ class GGUFFile:
     def mapping(self) -> mmap.mmap:
         return self._map
 
-    def release(self, name: str) -> None:
-        """Drop a tensor's mapped pages from this process's resident set once its bytes were converted
-        (the file stays in the page cache; a later read faults them back in)."""
+    def release(self, name: str, rows: tuple[int, int] | None = None) -> None:
+        """Drop a tensor's mapped pages (those of its stored rows [start, stop) when given) from this process's
+        resident set once their bytes were converted (the file stays in the page cache; a later read faults
+        them back in)."""
         info = self.tensors[name]
-        if not hasattr(mmap, "MADV_DONTNEED") or info.nbytes == 0:
+        first, stop = rows or (0, info.rows)
+        offset, nbytes = info.offset + first * info.row_bytes, (stop - first) * info.row_bytes
+        if not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
             return
-        start = info.offset - info.offset % mmap.PAGESIZE
-        end = min(info.offset + info.nbytes, len(self._map))
+        start = offset - offset % mmap.PAGESIZE
+        end = min(offset + nbytes, len(self._map))
         self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def __repr__(self) -> str:

@@ -24,10 +24,10 @@ import llaisys
 from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import Int8Weight, int8_weight
+from ..quantize import Int8Experts, Int8Weight, int8_experts, int8_weight
 from ..tensor_parallel import shards
 from ..tensor_parallel.layout import DROP
-from ..weights import LINEARS, NORMS, Weights, layer_weights, plan
+from ..weights import EXPERTS, LINEARS, NORMS, Weights, layer_weights, plan
 from . import quants
 from .reader import GGUFFile
 
@@ -74,7 +74,10 @@ def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, t
     for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
         info = f.tensors.get(name)
         if info is None:
-            raise ModelLoadError(f"{f.path}: tensor {name!r} is missing")
+            dense = name.endswith(".ffn_gate_inp.weight") and name.replace("_inp", "") in f.tensors
+            hint = " (that layer's MLP is dense, but llama.cpp runs every layer of this architecture as a mixture " \
+                   "of experts)" if dense else ""
+            raise ModelLoadError(f"{f.path}: tensor {name!r} is missing{hint}")
         if info.shape != shape:
             raise ModelLoadError(f"{f.path}: tensor {name!r} has shape {info.shape}, but the metadata implies {shape}")
         if info.type not in quants.SUPPORTED:
@@ -164,6 +167,26 @@ def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.De
     return weight
 
 
+def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device) -> Int8Experts:
+    """A stacked expert tensor [E, N, K] of the file as int8 experts (``quantize="int8"``) on ``device``: each
+    expert's rows decoded to float32 a chunk at a time and quantized from there, expert by expert, the mapped
+    pages of the experts before dropped (so a load holds the int8 result and about one expert's pages)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    experts, n, k = shape
+
+    def reader(e: int):
+        def read(start: int, end: int) -> np.ndarray:
+            if start == 0 and e:  # the experts before are quantized: their pages need not stay resident
+                f.release(name, (0, e * n))
+            return quants.dequantize(raw[e * n + start:e * n + end], qtype, np.empty((end - start, k), np.float32))
+        return read
+
+    weight = int8_experts([reader(e) for e in range(experts)], (n, k), device,
+                          [f"{name} (expert {e})" for e in range(experts)])
+    f.release(name)
+    return weight
+
+
 def _part_shape(spec: tuple) -> tuple[int, ...]:
     """The shape of the weight a plan entry makes: its tensor's, or that of its rows of a fused tensor."""
     if len(spec) < 3:
@@ -219,6 +242,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 tensor = quantized(f, name, shape, device, rows)
             elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
                 tensor = materialize(f, name, shape, llaisys.float32, device, rows)
+            elif quantize is not None and field in EXPERTS:
+                tensor = quantized_experts(f, name, shape, device)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)

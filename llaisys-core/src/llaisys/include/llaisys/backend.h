@@ -459,5 +459,18 @@ LLAISYS_OP int LLAISYS_FN(geglu_tanh)(int device, void* stream, int dtype, int n
 LLAISYS_OP int LLAISYS_FN(scale)(int device, void* stream, int dtype, int64_t n, double factor, void* out,
                                  const void* x);
 
+/* [op] Grouped expert linear with int8 weights: out[m, j] = x_mj @ w_e^T for e = experts[m, j], out [M, k, N],
+ * experts int64 [M, k], x_mj = x[m] (x [M, K], x_per_slot 0) or x[m, j] (x [M, k, K], x_per_slot 1), and each
+ * expert's w_e [N, K] in linear_i8's format and blocks, stacked by expert:
+ *     weight int8 [E, NB, G, 8, 16, 4], scales bf16 [E, NB, G, 16]   (expert e's linear_i8 blocks at [e])
+ * out[m, j] is, bit for bit, linear_i8 (bias NULL) of the input x_mj and expert e's blocks: x_mj quantized per
+ * group of 32 as linear_i8 quantizes a row, the same integer dots and f32 chain, so no output depends on the
+ * batch. The rows are grouped by expert, so only the selected experts' blocks are read, each once for all the
+ * rows that chose it. An expert id outside [0, E) is LLAISYS_INVALID_ARGUMENT, as in moe_linear (nothing is
+ * written). K may be 0 (out = 0). out shares no memory with x, weight, scales or experts. */
+LLAISYS_OP int LLAISYS_FN(moe_linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t k, int64_t E,
+                                         int64_t N, int64_t K, int x_per_slot, void* out, const void* x,
+                                         const void* weight, const void* scales, const void* experts);
+
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
