@@ -17,8 +17,10 @@ import contextlib
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -62,7 +64,10 @@ def environ(values: dict):
 @pytest.fixture(scope="module")
 def cluster():
     """Two Ray nodes on 127.0.0.1, one CPU each (so one replica each)."""
-    with environ(RAY_ENVIRON):  # read by the Ray processes this starts
+    # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: nox's TMPDIR (deep in the
+    # checkout) is too long for them, so the cluster gets a short one of its own.
+    ray_temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    with environ({**RAY_ENVIRON, "RAY_TMPDIR": ray_temp_dir}):  # read by the Ray processes this starts
         import ray
         from ray.cluster_utils import Cluster
 
@@ -78,6 +83,7 @@ def cluster():
         finally:
             ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(ray_temp_dir, ignore_errors=True)
 
 
 class Replicas:

@@ -22,8 +22,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-import numpy as np
-
 import llaisys
 
 from .config import ModelConfig
