@@ -55,7 +55,7 @@ def prompt(length: int, vocab: int) -> list[int]:
 
 # -- writing the GGUF files ---------------------------------------------------------------
 
-HF_FIELDS = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "post_norm",
+HF_FIELDS = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "mlp_norm",
              "self_attn.q_proj.weight": "q_proj", "self_attn.k_proj.weight": "k_proj",
              "self_attn.v_proj.weight": "v_proj", "self_attn.o_proj.weight": "o_proj",
              "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",

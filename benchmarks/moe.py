@@ -1,36 +1,53 @@
 #!/usr/bin/env python
 """Mixture-of-experts decode: bytes read per token against the active-parameter bound, and llama.cpp.
 
-    python benchmarks/moe.py --out /tmp/moe-bench [--layers 12] [--new 32] [--threads 2] [--llama-bench PATH]
+    python benchmarks/moe.py --out /tmp/moe-bench [--layers 12] [--new 32] [--threads 2] [--rounds 2]
+                             [--modes bf16,int8] [--llama-bench PATH [--llama-quantize PATH]]
 
 Writes (once) a random bf16 GGUF file of a Qwen3-MoE-like shape in Mixtral's layout (llama.cpp arch
 ``llama`` with ``llama.expert_count``): hidden 2048, 64 experts of width 768, top 8 renormalised, 16 heads /
 4 KV heads of 128, vocab 32000, untied lm_head; --layers sets the depth (12: 3.9 B parameters, 0.65 B
-active a token). llaisys loads it without a copy (bf16 on the CPU reads the mapping in place) and
-decodes --new tokens greedily after a 16-token prompt; in the same run a dense ``linear`` over a 1 GiB bf16
-matrix (M = 1) measures what the kernels stream from memory. Printed:
+active a token). Modes:
 
-  * active bytes per token: attention, router, the 8 chosen experts of every layer, lm_head (the bound);
-  * llaisys' decode time per token, so its effective read rate = active bytes / time, against the dense
-    stream rate: the fraction of the bound reached (target >= 75%);
-  * with --llama-bench (a llama.cpp ``llama-bench`` binary), llama.cpp's tg tokens/s on the same file
-    (``-p 0 -n NEW -t THREADS``), and the ratio.
+  * bf16: llaisys loads the file without a copy (bf16 on the CPU reads the mapping in place);
+  * int8: llaisys loads it with quantize="int8" (every linear and every expert in linear_i8's int8 blocks,
+    quantized expert by expert from the mapping; the routers and the embedding stay bf16); llama.cpp runs
+    the same file requantized to Q8_0 by llama-quantize (--llama-quantize, default: beside llama-bench),
+    the same 8.5 bits a weight (an int8 per weight and a 16-bit scale per 32).
+
+Each llaisys mode runs in its own process (so its peak RSS is its own): it loads the file, then 3 times
+decodes --new tokens greedily after a 16-token prompt and measures what its kernels stream from memory: a
+dense ``linear`` (bf16) or ``linear_i8`` (int8) over a 1 GiB weight (M = 1), the machine's read rate for
+that kernel at that moment (medians of the 3). Printed per mode:
+
+  * active bytes per token: every layer's attention, router and 8 chosen experts, and the lm_head, in that
+    mode's format (the bound: a decode step must read them, and need read nothing else);
+  * llaisys' and llama.cpp's decode tokens/s (llama-bench ``-p 0 -n NEW -t THREADS -r 3``, plus each
+    --llama-args), so the effective read rate = active bytes x tokens/s, and its fraction of the dense stream
+    rate (target >= 75%);
+  * the ratio llaisys / llama.cpp on the same file (target > 1): per round (llaisys, then llama.cpp, right
+    after), the median over --rounds rounds;
+  * int8: the load's peak RSS against the int8 weights' bytes (quantizing expert by expert from the mapping
+    keeps it about the int8 size).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 SHAPE = dict(hidden=2048, inter=768, experts=64, top_k=8, heads=16, kv_heads=4, head_dim=128, vocab=32000)
 CHUNK = 1 << 24  # values drawn per numpy call
+INT8_BYTES = 1 + 2 / 32  # an int8 per weight and a bf16 scale per 32 (llaisys int8, and llama.cpp's Q8_0)
 
 
 def tensors(layers: int) -> list[tuple[str, tuple[int, ...], float]]:
@@ -53,6 +70,7 @@ def tensors(layers: int) -> list[tuple[str, tuple[int, ...], float]]:
 
 def write_gguf(path: Path, layers: int) -> None:
     import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     s, rng = SHAPE, np.random.default_rng(0)
     writer = gguf.GGUFWriter(path, "llama")
@@ -101,40 +119,110 @@ def write_gguf(path: Path, layers: int) -> None:
     writer.close()
 
 
-def active_bytes(layers: int) -> int:
-    """Bytes one decode step must read: every layer's attention, router and top-k experts, lm_head."""
+def active_bytes(layers: int, mode: str) -> int:
+    """Bytes one decode step must read in ``mode``: every layer's attention, router (bf16 in both modes) and
+    top-k experts, and the lm_head (the embedding: one row, not counted)."""
     s = SHAPE
     h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
-    attention = h * q + 2 * h * kv + q * h
-    experts = s["top_k"] * 3 * h * s["inter"]
-    return 2 * (layers * (attention + s["experts"] * h + experts) + s["vocab"] * h)
+    per_weight = 2 if mode == "bf16" else INT8_BYTES
+    quantized = layers * (h * q + 2 * h * kv + q * h + s["top_k"] * 3 * h * s["inter"]) + s["vocab"] * h
+    return int(per_weight * quantized + 2 * layers * s["experts"] * h)
 
 
-def stream_rate(device: str) -> float:
-    """Bytes per second a dense linear (M = 1) streams over a 1 GiB bf16 matrix (best of 5)."""
+def status_bytes(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of this process."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def stream_rate(mode: str, device: str):
+    """A function returning the bytes per second the mode's dense kernel (M = 1) streams over a 1 GiB weight
+    (best of 3 calls)."""
     import llaisys
 
-    n, k = 1 << 18, 2048
-    w = llaisys.from_numpy(np.random.default_rng(1).standard_normal((n, k), np.float32).astype(ml_dtypes.bfloat16),
-                           device)
+    k = 2048
     x = llaisys.from_numpy(np.ones((1, k), ml_dtypes.bfloat16), device)
+    rng = np.random.default_rng(1)
+    if mode == "bf16":
+        n = 1 << 18
+        w = llaisys.from_numpy(rng.standard_normal((n, k), np.float32).astype(ml_dtypes.bfloat16), device)
+        args, nbytes = (w,), n * k * 2
+        run = llaisys.ops.linear
+    else:
+        n = 1 << 19
+        weight_shape, scales_shape = llaisys.ops.int8_shapes(n, k)
+        w = llaisys.from_numpy(rng.integers(-127, 128, weight_shape, dtype=np.int8), device)
+        scales = llaisys.from_numpy(np.full(scales_shape, 1e-3, ml_dtypes.bfloat16), device)
+        args, nbytes = (w, scales), int(n * k * INT8_BYTES)
+        run = llaisys.ops.linear_i8
     out = llaisys.empty((1, n), llaisys.bfloat16, device)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        llaisys.ops.linear(out, x, w)
-        out.numpy()  # (waits for the device)
-        best = min(best, time.perf_counter() - t)
-    return n * k * 2 / best
+
+    def measure() -> float:
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            run(out, x, *args)
+            out.numpy()  # (waits for the device)
+            best = min(best, time.perf_counter() - t)
+        return nbytes / best
+
+    return measure
 
 
-def llama_cpp_rate(binary: str, path: Path, new: int, threads: int) -> float:
-    result = subprocess.run([binary, "-m", str(path), "-p", "0", "-n", str(new), "-t", str(threads), "-o", "json"],
-                            capture_output=True, text=True, timeout=3600)
+def weight_bytes(model) -> int:
+    """The bytes of every weight the model holds (int8 ones with their scales)."""
+    import dataclasses
+
+    def size(w) -> int:
+        if w is None:
+            return 0
+        if hasattr(w, "scales"):  # Int8Weight, Int8Experts
+            return w.weight.nbytes + w.scales.nbytes
+        if dataclasses.is_dataclass(w):  # ExpertWeights
+            return sum(size(v) for v in vars(w).values())
+        return w.nbytes
+
+    ws = model.weights
+    top = [ws.embed_tokens, ws.norm] + ([ws.lm_head] if ws.lm_head is not ws.embed_tokens else [])
+    return sum(map(size, top)) + sum(size(v) for layer in ws.layers for v in vars(layer).values())
+
+
+def run_llaisys(path: Path, mode: str, new: int, device: str) -> dict:
+    """One mode in this process: load, three timed greedy decodes, the stream rate, the peak RSS."""
+    import llaisys_models
+
+    t = time.perf_counter()
+    model = llaisys_models.load(path, device=device, quantize=None if mode == "bf16" else mode)
+    load_s, peak = time.perf_counter() - t, status_bytes("VmHWM")
+    prompt = list(range(16))
+    model.generate(prompt, 4, eos_token_ids=())  # warm-up (page faults of the mapping, decode graphs)
+    stream = stream_rate(mode, device)
+    rates, streams = [], []
+    for _ in range(3):  # decode and the dense stream in turn: each rate beside the other in time
+        model.generate(prompt, new, eos_token_ids=())
+        rates.append(model.last_stats.decode_tokens_per_second)
+        streams.append(stream())
+    return dict(mode=mode, tps=statistics.median(rates), load_s=load_s, peak=peak, weights=weight_bytes(model),
+                stream=statistics.median(streams))
+
+
+def run_llama_bench(binary: str, path: Path, new: int, threads: int, extra: str = "") -> float:
+    result = subprocess.run([binary, "-m", str(path), "-p", "0", "-n", str(new), "-t", str(threads), "-r", "3",
+                             *extra.split(), "-o", "json"], capture_output=True, text=True, timeout=3600)
     if result.returncode:
         raise RuntimeError(f"llama-bench failed:\n{result.stderr[-2000:]}")
     rows = json.loads(result.stdout[result.stdout.index("["):])
     return float(rows[0]["avg_ts"])
+
+
+def q8_file(path: Path, quantizer: str, threads: int) -> Path:
+    out = path.with_name(path.stem.replace("bf16", "q8_0") + ".gguf")
+    if not out.exists():
+        subprocess.run([quantizer, str(path), str(out), "Q8_0", str(threads)], check=True, capture_output=True)
+    return out
 
 
 def main() -> None:
@@ -143,41 +231,70 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds alternating llaisys and llama.cpp")
+    parser.add_argument("--modes", default="bf16,int8")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--llama-bench", default=None, help="a llama.cpp llama-bench binary")
+    parser.add_argument("--llama-quantize", default=None, help="llama-quantize (default: beside llama-bench)")
+    parser.add_argument("--llama-args", action="append", default=None,
+                        help="more llama-bench arguments, e.g. '--poll 0' (its threads then wait without spinning: "
+                             "on a loaded machine a spinning thread that loses its core stalls every op); "
+                             "repeat for several llama.cpp runs (default: its defaults)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a worker process: one llaisys mode
     args = parser.parse_args()
-
-    import os
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"moe-{args.layers}l-bf16.gguf"
+    if args.one:
+        print(json.dumps(run_llaisys(path, args.one, args.new, args.device)))
+        return
+
+    args.out.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         t = time.perf_counter()
         write_gguf(path, args.layers)
         print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s")
+    modes = args.modes.split(",")
+    files = {"bf16": path}
+    if args.llama_bench and "int8" in modes:
+        quantizer = args.llama_quantize or str(Path(args.llama_bench).with_name("llama-quantize"))
+        files["int8"] = q8_file(path, quantizer, args.threads)
+    variants = (args.llama_args or [""]) if args.llama_bench else []
+    ours: dict[str, list[dict]] = {m: [] for m in modes}
+    theirs: dict[tuple[str, str], list[float]] = {(m, v): [] for m in modes for v in variants}
+    for round_ in range(args.rounds):
+        for mode in modes:
+            worker = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--layers", str(args.layers),
+                                     "--new", str(args.new), "--threads", str(args.threads), "--device", args.device,
+                                     "--one", mode], check=True, capture_output=True, text=True).stdout
+            ours[mode].append(json.loads(worker.strip().splitlines()[-1]))
+            progress = [f"llaisys {ours[mode][-1]['tps']:.2f}"]
+            for variant in variants:
+                theirs[mode, variant].append(run_llama_bench(args.llama_bench, files[mode], args.new, args.threads,
+                                                             variant))
+                progress.append(f"llama.cpp {variant or '(defaults)'} {theirs[mode, variant][-1]:.2f}")
+            print(f"round {round_ + 1} {mode}: " + ", ".join(progress) + f" tok/s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
 
-    import llaisys_models
-
-    rate = stream_rate(args.device)
-    model = llaisys_models.load(path, device=args.device)
-    prompt = list(range(16))
-    model.generate(prompt, 4, eos_token_ids=())  # warm-up (page faults of the mapping, decode graphs)
-    model.generate(prompt, args.new, eos_token_ids=())
-    ours = model.last_stats.decode_tokens_per_second
-    active = active_bytes(args.layers)
-    total = path.stat().st_size
     print(f"{path.name}: {args.layers} layers, {SHAPE['experts']} experts top {SHAPE['top_k']}, "
-          f"{total / 2**30:.2f} GiB in all, {active / 2**30:.3f} GiB active per token; {args.device}, "
-          f"{args.threads} threads")
-    print(f"dense linear stream rate (same kernels, 1 GiB bf16, M = 1): {rate / 1e9:.1f} GB/s")
-    print(f"{'':>10} {'decode tok/s':>13} {'ms/token':>9} {'GB/s of active':>15} {'of stream rate':>15}")
-    print(f"{'llaisys':>10} {ours:>13.2f} {1e3 / ours:>9.1f} {active * ours / 1e9:>15.1f} "
-          f"{active * ours / rate:>14.0%}")
-    if args.llama_bench:
-        theirs = llama_cpp_rate(args.llama_bench, path, args.new, args.threads)
-        print(f"{'llama.cpp':>10} {theirs:>13.2f} {1e3 / theirs:>9.1f} {active * theirs / 1e9:>15.1f} "
-              f"{active * theirs / rate:>14.0%}")
-        print(f"{'ratio':>10} {ours / theirs:>13.2f}x (llaisys / llama.cpp, same file)")
+          f"{path.stat().st_size / 2**30:.2f} GiB; {args.device}, {args.threads} threads, {args.rounds} rounds "
+          f"(medians); load average {os.getloadavg()[0]:.1f}")
+    print(f"{'mode':5} {'engine':10} {'active GiB/tok':>14} {'tok/s':>7} {'ms/tok':>7} {'GB/s active':>12} "
+          f"{'stream GB/s':>12} {'of bound':>9} {'llaisys/this':>13}")
+    for mode in modes:
+        active = active_bytes(args.layers, mode)
+        stream = statistics.median(r["stream"] for r in ours[mode])
+        ours_tps = statistics.median(r["tps"] for r in ours[mode])
+        rows = [("llaisys", ours_tps, "")]
+        for variant in variants:  # llaisys / llama.cpp per round (alternating runs), then the median
+            ratios = [r["tps"] / t for r, t in zip(ours[mode], theirs[mode, variant])]
+            rows.append((f"llama.cpp {variant}".strip(), statistics.median(theirs[mode, variant]),
+                         f"{statistics.median(ratios):.2f}x"))
+        for engine, tps, ratio in rows:
+            print(f"{mode:5} {engine:10} {active / 2**30:14.3f} {tps:7.2f} {1e3 / tps:7.1f} {active * tps / 1e9:12.2f} "
+                  f"{stream / 1e9:12.2f} {active * tps / stream:9.0%} {ratio:>13}")
+        r = ours[mode][0]
+        print(f"      llaisys load {r['load_s']:.1f} s, weights {r['weights'] / 2**30:.2f} GiB, peak RSS "
+              f"{r['peak'] / 2**30:.2f} GiB ({r['peak'] / r['weights']:.2f}x the weights)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     python benchmarks/ops_cpu.py --threads 1               # both sides on one thread
     python benchmarks/ops_cpu.py --omp-wait-policy passive # on a machine shared with other work
     python benchmarks/ops_cpu.py --ops linear_i8 --threads 2  # int8 weights vs bf16 (llaisys, torch) at decode
+    python benchmarks/ops_cpu.py --ops paged_attention     # decode over 8192 keys: a 1024-key window vs none
 
 Prints one row per (op, shape, dtype): llaisys ms, torch ms and ratio = torch / llaisys (> 1: llaisys is
 faster), each the median of several timed calls after warm-up, llaisys and torch timed in alternating
@@ -18,6 +19,9 @@ exceed the last-level cache, as in a real decode step where every layer's weight
 Prefill linears report GFLOP/s. An op whose kernel the CPU backend does not export (yet) shows "n/a".
 linear_i8 has its own table (decode only): int8 weights against the same shapes in bf16 through llaisys'
 linear and torch, each side's weight GB/s, and int8's fraction of the measured read bandwidth.
+paged_attention has its own table too: a decode step over a paged cache of 8192 keys with a sliding window of
+1024 (Gemma 3's, Mistral's) against no window, both llaisys, and torch's sdpa with HF's sliding-window mask over
+all 8192 keys and over the last 1024 only; ratio = no window / window (the keys before the window are skipped).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ LINEARS = [  # name, N (out features), K (in features)
     ("down_proj", HIDDEN, INTER),
     ("lm_head", VOCAB, HIDDEN),
 ]
-ALL_OPS = ["linear", "linear_i8", "self_attention", "add", "rms_norm", "rope", "swiglu", "embedding", "argmax", "sample"]
+ALL_OPS = ["linear", "linear_i8", "self_attention", "add", "rms_norm", "rope", "swiglu", "embedding", "argmax", "sample",
+           "paged_attention"]
+WINDOW_KEYS, WINDOW = 8192, 1024  # paged_attention: a decode step's keys, the sliding window
 
 
 def lt(t: torch.Tensor) -> llaisys.Tensor:
@@ -284,6 +290,55 @@ def attention_case(seq_q, seq_k):
     return ("self_attention", phase, f"q[{seq_q},{HEADS},{HEAD_DIM}] kv[{seq_k},{KV_HEADS},{HEAD_DIM}]", setup)
 
 
+def paged_window_sides(n: int, tdt, block_size: int = 16) -> dict:
+    """The callables run_paged_window times for n sequences (decode rows) over WINDOW_KEYS keys each, through
+    shuffled cache blocks."""
+    g = torch.Generator().manual_seed(0)
+    blocks = n * WINDOW_KEYS // block_size
+    k_cache = torch.randn(blocks, block_size, KV_HEADS, HEAD_DIM, generator=g).to(tdt)
+    v_cache = torch.randn(blocks, block_size, KV_HEADS, HEAD_DIM, generator=g).to(tdt)
+    tables = torch.randperm(blocks, generator=g).to(torch.int32).reshape(n, -1).contiguous()
+    q = torch.randn(n, HEADS, HEAD_DIM, generator=g).to(tdt)
+    seq_lens = torch.full((n,), WINDOW_KEYS, dtype=torch.int32)
+    starts = torch.arange(n + 1, dtype=torch.int32)
+    args = [lt(t) for t in (torch.empty(n, HEADS, HEAD_DIM, dtype=tdt), q, k_cache, v_cache, tables, seq_lens, starts)]
+    scale = HEAD_DIM ** -0.5
+    # torch: the first sequence's keys gathered (as a contiguous KV cache holds them), HF's window mask, n times
+    rows = (tables[0].long()[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    kt = k_cache.reshape(-1, KV_HEADS, HEAD_DIM)[rows].transpose(0, 1)[None]
+    vt = v_cache.reshape(-1, KV_HEADS, HEAD_DIM)[rows].transpose(0, 1)[None]
+    qt = q[:1].transpose(0, 1)[None]
+    mask = (torch.arange(WINDOW_KEYS) > WINDOW_KEYS - 1 - WINDOW)[None]  # [1 query, keys]
+    kw, vw = kt[:, :, -WINDOW:], vt[:, :, -WINDOW:]
+
+    def torch_masked(i):
+        for _ in range(n):
+            F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True)
+
+    def torch_last(i):
+        for _ in range(n):
+            F.scaled_dot_product_attention(qt, kw, vw, scale=scale, enable_gqa=True)
+
+    return {"window": lambda i: llaisys.ops.paged_attention(*args, scale, "exact", WINDOW),
+            "none": lambda i: llaisys.ops.paged_attention(*args, scale, "exact"),
+            "torch masked": torch_masked, "torch last-W": torch_last}
+
+
+def run_paged_window(timer, dtypes, sequences=(1, 4)):
+    """Decode over a paged cache of WINDOW_KEYS keys per sequence: the windowed call against the plain one, and
+    torch's sdpa with the sliding-window mask over every key or over the window's keys only."""
+    print(f"\n# paged_attention decode: {WINDOW_KEYS} keys per sequence, window {WINDOW}, load average "
+          f"{os.getloadavg()[0]:.1f}; ratio = no window / window")
+    print(f"{'sequences':>9} {'dtype':<5} {'window ms':>10} {'no window ms':>13} {'torch masked ms':>16} "
+          f"{'torch last-W ms':>16} {'ratio':>6}")
+    for n in sequences:
+        for d in dtypes:
+            times, _ = timer.sides(paged_window_sides(n, TORCH[d]))
+            ms = {k: v * 1e3 for k, v in times.items()}
+            print(f"{n:>9} {d:<5} {ms['window']:>10.3f} {ms['none']:>13.3f} {ms['torch masked']:>16.3f} "
+                  f"{ms['torch last-W']:>16.3f} {ms['none'] / ms['window']:>6.2f}", flush=True)
+
+
 def add_case(shape):
     def setup(tdt):
         a, b, c = torch.randn(shape).to(tdt), torch.randn(shape).to(tdt), torch.empty(shape, dtype=tdt)
@@ -462,6 +517,8 @@ def main(argv=None):
         # 256 MiB at least: on this 2-core VM a 64 MiB rotation (2x the L3 it reports) still read partly from
         # cache (a torch sum rotating over 64 MiB ran at 37 GB/s, over 256 MiB at 29.5)
         run_linear_i8(timer, max(2 * last_level_cache_bytes(), 256 << 20), machine_bw)
+    if "paged_attention" in ops:
+        run_paged_window(timer, dtypes)
     return 0
 
 

@@ -8,6 +8,9 @@
 #      same GPU, bf16, eager) vs llaisys with and without decode graph replay (LLAISYS_GRAPHS=0) — prefill
 #      tok/s at 16 and 512 tokens, decode tok/s, peak device memory
 #   5. benchmarks/linear_gpu.py: the batch-invariant linear against torch's (cuBLAS) at the model's shapes
+#   6. benchmarks/tp.py: the 1.5B model split over the GPUs (TP = as many as it splits over, at most all of
+#      them) against one GPU; with one GPU, TP=1 through an NCCL communicator of one. Stage 3 also runs
+#      tests/models/test_tensor_parallel.py on cuda (NCCL from the nvidia-nccl-cu13 wheel, installed in stage 1)
 # Each stage has its own time limit; a failed stage is reported and the next one still runs.
 #
 #   tools/gpu_check.sh [WORKDIR]        (default WORKDIR: /tmp/llaisys-gpu-check)
@@ -68,7 +71,7 @@ if [ -n "${LLAISYS_GPU_CHECK_WHEELS:-}" ]; then
     stage "install wheels" 120 "$PY" -m pip install -q --no-deps --no-index --force-reinstall ${PIP_ARGS:-} \
         "$LLAISYS_GPU_CHECK_WHEELS"/*.whl
 else
-    PACKAGES="$ROOT/llaisys-core $ROOT/llaisys-backend-cpu $ROOT/llaisys-models $ROOT/llaisys-backend-cuda"
+    PACKAGES="$ROOT/llaisys-core $ROOT/llaisys-backend-cpu $ROOT/llaisys-models $ROOT/llaisys-backend-cuda[nccl]"
     # online: build isolation fetches the CUDA wheels only if no toolkit is installed; offline: the installed
     # toolkit (CUDA_HOME / nvcc) and what the venv already has
     stage "build + install" 300 bash -c "'$PY' -m pip install -q ${PIP_ARGS:-} $PACKAGES -r '$ROOT/tests/requirements.txt' ||
@@ -102,6 +105,12 @@ E2E="$LOG/e2e_benchmark.log"
 stage "linear vs torch" 120 "$PY" benchmarks/linear_gpu.py
 LINEAR="$LOG/linear_vs_torch.log"
 
+# ---- 6. tensor parallelism over NCCL -------------------------------------------------------------------
+NGPU="$(nvidia-smi -L | wc -l)"
+if [ "$NGPU" -ge 2 ]; then TP_ARGS=(--device cuda); else TP_ARGS=(--device cuda --tensor-parallel 1 --through-communicator); fi
+stage "tensor parallel ($NGPU GPU)" 240 "$PY" benchmarks/tp.py --model "$MODEL" --rounds 2 --decode-tokens 64 "${TP_ARGS[@]}"
+TP="$LOG/tensor_parallel__${NGPU}_GPU_.log"
+
 # ---- summary (last) ------------------------------------------------------------------------------------
 echo
 echo "llaisys GPU check — $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -112,6 +121,10 @@ for r in "${ROWS[@]}"; do echo "$r"; done
 if [ -f "$E2E" ] && grep -q "^model " "$E2E"; then
     echo
     sed -n '/^model /,$p' "$E2E"
+fi
+if [ -f "$TP" ] && grep -q "^configuration" "$TP"; then
+    echo
+    sed -n '/^configuration/,$p' "$TP"
 fi
 if [ -f "$LINEAR" ] && grep -q "llaisys us" "$LINEAR"; then
     echo

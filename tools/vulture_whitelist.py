@@ -10,8 +10,9 @@ import uvicorn
 
 from llaisys import abi, backend, dlpack, tensor
 from llaisys_models import causal_lm, cli, config, decode_graph, generation, grammar, parity, text
-from llaisys_models.serve import background
+from llaisys_models.serve import background, ray_app
 from llaisys_models.serve import cli as serve_cli
+from llaisys_models.serve.replicas import deployments, router
 
 # The ABI mirror: every code of backend.h's enums, whether core's Python reads it or not
 # (tests/core/test_abi_header.py checks them against the header).
@@ -51,6 +52,11 @@ cli.register_infer
 serve_cli.register_serve
 uvicorn.Server.should_exit  # serve/background.py sets it; uvicorn reads it
 exc  # noqa: F821 (def __exit__(self, *exc) in progress.py and serve/background.py)
+ray_app.build_app  # Ray's `serve run llaisys_models.serve.ray_app:build_app` calls it
+deployments.LlaisysReplica.check_health  # Ray Serve's health check calls it
+router.PrefixAwareRouter.initialize_state  # Ray Serve's RequestRouter interface: Ray calls these
+router.PrefixAwareRouter.choose_replicas
+router.PrefixAwareRouter.on_request_routed
 
 # llaisys-models: used only by the tests, or public attributes of results (llaisys-models' owners to decide).
 config.ModelConfig.bos_token_id

@@ -96,6 +96,14 @@ constexpr const char* kVendor = "Iluvatar CoreX";
 constexpr const char* kDeviceNodes = "/dev/iluvatar*";  // one per GPU, made by the kernel driver
 constexpr const char* kListTool = "ixsmi";               // lists the GPUs the driver sees
 constexpr const char* kArchOption = "LLAISYS_ILUVATAR_ARCH";
+// The collectives' library (common/collectives.cu): CoreX's NCCL-compatible library, under NCCL's name, in
+// the SDK's lib64 ($COREX_HOME, default /usr/local/corex) or on the library path.
+constexpr const char* kNcclBesideLibrary = "";  // ("": none)
+constexpr const char* kNcclSdkHome = "COREX_HOME";
+constexpr const char* kNcclSdkDefault = "/usr/local/corex";
+constexpr const char* kNcclSdkFile = "lib64/libnccl.so";
+constexpr const char* kNcclName = "libnccl.so";
+constexpr const char* kNcclRemedy = "install the CoreX SDK with its NCCL-compatible library ($COREX_HOME/lib64/libnccl.so)";
 
 // CoreX's clang builds for a named architecture (--cuda-gpu-arch=ivcoreNN) and runs nothing else; a device
 // reports a compute capability instead: 7.0 = ivcore10 (BI-V100), 7.1 = ivcore11 (BI-V150, MR-V100),
@@ -113,6 +121,14 @@ constexpr const char* kVendor = "NVIDIA";
 constexpr const char* kDeviceNodes = "/dev/nvidia[0-9]*";
 constexpr const char* kListTool = "nvidia-smi";
 constexpr const char* kArchOption = "LLAISYS_CUDA_ARCHS";
+// The collectives' library (common/collectives.cu): NCCL from NVIDIA's nvidia-nccl-cu13 wheel, which pip
+// puts in site-packages/nvidia/nccl/lib (relative to this library's folder below), or one on the library path.
+constexpr const char* kNcclBesideLibrary = "../nvidia/nccl/lib/libnccl.so.2";
+constexpr const char* kNcclSdkHome = "";  // ("": no SDK folder to look in)
+constexpr const char* kNcclSdkDefault = "";
+constexpr const char* kNcclSdkFile = "";
+constexpr const char* kNcclName = "libnccl.so.2";
+constexpr const char* kNcclRemedy = "pip install nvidia-nccl-cu13 (or llaisys-backend-cuda[nccl])";
 #endif
 
 // The largest fixed block any kernel launches; a device allowing fewer threads per block is refused (the

@@ -14,7 +14,9 @@ import threading
 
 import numpy as np
 import pytest
-from abi import CODES, INVALID_ARGUMENT, NOT_SUPPORTED, OK, OUT_OF_MEMORY, SLOTS, DeviceBuffers
+from abi import CODES, INVALID_ARGUMENT, NOT_SUPPORTED, OK, OUT_OF_MEMORY, RUNTIME_ERROR, SLOTS, DeviceBuffers
+
+from llaisys.abi import UNIQUE_ID_BYTES
 
 OPS = sorted(name for name, slot in SLOTS.items() if slot.kind == "OP")
 F32 = CODES["LLAISYS_F32"]
@@ -119,15 +121,22 @@ def _op_args(buffers, op, dtype, numerics):
                              q4_0_blocks()[1], None),
         "embedding_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 32, 3, f(2, 32), index, q4_0_blocks()[0],
                                 q4_0_blocks()[1]),
-        "rms_norm": lambda: (dtype, numerics, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
+        "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
+        "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
         "self_attention": lambda: (dtype, numerics, 2, 2, 2, 1, 8, 8, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 1, 8),
                                    f(2, 1, 8)),
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
+        "geglu_tanh": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "moe_router": lambda: (dtype, 2, 4, 2, 1, f(2, 2), buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4)),
         "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),
                                buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "moe_combine": lambda: (dtype, 2, 2, 3, f(2, 3), f(2, 2, 3), f(2, 2)),
+        # 4 experts [3, 8]: weight int8 [4, 1, 1, 8, 16, 4], scales bf16 [4, 1, 1, 16] (as raw 16-bit words)
+        "moe_linear_i8": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8),
+                                  buffers.upload(np.ones((4, 1, 1, 8, 16, 4), np.int8)),
+                                  buffers.upload(np.full((4, 1, 1, 16), 0x3f80, np.uint16)),
+                                  buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
         "mask_logits": lambda: (dtype, 1, 8, f(8), i32(1)),
         # logits [8], chosen token 1, temperature 1, the top 2: ids int64 [2], values f32 [3]
@@ -135,14 +144,14 @@ def _op_args(buffers, op, dtype, numerics):
         "penalize_logits": lambda: (dtype, 8, 2, f(8), index, buffers.upload(np.zeros((2, 2), np.int64)), None, 1.2,
                                     0.5, 0.5),
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
-        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 8),
+        "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8), f(2, 2, 8),
                                     f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
         "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
     }[op]()
 
 
 DTYPE_OPS = [op for op in OPS if SLOTS[op].argtypes[2] is ctypes.c_int and op != "rearrange"]
-NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu", "paged_attention"]
+NUMERICS_OPS = ["rms_norm", "rope", "self_attention", "swiglu", "geglu_tanh", "paged_attention"]
 
 
 @pytest.mark.parametrize("op", DTYPE_OPS)
@@ -217,7 +226,7 @@ def test_paged_attention_checks_its_index_data(on_device, case):
         f = lambda *shape: buffers.alloc(4 * int(np.prod(shape)))  # noqa: E731
         i32 = lambda values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
         status = on_device("paged_attention", 0, None, F32, CODES["LLAISYS_NUMERICS_EXACT"], 2, 1, 2, 1, 8, 8, 2, 2, 2,
-                           0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
+                           0, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
                            i32(query_start))
         on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
 
@@ -309,3 +318,45 @@ def test_optional_events(on_device):
     for event in (start, end):
         on_device.check("event_destroy", 0, event)
     on_device.check("stream_destroy", 0, stream)
+
+
+COLLECTIVES = ["comm_unique_id", "comm_create", "comm_destroy", "comm_abort", "comm_all_reduce", "comm_all_gather",
+               "comm_broadcast"]
+
+
+def test_optional_collectives(on_device):
+    """A communicator of one rank: the collectives copy (in place, all_gather's rank 0 slot); bad ranks and
+    dtypes are refused; a backend whose collective library is missing says NOT_SUPPORTED and what to install."""
+    if not all(on_device.has(n) for n in COLLECTIVES):
+        pytest.skip(f"{on_device.backend.name} has no collectives (optional)")
+    uid = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+    status = on_device("comm_unique_id", 0, uid)
+    if status == NOT_SUPPORTED:  # (CUDA without NCCL): the message says what to install
+        on_device.expect(status, NOT_SUPPORTED, "pip install")
+        return
+    on_device.expect(status, OK)
+    comm = ctypes.c_void_p()
+    on_device.expect(on_device("comm_create", 0, uid, 1, 1, 1000, ctypes.byref(comm)), INVALID_ARGUMENT, "rank 1")
+    on_device.expect(on_device("comm_create", 0, uid, 0, 1, 0, ctypes.byref(comm)), INVALID_ARGUMENT, "timeout")
+    on_device.check("comm_create", 0, uid, 0, 1, 5000, ctypes.byref(comm))
+    try:
+        with DeviceBuffers(on_device) as buffers:
+            values = np.arange(7, dtype=np.float32) - 2.5
+            data, out = buffers.upload(values), buffers.upload(np.full(7, np.nan, np.float32))
+            on_device.check("comm_all_reduce", 0, None, comm, F32, 7, out, data)
+            on_device.check("comm_all_reduce", 0, None, comm, F32, 7, data, data)  # in place
+            on_device.expect(on_device.finish(on_device("comm_all_reduce", 0, None, comm, UNKNOWN_DTYPE, 7, out, data)),
+                             NOT_SUPPORTED, str(UNKNOWN_DTYPE))
+            gathered = buffers.upload(np.zeros(7, np.float32))
+            on_device.check("comm_all_gather", 0, None, comm, 28, gathered, data)
+            on_device.check("comm_broadcast", 0, None, comm, 28, data, 0)
+            on_device.expect(on_device("comm_broadcast", 0, None, comm, 28, data, 1), INVALID_ARGUMENT, "root 1")
+            on_device.check("device_synchronize", 0)
+            for ptr in (out, data, gathered):
+                np.testing.assert_array_equal(buffers.download(ptr, values), values)
+        on_device.check("comm_abort", comm, b"probe")  # later collectives fail, saying so
+        on_device.expect(on_device.finish(on_device("comm_all_reduce", 0, None, comm, F32, 0, None, None)),
+                         RUNTIME_ERROR, "abort")
+    finally:
+        on_device.check("comm_destroy", comm)
+    on_device.check("comm_destroy", None)

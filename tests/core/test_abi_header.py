@@ -86,6 +86,11 @@ def test_api_version_matches():
     assert version == abi.API_VERSION == llaisys.API_VERSION
 
 
+def test_unique_id_size_matches():
+    size = int(re.search(r"#define LLAISYS_UNIQUE_ID_BYTES (\d+)", HEADER.read_text()).group(1))
+    assert size == abi.UNIQUE_ID_BYTES
+
+
 def test_enums_match():
     enums = parse_enums(header_text())
     assert set(enums) == {c_name for c_name, _, _ in abi.ENUMS}, "every enum of the header is mirrored in llaisys.abi"

@@ -3,7 +3,11 @@
 ``write_gguf(hf_model, tokenizer_dir, path, qtype)`` stores every matrix as ``qtype`` and the norms
 and biases as F32 (as llama.cpp does), the hyper-parameters under llama.cpp's keys, the
 tokenizer as ``tokenizer.ggml.*`` metadata, and for the Llama architecture the Q/K rows in
-llama.cpp's permuted order.
+llama.cpp's permuted order. Sliding windows as the converters write them: Phi-3's and Gemma 3's
+attention.sliding_window, none for Llama (Mistral) and Qwen2 files. Gemma 3 (convert_hf_to_gguf's
+Gemma3Model): norms stored as 1 + w, the sliding layers' rope base as rope.freq_base_swa; its
+converter writes no attention.sliding_window_pattern (llama.cpp then takes every 6th layer as global),
+so this writer adds the key when the checkpoint's layer_types say otherwise (llama.cpp reads it).
 
 Matrices are quantized by the ``gguf`` package's own quantizers where it has one (F16, BF16,
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). It has none for the k-quants, so those blocks are random bytes
@@ -38,13 +42,17 @@ LAYER_TENSORS = {  # HF name after "model.layers.{i}." -> GGUF name after "blk.{
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",  # Qwen3
     "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3
 }
-GGUF_ARCH = {"mistral": "llama"}  # llama.cpp writes Mistral as the Llama architecture
+GEMMA_LAYER_TENSORS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                       "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+GGUF_ARCH = {"mistral": "llama", "gemma3_text": "gemma3"}  # (llama.cpp writes Mistral as the Llama architecture)
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "qwen2") -> str:
     if hf_name.startswith("model.layers."):
         i, rest = hf_name[len("model.layers."):].split(".", 1)
-        return f"blk.{i}.{LAYER_TENSORS[rest]}"
+        names = {**LAYER_TENSORS, **GEMMA_LAYER_TENSORS} if arch == "gemma3" else LAYER_TENSORS
+        return f"blk.{i}.{names[rest]}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf_name]
 
@@ -139,13 +147,15 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # (Gemma 3: one per layer type)
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == Q.F32 else gguf.LlamaFileType.GUESSED)
     if tokenizer:
         write_tokenizer_metadata(writer, tokenizer_dir, c.vocab_size)
-    rope_freqs = write_rope_scaling(writer, c, head_dim)
+    rope_freqs = write_rope_scaling(writer, rope, head_dim)
+    write_sliding_window(writer, c, model_arch)
     add_extra(writer, extra)  # after the standard keys, so it can replace one
 
     rng = np.random.default_rng(seed)
@@ -153,9 +163,11 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         w = param.detach().float().numpy()
-        name = gguf_name(hf_name)
+        name = gguf_name(hf_name, model_arch)
         if name in skip:
             continue
+        if model_arch == "gemma3" and name.endswith("norm.weight"):
+            w = w + np.float32(1)  # Gemma3Model.modify_tensors: Gemma3RMSNorm multiplies by 1 + w
         if model_arch == "llama" and ".attn_q." in name:
             w = llama_permute(w, c.num_attention_heads)
         elif model_arch == "llama" and ".attn_k." in name:
@@ -173,12 +185,25 @@ def write_gguf(hf_model, tokenizer_dir: Path | None, path: Path, qtype: Q, seed:
     return path
 
 
-def write_rope_scaling(writer: gguf.GGUFWriter, c, head_dim: int) -> np.ndarray | None:
-    """The config's rope scaling as llama.cpp's converter writes it: linear and YaRN as rope.scaling.* keys,
-    llama3 as the tensor rope_freqs.weight (returned) of per-frequency divisors (convert_hf_to_gguf.py)."""
+def write_sliding_window(writer: gguf.GGUFWriter, c, arch: str) -> None:
+    """attention.sliding_window as Phi3MiniModel (0 for none) and Gemma3Model write it; and for Gemma 3 the
+    pattern llama.cpp reads, where the layers are not its default (every 6th global)."""
+    if arch == "phi3":
+        writer.add_sliding_window(c.sliding_window or 0)
+    if arch == "gemma3":
+        writer.add_sliding_window(c.sliding_window)
+        writer.add_rope_freq_base_swa(float(c.rope_parameters["sliding_attention"]["rope_theta"]))
+        sliding = [t == "sliding_attention" for t in c.layer_types]
+        if sliding != [i % 6 < 5 for i in range(len(sliding))]:
+            writer.add_sliding_window_pattern(sliding)
+
+
+def write_rope_scaling(writer: gguf.GGUFWriter, rope: dict, head_dim: int) -> np.ndarray | None:
+    """The config's rope scaling (its rope_parameters) as llama.cpp's converter writes it: linear and YaRN as
+    rope.scaling.* keys, llama3 as the tensor rope_freqs.weight (returned) of per-frequency divisors
+    (convert_hf_to_gguf.py)."""
     import math
 
-    rope = c.rope_parameters
     kind = rope.get("rope_type", "default")
     if kind in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)

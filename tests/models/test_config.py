@@ -56,19 +56,72 @@ def test_llama_biases_follow_attention_bias():
     assert c.qkv_bias and c.o_bias and c.mlp_bias
 
 
+def windows(c: ModelConfig) -> list[int]:
+    return [c.window(i) for i in range(c.num_hidden_layers)]
+
+
 def test_tie_word_embeddings_and_sliding_window():
+    """Each family's layers window as its HF modeling code windows them (config.py's table)."""
     assert config(tie_word_embeddings=True).tie_word_embeddings
-    assert config(use_sliding_window=False, sliding_window=4096).sliding_window is None
-    assert config(use_sliding_window=True, sliding_window=64, max_window_layers=1).sliding_window == 64
-    assert config(layer_types=["full_attention", "sliding_attention"], sliding_window=32).sliding_window == 32
-    # Mistral, Mixtral and Phi-3 window every layer when a window is set below max_position_embeddings (4096)
+    # Qwen2 / Qwen3: use_sliding_window, then layer_types or the layers from max_window_layers (HF default 28) on
+    assert windows(config(use_sliding_window=False, sliding_window=4096)) == [0, 0]
+    assert windows(config(use_sliding_window=True, sliding_window=64, max_window_layers=1)) == [0, 64]
+    assert windows(config(use_sliding_window=True, sliding_window=64)) == [0, 0]  # 28 layers before any slides
+    assert windows(config(use_sliding_window=True, sliding_window=64, max_window_layers=0)) == [64, 64]
+    assert windows(config(use_sliding_window=True, layer_types=["sliding_attention", "full_attention"],
+                          sliding_window=32)) == [32, 0]
+    assert windows(config(layer_types=["full_attention"] * 2, sliding_window=32)) == [0, 0]
+    # Mistral, Mixtral and Phi-3 window every layer when a window is set (whatever max_position_embeddings is),
+    # and ignore layer_types as HF does; Qwen3-MoE too, when use_sliding_window
     for family in (dict(architectures=["MistralForCausalLM"], model_type="mistral"),
                    dict(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
                         num_experts_per_tok=2),
                    dict(architectures=["Phi3ForCausalLM"], model_type="phi3")):
-        assert config(**family, sliding_window=2047).sliding_window == 2047
-        assert config(**family, sliding_window=4096).sliding_window is None
+        assert windows(config(**family, sliding_window=2047)) == [2047, 2047]
+        assert windows(config(**family, sliding_window=8192, layer_types=["x"])) == [8192, 8192]
         assert config(**family, sliding_window=None).sliding_window is None
+    moe = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=64)
+    assert windows(config(**moe, sliding_window=100)) == [0, 0]
+    assert windows(config(**moe, sliding_window=100, use_sliding_window=True)) == [100, 100]
+    # Llama has no window
+    assert windows(config(architectures=["LlamaForCausalLM"], model_type="llama", sliding_window=16)) == [0, 0]
+
+
+GEMMA3 = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=7, head_dim=64,
+              hidden_size=640, num_attention_heads=4, num_key_value_heads=1)
+
+
+def test_multimodal_gemma3_is_refused_by_name(tmp_path):
+    write(tmp_path, json.dumps({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                                "text_config": {"hidden_size": 2560}}))
+    with pytest.raises(ModelLoadError, match="'Gemma3ForConditionalGeneration' .*vision tower.*Gemma3ForCausalLM"):
+        ModelConfig.from_file(tmp_path, supported={"Gemma3ForCausalLM"})
+
+
+def test_gemma3_sliding_layers_need_a_window():
+    with pytest.raises(ModelLoadError, match="layer 0 a sliding_attention layer, but sliding_window is null"):
+        ModelConfig.from_dict(dict(BASE, **GEMMA3, sliding_window=None))  # (null, not absent: HF's default 4096)
+
+
+def test_gemma3_fields():
+    """Gemma 3 with HF's defaults where config.json is silent: window 4096 on all layers but every 6th, rope bases
+    1e6 (global) and 1e4 (sliding), query_pre_attn_scalar 256, tied embeddings, the tanh GELU, (1 + w) norms."""
+    c = config(**GEMMA3)
+    assert windows(c) == [4096] * 5 + [0, 4096]
+    assert (c.rope_theta, c.rope_local_theta, c.attention_scale) == (1e6, 1e4, 256 ** -0.5)
+    assert c.tie_word_embeddings and c.qk_norm and c.sandwich_norms
+    assert c.norm_offset == 1.0 and c.max_position_embeddings == 4096  # (BASE sets it)
+    c = config(**GEMMA3, sliding_window=512, sliding_window_pattern=2, query_pre_attn_scalar=168,
+               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}})
+    assert windows(c) == [512, 0] * 3 + [512]
+    assert c.rope_scaling.rope_type == "linear" and c.rope_local_theta == 2e4 and c.attention_scale == 168 ** -0.5
+    # transformers 4 wrote rope_theta, rope_local_base_freq and rope_scaling at the top level
+    c = config(**GEMMA3, rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert c.rope_scaling.factor == 8.0 and c.rope_local_theta == 1e4
+    kinds = ["full_attention", "sliding_attention"] * 3 + ["full_attention"]
+    assert windows(config(**GEMMA3, layer_types=kinds, sliding_window=16)) == [0, 16] * 3 + [0]
 
 
 def test_family_variations():
@@ -129,7 +182,28 @@ def test_rope_scaling_forms(raw, kind):
     (dict(tie_word_embeddings="false"), "'tie_word_embeddings' must be true or false, got 'false'"),
     (dict(attention_bias=1), "attention_bias"),
     (dict(use_sliding_window="true"), "use_sliding_window"),
+    (dict(num_hidden_layers=10**9), "'num_hidden_layers' = 1000000000 is more than llaisys runs"),
     (dict(use_sliding_window=True, max_window_layers="2"), "max_window_layers"),
+    (dict(use_sliding_window=True, layer_types=["full_attention"]), "'layer_types' names 1 layers, but "
+                                                                    "num_hidden_layers is 2"),
+    (dict(use_sliding_window=True, layer_types=["full_attention", "chunked_attention"]),
+     "'layer_types\\[1\\]' is 'chunked_attention'"),
+    (dict(use_sliding_window=True, layer_types="full_attention"), "'layer_types' must be a list"),
+    (dict(layer_types=["sliding_attention", "full_attention"]), "layer 0 a sliding_attention layer, but "
+                                                                "use_sliding_window is false"),
+    (dict(use_sliding_window=True, sliding_window=0, max_window_layers=0), "'sliding_window' must be a positive"),
+    (dict(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window="4096"), "'sliding_window'"),
+    (dict(GEMMA3, final_logit_softcapping=30.0), "'final_logit_softcapping' is 30.0: logit soft-capping"),
+    (dict(GEMMA3, attn_logit_softcapping=50.0), "'attn_logit_softcapping'"),
+    (dict(GEMMA3, use_bidirectional_attention=True), "'use_bidirectional_attention' is true"),
+    (dict(GEMMA3, hidden_activation="gelu"), "'hidden_activation' is 'gelu'"),
+    (dict(GEMMA3, query_pre_attn_scalar=0), "'query_pre_attn_scalar' must be a finite positive"),
+    (dict(GEMMA3, sliding_window_pattern=0), "'sliding_window_pattern' must be a positive"),
+    (dict(GEMMA3, layer_types=["sliding_attention"] * 6), "'layer_types' names 6 layers, but num_hidden_layers is 7"),
+    (dict(GEMMA3, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "yarn", "factor": 2.0}}),
+     "sliding_attention.rope_type"),
+    (dict(GEMMA3, rope_local_base_freq=-1), "'rope_local_base_freq' must be a finite positive"),
     (dict(rope_theta=float("inf")), "'rope_theta' must be a finite positive number, got inf"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": float("nan")}), "rope_theta"),
     (dict(rms_norm_eps=float("inf")), "rms_norm_eps"),

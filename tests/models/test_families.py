@@ -1,4 +1,5 @@
-"""The families beyond Qwen2 / Llama 2 (Qwen3, Mistral, Phi-3, Llama 3.1's llama3 rope, Qwen2.5's YaRN rope).
+"""The families beyond Qwen2 / Llama 2 (Qwen3, Mistral, Phi-3, Llama 3.1's llama3 rope, Qwen2.5's YaRN rope,
+Gemma 3), with sliding windows where the family has them (tiny_models.SPECS).
 
 Their greedy parity with HF transformers (f32 and bf16) is test_parity's, over tiny_models.SPECS; int8
 against HF bf16 is test_int8's (also over SPECS). Here: each family batched (the scheduler, chunked
@@ -10,19 +11,28 @@ transformers reads that architecture's GGUF, else the directory the file was wri
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType
 from test_gguf import hf_reference
 
 import llaisys_models
-from gguf_files import write_gguf
+from gguf_files import write_gguf, write_tiny_gguf
+from llaisys_models import ModelLoadError
+from llaisys_models.gguf.config import model_config
+from llaisys_models.gguf.reader import GGUFFile
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 from tiny_models import SPECS, Spec, make_checkpoint, prompt
 
 FAMILIES = {"qwen3_f32": "Qwen3", "mistral_f32": "Llama", "phi3_f32": "Phi3", "llama3_f32": "Llama",
-            "qwen2_yarn_f32": "Qwen2"}
+            "qwen2_yarn_f32": "Qwen2", "gemma3_f32": "Gemma3"}
+# llama.cpp's converter writes no sliding window for Llama-architecture (Mistral) and Qwen2 files (llama.cpp runs
+# them without one): such a file is its directory only up to the window
+WINDOW_DROPPED = {"mistral_f32", "qwen2_yarn_f32"}
 # architectures whose GGUF files transformers reads (Llama's loader ignores llama.cpp's rope scaling and
 # head_dim keys, so Mistral / llama3 / YaRN files are compared with their directories instead)
 HF_READS_GGUF = {"qwen3": Spec(arch="qwen3", hidden=128, heads=2, kv_heads=1, head_dim=128, seed=13),
@@ -49,7 +59,7 @@ def test_batched_and_graphed_generation_is_generation_alone(tiny_models, device,
         assert graphed._decode_graphs.replays > 0
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n != "gemma3_f32"])
 def test_gguf_file_of_each_family(tiny_models, tmp_path, device, name):
     directory = tiny_models.path(name)
     path = write_gguf(tiny_models.hf(name), directory, tmp_path / f"{name}.gguf", Q.F32)
@@ -57,7 +67,9 @@ def test_gguf_file_of_each_family(tiny_models, tmp_path, device, name):
     assert type(model).__name__ == FAMILIES[name]
     # an F32 file holds the checkpoint: the directory's forward (a llama3 file's rope table is llama.cpp's
     # rope_freqs.weight divisors, a few f32 ulps from HF's formula, so its logits are close, not equal)
-    ids = prompt(name, 64, SPECS[name].vocab)
+    window = SPECS[name].sliding_window
+    assert model.config.sliding_window == (None if name in WINDOW_DROPPED else window)
+    ids = prompt(name, min(64, window) if name in WINDOW_DROPPED else 64, SPECS[name].vocab)
     from_gguf, from_dir = model.logits(ids), llaisys_models.load(directory, device=device).logits(ids)
     if name == "llama3_f32":
         assert model.config.rope_scaling.rope_type == "freq_factors"
@@ -100,13 +112,58 @@ def test_cli_infer_test_passes(tiny_models, device, capsys, name):
     assert rc == 0 and "PASS: identical" in out, out
 
 
-def test_gguf_sliding_window_caps_the_context(tiny_models, tmp_path):
-    """A Phi-3 GGUF file's attention.sliding_window (Phi-3-mini-4k: 2047) below its context length caps
-    generation at the window, as config.json's does (sliding-window attention is not implemented yet)."""
-    name = "phi3_f32"
-    path = write_gguf(tiny_models.hf(name), tiny_models.path(name), tmp_path / "w.gguf", Q.F32,
-                      extra={"phi3.attention.sliding_window": 64})
-    model = llaisys_models.load(path, device="cpu")
-    assert model.config.sliding_window == 64 and model.context_length == 64
-    with pytest.raises(ValueError, match="sliding window of 64"):
-        model.generate(prompt(name, 60, SPECS[name].vocab), 8)
+def test_gemma3_gguf_file_is_its_directory(tmp_path, device):
+    """A Gemma 3 F32 file as llama.cpp's converter writes it (norms 1 + w, rope.freq_base_swa, the window; the
+    sliding layers' pattern, which llama.cpp reads) == the directory it was written from, bit for bit, and that
+    directory's forward is HF's. The file cannot say query_pre_attn_scalar (llama.cpp takes head_dim, or
+    hidden / heads for the 27B), so this checkpoint's is head_dim."""
+    from transformers import AutoModelForCausalLM
+
+    spec = dataclasses.replace(SPECS["gemma3_f32"], query_pre_attn_scalar=SPECS["gemma3_f32"].head_dim)
+    directory = make_checkpoint(tmp_path / "gemma3", spec)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    path = write_gguf(hf, directory, tmp_path / "gemma3.gguf", Q.F32)
+    model = llaisys_models.load(path, device=device)
+    assert type(model).__name__ == "Gemma3"
+    c = model.config
+    assert (c.sliding_window, c.sliding_layers, c.rope_local_theta) == (24, (0, 2), 10000.0)
+    assert model.weights.norm.dtype.name == "float32"
+    ids = prompt("gemma3_f32", 64, spec.vocab)
+    from_gguf = model.logits(ids)
+    np.testing.assert_array_equal(from_gguf, llaisys_models.load(directory, device=device).logits(ids))
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(from_gguf, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # layers as Gemma 3's releases have them (every 6th global: here all 3 slide): no pattern key in the file,
+    # llama.cpp's default read
+    spec = dataclasses.replace(spec, window_pattern=6)
+    directory = make_checkpoint(tmp_path / "gemma3-6", spec)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    f = GGUFFile(write_gguf(hf, directory, tmp_path / "gemma3-6.gguf", Q.F32))
+    assert "gemma3.attention.sliding_window_pattern" not in f.metadata
+    assert model_config(f).sliding_layers == (0, 1, 2)
+
+
+V = GGUFValueType
+WINDOW = "qwen2.attention.sliding_window"
+
+
+@pytest.mark.parametrize("extra, window, layers", [
+    ({}, None, ()),
+    ({WINDOW: 0}, None, ()),  # (Phi-3's converter writes 0 for none)
+    ({WINDOW: 8}, 8, (0, 1, 2)),  # every layer (Phi-3; HF's Mistral)
+    ({WINDOW: 8, "qwen2.attention.sliding_window_pattern": 3}, 8, (0, 1)),  # i % 3 < 2 (llama.cpp's n)
+    ({WINDOW: 8, "qwen2.attention.sliding_window_pattern": ([False, True, True], V.ARRAY, V.BOOL)}, 8, (1, 2)),
+])
+def test_gguf_sliding_window_metadata(tmp_path, extra, window, layers):
+    f = GGUFFile(write_tiny_gguf(tmp_path / "w.gguf", layers=3, extra=extra))
+    c = model_config(f)
+    assert (c.sliding_window, c.sliding_layers) == (window, layers)
+
+
+def test_gguf_sliding_window_pattern_of_the_wrong_length(tmp_path):
+    pattern = ([True, False], V.ARRAY, V.BOOL)
+    f = GGUFFile(write_tiny_gguf(tmp_path / "w.gguf", layers=3, extra={WINDOW: 8,
+                                                                      "qwen2.attention.sliding_window_pattern": pattern}))
+    with pytest.raises(ModelLoadError, match="sliding_window_pattern must hold one true/false per layer"):
+        model_config(f)

@@ -73,12 +73,12 @@ class GGUFModels:
         return self._refs[arch, qtype]
 
 
-def hf_reference(path, ids: list[int]) -> Reference:
-    """HF transformers reading the GGUF file ``path``: its greedy tokens after ``ids`` and its logits (float32
-    and exact float64) along them."""
+def hf_reference(path, ids: list[int], **kwargs) -> Reference:
+    """HF transformers reading the GGUF file ``path`` (``kwargs``: more of from_pretrained's): its greedy tokens
+    after ``ids`` and its logits (float32 and exact float64) along them."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **kwargs).eval()
     with torch.no_grad():
         x = torch.tensor([ids])
         tokens = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,

@@ -150,7 +150,8 @@ def test_unsupported_quant_type_names_it_and_the_tensor(tiny_models, tmp_path):
 def test_unsupported_architecture(tiny_models, tmp_path):
     path = write_gguf(tiny_models.hf(MODEL, "f32"), tiny_models.path(MODEL), tmp_path / "g.gguf", Q.F32,
                       arch="gemma")
-    load_error(path, "GGUF architecture 'gemma' is not supported; llaisys runs llama, phi3, qwen2, qwen3")
+    load_error(path, "GGUF architecture 'gemma' is not supported; llaisys runs gemma3, llama, phi3, qwen2, qwen3, "
+                     "qwen3moe")
 
 
 def test_missing_tensor(tiny_models, tmp_path):

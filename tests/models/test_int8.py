@@ -90,7 +90,7 @@ def test_what_is_quantized(tiny_models, int8_device, name):
             weight = getattr(layer, field)
             assert isinstance(weight, Int8Weight), field
             assert (weight.weight.shape, weight.scales.shape) == llaisys.ops.int8_shapes(*weight.shape), field
-        assert layer.input_norm.dtype == layer.post_norm.dtype == model.dtype
+        assert layer.input_norm.dtype == layer.mlp_norm.dtype == model.dtype
         assert all(b is None or b.dtype == model.dtype for b in (layer.q_bias, layer.k_bias, layer.v_bias))
     if spec.tie:  # the lm_head's int8 values are the embedding's, quantized
         embedding = w.embed_tokens.numpy().astype(np.float32)

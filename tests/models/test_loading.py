@@ -146,8 +146,8 @@ def test_a_gguf_only_directory_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("config, match", [
     ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12},
-     r"config.json: architecture 'GPT2LMHeadModel' is not supported; llaisys_models runs LlamaForCausalLM, "
-     r"MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+     r"config.json: architecture 'GPT2LMHeadModel' is not supported; llaisys_models runs Gemma3ForCausalLM, "
+     r"LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
      r"Qwen3MoeForCausalLM$"),
     ({"model_type": "gpt2", "n_embd": 768}, r"architecture \(none; model_type 'gpt2'\) is not supported"),
 ])
@@ -277,9 +277,10 @@ def test_model_path_that_is_a_file(tiny_models):
 
 def test_layer_count_is_checked_against_the_checkpoint_first(broken):
     """A corrupt count (10**9 took 28 s, then MemoryError) must not build a plan per layer before the
-    tensors are counted. 10**5 here: should this regress, the test fails on the message, not on memory."""
+    tensors are counted. 10**5 here: should this regress, the test fails on the message, not on memory. (A
+    layer_types list of the old length would be refused first, by config.py: it goes.)"""
     path = broken()
-    edit_config(path, num_hidden_layers=10**5)
+    edit_config(path, num_hidden_layers=10**5, layer_types=None)
     expect_load_error(path, rf"num_hidden_layers = {10**5}.*{SPECS[F32].layers} layers; layer "
                             rf"{SPECS[F32].layers} is missing")
 

@@ -52,10 +52,21 @@ def near_tie(hf_row: np.ndarray, exact_row: np.ndarray, mine: int, hf_token: int
         f"(tolerance {tol:.3g}), the exact one {exact_gap:.4g} (tolerance {exact_tol:.3g}): not a near-tie")
 
 
-def check_against_reference(model, ref, dtype: str) -> list[int]:
-    """Returns the steps where llaisys' greedy choice differed from HF's (each one a near-tie)."""
+def check_against_reference(model, ref, dtype: str, routing=None) -> list[int]:
+    """Returns the steps where llaisys' greedy choice differed from HF's (each one a near-tie). ``routing``
+    (mixture-of-experts models: moe_routing.explain_by_routing with the model and HF's bound): called as
+    ``routing(context, llaisys' token, HF's token, where)`` for a divergence the logits do not explain, it must
+    explain it by near-tied router choices or raise."""
     n_prompt, hf_new = len(ref.prompt), ref.tokens[len(ref.prompt):]
     hf_logits, exact_logits = ref.logits[n_prompt - 1:], ref.exact_logits[n_prompt - 1:]
+
+    def diverged_at(step: int, mine: int, where: str) -> None:
+        try:
+            near_tie(hf_logits[step], exact_logits[step], mine, hf_new[step], dtype, where)
+        except AssertionError:
+            if routing is None:
+                raise
+            routing(ref.tokens[:n_prompt + step], mine, hf_new[step], where)
 
     # 1. one forward over HF's whole sequence (the prefill path): logits as close to the exact
     #    ones as HF's, and the argmax at every position HF's token or a near-tie
@@ -68,8 +79,7 @@ def check_against_reference(model, ref, dtype: str) -> list[int]:
     ties = set()
     for step, (row, hf_token) in enumerate(zip(ours[n_prompt - 1:], hf_new)):
         if int(row.argmax()) != hf_token:
-            near_tie(hf_logits[step], exact_logits[step], int(row.argmax()), hf_token, dtype,
-                     f"prefill path, step {step}")
+            diverged_at(step, int(row.argmax()), f"prefill path, step {step}")
             ties.add(step)
 
     # 2. generate() (prefill + cached decode steps) follows HF token for token; at a divergence
@@ -82,8 +92,7 @@ def check_against_reference(model, ref, dtype: str) -> list[int]:
         diverged = next((i for i in range(step, len(hf_new)) if generated[n_prompt + i] != hf_new[i]), None)
         if diverged is None:
             break
-        near_tie(hf_logits[diverged], exact_logits[diverged], generated[n_prompt + diverged], hf_new[diverged],
-                 dtype, f"generate, step {diverged}")
+        diverged_at(diverged, generated[n_prompt + diverged], f"generate, step {diverged}")
         ties.add(diverged)
         step = diverged + 1
     return sorted(ties)

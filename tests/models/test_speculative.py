@@ -1,7 +1,8 @@
 """Speculative decoding: greedy tokens are the plain greedy tokens on every test model, alone and in mixed
 batches, through accepted, partly accepted and rejected drafts, EOS and max_tokens inside a verify step,
-preemption; the KV cache is cut back past rejected drafts (blocks freed); sampled runs are seeded and
-reproducible; bad arguments fail clearly. The rejection rule's distribution: test_speculative_sampling.py."""
+preemption; the KV cache is cut back past rejected drafts (blocks freed); the draft length follows what is
+kept; sampled runs are seeded and reproducible; bad arguments fail clearly. The rejection rule's
+distribution: test_speculative_sampling.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import llaisys_models
 from llaisys_models.sampling import SamplingParams
 from llaisys_models.scheduler import Scheduler
 from llaisys_models.speculative import Drafter, NgramDrafter, Speculation
+from llaisys_models.speculative.config import next_draft_length
 from llaisys_models.speculative.drafters import ngram_lookup
 from tiny_models import SPECS, prompt
 
@@ -160,6 +162,40 @@ def test_eos_and_max_tokens_inside_a_verify_step(models):
     assert stopped[-1] == eos
     for n in (1, 2, 6, 7):  # max_tokens falls inside a verify step: never more than asked
         assert model.generate(p, n, eos_token_ids=(), speculative=spec) == plain[:len(p) + n]
+
+
+def test_next_draft_length():
+    assert [next_draft_length(n, n, n, 6) for n in (1, 2, 3, 4, 6)] == [2, 4, 6, 6, 6]  # all kept: twice as many
+    assert next_draft_length(4, 2, 2, 8) == 8  # a short draft (the match ran out), all kept: grows too
+    assert [next_draft_length(6, 6, kept, 6) for kept in (0, 1, 5)] == [1, 2, 6]  # else one more than kept
+
+
+def test_draft_length_follows_what_is_kept(models):
+    """Each draft asks for twice the tokens of a fully kept one (up to K), one more than were kept after a
+    rejection; a verify step that kept nothing also pauses drafting for a step. The tokens stay plain's."""
+    model = models["f32_gqa2_hd32"]
+    vocab = SPECS["f32_gqa2_hd32"].vocab
+    p = prompt("f32_gqa2_hd32", 9, vocab)
+    plain = model.generate(p, 40, eos_token_ids=())
+
+    class Scripted(Drafter):
+        """The plain continuation, off at position wrong[call] of some calls; records each k asked."""
+
+        def __init__(self):
+            self.asked, self.wrong = [], {1: 2, 3: 0}
+
+        def propose(self, seq, k):
+            call, n = len(self.asked), len(seq.tokens)
+            self.asked.append(k)
+            drafts = list(plain[n:n + k])
+            if call in self.wrong:
+                drafts[self.wrong[call]] = (drafts[self.wrong[call]] + 1) % vocab
+            return drafts
+
+    drafter = Scripted()
+    assert model.generate(p, 40, eos_token_ids=(), speculative=drafter, num_speculative_tokens=6) == plain
+    # kept 6 of 6, 2 of 6, 3 of 3, 0 of 6 (then one step without drafts), 1 of 1, 2 of 2, ...
+    assert drafter.asked[:7] == [6, 6, 3, 6, 1, 2, 4]
 
 
 # -- sampling: the same tokens as plain seeded sampling ---------------------------------------------------

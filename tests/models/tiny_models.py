@@ -1,4 +1,4 @@
-"""Tiny random Qwen2 / Llama checkpoints made with transformers, and their HF references.
+"""Tiny random checkpoints of every family made with transformers, and their HF references.
 
 Each checkpoint varies what the forward pass must get right: GQA ratio, head_dim (32/64/128),
 layer count, tied embeddings, rope_theta, stored dtype (f32/f16/bf16), sharding, and the
@@ -52,6 +52,13 @@ class Spec:
     moe_inter: int = 0
     norm_topk: bool = False  # qwen3_moe: norm_topk_prob
     dense_layers: tuple[int, ...] = ()  # qwen3_moe: mlp_only_layers
+    # sliding-window attention: the window; the layers from max_window_layers on (qwen2: use_sliding_window);
+    # gemma3: every layer but each window_pattern-th
+    sliding_window: int | None = None
+    max_window_layers: int | None = None
+    window_pattern: int | None = None
+    query_pre_attn_scalar: float | None = None  # gemma3
+    local_rope_theta: float = 10000.0  # gemma3: the sliding layers' rope base
 
 
 SPECS = {
@@ -77,17 +84,26 @@ SPECS = {
     **{f"{name}_{dtype}": dataclasses.replace(spec, dtype=dtype) for name, spec in {
         # Qwen3: q/k norms, head_dim 48 (q width 192 != hidden 128), no q/k/v bias
         "qwen3": Spec(arch="qwen3", hidden=128, heads=4, kv_heads=2, head_dim=48, inter=256, rope_theta=1e6, seed=7),
-        # Mistral: Llama with an explicit head_dim (64, q width 256 != hidden 128), no sliding window
-        "mistral": Spec(arch="mistral", hidden=128, heads=4, kv_heads=1, head_dim=64, seed=8),
-        # Phi-3: fused qkv_proj and gate_up_proj
-        "phi3": Spec(arch="phi3", hidden=128, heads=4, kv_heads=2, inter=192, seed=9),
+        # Mistral: Llama with an explicit head_dim (64, q width 256 != hidden 128), a sliding window of 60 on
+        # every layer (which llama.cpp's converter does not write: test_families)
+        "mistral": Spec(arch="mistral", hidden=128, heads=4, kv_heads=1, head_dim=64, sliding_window=60, seed=8),
+        # Phi-3: fused qkv_proj and gate_up_proj; a sliding window of 24 on every layer
+        "phi3": Spec(arch="phi3", hidden=128, heads=4, kv_heads=2, inter=192, sliding_window=24, seed=9),
         # Llama 3.1: llama3 rope scaling (wavelengths past 32 positions scaled, 8..32 smoothed)
         "llama3": Spec(arch="llama", hidden=128, heads=4, kv_heads=2, rope_theta=5e5, seed=10,
                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
-        # Qwen2.5 long context: YaRN (factor 4 over 32 original positions: attention factor 1.139)
+        # Qwen2.5 long context: YaRN (factor 4 over 32 original positions: attention factor 1.139); and
+        # use_sliding_window with max_window_layers 1: layer 1 of 2 sees its last 60 positions
         "qwen2_yarn": Spec(arch="qwen2", hidden=128, heads=4, kv_heads=2, rope_theta=1e6, seed=11,
-                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+                           sliding_window=60, max_window_layers=1),
+        # Gemma 3: sliding (window 24, rope base 1e4) and global (1e6) layers alternating, (1 + w) norms around
+        # both blocks, GeGLU, q/k norms, embeddings times sqrt(80) (8.9375 in bf16), query_pre_attn_scalar 24
+        # != head_dim 32
+        "gemma3": Spec(arch="gemma3", vocab=320, hidden=80, inter=160, layers=3, heads=4, kv_heads=2, head_dim=32,
+                       tie=True, rope_theta=1e6, sliding_window=24, window_pattern=2, query_pre_attn_scalar=24,
+                       seed=12),
     }.items() for dtype in ("f32", "bf16")},
 }
 # Mixture-of-experts checkpoints (tests/models/test_moe_families.py)
@@ -136,16 +152,23 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
                              "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
                              "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
                              "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
-                             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM)}[spec.arch]
+                             "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+                             "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM)}[spec.arch]
     extra = {"head_dim": spec.head_dim} if spec.head_dim else {}
-    if spec.arch in ("mistral", "phi3"):
-        extra["sliding_window"] = None
+    if spec.arch in ("mistral", "phi3", "gemma3") or spec.sliding_window is not None:
+        extra["sliding_window"] = spec.sliding_window
+    if spec.max_window_layers is not None:
+        extra.update(use_sliding_window=True, max_window_layers=spec.max_window_layers)
     if spec.arch == "mixtral":
         extra.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k)
     if spec.arch == "qwen3_moe":
         extra.update(num_experts=spec.experts, num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_inter,
                      norm_topk_prob=spec.norm_topk, mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1)
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})}
+    if spec.arch == "gemma3":
+        extra.update(sliding_window_pattern=spec.window_pattern, query_pre_attn_scalar=spec.query_pre_attn_scalar)
+        rope = {"full_attention": rope, "sliding_attention": {"rope_type": "default",
+                                                              "rope_theta": spec.local_rope_theta}}
     config = config_cls(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.inter,
                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.max_pos,
@@ -158,8 +181,8 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
+            elif "norm" in name:  # (Gemma's norms multiply by 1 + w)
+                p.uniform_(-0.5, 0.5) if spec.arch == "gemma3" else p.uniform_(0.5, 1.5)
         if not spec.tie and spec.lm_head_spread:
             rows = torch.randn(spec.vocab, 1, generator=torch.Generator().manual_seed(spec.seed))
             model.lm_head.weight.mul_(torch.exp(rows * spec.lm_head_spread))

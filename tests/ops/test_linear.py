@@ -1,7 +1,8 @@
 """linear: out = x @ weight.T + bias, against torch float64 on the same (rounded) inputs, on every SIMD path.
 
 The CPU kernel computes each output as a dot product of a row of x and a row of weight, in register tiles
-of up to 4 x 4 rows (vdpbf16ps for bf16 on CPUs with AVX512-BF16). The shapes below reach every tile tail
+of up to 4 x 4 rows, or of up to 8 rows of x by one weight row where M <= 8 (vdpbf16ps for bf16 on CPUs
+with AVX512-BF16). The shapes below reach every tile tail
 (M, N, K not multiples of any tile or vector, odd K for the bf16 pairs) and the Qwen2-1.5B projections.
 Every output is computed in one fixed order, so a row's result never depends on the rows batched with it
 (checked bit for bit).
@@ -67,8 +68,9 @@ def _linear_rows(x: torch.Tensor, w, bias, start: int, m: int, device) -> torch.
 
 
 def check_rows_independent(device="cpu"):
-    """Each row of out, bit for bit, whether x has 1, 2, 5, 8, 9 or 13 rows around it (so the row falls in
-    tiles of every height, at every position, and across chunks of rows); long K, odd K and N."""
+    """Each row of out, bit for bit, whether x has 1, 2, 3, 5, 6, 7, 8, 9 or 13 rows around it (so the row
+    falls in the streamed tiles of up to 8 rows and in tiles of every height, at every position, and across
+    chunks of rows); long K, odd K and N."""
     for dtype in FLOAT_DTYPES:
         for n, k in ((33, 300), (40, 1101), (17, 2049), (9, 100000)):  # K = 100000: chunks of 4 / 8 rows of x
             g = torch.Generator().manual_seed(n + k)
@@ -77,7 +79,8 @@ def check_rows_independent(device="cpu"):
             bias, _ = random((n,), dtype, device, g)
             xt = rx.to(TORCH_DTYPES[dtype])
             everything = _linear_rows(xt, w, bias, 0, 20, device)
-            for start, m in ((0, 1), (5, 1), (19, 1), (0, 2), (3, 5), (0, 8), (11, 8), (2, 9), (0, 13), (7, 13)):
+            for start, m in ((0, 1), (5, 1), (19, 1), (0, 2), (1, 3), (3, 5), (14, 6), (4, 7), (0, 8), (11, 8),
+                             (2, 9), (0, 13), (7, 13)):
                 rows = _linear_rows(xt, w, bias, start, m, device)
                 assert torch.equal(bits(rows), bits(everything[start:start + m])), (
                     f"{dtype.name} N={n} K={k}: rows [{start}, {start + m}) differ from the same rows in a batch of 20")

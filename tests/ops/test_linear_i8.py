@@ -113,46 +113,54 @@ class Case:
     def check(self):
         got = self.run().to(torch.float64).numpy()
         x32 = self.x_t.to(torch.float32).numpy()  # exact: f16 / bf16 widen exactly
-        m, n, k = self.shape
-        groups = -(-k // GROUP)
-        xq, sx = quantize_x(x32)
-        qp = np.zeros((n, groups * GROUP), np.int64)
-        qp[:, :k] = self.q
-        dots = np.einsum("mgi,ngi->mng", xq, qp.reshape(n, groups, GROUP))  # exact integers
-        scale64 = self.scales.astype(np.float64)  # [N, G]
-        terms = dots * scale64[None] * sx.astype(np.float64)[:, None, :]  # [M, N, G]
-        exact = terms.sum(-1) + self.bias64()
-        eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[self.dtype]
-        # Tight: the f32 arithmetic (scales[g, n] * sx rounded, each term's multiply-add, one add per group and
-        # the bias) errs by at most ~(G + 3) f32 roundings of the running sum's size, bounded by the sum of
-        # |terms|; then the result is rounded once to the dtype (eps of it). No allowance for a differently
-        # quantized x: a tie (x / sx exactly at .5) resolved the other way would move an output by
-        # scales[g, n] * sx[m, g] * |q[n, k]|, but the contract fixes the arithmetic (an f32 division, round half
-        # to even), the kernel and quantize_x both follow it, so xq agrees exactly and any flip is a bug. In f32
-        # this catches an integer dot off by 1 in one group.
-        magnitude = np.abs(terms).sum(-1) + np.abs(self.bias64())
-        tight = 2 * (groups + 3) * 2.0 ** -24 * magnitude + eps * np.abs(exact)
-        err = np.abs(got - exact)
-        bad = ~(err <= tight)
-        assert not bad.any(), (f"{self.dtype.name} {self.shape}: {int(bad.sum())} outputs off the exact int8 "
-                               f"arithmetic; first {np.argwhere(bad)[0]}: got {got[bad][0]}, expected {exact[bad][0]}, "
-                               f"allowed {tight[bad][0]:.3g}")
-        # Loose: against x @ w.T of the unquantized weights. Per k, |x w - x' w'| <= |x - x'| |w| + |x'| |w - w'|
-        # with |x - x'| <= sx / 2 and |w - w'| <= scale / 2 (round to nearest, no clipping: scales are rounded up),
-        # |x'| <= |x| + sx / 2: a worst-case bound per output, plus the tight allowance and the dtype's rounding.
-        xg = np.zeros((m, groups * GROUP))
-        xg[:, :k] = x32
-        xg = xg.reshape(m, groups, GROUP)
-        wg = np.zeros((n, groups * GROUP))
-        wg[:, :k] = self.w_exact
-        wg = wg.reshape(n, groups, GROUP)
-        sx64, s64 = sx.astype(np.float64), scale64
-        x_err = np.einsum("mg,ngi->mn", sx64 / 2, np.abs(wg))
-        w_err = np.einsum("mgi,ng->mn", np.abs(xg) + sx64[:, :, None] / 2, s64 / 2)
-        unquantized = x32.astype(np.float64) @ self.w_exact.T + self.bias64()
-        loose = x_err + w_err + tight + eps * np.abs(unquantized)
-        bad = ~(np.abs(got - unquantized) <= loose)
-        assert not bad.any(), f"{self.dtype.name} {self.shape}: {int(bad.sum())} outputs beyond the quantization bound"
+        check_int8_outputs(got, x32, self.q, self.scales, self.w_exact, self.bias64(), self.dtype, str(self.shape))
+
+
+def check_int8_outputs(got: np.ndarray, x32: np.ndarray, q: np.ndarray, scales: np.ndarray, w_exact: np.ndarray,
+                       bias64, dtype, what: str) -> None:
+    """``got`` [M, N] (float64) of linear_i8 (x32 [M, K] as the kernel saw it, q [N, K] and scales [N, G] from
+    quantize_weight of w_exact, bias64 [N] or 0) against the two references (module docstring)."""
+    m, k = x32.shape
+    n = q.shape[0]
+    groups = -(-k // GROUP)
+    xq, sx = quantize_x(x32)
+    qp = np.zeros((n, groups * GROUP), np.int64)
+    qp[:, :k] = q
+    dots = np.einsum("mgi,ngi->mng", xq, qp.reshape(n, groups, GROUP))  # exact integers
+    scale64 = scales.astype(np.float64)  # [N, G]
+    terms = dots * scale64[None] * sx.astype(np.float64)[:, None, :]  # [M, N, G]
+    exact = terms.sum(-1) + bias64
+    eps = {llaisys.float32: 2.0 ** -24, llaisys.float16: 2.0 ** -11, llaisys.bfloat16: 2.0 ** -8}[dtype]
+    # Tight: the f32 arithmetic (scales[g, n] * sx rounded, each term's multiply-add, one add per group and
+    # the bias) errs by at most ~(G + 3) f32 roundings of the running sum's size, bounded by the sum of
+    # |terms|; then the result is rounded once to the dtype (eps of it). No allowance for a differently
+    # quantized x: a tie (x / sx exactly at .5) resolved the other way would move an output by
+    # scales[g, n] * sx[m, g] * |q[n, k]|, but the contract fixes the arithmetic (an f32 division, round half
+    # to even), the kernel and quantize_x both follow it, so xq agrees exactly and any flip is a bug. In f32
+    # this catches an integer dot off by 1 in one group.
+    magnitude = np.abs(terms).sum(-1) + np.abs(bias64)
+    tight = 2 * (groups + 3) * 2.0 ** -24 * magnitude + eps * np.abs(exact)
+    err = np.abs(got - exact)
+    bad = ~(err <= tight)
+    assert not bad.any(), (f"{dtype.name} {what}: {int(bad.sum())} outputs off the exact int8 arithmetic; first "
+                           f"{np.argwhere(bad)[0]}: got {got[bad][0]}, expected {exact[bad][0]}, allowed "
+                           f"{tight[bad][0]:.3g}")
+    # Loose: against x @ w.T of the unquantized weights. Per k, |x w - x' w'| <= |x - x'| |w| + |x'| |w - w'|
+    # with |x - x'| <= sx / 2 and |w - w'| <= scale / 2 (round to nearest, no clipping: scales are rounded up),
+    # |x'| <= |x| + sx / 2: a worst-case bound per output, plus the tight allowance and the dtype's rounding.
+    xg = np.zeros((m, groups * GROUP))
+    xg[:, :k] = x32
+    xg = xg.reshape(m, groups, GROUP)
+    wg = np.zeros((n, groups * GROUP))
+    wg[:, :k] = w_exact
+    wg = wg.reshape(n, groups, GROUP)
+    sx64, s64 = sx.astype(np.float64), scale64
+    x_err = np.einsum("mg,ngi->mn", sx64 / 2, np.abs(wg))
+    w_err = np.einsum("mgi,ng->mn", np.abs(xg) + sx64[:, :, None] / 2, s64 / 2)
+    unquantized = x32.astype(np.float64) @ w_exact.T + bias64
+    loose = x_err + w_err + tight + eps * np.abs(unquantized)
+    bad = ~(np.abs(got - unquantized) <= loose)
+    assert not bad.any(), f"{dtype.name} {what}: {int(bad.sum())} outputs beyond the quantization bound"
 
 
 def check_shapes(shapes=TAIL_SHAPES + WIDE_SHAPES, dtypes=FLOAT_DTYPES, device="cpu"):
@@ -191,7 +199,8 @@ def test_linear_i8_rows_do_not_depend_on_the_batch(device):
 
 
 # Every SIMD path of the CPU kernel runs check_all in a child process: test_linear_q.py's
-# test_block_linears_every_simd_path, one child per path for both block linears (they share the kernel).
+# test_block_linears_every_simd_path, one child per path for the block linears and moe_linear_i8 (they share the
+# kernel).
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)

@@ -3,7 +3,8 @@
 The reference is torch running HF's own op sequence in the model dtype (the modules and functions HF's
 modeling_qwen2 calls), so the comparison is bit for bit where torch's op is deterministic:
 * rope: HF's Qwen2RotaryEmbedding (cos/sin in f32, rounded to the dtype) and apply_rotary_pos_emb;
-* swiglu: F.silu(gate) * up (silu in f32, rounded, then the product, rounded);
+* swiglu: F.silu(gate) * up (silu in f32, rounded, then the product, rounded); geglu_tanh likewise with
+  F.gelu(gate, approximate="tanh") (Gemma's MLP);
 * rms_norm: Qwen2RMSNorm (the exact mode already rounds there, so both modes must match it);
 * self_attention: F.scaled_dot_product_attention, which runs torch's CPU flash-attention kernel: P
   rounded to the dtype against the running max of 512-key blocks. torch computes exp with a ~20-bit
@@ -123,36 +124,72 @@ def test_rms_norm_hf_matches_hf(device, shape, dtype):
         assert int((got != want).sum()) <= max(1, got.numel() // 1000), f"{numerics}: differs from HF's"
 
 
+# ---- geglu_tanh ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("n", [17, 4097, 8960 * 3])
+def test_geglu_tanh_hf_matches_hf(device, n, dtype):
+    """HF's Gemma3MLP: act_fn(gate_proj(x)) * up_proj(x), gelu_pytorch_tanh rounded to the dtype before the
+    product. torch computes x / 2 * (1 + tanh(z)) in f32, which cancels for negative gates (1 + tanh(z) is
+    ~1e-3 at -2.5, from a tanh good to 1 f32 ulp of 1): those values are off the function by what the dtype
+    resolves from -2.5 on in bf16, -2 in f16, and no other tanh reproduces them; llaisys computes the function
+    itself. Above, the rounding is HF's."""
+    gen = torch.Generator().manual_seed(n)
+    gate, up = rand((n,), dtype, gen, 3.0), rand((n,), dtype, gen)
+    got = {}
+    for numerics in ("hf", "exact"):
+        out = nan_filled((n,), dtype, device)
+        llaisys.ops.geglu_tanh(out, from_torch(gate, device), from_torch(up, device), numerics=numerics)
+        got[numerics] = to_torch(out)
+    want = F.gelu(gate, approximate="tanh") * up
+    well_conditioned = gate.float() > (-2.5 if dtype == llaisys.bfloat16 else -2.0)
+    mismatched = int((got["hf"] != want)[well_conditioned].sum())
+    assert mismatched <= (0 if dtype == llaisys.bfloat16 else max(1, n // 2000)), (
+        f"{mismatched} of {int(well_conditioned.sum())} differ from HF's")
+    if n > 1000:
+        assert int((got["exact"] != want).sum()) > 3 * int((got["hf"] != want).sum()), "hf rounds as exact does?"
+
+
 # ---- self_attention -----------------------------------------------------------------------------------
 
-def sdpa(q, k, v, scale):
+def visible_keys(L: int, S: int, window: int = 0) -> torch.Tensor:
+    """[L, S]: query i (at position p = i + S - L) sees key j iff j <= p, and j > p - window with a window
+    (HF's masking_utils: causal_mask_function and sliding_window_overlay)."""
+    position, key = torch.arange(L)[:, None] + S - L, torch.arange(S)[None]
+    return (key <= position) & (key > position - window) if window else key <= position
+
+
+def sdpa(q, k, v, scale, window=0):
     """HF's sdpa_attention_forward on the CPU: q [L, H, d], k/v [S, Hkv, d]. As HF's generate calls it: a
     prefill from position 0 is_causal, a one-query decode step without a mask, and queries after a cached
-    prefix (1 < L < S) with a boolean mask (query i sees key j iff j <= i + S - L)."""
+    prefix (1 < L < S) with a boolean mask (query i sees key j iff j <= i + S - L); with a sliding window
+    shorter than the keys always with its mask (masking_utils._ignore_causal_mask_sdpa)."""
     L, S = q.shape[0], k.shape[0]
     mask = None
-    if 1 < L < S:
-        mask = torch.arange(S)[None] <= torch.arange(L)[:, None] + S - L
+    if 1 < L < S or 0 < window <= S:
+        mask = visible_keys(L, S, window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=mask, is_causal=L == S and L > 1, scale=scale, enable_gqa=True)
+                                         attn_mask=mask, is_causal=mask is None and L == S and L > 1, scale=scale,
+                                         enable_gqa=True)
     return out[0].transpose(0, 1).contiguous()
 
 
-def flash_emulation(q, k, v, scale, block=512):
+def flash_emulation(q, k, v, scale, block=512, window=0):
     """torch's CPU flash-attention kernel (what sdpa runs) written out with an accurate exp: f32 scores times
     the scale, keys in blocks of `block` from key 0, p = exp(s - running max), the row sum of the unrounded
-    p, P = p rounded to the dtype, acc = acc * exp(m_old - m_new) + P V, out = acc * (1 / sum) rounded."""
+    p, P = p rounded to the dtype, acc = acc * exp(m_old - m_new) + P V, out = acc * (1 / sum) rounded. A
+    block a row sees no key of yet (before its window) adds nothing."""
     (L, H, _), (S, Hkv, _) = q.shape, k.shape
     rounded = lambda t: t.to(q.dtype).to(torch.float64)  # noqa: E731
     qf = q.double().transpose(0, 1)  # [H, L, d]
     kf, vf = (t.double().repeat_interleave(H // Hkv, 1).transpose(0, 1) for t in (k, v))  # [H, S, d]
-    causal = torch.arange(S)[None] <= torch.arange(L)[:, None] + S - L
-    scores = torch.where(causal, (qf @ kf.transpose(1, 2)).float() * scale, float("-inf"))
+    scores = torch.where(visible_keys(L, S, window), (qf @ kf.transpose(1, 2)).float() * scale, float("-inf"))
     acc = torch.zeros(H, L, vf.shape[-1])
     top, total = torch.full((H, L, 1), float("-inf")), torch.zeros(H, L, 1)
     for n in range(0, S, block):
         new_top = torch.maximum(top, scores[..., n:n + block].amax(-1, keepdim=True))
-        p, rescale = torch.exp(scores[..., n:n + block] - new_top), torch.exp(top - new_top)
+        safe = torch.where(new_top == float("-inf"), 0.0, new_top)  # (no inf - inf for a row that saw no key)
+        p, rescale = torch.exp(scores[..., n:n + block] - safe), torch.exp(top - safe)
         total = p.sum(-1, keepdim=True) + rescale * total
         acc = acc * rescale + (rounded(p) @ vf[:, n:n + block]).float()
         top = new_top
@@ -219,6 +256,36 @@ def test_self_attention_hf_matches_sdpa(device, case, dtype):
         assert differ(flash_emulation(q, k, v, scale, block=64), got) > 10 * EMULATION_DIFFER[dtype]
 
 
+WINDOW_CASES = [  # (L, S, H, Hkv, d, window): windows across a 512-key block's bound, whole blocks before them
+    (1, 1300, 12, 2, 128, 600), (24, 1100, 6, 2, 64, 300), (700, 700, 2, 1, 32, 100), (1, 40, 2, 2, 64, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: "L{}-S{}-H{}-Hkv{}-d{}-w{}".format(*c))
+def test_paged_attention_window_hf_matches_sdpa(device, case, dtype):
+    """paged_attention's hf mode with a sliding window rounds as HF's sdpa with its sliding-window mask."""
+    L, S, H, Hkv, d, window = case
+    if device.type != "cpu":
+        pytest.skip("numerics='hf' attention in f16 / bf16 is implemented on the CPU only")
+    gen = torch.Generator().manual_seed(L * 7 + S)
+    q, k, v = rand((L, H, d), dtype, gen, 2.0), rand((S, Hkv, d), dtype, gen), rand((S, Hkv, d), dtype, gen)
+    scale = d ** -0.5
+    out = nan_filled((L, H, d), dtype, device)
+    i32 = lambda values: from_torch(torch.tensor(values, dtype=torch.int32), device)  # noqa: E731
+    # a cache of blocks of one position, in order
+    llaisys.ops.paged_attention(out, from_torch(q, device), from_torch(k[:, None], device),
+                                from_torch(v[:, None], device), i32([list(range(S))]), i32([S]), i32([0, L]),
+                                scale, "hf", window)
+    got, emulated = to_torch(out), flash_emulation(q, k, v, scale, window=window)
+    assert differ(got, emulated) <= EMULATION_DIFFER[dtype], (
+        f"{differ(got, emulated):.2%} of the outputs differ from the emulation of torch's flash attention")
+    want = sdpa(q, k, v, scale, window)
+    assert differ(got, want) <= differ(emulated, want) + EMULATION_DIFFER[dtype], (
+        f"{differ(got, want):.2%} of the outputs differ from sdpa's, the emulation's {differ(emulated, want):.2%}")
+    assert differ(flash_emulation(q, k, v, scale), emulated) > 0.5, "the window changes nothing? (test blind)"
+
+
 # ---- float32: the hf mode is the exact mode ---------------------------------------------------------------
 
 def test_f32_hf_is_exact(device):
@@ -237,6 +304,7 @@ def test_f32_hf_is_exact(device):
     both(llaisys.ops.rope, (9, 4, 64), x, from_torch(torch.arange(9), device), rope_table(64, 1e6, device))
     g, u = from_torch(rand((1000,), f32, gen), device), from_torch(rand((1000,), f32, gen), device)
     both(llaisys.ops.swiglu, (1000,), g, u)
+    both(llaisys.ops.geglu_tanh, (1000,), g, u)
     q, k = from_torch(rand((1, 4, 64), f32, gen), device), from_torch(rand((700, 2, 64), f32, gen), device)
     both(llaisys.ops.self_attention, (1, 4, 64), q, k, k, 0.125)
 

@@ -2,7 +2,8 @@
 
 References: the float64 masked softmax of each sequence's gathered keys and values (torch), and the dense
 ``self_attention`` op. Beyond accuracy, a query's result must not depend on the batch around it (bit for
-bit): alone or batched, prefilled in one call or in chunks, on one thread or several.
+bit): alone or batched, prefilled in one call or in chunks, on one thread or several; with a sliding window
+too, whose keys before the window must not even be read (they hold NaN in those tests).
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class Paged:
     """A random batch laid out in a paged cache: sequences of (query rows L, keys S), their blocks in a
     shuffled order, unused cache rows NaN (a read of a wrong row shows)."""
 
-    def __init__(self, seqs, H, Hkv, d, dv, block_size, dtype, device, seed=0, lead=0, tail=0, spare_blocks=3):
+    def __init__(self, seqs, H, Hkv, d, dv, block_size, dtype, device, seed=0, lead=0, tail=0, spare_blocks=3,
+                 window=0):
         g = torch.Generator().manual_seed(seed)
         self.seqs, self.H, self.Hkv, self.d, self.dv, self.dtype, self.device = seqs, H, Hkv, d, dv, dtype, device
+        self.window = window
         self.block_size = block_size
         counts = [-(-S // block_size) for _, S in seqs]
         num_blocks = sum(counts) + spare_blocks
@@ -63,7 +66,8 @@ class Paged:
         self.q = (torch.randn((self.T, H, d), generator=g, dtype=torch.float64)).to(tdt)
         self.scale = 1.0 / math.sqrt(d)
 
-    def run(self, q=None, query_start=None, seq_lens=None, tables=None, numerics="exact") -> llaisys.Tensor:
+    def run(self, q=None, query_start=None, seq_lens=None, tables=None, numerics="exact",
+            window=None) -> llaisys.Tensor:
         q = self.q if q is None else q
         dev = self.device
         out = nan_filled((q.shape[0], self.H, self.dv), self.dtype, dev)
@@ -72,7 +76,7 @@ class Paged:
                                     from_torch(self.tables if tables is None else tables, dev),
                                     from_torch(self.seq_lens if seq_lens is None else seq_lens, dev),
                                     from_torch(self.query_start if query_start is None else query_start, dev),
-                                    self.scale, numerics)
+                                    self.scale, numerics, self.window if window is None else window)
         return out
 
     def expected(self) -> torch.Tensor:
@@ -80,8 +84,18 @@ class Paged:
         for s, (L, _) in enumerate(self.seqs):
             if L:
                 a, b = int(self.query_start[s]), int(self.query_start[s + 1])
-                out[a:b] = reference(self.q[a:b], self.keys[s], self.values[s], self.scale)
+                out[a:b] = reference(self.q[a:b], self.keys[s], self.values[s], self.scale, self.window)
         return out
+
+    def poison_before_windows(self, margin=63) -> None:
+        """NaN in the cache rows more than ``margin`` keys before the window of each sequence's first query
+        row (backend.h: a kernel never reads those, its key blocks being at most 64 keys; the expected values
+        do not use them)."""
+        for s, (L, S) in enumerate(self.seqs):
+            first = S - L - self.window + 1
+            for j in range(max(0, first - margin)):
+                row = (int(self.tables[s, j // self.block_size]), j % self.block_size)
+                self.k_cache[row] = self.v_cache[row] = float("nan")
 
 
 def bits(t: llaisys.Tensor) -> np.ndarray:
@@ -162,13 +176,70 @@ def test_prefill_in_chunks_bit_for_bit(device, dtype):
             assert np.array_equal(bits(part), whole[a:b]), f"rows [{a}, {b}) differ from the one-call prefill"
 
 
+# sliding windows: (sequences as (query rows, keys), H, Hkv, d, dv, block_size, window); windows shorter than a
+# cache block, longer than one, than the kernels' key blocks (64) and chunks (512), and than every sequence
+WINDOW_CASES = {
+    "decode_window_below_block": ([(1, 1), (1, 17), (1, 600), (1, 1100)], 6, 2, 32, 32, 16, 5),
+    "window_1_block1": ([(3, 9), (1, 5)], 3, 3, 32, 32, 1, 1),
+    "mixed_window_above_block": ([(5, 5), (1, 40), (17, 80), (0, 0), (3, 3), (1, 2)], 4, 2, 64, 64, 16, 24),
+    "qwen2_1_5b_window_100": ([(1, 513), (7, 70), (40, 300)], 12, 2, 128, 128, 16, 100),
+    "odd_dims_window_4": ([(4, 6), (2, 11)], 6, 1, 3, 5, 3, 4),
+    "window_across_chunks": ([(40, 1100), (1, 1537), (300, 1300)], 8, 2, 32, 32, 128, 600),
+    "window_beyond_sequences": ([(9, 130), (1, 64)], 4, 2, 32, 48, 64, 4096),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("case", WINDOW_CASES.values(), ids=WINDOW_CASES.keys())
+def test_window_matches_reference(device, dtype, case):
+    """Each query sees its last `window` keys only, and nothing more than 63 keys before its sequence's first
+    query's window is read (those rows are NaN here)."""
+    seqs, H, Hkv, d, dv, bs, window = case
+    paged = Paged(seqs, H, Hkv, d, dv, bs, dtype, device, lead=2, tail=3, window=window)
+    expected = paged.expected()
+    paged.poison_before_windows()
+    assert_close(paged.run(), expected)
+
+
+def test_window_beyond_the_sequence_is_no_window(device):
+    paged = Paged([(9, 130), (1, 700), (30, 30)], 4, 2, 32, 32, 16, llaisys.bfloat16, device, seed=2)
+    assert np.array_equal(bits(paged.run(window=700)), bits(paged.run()))
+    assert np.array_equal(bits(paged.run(window=None)), bits(paged.run(window=0)))
+    assert not np.array_equal(bits(paged.run(window=699)), bits(paged.run())), "the window is ignored?"
+
+
+@pytest.mark.parametrize("dtype", [llaisys.float32, llaisys.bfloat16], ids=lambda t: t.name)
+@pytest.mark.parametrize("window", [7, 100, 700])
+def test_window_alone_batched_or_chunked_bit_for_bit(device, dtype, window):
+    """With a window as without: a sequence alone gives its rows of the batched call, and a prompt prefilled
+    in chunks gives the rows of the one-call prefill."""
+    paged = Paged([(1, 1300), (12, 12), (1, 3), (30, 1030), (1, 65)], 6, 2, 64, 64, 16, dtype, device, seed=5,
+                  window=window)
+    batched = bits(paged.run())
+    for s in range(len(paged.seqs)):
+        a, b = int(paged.query_start[s]), int(paged.query_start[s + 1])
+        alone = paged.run(q=paged.q[a:b], query_start=torch.tensor([0, b - a], dtype=torch.int32),
+                          seq_lens=paged.seq_lens[s:s + 1], tables=paged.tables[s:s + 1])
+        assert np.array_equal(bits(alone), batched[a:b]), f"sequence {s} differs alone and batched"
+    S = 1100
+    paged = Paged([(S, S)], 6, 2, 32, 32, 16, dtype, device, seed=7, window=window)
+    whole = bits(paged.run())
+    for a, b in zip((0, 9, 600, 1025), (9, 600, 1025, S)):
+        part = paged.run(q=paged.q[a:b], query_start=torch.tensor([0, b - a], dtype=torch.int32),
+                         seq_lens=torch.tensor([b], dtype=torch.int32))
+        assert np.array_equal(bits(part), whole[a:b]), f"rows [{a}, {b}) differ from the one-call prefill"
+
+
 def every_check_on_this_path(device="cpu"):
     """The reference cases and the invariance checks, on whatever SIMD path this process takes."""
     for case in CASES.values():
         for dtype in FLOAT_DTYPES:
             test_matches_reference(llaisys.Device(device), dtype, case)
+    for case in WINDOW_CASES.values():
+        test_window_matches_reference(llaisys.Device(device), llaisys.bfloat16, case)
     test_alone_or_batched_bit_for_bit(llaisys.Device(device), llaisys.bfloat16)
     test_prefill_in_chunks_bit_for_bit(llaisys.Device(device), llaisys.float32)
+    test_window_alone_batched_or_chunked_bit_for_bit(llaisys.Device(device), llaisys.float32, 100)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -177,10 +248,15 @@ def test_simd_paths(device, level):
     run_under_simd(__name__, level, "t.every_check_on_this_path()")
 
 
+def decode_bits(device) -> list[int]:
+    """The bits of a decode over long caches, without and with a window (of several chunks)."""
+    paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, device, seed=11)
+    return np.concatenate([bits(paged.run()), bits(paged.run(window=1500))]).astype(np.int64).ravel().tolist()
+
+
 def decode_bits_in_child() -> None:
-    """The child (its thread count set by the environment): the bits of a decode over long caches, as JSON."""
-    paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, "cpu", seed=11)
-    print(json.dumps(bits(paged.run()).astype(np.int64).ravel().tolist()))
+    """The child (its thread count set by the environment): decode_bits as JSON."""
+    print(json.dumps(decode_bits("cpu")))
 
 
 def test_thread_count_does_not_change_results(device):
@@ -188,8 +264,7 @@ def test_thread_count_does_not_change_results(device):
     the same bits either way."""
     if device.type != "cpu":
         pytest.skip("the thread count is a CPU setting")
-    paged = Paged([(1, 2100), (1, 900)], 4, 1, 32, 32, 16, llaisys.bfloat16, device, seed=11)
-    here = bits(paged.run()).astype(np.int64).ravel().tolist()
+    here = decode_bits(device)
     for threads in ("1", "3"):
         env = {**os.environ, "OMP_NUM_THREADS": threads}
         child = run_in_child(decode_bits_in_child, env=env, check=True)
@@ -292,6 +367,9 @@ def test_frontend_checks(device):
     fails("seq_lens has shape", seq_lens=llaisys.zeros((2,), i32, device))
     fails("query_start has shape", query_start=llaisys.zeros((1,), i32, device))
     fails("scale must be finite", scale=float("inf"))
+    fails("window must be >= 0", window=-1)
+    fails("window must be an int", window=2.0)
+    fails("window must be an int", window=True)
     fails("must be contiguous", q=llaisys.zeros((2, 3, 8), f32, device).permute(1, 0, 2))
     args = _attention_args(device)
     fails("out and k_cache overlap", out=args["k_cache"].view(12, 1, 8).slice(0, 0, 3).view(3, 1, 8),

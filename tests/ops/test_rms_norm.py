@@ -1,4 +1,5 @@
-"""rms_norm: per row x * weight / sqrt(mean(x^2) + eps), against torch in float64 and HF Qwen2RMSNorm."""
+"""rms_norm: per row x * weight / sqrt(mean(x^2) + eps), against torch in float64, HF's Qwen2RMSNorm and (with
+an f32 weight for f16 / bf16 x) HF's Gemma3RMSNorm."""
 
 
 import pytest
@@ -30,6 +31,35 @@ def check_small_shapes():
         for i, shape in enumerate(SMALL_SHAPES):
             check_rms_norm(shape, dtype, seed=i)
         check_hf_parity((64, 1536), dtype)
+        check_gemma_parity((17, 1536), dtype)
+
+
+def check_gemma_parity(shape, dtype, device="cpu"):
+    """An f32 weight, 1 + w: transformers' Gemma3RMSNorm, (x.float() * r) * (1 + w.float()) rounded once. Only
+    the f32 summation order of the squares may differ (1 f32 ulp in r: a rounding moves now and then)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    tdt = TORCH_DTYPES[dtype]
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(shape, generator=g) * 2).to(tdt)
+    w = (torch.randn(shape[-1], generator=g) * 0.5).to(tdt)  # the checkpoint's w, as stored
+    norm = Gemma3RMSNorm(shape[-1], eps=1e-6)
+    norm.weight.data.copy_(w.float())
+    with torch.no_grad():
+        want = norm(x)
+    out = nan_filled(shape, dtype, device)
+    llaisys.ops.rms_norm(out, from_torch(x, device), from_torch(1 + w.float(), device), 1e-6)
+    got = to_torch(out)
+    if dtype == llaisys.float32:  # there r's ulp shows in most outputs: within 4 ulps (r itself 1 ulp off)
+        diff = (got.double() - want.double()).abs()
+        assert (diff <= 4 * 2.0 ** -23 * want.double().abs()).all(), f"max diff {diff.max().item():.3g} vs HF"
+        return
+    assert int((got != want).sum()) <= max(1, got.numel() // 1000), f"{dtype.name}: differs from Gemma3RMSNorm"
+    # the f32 weight is not rounded to the dtype, nor x * r before it: a weight folded into the dtype differs
+    if got.numel() >= 100:
+        folded = nan_filled(shape, dtype, device)
+        llaisys.ops.rms_norm(folded, from_torch(x, device), from_torch((1 + w.float()).to(tdt), device), 1e-6)
+        assert int((to_torch(folded) != want).sum()) > got.numel() // 10
 
 
 def hf_qwen2_rms_norm(x, weight, eps):
@@ -108,12 +138,21 @@ def test_rms_norm_on_every_simd_path(device, level):
     run_under_simd(__name__, level, "t.check_small_shapes()")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (5, 2, 256)], ids=str)
+def test_f32_weight_is_gemmas_norm(device, dtype, shape):
+    check_gemma_parity(shape, dtype, device)
+
+
 def test_rms_norm_rejects_bad_arguments(device):
     f32 = lambda *s: llaisys.empty(s, llaisys.float32, device)  # noqa: E731
     with pytest.raises(ValueError, match=r"\bweight\b.*shape"):
         llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), f32(7), 1e-6)
     with pytest.raises(ValueError, match=r"\bweight\b.*dtype"):
         llaisys.ops.rms_norm(f32(2, 8), f32(2, 8), llaisys.empty((8,), llaisys.bfloat16, device), 1e-6)
+    f16 = lambda *s: llaisys.empty(s, llaisys.float16, device)  # noqa: E731
+    with pytest.raises(ValueError, match=r"\bweight\b.*dtype"):  # f16 x: an f16 or an f32 weight, no other
+        llaisys.ops.rms_norm(f16(2, 8), f16(2, 8), llaisys.empty((8,), llaisys.bfloat16, device), 1e-6)
     with pytest.raises(ValueError, match=r"\bout\b.*shape"):
         llaisys.ops.rms_norm(f32(2, 9), f32(2, 8), f32(8), 1e-6)
     with pytest.raises(ValueError, match=r"\beps\b"):

@@ -52,6 +52,13 @@ def test_rms_norm_swiglu_rope_in_place(device):
         up, rup = random((50,), F32, device, g)
         llaisys.ops.swiglu(gate if into == "gate" else up, gate, up)
         assert_close(gate if into == "gate" else up, torch.nn.functional.silu(rgate) * rup)
+        gate, rgate = random((50,), F32, device, g)
+        up, rup = random((50,), F32, device, g)
+        llaisys.ops.geglu_tanh(gate if into == "gate" else up, gate, up)
+        assert_close(gate if into == "gate" else up, torch.nn.functional.gelu(rgate, approximate="tanh") * rup)
+    x, rx = random((50,), F32, device, g)
+    llaisys.ops.scale(x, x, 3.0)
+    assert_close(x, rx * 3.0)
 
     # rope in place must give what the out-of-place call gives (whose values test_rope checks against torch)
     x, _ = random((5, 2, 16), F32, device, g)
@@ -116,6 +123,10 @@ def test_shifted_outputs_are_refused(device):
         llaisys.ops.add(c, b, a)
     with overlap_error(("out", "gate")):
         llaisys.ops.swiglu(c, a, b)
+    with overlap_error(("out", "gate")):
+        llaisys.ops.geglu_tanh(c, a, b)
+    with overlap_error(("out", "x")):
+        llaisys.ops.scale(c, a, 2.0)
     x = base.slice(0, 0, 8).view(2, 4)
     with overlap_error(("out", "x")):
         llaisys.ops.rms_norm(base.slice(0, 1, 9).view(2, 4), x, b.slice(0, 0, 4), 1e-6)

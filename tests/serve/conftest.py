@@ -141,6 +141,33 @@ def chat_server(chat_model_dir, pytestconfig):
 
 
 @pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> Path:
+    """A tiny model with Qwen2.5's chat template (tool_server.py)."""
+    from tool_server import make_tool_model
+
+    return make_tool_model(tmp_path_factory.mktemp("tool_model"))
+
+
+@pytest.fixture(scope="session")
+def tool_server(tool_model_dir):
+    """The server on the tool model; its engine answers what ``tool_server.scripted.reply`` says (None: the
+    model itself). Every test that uses it sets the reply it wants."""
+    from tool_server import ScriptedEngine, ToolServer
+
+    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.background import BackgroundServer
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.tokenizer import load_tokenizer
+
+    model = llaisys_models.load(tool_model_dir)
+    engine = Engine(model, load_tokenizer(tool_model_dir), max_running=4, kv_memory=8 << 20)
+    scripted = ScriptedEngine(engine)
+    engine.submit = scripted.submit
+    with BackgroundServer(Server(engine, load_tokenizer(tool_model_dir), CHAT_MODEL)) as background:
+        yield ToolServer(background.base_url, scripted)
+
+
+@pytest.fixture(scope="session")
 def demo_server(demo_server_process):
     """``llaisys serve`` (the installed command) on the demo model, requiring API_KEY: its base URL."""
     return demo_server_process[0]

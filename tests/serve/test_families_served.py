@@ -1,6 +1,6 @@
-"""Each of the newer families (a Qwen3 directory, a Phi-3 GGUF file with its tokenizer and chat template in
-the metadata) served over the OpenAI API: a greedy chat reply is ``model.generate`` on the chat template's
-ids, decoded."""
+"""Each of the newer families (a Qwen3 directory, Phi-3 and Gemma 3 GGUF files with their tokenizer and chat
+template in the metadata; both with sliding windows) served over the OpenAI API: a greedy chat reply is
+``model.generate`` on the chat template's ids, decoded."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import llaisys_models
 require_serving()
 
 
-@pytest.mark.parametrize("name, gguf", [("qwen3_f32", False), ("phi3_f32", True)])
+@pytest.mark.parametrize("name, gguf", [("qwen3_f32", False), ("phi3_f32", True), ("gemma3_f32", True)])
 def test_greedy_chat_is_generate(tmp_path, pytestconfig, name, gguf):
     from models.gguf_files import write_gguf
     from models.tiny_models import SPECS, make_checkpoint

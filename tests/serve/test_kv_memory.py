@@ -51,10 +51,12 @@ def fake_gpu():
     plugins._registry = saved
 
 
-def _model(device, bytes_per_token: int = 28672, max_positions: int = 32768):
-    """What default_kv_memory reads of a model (the defaults: Qwen2-1.5B's KV bytes per token and context)."""
+def _model(device, bytes_per_token: int = 28672, max_positions: int = 32768, ranks: int = 1):
+    """What default_kv_memory reads of a model (the defaults: Qwen2-1.5B's KV bytes per token and context; one
+    rank, not split by tensor parallelism)."""
     return SimpleNamespace(device=device, kv_shape=SimpleNamespace(bytes_per_token=bytes_per_token),
-                           config=SimpleNamespace(max_position_embeddings=max_positions))
+                           config=SimpleNamespace(max_position_embeddings=max_positions),
+                           group=SimpleNamespace(world_size=ranks))
 
 
 def test_a_quarter_of_the_free_gpu_memory(fake_gpu):
@@ -105,3 +107,10 @@ def test_describe_shows_the_size_in_a_unit_that_fits(nbytes, shown):
     pool = SimpleNamespace(nbytes=nbytes, num_blocks=4, block_size=16, capacity_tokens=64,
                            shape=SimpleNamespace(bytes_per_token=nbytes // 64))
     assert kv_memory.describe(pool).startswith(f"KV cache {shown}: 4 blocks of 16 positions (64 tokens, ")
+
+
+def test_cpu_ranks_of_a_split_model_share_the_quarter(monkeypatch):
+    monkeypatch.setattr(kv_memory, "free_memory", lambda device: 64 * GIB)
+    cpu = llaisys.Device("cpu", 0)
+    for ranks in (1, 2):
+        assert kv_memory.default_kv_memory(_model(cpu, ranks=ranks), max_running=32) == 16 * GIB // ranks

@@ -5,8 +5,10 @@ increasing sequence numbers; what the server cannot honour is refused by name.""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
+from random_schemas import matches, random_schema
 from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, http_stream, require_serving, user
 
 require_serving()
@@ -113,7 +115,6 @@ def test_a_reply_that_ends_by_itself_is_completed(chat_server, tokenizer):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
     ({"input": "x", "background": True}, "background", "unsupported_parameter"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format.type", "unsupported_parameter"),
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
     ({"input": "x", "metadata": {"a": 1}}, "metadata", "invalid_value"),
     ({"input": "x", "model": "gpt-9"}, "model", "model_not_found"),
@@ -123,3 +124,75 @@ def test_bad_requests_name_their_param(chat_server, body, param, code):
     assert r.status == (404 if code == "model_not_found" else 400), r.text
     error = r.json()["error"]
     assert (error["param"], error["code"]) == (param, code), error
+
+
+# -- structured outputs: text.format ---------------------------------------------------------------------------
+
+def test_text_format_json_schema_replies_parse_and_match(client):
+    """Random schemas, seeded sampling on the random model (which never writes JSON by itself, see
+    test_structured.py): every reply is completed and its text matches its schema; the format is echoed."""
+    rng = random.Random(2027)
+    for seed in range(10):
+        schema = random_schema(rng)
+        fmt = {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
+        kwargs = dict(model=CHAT_MODEL, input=f"Answer {seed}", max_output_tokens=400, temperature=1.0, top_p=0.95,
+                      text={"format": fmt}, extra_body={"seed": seed})
+        if seed % 2:
+            events = list(client.responses.create(stream=True, **kwargs))
+            r = events[-1].response
+            assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+        else:
+            r = client.responses.create(**kwargs)
+        assert r.status == "completed", r.output_text
+        assert matches(json.loads(r.output_text), schema), (schema, r.output_text)
+        assert r.text.format.type == "json_schema" and r.text.format.name == "answer"
+        assert r.text.format.schema_ == schema
+
+
+def test_the_client_parses_a_pydantic_format(client):
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=8)
+        population: int = Field(ge=0, le=99)
+        capital: bool
+
+    r = client.responses.parse(model=CHAT_MODEL, input="A city", max_output_tokens=300, temperature=1.0,
+                               text_format=City, extra_body={"seed": 4})
+    assert isinstance(r.output_parsed, City) and len(r.output_parsed.name) <= 8 and 0 <= r.output_parsed.population <= 99
+    with client.responses.stream(model=CHAT_MODEL, input="A city", max_output_tokens=300, temperature=1.0,
+                                 text_format=City, extra_body={"seed": 4}) as stream:
+        assert stream.get_final_response().output_parsed == r.output_parsed  # same seed, same reply
+
+
+def test_text_format_json_object(client):
+    ended = 0
+    for seed in range(4):
+        r = client.responses.create(model=CHAT_MODEL, input="JSON", max_output_tokens=60, temperature=1.0,
+                                    text={"format": {"type": "json_object"}}, extra_body={"seed": seed})
+        assert r.output_text.startswith("{") and r.text.format.type == "json_object"
+        if r.status == "completed":
+            ended += 1
+            assert isinstance(json.loads(r.output_text), dict)
+    assert ended
+
+
+@pytest.mark.parametrize("text, words", [
+    ({"format": {"type": "xml"}}, "type"),
+    ({"format": "json"}, "object"),
+    ({"format": {"type": "json_schema", "schema": {"type": "object"}}}, "name"),
+    ({"format": {"type": "json_schema", "name": "a", "schema": {"type": "strng"}}}, "strng"),
+    ({"format": {"type": "json_schema", "name": "a", "schema": [1]}}, "schema"),
+    ({"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": "yes"}}, "strict"),
+])
+def test_bad_text_format_is_a_400_naming_it(chat_server, text, words):
+    r = http_request(chat_server.base_url, "POST", "/v1/responses", {"input": "x", "max_output_tokens": 4,
+                                                                      "text": text})
+    assert r.status == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "text.format" and words in error["message"], error
+    r = http_request(chat_server.base_url, "POST", "/v1/responses", {"input": "x", "text": "json"})
+    assert r.status == 400 and r.json()["error"]["param"] == "text"
+    r = http_request(chat_server.base_url, "POST", "/v1/responses", {"input": "x", "speculative": "ngram",
+                                                                      "text": {"format": {"type": "json_object"}}})
+    assert r.status == 400 and r.json()["error"]["param"] == "text.format"

@@ -10,6 +10,7 @@ import queue
 import random
 
 import pytest
+from random_schemas import matches, random_schema
 from serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, generate_text, http_request, require_serving, user
 
 import llaisys
@@ -25,47 +26,6 @@ MAX_TOKENS = 400  # room for the largest schema below (each string character may
 @pytest.fixture(scope="module")
 def client(chat_server):
     return chat_server.client()
-
-
-# -- random schemas and the test's own validator (the subset of JSON Schema the schemas use) ---------------
-
-def leaf(rng: random.Random) -> dict:
-    kind = rng.choice(["boolean", "integer", "string", "enum", "null"])
-    if kind == "integer":
-        low = rng.randint(-50, 50)
-        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 100)}
-    if kind == "string":
-        return {"type": "string", "maxLength": rng.randint(1, 6)}
-    if kind == "enum":
-        return {"enum": rng.sample(["red", "green", "blue", "x y", "ünï"], rng.randint(1, 3))}
-    return {"type": kind}
-
-
-def random_schema(rng: random.Random) -> dict:
-    props = {}
-    for i in range(rng.randint(1, 3)):
-        value = leaf(rng)
-        if rng.random() < 0.3:
-            value = {"type": "array", "items": value, "maxItems": 2}
-        props[f"k{i}_{rng.choice('abc')}"] = value
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
-def matches(value, schema: dict) -> bool:
-    if "enum" in schema:
-        return value in schema["enum"]
-    kind = schema["type"]
-    if kind == "object":
-        return (isinstance(value, dict) and set(value) == set(schema["properties"])
-                and all(matches(value[k], s) for k, s in schema["properties"].items()))
-    if kind == "array":
-        return isinstance(value, list) and len(value) <= schema["maxItems"] and all(
-            matches(v, schema["items"]) for v in value)
-    if kind == "integer":
-        return type(value) is int and schema["minimum"] <= value <= schema["maximum"]
-    if kind == "string":
-        return isinstance(value, str) and len(value) <= schema["maxLength"]
-    return {"boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None}[kind](value)
 
 
 def json_schema_format(schema: dict) -> dict:
@@ -126,35 +86,103 @@ def test_completions_and_streams_are_constrained_too(client):
     assert all(json.loads(t) in ({"ok": True}, {"ok": False}) for t in texts)
 
 
+def run_at_once(engine, tokenizer, jobs: dict) -> dict:
+    """Submit every job (name: (messages, grammar, n, seed, logprobs)) at once; per (name, choice): its text, finish
+    reason and log-probabilities."""
+    log = queue.Queue()
+    for name, (messages, g, n, seed, logprobs) in jobs.items():
+        params = SamplingParams(max_tokens=80, seed=seed, grammar=g, logprobs=logprobs, **SAMPLING)
+        engine.submit(Request(chat_ids(tokenizer, messages), params, lambda e, k=name: log.put((k, e)), n=n))
+    out, open_choices = {}, sum(job[2] for job in jobs.values())
+    while open_choices:
+        name, event = log.get(timeout=TIMEOUT)
+        if isinstance(event, Delta):
+            text, reason, logprobs = out.get((name, event.index), ("", None, ()))
+            out[name, event.index] = (text + event.text, reason, logprobs + event.logprobs)
+        else:
+            assert isinstance(event, Finished), event
+            text, _, logprobs = out.get((name, event.index), ("", None, ()))
+            out[name, event.index] = (text, event.reason, logprobs)
+            open_choices -= 1
+    return out
+
+
 def test_mixed_batch_gives_each_request_what_it_gives_alone(chat_server, chat_reference, tokenizer):
-    """Constrained (one and two choices) and unconstrained requests submitted at once, seeded: each gives exactly
-    what ``model.generate`` gives for it alone."""
+    """Constrained (one and two choices, a forced tool call's grammar), unconstrained and log-probability requests
+    submitted at once, seeded: each gives exactly what it gives alone (text, finish reason, log-probabilities), and
+    its text is what ``model.generate`` gives for it."""
+    from llaisys_models.serve.forced_calls import grammar_source
+    from llaisys_models.serve.tool_calls import HERMES
+
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
                                                "n": {"type": "integer", "minimum": 0, "maximum": 999}},
               "required": ["name", "n"], "additionalProperties": False}
     grammar = Grammar.json_schema(tokenizer, schema)
-    jobs = {"schema": (user("Constrained"), grammar, 1, 11), "plain": (user("Free text, longer prompt"), None, 1, 12),
-            "object": (user("Two objects"), Grammar.json_object(tokenizer), 2, 13)}
-    log = queue.Queue()
-    for name, (messages, g, n, seed) in jobs.items():
-        params = SamplingParams(max_tokens=60, seed=seed, grammar=g, **SAMPLING)
-        chat_server.engine.submit(Request(chat_ids(tokenizer, messages), params, lambda e, k=name: log.put((k, e)), n=n))
-    texts, reasons, open_choices = {}, {}, sum(n for _, _, n, _ in jobs.values())
-    while open_choices:
-        name, event = log.get(timeout=TIMEOUT)
-        if isinstance(event, Delta):
-            texts[name, event.index] = texts.get((name, event.index), "") + event.text
-        else:
-            assert isinstance(event, Finished), event
-            reasons[name, event.index] = event.reason
-            open_choices -= 1
-    want = {(name, i): generate_text(chat_reference, tokenizer, chat_ids(tokenizer, messages), 60, top_k=0,
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]}}}
+    call = Grammar.lark(tokenizer, grammar_source(HERMES, [tool], False, {}))
+    jobs = {"schema": (user("Constrained"), grammar, 1, 11, None),
+            "plain": (user("Free text, longer prompt"), None, 1, 12, None),
+            "object": (user("Two objects"), Grammar.json_object(tokenizer), 2, 13, None),
+            "logprobs": (user("Log-probabilities"), None, 2, 14, 3),
+            "call": (user("Call"), call, 1, 15, 0)}
+    together = run_at_once(chat_server.engine, tokenizer, jobs)
+    alone = {}
+    for name, job in jobs.items():
+        alone.update(run_at_once(chat_server.engine, tokenizer, {name: job}))
+    assert together == alone
+    want = {(name, i): generate_text(chat_reference, tokenizer, chat_ids(tokenizer, messages), 80, top_k=0,
                                      seed=choice_seed(seed, i), grammar=g, **SAMPLING)
-            for name, (messages, g, n, seed) in jobs.items() for i in range(n)}
-    assert texts == want
-    assert reasons[("plain", 0)] == "length" and reasons[("schema", 0)] == "stop"
-    assert matches(json.loads(texts["schema", 0]), schema)
+            for name, (messages, g, n, seed, _) in jobs.items() for i in range(n)}
+    assert {key: text for key, (text, _, _) in together.items()} == want
+    assert together["plain", 0][1] == "length" and together["schema", 0][1] == "stop"
+    assert matches(json.loads(together["schema", 0][0]), schema)
+    assert together["call", 0][0] in ('<tool_call>\n{"name": "f", "arguments": {"k": "a"}}\n</tool_call>',
+                                      '<tool_call>\n{"name": "f", "arguments": {"k": "b"}}\n</tool_call>')
+    assert len(together["logprobs", 1][2]) == 80 and all(len(e.top) == 3 for e in together["logprobs", 1][2])
+    assert len(together["call", 0][2]) > 0 and together["schema", 0][2] == ()
     assert chat_server.engine.pool.check()["used"] == 0
+
+
+def test_grammar_view_is_built_at_start_up_and_only_constrained_requests_wait(chat_model_dir, monkeypatch):
+    """The server builds llguidance's view of the vocabulary as it starts, before any request; while it is being
+    built a plain request is answered and a constrained one waits for it."""
+    import threading
+
+    import llguidance
+
+    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.background import BackgroundServer
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.tokenizer import load_tokenizer
+
+    started, gate = threading.Event(), threading.Event()
+    build = llguidance.LLTokenizer
+
+    def slow_build(*args, **kwargs):
+        started.set()
+        gate.wait(TIMEOUT)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance, "LLTokenizer", slow_build)
+    import llaisys_models
+
+    engine = Engine(llaisys_models.load(chat_model_dir), load_tokenizer(chat_model_dir), max_running=2,
+                    kv_memory=8 << 20)
+    with BackgroundServer(Server(engine, load_tokenizer(chat_model_dir), CHAT_MODEL)) as background:
+        assert started.wait(TIMEOUT)  # no request has come yet
+        body = {"messages": user("x"), "max_tokens": 3}
+        assert http_request(background.base_url, "POST", "/v1/chat/completions", body).status == 200
+        constrained = {**body, "max_tokens": 20, "response_format": {"type": "json_object"}}
+        replies = []
+        waiting = threading.Thread(target=lambda: replies.append(
+            http_request(background.base_url, "POST", "/v1/chat/completions", constrained, timeout=TIMEOUT)))
+        waiting.start()
+        waiting.join(0.5)
+        assert not replies  # it waits for the view
+        gate.set()
+        waiting.join(TIMEOUT)
+        assert replies[0].status == 200 and replies[0].json()["choices"][0]["message"]["content"].startswith("{")
 
 
 @pytest.mark.parametrize("fmt, words", [

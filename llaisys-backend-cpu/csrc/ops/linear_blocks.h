@@ -169,66 +169,91 @@ LLAISYS_ALWAYS_INLINE void block_totals(const BlockPtrs& b, const QuantizedX& xq
     }
 }
 
-// Rows [r0, r1) of x against all the weight's blocks: the blocks shared among the threads, each block used for
-// groups of up to kGemvMaxRows rows of x in turn.
+// Block blk of the weight (of ceil(N / 16)) against rows [r0, r1) of x, in groups of up to kGemvMaxRows rows:
+// + bias, rounded once, stored to the same rows of out. (moe_linear_i8 calls it per expert, with the expert's
+// blocks, quantized rows and outputs.)
 template <class V, class F, bool kVnni, class T>
-void block_rows(const BlockLinearArgs& a, const QuantizedX& xq, int64_t r0, int64_t r1) {
+void block_rows_at(const BlockLinearArgs& a, const QuantizedX& xq, int64_t blk, int64_t r0, int64_t r1) {
     constexpr int W = V::W, P = kQBlockRows / W;
     const int64_t N = a.N;
     const T* bias = static_cast<const T*>(a.bias);
     T* out = static_cast<T*>(a.out);
     const int64_t blocks = ceil_div(N, kQBlockRows), block_bytes = xq.G * F::kWeightBytes;
-    const int threads = team_size();
-    // Chunks of blocks, several per thread: a thread works through its own consecutive chunks, then helps
-    // the others (other processes may hold a core).
-    const int64_t chunk = std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
-    const bool parallel = threads > 1 && N * a.K * (r1 - r0) >= (int64_t(1) << 16) && blocks > 1;
-    auto block_rows = [&](int64_t blk) {
-        const BlockPtrs b = block_at<F>(a, xq.G, blk);
-        // More than one group of rows of x reads the block again from cache, which breaks the stream the
-        // hardware prefetchers follow: the first pass then prefetches the next block itself.
-        const uint8_t* next = r1 - r0 > kGemvMaxRows && blk + 1 < blocks ? b.w + block_bytes : nullptr;
-        for (int64_t m0 = r0; m0 < r1; m0 += kGemvMaxRows) {
-            auto group = [&](auto mm) {
-                constexpr int MM = decltype(mm)::value;
-                V total[P][MM];
-                block_totals<V, F, kVnni, MM>(b, xq, m0, m0 == r0 ? next : nullptr, total);
-                for (int p = 0; p < P; ++p) {
-                    const int64_t n0 = blk * kQBlockRows + p * W;
-                    const int rows = int(std::clamp<int64_t>(N - n0, 0, W));
-                    if (rows == 0) break;  // the last block's padding rows
-                    const V bv = !bias ? V::zero() : rows == W ? V::load(bias + n0) : V::load_partial(bias + n0, rows);
-                    for (int m = 0; m < MM; ++m) {  // + bias, then rounded once
-                        const V v = bias ? total[p][m] + bv : total[p][m];
-                        T* o = out + (m0 + m) * N + n0;
-                        if (rows == W) v.store(o);
-                        else v.store_partial(o, rows);
-                    }
+    const BlockPtrs b = block_at<F>(a, xq.G, blk);
+    // More than one group of rows of x reads the block again from cache, which breaks the stream the
+    // hardware prefetchers follow: the first pass then prefetches the next block itself.
+    const uint8_t* next = r1 - r0 > kGemvMaxRows && blk + 1 < blocks ? b.w + block_bytes : nullptr;
+    for (int64_t m0 = r0; m0 < r1; m0 += kGemvMaxRows) {
+        auto group = [&](auto mm) {
+            constexpr int MM = decltype(mm)::value;
+            V total[P][MM];
+            block_totals<V, F, kVnni, MM>(b, xq, m0, m0 == r0 ? next : nullptr, total);
+            for (int p = 0; p < P; ++p) {
+                const int64_t n0 = blk * kQBlockRows + p * W;
+                const int rows = int(std::clamp<int64_t>(N - n0, 0, W));
+                if (rows == 0) break;  // the last block's padding rows
+                const V bv = !bias ? V::zero() : rows == W ? V::load(bias + n0) : V::load_partial(bias + n0, rows);
+                for (int m = 0; m < MM; ++m) {  // + bias, then rounded once
+                    const V v = bias ? total[p][m] + bv : total[p][m];
+                    T* o = out + (m0 + m) * N + n0;
+                    if (rows == W) v.store(o);
+                    else v.store_partial(o, rows);
                 }
-            };
-            switch (std::min<int64_t>(r1 - m0, kGemvMaxRows)) {
-                case 1: group(std::integral_constant<int, 1>{}); break;
-                case 2: group(std::integral_constant<int, 2>{}); break;
-                case 3: group(std::integral_constant<int, 3>{}); break;
-                case 4: group(std::integral_constant<int, 4>{}); break;
-                case 5: group(std::integral_constant<int, 5>{}); break;
-                case 6: group(std::integral_constant<int, 6>{}); break;
-                case 7: group(std::integral_constant<int, 7>{}); break;
-                default: group(std::integral_constant<int, 8>{}); break;
             }
+        };
+        switch (std::min<int64_t>(r1 - m0, kGemvMaxRows)) {
+            case 1: group(std::integral_constant<int, 1>{}); break;
+            case 2: group(std::integral_constant<int, 2>{}); break;
+            case 3: group(std::integral_constant<int, 3>{}); break;
+            case 4: group(std::integral_constant<int, 4>{}); break;
+            case 5: group(std::integral_constant<int, 5>{}); break;
+            case 6: group(std::integral_constant<int, 6>{}); break;
+            case 7: group(std::integral_constant<int, 7>{}); break;
+            default: group(std::integral_constant<int, 8>{}); break;
         }
-    };
+    }
+}
+
+// Blocks of weight rows per task: several chunks per thread, so a thread works through its own consecutive
+// chunks, then helps the others (other processes may hold a core).
+inline int64_t block_chunk(int64_t blocks, int threads) {
+    return std::clamp<int64_t>(blocks / (int64_t(threads) * 8), 1, 64);
+}
+
+// Rows of x per pass over the weight: as many (a multiple of 8) as keep their xq within ~256 KiB, so a weight
+// block's groups of rows read xq from L2. Decode (M <= 8) is one pass: each weight byte is read once.
+inline int64_t block_tile_rows(const QuantizedX& xq) {
+    return std::max<int64_t>(kGemvMaxRows, (int64_t(256) << 10) / xq.ld / kGemvMaxRows * kGemvMaxRows);
+}
+
+// Rows [r0, r1) of x against all the weight's blocks, the blocks shared among the threads.
+template <class V, class F, bool kVnni, class T>
+void block_rows(const BlockLinearArgs& a, const QuantizedX& xq, int64_t r0, int64_t r1) {
+    const int64_t blocks = ceil_div(a.N, kQBlockRows), chunk = block_chunk(blocks, team_size());
+    const bool parallel = team_size() > 1 && a.N * a.K * (r1 - r0) >= (int64_t(1) << 16) && blocks > 1;
     run_tasks(ceil_div(blocks, chunk), [&](int64_t c) {
-        for (int64_t blk = c * chunk; blk < std::min(blocks, (c + 1) * chunk); ++blk) block_rows(blk);
+        for (int64_t blk = c * chunk; blk < std::min(blocks, (c + 1) * chunk); ++blk)
+            block_rows_at<V, F, kVnni, T>(a, xq, blk, r0, r1);
     }, parallel);
 }
 
-// All M rows, in tiles of as many rows (a multiple of 8) as keep their xq within ~256 KiB: a weight block's
-// groups of rows then read xq from L2. Decode (M <= 8) is one tile: each weight byte is read once.
+// All M rows, a tile of rows (block_tile_rows) at a time.
 template <class V, class F, bool kVnni, class T>
 void block_linear_simd(const BlockLinearArgs& a, const QuantizedX& xq) {
-    const int64_t tile = std::max<int64_t>(kGemvMaxRows, (int64_t(256) << 10) / xq.ld / kGemvMaxRows * kGemvMaxRows);
+    const int64_t tile = block_tile_rows(xq);
     for (int64_t r0 = 0; r0 < a.M; r0 += tile) block_rows<V, F, kVnni, T>(a, xq, r0, std::min(a.M, r0 + tile));
+}
+
+// f(V{}, std::bool_constant<vnni>{}) with this build's vector type and byte dot: AVX-512 with VNNI (unless
+// LLAISYS_CPU_LINEAR_VNNI=0) or without, AVX2.
+template <class Fn>
+void with_block_path(Fn&& f) {
+#if defined(LLAISYS_ISA_AVX512)
+    if (has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed()) f(Vec16{}, std::true_type{});
+    else f(Vec16{}, std::false_type{});
+#else
+    f(Vec8{}, std::false_type{});
+#endif
 }
 
 #endif  // !LLAISYS_ISA_PORTABLE
@@ -241,13 +266,10 @@ void block_linear(const BlockLinearArgs& a) {
         using T = decltype(tag);
         if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
         const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
-#if defined(LLAISYS_ISA_AVX512)
-        if (has_feature(Feature::kAvx512Vnni) && linear_vnni_allowed()) block_linear_simd<Vec16, F, true, T>(a, xq);
-        else block_linear_simd<Vec16, F, false, T>(a, xq);
-#elif defined(LLAISYS_ISA_AVX2)
-        block_linear_simd<Vec8, F, false, T>(a, xq);
-#else
+#if defined(LLAISYS_ISA_PORTABLE)
         block_linear_scalar<F, T>(a, xq);
+#else
+        with_block_path([&](auto v, auto vnni) { block_linear_simd<decltype(v), F, decltype(vnni)::value, T>(a, xq); });
 #endif
     });
 }

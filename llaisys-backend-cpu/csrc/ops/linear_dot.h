@@ -3,8 +3,8 @@
 // Both x [M, K] and weight [N, K] are contiguous along k, so each output is a dot product of two contiguous
 // rows: no packing and no transposes, every weight value is loaded straight from where the checkpoint put it.
 // A register tile of MR rows of x by NR rows of weight keeps MR x NR vector accumulators; one step loads MR
-// x vectors and NR weight vectors (KW values of k each) and does MR x NR multiply-adds. A decode step
-// (M = 1..4) thus streams the weights at the speed of memory with a few instructions per 64 bytes.
+// x vectors and NR weight vectors (KW values of k each) and does MR x NR multiply-adds. A decode or verify
+// step (M = 1..8) streams the weights at the speed of memory with a few instructions per 64 bytes (dot_stream).
 //
 // The arithmetic of one output never depends on M, the tile it falls in or the thread that runs it (batch
 // invariance: a sequence's logits are the same alone or batched, however its prompt was cut): lane l of its
@@ -89,7 +89,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
     using Acc = typename C::Acc;
     constexpr int KW = C::KW;
     Acc acc[MR][NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) acc[i][j] = kp.k0 > 0 ? kp.carry[i * NR + j] : Acc::zero();
@@ -104,7 +104,8 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) wv[j] = C::load(w + j * K + k);
-#pragma GCC unroll 4
+        if constexpr (NR == 1 && MR > 1) hold_in_register(wv[0]);  // one load of the streamed line, not MR
+#pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const auto xv = C::load(x + i * ldx + k);
 #pragma GCC unroll 8
@@ -116,7 +117,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
         decltype(C::load(w)) wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) wv[j] = C::load_partial(w + j * K + k, n);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
             const auto xv = C::load_partial(x + i * ldx + k, n);
 #pragma GCC unroll 8
@@ -124,7 +125,7 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
         }
     }
     if (k_end < K) {  // more parts follow
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
             for (int j = 0; j < NR; ++j) kp.carry[i * NR + j] = acc[i][j];
@@ -137,12 +138,12 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
     } else
 #endif
     {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
             for (int j = 0; j < NR; ++j) sums[i][j] = reduce_add(acc[i][j]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) out[i * N + j] = from_f32<T>(bias ? sums[i][j] + to_f32(bias[j]) : sums[i][j]);
@@ -172,7 +173,42 @@ LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int6
     }
 }
 
-// Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. The weight rows go in slices of
+// Steps of at most kStreamRows rows of x (decode; a verify step of speculative decoding, K + 1 rows; a batch
+// of a few sequences) stream the weights (dot_stream): up to 4 rows always, up to 8 while their x rows fit in
+// kStreamXBytes (L1), beyond which the tiles of NR weight rows reuse each x load 4 times and win.
+constexpr int64_t kStreamRows = 8;
+constexpr int64_t kStreamXBytes = int64_t(32) << 10;
+// How far ahead of the weight row it computes a streaming tile of several x rows requests the weights
+// (prefetcht2, spread over its steps). One x row needs no help: the hardware prefetchers keep up with its
+// stream. With more, each weight line waits for R multiply-adds: the demand loads alone then left memory
+// idle while the tile computed (f32, K = 576, weights from memory, one thread: 8 rows at 2.0x the time of
+// one row without, 1.4-1.6x with; 5 rows 1.25x and 1.15x).
+constexpr int64_t kStreamPrefetchBytes = int64_t(32) << 10;
+
+// Weight rows [n0, n1) against all R <= kStreamRows rows of x, one weight row at a time: a tile of R x 1, so
+// that each thread reads its block of weights once, as one sequential stream, and every row of x takes the
+// weight line from a register (tiles of NR weight rows read NR streams a row apart, which the hardware
+// prefetchers served at ~27 GB/s where one stream ran at the full ~37 at K = 1536 on Zen 4). R chains per
+// tile keep the FMA units busy without more weight rows. (Groups of at most 4 rows, as this path had before,
+// read each weight row again per group: a verify of 4 drafts, 4 + 1 rows, cost 1.35-1.6x a decode step's
+// linear, f32 K = 576.)
+template <class C, int R, class T>
+LLAISYS_ALWAYS_INLINE void dot_stream(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
+                                      const T* bias, T* out, int64_t N) {
+    const KPart<typename C::Acc> all{0, K, nullptr};
+    const int64_t row_bytes = K * int64_t(sizeof(T));
+    const int64_t ahead = R > 1 ? ceil_div(kStreamPrefetchBytes, row_bytes) : 0;  // rows
+    const int64_t lines = R > 1 ? ceil_div(row_bytes, 64) : 0;
+    for (int64_t n = n0; n < n1; ++n) {
+        const bool request = n + ahead < N;  // (the block after this one is, most of the time, this thread's next)
+        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N,
+                          request ? reinterpret_cast<const char*>(w + (n + ahead) * K) : nullptr, request ? lines : 0,
+                          all);
+    }
+}
+
+// Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. With NR == 1 (mc <= kStreamRows)
+// the weights stream (dot_stream). Otherwise the weight rows go in slices of
 // ~256 KiB that stay in L2 while every group of MR rows of x passes them (the group, or its part of long
 // rows, stays in L1 across the slice's tiles); the passes over one slice request the next one
 // (SlicePrefetch; after the last slice, the first of the next block), so that memory streams while they
@@ -182,8 +218,21 @@ template <class C, int MR, int NR, class T>
 LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
                                      int64_t K, const T* bias, T* out, int64_t N) {
     static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
-    constexpr bool prefetch = NR > 1;  // one weight row at a time is one sequential stream: no help needed
     using Acc = typename C::Acc;
+    if constexpr (NR == 1) {
+        static_assert(kStreamRows == 8, "a case per row count");
+        switch (mc) {
+            case 1: return dot_stream<C, 1>(x, w, n0, n1, K, bias, out, N);
+            case 2: return dot_stream<C, 2>(x, w, n0, n1, K, bias, out, N);
+            case 3: return dot_stream<C, 3>(x, w, n0, n1, K, bias, out, N);
+            case 4: return dot_stream<C, 4>(x, w, n0, n1, K, bias, out, N);
+            case 5: return dot_stream<C, 5>(x, w, n0, n1, K, bias, out, N);
+            case 6: return dot_stream<C, 6>(x, w, n0, n1, K, bias, out, N);
+            case 7: return dot_stream<C, 7>(x, w, n0, n1, K, bias, out, N);
+            case 8: return dot_stream<C, 8>(x, w, n0, n1, K, bias, out, N);
+            default: return;  // (the callers stream at most kStreamRows rows)
+        }
+    }
     const int64_t slice = std::max<int64_t>(NR, (int64_t(256) << 10) / (K * int64_t(sizeof(T))) / NR * NR);
     // Long rows (down_proj, K = 8960) go in parts of kc k (KPart), so that a group's part of x (8 KiB) stays
     // in L1 while the slice's tiles pass it; else each step would load both x and the weights from L2
@@ -191,21 +240,18 @@ LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, con
     // (per thread) between parts.
     const int64_t kc = std::max<int64_t>(C::KW, (int64_t(8) << 10) / (MR * int64_t(sizeof(typename C::XElem))) /
                                                     C::KW * C::KW);
-    const int64_t parts = prefetch && K > 2 * kc ? ceil_div(K, kc) : 1;
+    const int64_t parts = K > 2 * kc ? ceil_div(K, kc) : 1;
     const int64_t groups = ceil_div(mc, MR), max_tiles = slice / NR + NR;
     Acc* carry = parts > 1 ? scratch(kSlotCarry).get<Acc>(size_t(groups * max_tiles * kCarrySlot)) : nullptr;
     for (int64_t s0 = n0; s0 < n1; s0 += slice) {
         const int64_t s1 = std::min(n1, s0 + slice);
         const int64_t tiles = (s1 - s0) / NR + (s1 - s0) % NR;
-        SlicePrefetch pf;
-        if (prefetch) {
-            // the next slice, past the block's end too: the block after it is, most of the time, this
-            // thread's next one (see run_tasks), whose first slice is then not read cold (M = 16, Zen 4:
-            // 8960 x 1536 at 346 instead of 293 GFLOP/s, 1536 x 1536 at 299 instead of 233)
-            const int64_t next_lines = ceil_div((std::min(N, s1 + slice) - s1) * K * int64_t(sizeof(T)), 64);
-            pf = SlicePrefetch{reinterpret_cast<const char*>(w + s1 * K), next_lines,
-                               ceil_div(next_lines, groups * tiles * parts)};
-        }
+        // the next slice, past the block's end too: the block after it is, most of the time, this thread's
+        // next one (see run_tasks), whose first slice is then not read cold (M = 16, Zen 4: 8960 x 1536 at 346
+        // instead of 293 GFLOP/s, 1536 x 1536 at 299 instead of 233)
+        const int64_t next_lines = ceil_div((std::min(N, s1 + slice) - s1) * K * int64_t(sizeof(T)), 64);
+        SlicePrefetch pf{reinterpret_cast<const char*>(w + s1 * K), next_lines,
+                         ceil_div(next_lines, groups * tiles * parts)};
         for (int64_t p = 0; p < parts; ++p) {
             const int64_t k0 = p * kc, k1 = p + 1 < parts ? k0 + kc : K;
             auto part = [&](int64_t group) {  // group g's tiles keep their accumulators from carry + g * ...
@@ -224,6 +270,11 @@ LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, con
             }
         }
     }
+}
+
+// Whether mc rows of x of K values (of x_bytes each) stream the weights (dot_stream; MR: the tiles' rows).
+inline bool streams(int64_t mc, int64_t K, size_t x_bytes, int MR) {
+    return mc <= MR || (mc <= kStreamRows && mc * K * int64_t(x_bytes) <= kStreamXBytes);
 }
 
 // Runs dot_block for a chain whose instructions need no target attribute (Bf16PairChain's runner, in
@@ -269,9 +320,7 @@ void linear_dot(const LinearArgs& a) {
         } else {
             xs = static_cast<const X*>(a.x) + m0 * K;
         }
-        // At most MR rows of x (a decode step): a tile of one weight row, so that each thread reads its block
-        // as one sequential stream. Tiles of NR rows read NR streams a row apart, which the hardware
-        // prefetchers serve worse when rows are short (Zen 4, K = 1536: 27 against 37 GB/s).
+        // A decode or verify step (at most kStreamRows rows of x): tiles of one weight row (dot_stream).
         T* outs = out + m0 * N;
         auto run_blocks = [&](auto nr) {  // tiles of nr weight rows
             run_tasks(blocks, [&](int64_t b) {
@@ -279,7 +328,7 @@ void linear_dot(const LinearArgs& a) {
                                                          bias, outs, N);
             }, parallel);
         };
-        if (mc <= MR) run_blocks(std::integral_constant<int, 1>{});
+        if (streams(mc, K, sizeof(X), MR)) run_blocks(std::integral_constant<int, 1>{});
         else run_blocks(std::integral_constant<int, NR>{});
     }
 }

@@ -5,10 +5,10 @@
 // output depends only on its own input row and expert (never on the batch). The results are then scattered
 // back to out. Experts no row chose are never read.
 #include <cstring>
-#include <string>
 
 #include "../common/api.h"
 #include "linear_tiles.h"
+#include "moe_groups.h"
 
 namespace llaisys::cpu {
 
@@ -27,28 +27,6 @@ struct MoeLinearArgs {
 LLAISYS_DECLARE_PER_ISA(void moe_linear(const MoeLinearArgs& args))
 
 namespace llaisys::cpu::LLAISYS_ISA {
-
-// The pairs r = m * k + j grouped by expert: pairs [start[e], start[e + 1]) of order chose expert e;
-// selected[0, count) are the experts some pair chose, ascending. (Per-thread scratch, no allocation.)
-struct ExpertGroups {
-    int64_t *start, *order, *selected, count = 0;
-
-    ExpertGroups(const int64_t* experts, int64_t pairs, int64_t E) {
-        start = scratch(kSlotMoeIndex).get<int64_t>(size_t(3 * E + 1 + pairs));
-        int64_t* next = start + E + 1;
-        selected = next + E;
-        order = selected + E;
-        std::fill(start, start + E + 1, int64_t(0));
-        for (int64_t r = 0; r < pairs; ++r) ++start[experts[r] + 1];
-        for (int64_t e = 0; e < E; ++e) {
-            next[e] = start[e];
-            start[e + 1] += start[e];
-            if (start[e + 1] > start[e]) selected[count++] = e;
-        }
-        for (int64_t r = 0; r < pairs; ++r) order[next[experts[r]]++] = r;
-    }
-    int64_t rows(int64_t e) const { return start[e + 1] - start[e]; }
-};
 
 template <class C, class T, class Block>
 void moe_linear_dot(const MoeLinearArgs& a) {
@@ -76,8 +54,8 @@ void moe_linear_dot(const MoeLinearArgs& a) {
         const int64_t e = groups.selected[t / blocks], b = t % blocks, first = groups.start[e];
         const int64_t rows = groups.rows(e), n0 = b * block, n1 = std::min(N, n0 + block);
         const T* w = weight + e * N * K;
-        // (at most kMR rows: tiles of one weight row, one sequential stream per thread, as in linear_dot)
-        if (rows <= kMR) Block::template run<1>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
+        // (tiles of one weight row, one sequential stream per thread, where linear_dot's would stream)
+        if (streams(rows, K, sizeof(X), kMR)) Block::template run<1>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
         else Block::template run<kNR>(rows, xs + first * K, w, n0, n1, K, nullptr, ys + first * N, N);
     }, parallel);
 
@@ -110,11 +88,7 @@ int LLAISYS_FN(moe_linear)(int device, void* stream, int dtype, int64_t M, int64
     return llaisys::launch("moe_linear", stream, [=] {
         llaisys::require_float_dtype(dtype);
         const int64_t* ids = static_cast<const int64_t*>(experts);
-        for (int64_t r = 0; r < M * k; ++r)
-            if (ids[r] < 0 || ids[r] >= E)
-                throw llaisys::InvalidArgument("experts[" + std::to_string(r / k) + ", " + std::to_string(r % k) +
-                                               "] = " + std::to_string(ids[r]) + " is not an expert id in [0, " +
-                                               std::to_string(E) + ")");
+        llaisys::check_expert_ids(ids, M, k, E);
         if (M == 0 || k == 0 || N == 0) return;  // nothing to compute
         LLAISYS_PER_ISA(moe_linear)(llaisys::cpu::MoeLinearArgs{dtype, M, k, E, N, K, x_per_slot != 0, out, x,
                                                                  weight, ids});

@@ -75,27 +75,35 @@ void check_batch(const llaisys::cpu::attn::PagedProblem& p) {
 // numerics=hf: HF's attention rounding (self_attention.h, kHf) over each sequence's keys gathered into one
 // contiguous run. The hf kernel's result for a query depends only on its row and its keys (key blocks
 // counted from key 0, no key split), so the batch stays invisible here too; the gather costs one more pass
-// over the keys, which only this opt-in mode pays.
+// over the keys, which only this opt-in mode pays. With a window the run starts at the block of 512 keys
+// (kHfBlockKeys, counted from key 0) that holds the first query's first key, so that the blocks keep their
+// bounds; the blocks before it hold no key of any query of the sequence, and the keys of that block before
+// the first query's window are zeros (masked for every query: they are not read from the cache).
 void paged_attention_hf(int dtype, const llaisys::cpu::attn::PagedProblem& p) {
     const size_t elem = dtype == LLAISYS_F32 ? 4 : 2;
     const size_t krow = size_t(p.Hkv * p.d) * elem, vrow = size_t(p.Hkv * p.dv) * elem;
+    constexpr int64_t kBlock = 512;  // self_attention.h's kHfBlockKeys
     std::vector<char> keys, values;
     for (int64_t s = 0; s < p.num_seqs; ++s) {
         const int64_t q0 = p.query_start[s], L = int64_t(p.query_start[s + 1]) - q0, S = p.seq_lens[s];
         if (L == 0) continue;
-        keys.resize(size_t(S) * krow);
-        values.resize(size_t(S) * vrow);
+        const int64_t first_pos = S - L;  // the first query's position
+        const int64_t first = p.window > 0 && first_pos >= p.window ? first_pos - p.window + 1 : 0;
+        const int64_t k0 = first / kBlock * kBlock;
+        keys.assign(size_t(S - k0) * krow, 0);
+        values.assign(size_t(S - k0) * vrow, 0);
         const int32_t* bt = p.block_tables + s * p.max_blocks;
-        for (int64_t j = 0; j < S; ++j) {
+        for (int64_t j = first; j < S; ++j) {
             const size_t row = size_t(bt[j / p.block_size]) * size_t(p.block_size) + size_t(j % p.block_size);
-            std::memcpy(keys.data() + size_t(j) * krow, static_cast<const char*>(p.k_cache) + row * krow, krow);
-            std::memcpy(values.data() + size_t(j) * vrow, static_cast<const char*>(p.v_cache) + row * vrow, vrow);
+            std::memcpy(keys.data() + size_t(j - k0) * krow, static_cast<const char*>(p.k_cache) + row * krow, krow);
+            std::memcpy(values.data() + size_t(j - k0) * vrow, static_cast<const char*>(p.v_cache) + row * vrow, vrow);
         }
+        // (positions shift by k0 on both sides: the window's bounds p - window < j <= p shift with them)
         LLAISYS_PER_ISA(self_attention)(
-            dtype, true, llaisys::cpu::attn::Problem{L, S, p.H, p.Hkv, p.d, p.dv, p.scale,
+            dtype, true, llaisys::cpu::attn::Problem{L, S - k0, p.H, p.Hkv, p.d, p.dv, p.scale,
                                                      static_cast<char*>(p.out) + size_t(q0 * p.H * p.dv) * elem,
                                                      static_cast<const char*>(p.q) + size_t(q0 * p.H * p.d) * elem,
-                                                     keys.data(), values.data()});
+                                                     keys.data(), values.data(), p.window});
     }
 }
 
@@ -105,7 +113,8 @@ using namespace llaisys;
 
 int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T, int64_t num_seqs,
                                 int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks, int64_t block_size,
-                                int64_t max_blocks, double scale, void* out, const void* q, const void* k_cache,
+                                int64_t max_blocks, int64_t window, double scale, void* out, const void* q,
+                                const void* k_cache,
                                 const void* v_cache, const void* block_tables, const void* seq_lens,
                                 const void* query_start) {
     (void)device;
@@ -113,8 +122,9 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
         const bool hf = hf_numerics(numerics) && dtype != LLAISYS_F32;  // f32: nothing to round, the exact mode
         require_float_dtype(dtype);
         if (T == 0 || H == 0 || dv == 0) return;
-        const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, float(scale),
-                                        out, q, k_cache, v_cache, static_cast<const int32_t*>(block_tables),
+        if (window < 0) throw InvalidArgument("window = " + std::to_string(window) + " is negative");
+        const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window,
+                                        float(scale), out, q, k_cache, v_cache, static_cast<const int32_t*>(block_tables),
                                         static_cast<const int32_t*>(seq_lens), static_cast<const int32_t*>(query_start)};
         check_batch(p);
         if (hf) {

@@ -10,6 +10,11 @@
 //     a query does not depend on which other queries share its tile, nor on the tile width MB (picked per
 //     sequence from its row count) — only on its own row and its sequence's keys;
 //   * key blocks start at multiples of BK from position 0, whatever the tile;
+//   * a sliding window (window > 0: query at position p sees keys p - window < j <= p) masks a lane's keys
+//     before its window's start as the causal mask masks those past its end: exact zeros, so key blocks and
+//     chunks before the tile's first window start are skipped (never read), and the blocks a tile does read
+//     for its other lanes change nothing for a lane they are wholly outside of (alpha = exp(-inf) = 0 on
+//     the zero state);
 //   * the keys are cut into fixed chunks of kChunkKeys positions (absolute, not per call). Each chunk
 //     gives a partial (m, l, O); a query with keys in several chunks always gets the merge of its chunks'
 //     partials, in chunk order, whether one thread runs them one after the other or several threads run
@@ -31,6 +36,7 @@ namespace llaisys::cpu::attn {
 
 struct PagedProblem {
     int64_t T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks;
+    int64_t window;              // sliding window (0: none)
     float scale;
     void* out;                   // [T, H, dv]
     const void* q;               // [T, H, d]
@@ -41,12 +47,14 @@ struct PagedProblem {
     const int32_t* query_start;  // [num_seqs + 1]
 };
 
-// One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1). `part` is where the
-// chunk partials go when the tile's chunks are shared among several items (-1: the item merges them itself).
+// One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1) of the tile's chunks
+// [cfirst, cfirst + nchunks) (absolute chunk indices; those before cfirst lie wholly before every lane's
+// window). `part` is where the chunk partials go (chunk c at c - cfirst) when the tile's chunks are shared
+// among several items (-1: the item merges them itself).
 struct PagedItem {
     int32_t seq, g, tile, mb;
     int32_t c0, c1, nchunks;
-    int32_t pad;
+    int32_t cfirst;
     int64_t part;
 };
 
@@ -121,7 +129,7 @@ struct Paged {
 
     // Per-thread scratch layout (floats), sized for the widest tile.
     struct Scratch {
-        float *QT, *ST, *OT, *m, *l, *end, *row, *Kc, *Vc, *parts;
+        float *QT, *ST, *OT, *m, *l, *end, *start, *row, *Kc, *Vc, *parts;
     };
 
     const PagedProblem& p;
@@ -132,7 +140,7 @@ struct Paged {
     int64_t per_thread_floats() const {
         const int64_t dmax = (p.d > p.dv ? p.d : p.dv) + 64;
         return round16(p.d * kMaxLanes) + round16(int64_t(BK) * kMaxLanes) + round16(p.dv * kMaxLanes) +
-               3 * round16(kMaxLanes) + round16(dmax) + round16(int64_t(BK) * p.d) + round16(int64_t(BK) * p.dv) +
+               4 * round16(kMaxLanes) + round16(dmax) + round16(int64_t(BK) * p.d) + round16(int64_t(BK) * p.dv) +
                round16(local_chunks * part_stride_max);
     }
 
@@ -145,6 +153,7 @@ struct Paged {
         s.m = sc; sc += round16(kMaxLanes);
         s.l = sc; sc += round16(kMaxLanes);
         s.end = sc; sc += round16(kMaxLanes);
+        s.start = sc; sc += round16(kMaxLanes);
         s.row = sc; sc += round16(dmax);
         s.Kc = sc; sc += round16(int64_t(BK) * p.d);
         s.Vc = sc; sc += round16(int64_t(BK) * p.dv);
@@ -154,8 +163,17 @@ struct Paged {
 
     static int64_t lanes_of(int mb) { return int64_t(mb) * W; }
 
+    // The first key the query at position `pos` sees.
+    int64_t window_start(int64_t pos) const { return LLAISYS_ISA::window_start(pos, p.window); }
+
+    // The chunks a tile of rows [i_first, i_last] of a sequence with S keys and L rows reads: [first, end).
+    void tile_chunks(int64_t i_first, int64_t i_last, int64_t S, int64_t L, int64_t& first, int64_t& end) const {
+        first = window_start(i_first + S - L) / kChunkKeys;
+        end = (i_last + S - L + 1 + kChunkKeys - 1) / kChunkKeys;
+    }
+
     // Queries of the tile: flat index f = row * G + head within (seq, g); row i of the sequence sees keys
-    // [0, S - L + i + 1).
+    // [window_start(S - L + i), S - L + i + 1).
     int64_t tile_queries(const PagedItem& it, int64_t& f0) const {
         const int64_t L = p.query_start[it.seq + 1] - p.query_start[it.seq], M = L * G, lanes = lanes_of(it.mb);
         f0 = int64_t(it.tile) * lanes;
@@ -199,20 +217,25 @@ struct Paged {
                 convert(q + ((q0 + i) * H + h) * d, s.row, d);
                 for (int64_t c = 0; c < d; ++c) s.QT[c * LANES + lane] = s.row[c] * p.scale;
                 s.end[lane] = float(i + off + 1);
+                s.start[lane] = float(window_start(i + off));
             } else {
                 for (int64_t c = 0; c < d; ++c) s.QT[c * LANES + lane] = 0.0f;
                 s.end[lane] = float(S);
+                s.start[lane] = 0.0f;
             }
         }
         const int64_t kend = (f0 + n - 1) / G + off + 1;  // keys visible to the tile's last query
         const int64_t min_end = f0 / G + off + 1;         // keys visible to its first
+        const int64_t kfirst = window_start(f0 / G + off) / BK * BK;  // the block of its first query's first key
+        const int64_t max_start = window_start((f0 + n - 1) / G + off);  // its last query's first key
         const int64_t stride = (2 + dv) * LANES;
         float* parts = it.part >= 0 ? global_parts + it.part : s.parts;
 
         for (int64_t chunk = it.c0; chunk < it.c1; ++chunk) {
             for (int64_t lane = 0; lane < LANES; ++lane) s.m[lane] = -__builtin_inff(), s.l[lane] = 0.0f;
             for (int64_t x = 0; x < dv * LANES; ++x) s.OT[x] = 0.0f;
-            const int64_t ks = chunk * kChunkKeys, ke = ks + kChunkKeys < kend ? ks + kChunkKeys : kend;
+            const int64_t c_start = chunk * kChunkKeys, ks = c_start > kfirst ? c_start : kfirst;
+            const int64_t ke = c_start + kChunkKeys < kend ? c_start + kChunkKeys : kend;
 
             for (int64_t kb = ks; kb < ke; kb += BK) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
@@ -230,6 +253,15 @@ struct Paged {
                         for (int64_t jj = 0; jj < nb; ++jj) {
                             float* sp = s.ST + jj * LANES + b * W;
                             select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
+                        }
+                    }
+                }
+                if (kb < max_start) {  // window mask where the block crosses some query's start
+                    for (int b = 0; b < MB; ++b) {
+                        const V st = V::load(s.start + b * W);
+                        for (int64_t jj = 0; jj < nb; ++jj) {
+                            float* sp = s.ST + jj * LANES + b * W;
+                            select(lt_mask(V::set1(float(kb + jj)), st), neg_inf, V::load(sp)).store(sp);
                         }
                     }
                 }
@@ -262,7 +294,7 @@ struct Paged {
             if (it.nchunks == 1) {
                 finish<MB>(it, s.OT, s.l, s);
             } else {
-                float* part = parts + chunk * stride;
+                float* part = parts + (chunk - it.cfirst) * stride;
                 std::memcpy(part, s.m, sizeof(float) * LANES);
                 std::memcpy(part + LANES, s.l, sizeof(float) * LANES);
                 std::memcpy(part + 2 * LANES, s.OT, sizeof(float) * dv * LANES);
@@ -308,9 +340,12 @@ struct Paged {
             if (L == 0) continue;
             const int mb = pick_mb(M);
             tiles += p.Hkv * ((M + lanes_of(mb) - 1) / lanes_of(mb));
-            const int64_t chunks = (S + kChunkKeys - 1) / kChunkKeys;
-            max_chunks = chunks > max_chunks ? chunks : max_chunks;
-            flops += 2.0 * double(p.H) * double(L) * (double(S) - 0.5 * double(L - 1)) * double(p.d + p.dv);
+            int64_t first, end;
+            tile_chunks(0, L - 1, S, L, first, end);  // (the chunks of the widest tile, an upper bound)
+            max_chunks = end - first > max_chunks ? end - first : max_chunks;
+            double keys = double(S) - 0.5 * double(L - 1);  // per query, on average
+            if (p.window > 0 && keys > double(p.window)) keys = double(p.window);
+            flops += 2.0 * double(p.H) * double(L) * keys * double(p.d + p.dv);
         }
         if (tiles == 0) return;
         const int max_threads = team_size();
@@ -328,21 +363,22 @@ struct Paged {
                 const int64_t L = p.query_start[s + 1] - p.query_start[s], S = p.seq_lens[s], M = L * G;
                 if (L == 0) continue;
                 const int mb = pick_mb(M);
-                const int64_t lanes = lanes_of(mb), ntiles = (M + lanes - 1) / lanes, off = S - L;
+                const int64_t lanes = lanes_of(mb), ntiles = (M + lanes - 1) / lanes;
                 for (int64_t t = ntiles - 1; t >= 0; --t) {
                     const int64_t f_last = (t * lanes + lanes < M ? t * lanes + lanes : M) - 1;
-                    const int64_t kend = f_last / G + off + 1;
-                    const int64_t nchunks = (kend + kChunkKeys - 1) / kChunkKeys;
+                    int64_t cfirst, cend;
+                    tile_chunks(t * lanes / G, f_last / G, S, L, cfirst, cend);
+                    const int64_t nchunks = cend - cfirst;
                     const int64_t groups = nchunks > 1 && spread > 1 ? (spread < nchunks ? spread : nchunks) : 1;
                     const int64_t per = (nchunks + groups - 1) / groups;
                     for (int64_t g = 0; g < p.Hkv; ++g) {
                         const int64_t tile_part = groups > 1 ? part : -1;
                         if (groups > 1) part += nchunks * (2 + p.dv) * lanes;
-                        for (int64_t c0 = 0; c0 < nchunks; c0 += per, ++k) {
+                        for (int64_t c0 = cfirst; c0 < cend; c0 += per, ++k) {
                             if (list)
                                 list[k] = PagedItem{int32_t(s), int32_t(g), int32_t(t), mb, int32_t(c0),
-                                                    int32_t(c0 + per < nchunks ? c0 + per : nchunks), int32_t(nchunks),
-                                                    0, tile_part};
+                                                    int32_t(c0 + per < cend ? c0 + per : cend), int32_t(nchunks),
+                                                    int32_t(cfirst), tile_part};
                         }
                     }
                 }
@@ -369,7 +405,7 @@ struct Paged {
             }, /*nowait=*/global_floats == 0);
             if (global_floats) {  // (after the barrier: every chunk of a shared tile is in)
                 for_each(team, items, [&](int64_t i) {
-                    if (list[i].part >= 0 && list[i].c0 == 0)  // one merge per shared tile
+                    if (list[i].part >= 0 && list[i].c0 == list[i].cfirst)  // one merge per shared tile
                         with_mb(list[i].mb, [&](auto mb) { merge_item<decltype(mb)::value>(list[i], s, gparts); });
                 }, /*nowait=*/true);
             }

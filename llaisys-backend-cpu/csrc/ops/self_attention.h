@@ -44,7 +44,12 @@ struct Problem {
     const void* q;
     const void* k;
     const void* v;
+    // Sliding window (paged_attention's numerics=hf path; the self_attention op has none): the query at
+    // position p = i + S - L sees only keys j > p - window. 0: no window. Key blocks wholly before a tile's
+    // first query's window are skipped; the keys before a query's window are masked like those past its end.
+    int64_t window = 0;
 };
+
 
 // Per calling thread, a cached buffer of at least `floats` floats (64-byte aligned); throws bad_alloc.
 // Defined once (self_attention.cpp, portable build). Never call it inside a thread-team region.
@@ -61,6 +66,11 @@ using attn::Problem;
 using attn::scratch;
 constexpr int kBlockKeys = 64;
 constexpr int kHfBlockKeys = 512;  // torch's CPU flash attention's key split size (kv_split_size)
+
+// The first key the query at position `pos` sees under a window of `window` keys (0: none).
+static inline int64_t window_start(int64_t pos, int64_t window) {
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
 
 template <bool kHf>
 constexpr int block_keys() { return kHf ? kHfBlockKeys : kBlockKeys; }
@@ -184,12 +194,12 @@ void attention(const Problem& p) {
     }
     const int64_t items = base_items * nsplit;
 
-    // Scratch per thread: QT, ST, OT, m, l, end, row, and (for f16/bf16) the f32 K and V blocks.
+    // Scratch per thread: QT, ST, OT, m, l, end, start, row, and (for f16/bf16) the f32 K and V blocks.
     const int64_t dmax = (d > dv ? d : dv) + 64;
     const int64_t sz_qt = d * LANES, sz_st = int64_t(BK) * LANES, sz_ot = dv * LANES;
     const int64_t sz_kc = kF32 ? 0 : int64_t(BK) * d, sz_vc = kF32 ? 0 : int64_t(BK) * dv;
     auto round16 = [](int64_t n) { return (n + 15) & ~int64_t(15); };
-    const int64_t per_thread = round16(sz_qt) + round16(sz_st) + round16(sz_ot) + 3 * round16(LANES) +
+    const int64_t per_thread = round16(sz_qt) + round16(sz_st) + round16(sz_ot) + 4 * round16(LANES) +
                                round16(dmax) + round16(sz_kc) + round16(sz_vc);
     const int64_t part_stride = (2 + dv) * LANES;  // m, l, OT of one (kv head, tile, split)
     const int64_t part_floats = nsplit > 1 ? items * part_stride : 0;
@@ -205,6 +215,7 @@ void attention(const Problem& p) {
         float* mrun = sc; sc += round16(LANES);
         float* lrun = sc; sc += round16(LANES);
         float* endv = sc; sc += round16(LANES);
+        float* startv = sc; sc += round16(LANES);
         float* row = sc; sc += round16(dmax);
         float* Kc = sc; sc += round16(sz_kc);
         float* Vc = sc;
@@ -231,9 +242,11 @@ void attention(const Problem& p) {
                     convert(q + (i * H + h) * d, row, d);
                     for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = row[c] * qscale;
                     endv[lane] = float(i + off + 1);
+                    startv[lane] = float(window_start(i + off, p.window));
                 } else {
                     for (int64_t c = 0; c < d; ++c) QT[c * LANES + lane] = 0.0f;
                     endv[lane] = float(S);
+                    startv[lane] = 0.0f;
                 }
                 mrun[lane] = -__builtin_inff();
                 lrun[lane] = 0.0f;
@@ -242,8 +255,11 @@ void attention(const Problem& p) {
 
             const int64_t kend = (f0 + n - 1) / G + off + 1;  // keys visible to the tile's last row
             const int64_t min_end = f0 / G + off + 1;         // keys visible to its first row
+            const int64_t kfirst = window_start(f0 / G + off, p.window) / BK * BK;  // its first row's first block
+            const int64_t max_start = window_start((f0 + n - 1) / G + off, p.window);  // its last row's first key
             int64_t ks, ke;
             split_keys<BK>(kend, nsplit, s, ks, ke);
+            if (ks < kfirst) ks = kfirst < ke ? kfirst : ke;
 
             for (int64_t kb = ks; kb < ke; kb += BK) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
@@ -264,6 +280,16 @@ void attention(const Problem& p) {
                         for (int64_t jj = 0; jj < nb; ++jj) {
                             float* sp = ST + jj * LANES + b * W;
                             select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
+                        }
+                    }
+                }
+                // window mask where the block crosses some row's start
+                if (kb < max_start) {
+                    for (int b = 0; b < MB; ++b) {
+                        const V st = V::load(startv + b * W);
+                        for (int64_t jj = 0; jj < nb; ++jj) {
+                            float* sp = ST + jj * LANES + b * W;
+                            select(lt_mask(V::set1(float(kb + jj)), st), neg_inf, V::load(sp)).store(sp);
                         }
                     }
                 }
@@ -410,7 +436,7 @@ void attention_rows(const Problem& p) {
     const int64_t dmax = (d > dv ? d : dv) + 64;
     const int64_t sz_kc = kF32 ? 0 : int64_t(BK) * d, sz_vc = kF32 ? 0 : int64_t(BK) * dv;
     const int64_t per_thread = round16(MQ * d) + round16(MQ * BK) + round16(MQ * dv) + 2 * round16(MQ) +
-                               round16(2 * MQ) +
+                               2 * round16(2 * MQ) +
                                round16(dmax) + round16(d) + round16(sz_kc) + round16(sz_vc);
     const int64_t part_stride = (2 + dv) * MQ;
     const int64_t part_floats = nsplit > 1 ? items * part_stride : 0;
@@ -425,6 +451,7 @@ void attention_rows(const Problem& p) {
         float* mrun = sc; sc += round16(MQ);
         float* lrun = sc; sc += round16(MQ);
         int64_t* endq = reinterpret_cast<int64_t*>(sc); sc += round16(2 * MQ);  // MQ int64
+        int64_t* startq = reinterpret_cast<int64_t*>(sc); sc += round16(2 * MQ);  // MQ int64
         float* row = sc; sc += round16(dmax);
         float* zero_row = sc; sc += round16(d);
         float* Kc = sc; sc += round16(sz_kc);
@@ -447,13 +474,15 @@ void attention_rows(const Problem& p) {
                 convert(q + (i * H + h) * d, row, d);
                 for (int64_t c = 0; c < d; ++c) Q[a * d + c] = row[c] * qscale;
                 endq[a] = i + off + 1;
+                startq[a] = window_start(i + off, p.window);
                 mrun[a] = -__builtin_inff();
                 lrun[a] = 0.0f;
             }
             for (int64_t x = 0; x < M * dv; ++x) O[x] = 0.0f;
-            const int64_t kend = endq[M - 1];
+            const int64_t kend = endq[M - 1], kfirst = startq[0] / BK * BK;
             int64_t ks, ke;
             split_keys<BK>(kend, nsplit, s, ks, ke);
+            if (ks < kfirst) ks = kfirst < ke ? kfirst : ke;
 
             for (int64_t kb = ks; kb < ke; kb += BK) {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
@@ -468,9 +497,11 @@ void attention_rows(const Problem& p) {
                     float* st = ST + a * BK;
                     for (int64_t j = 0; j < nbp; j += W) qk_row<V>(Q + a * d, krows + j, d, st + j);
                     scale_scores<V, kHf>(st, nbp, scale);
-                    int64_t valid = endq[a] - kb;
+                    int64_t valid = endq[a] - kb, before = startq[a] - kb;
                     valid = valid < 0 ? 0 : (valid > nb ? nb : valid);
+                    before = before < 0 ? 0 : (before > valid ? valid : before);
                     for (int64_t j = valid; j < nbp; ++j) st[j] = -__builtin_inff();
+                    for (int64_t j = 0; j < before; ++j) st[j] = -__builtin_inff();  // before the window
 
                     V bmax = V::set1(-__builtin_inff());
                     for (int64_t j = 0; j < nbp; j += W) bmax = vmax(bmax, V::load(st + j));

@@ -3,11 +3,13 @@
 // reading its keys and values through its row of the block tables.
 //
 // paged_attention: one block per (query row t, kv head g). The block finds t's sequence s in query_start,
-// holds the G query heads of g (they share every K / V tile it loads) and walks keys [0, i + S - L] (its
-// causal end) in tiles of BC through the block table: K tile to shared memory, scores (one thread per
+// holds the G query heads of g (they share every K / V tile it loads) and walks its keys, [0, p] for the query
+// at position p = i + S - L (its causal end), or with a sliding window [p - window + 1, p] (the keys before
+// are never read), in tiles of BC from its first key through the block table: K tile to shared memory, scores (one thread per
 // (head, key)), an online softmax per head (one warp per head), V tile, acc += P V (threads over (head,
 // column)). Everything is f32; the output is rounded once. A row's result depends only on its own query,
-// its sequence's keys and BC (fixed by G, d, dv and the device), never on the other rows of the batch.
+// its position, its sequence's keys and BC (fixed by G, d, dv and the device), never on the other rows of
+// the batch.
 // Rows outside every sequence are set to 0.
 //
 // The index data (query_start, seq_lens, block ids) is read by the kernel only, so the kernel checks it:
@@ -59,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(int64_t n_tokens, in
 template <class T>
 struct PagedArgs {
     int64_t T_rows, num_seqs, H, Hkv, G, d, dv, num_blocks, block_size, max_blocks;
+    int64_t window;  // sliding window (0: none)
     int bc;  // keys per tile
     float scale;
     const T *q, *k_cache, *v_cache;
@@ -152,11 +155,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         m_s[r] = -INFINITY;
         l_s[r] = 0.0f;
     }
-    const int64_t n_keys = (t - qs[s]) + S - L + 1;  // query i sees keys j <= i + S - L
+    const int64_t pos = (t - qs[s]) + S - L, n_keys = pos + 1;  // query i sees keys j <= i + S - L
+    const int64_t first = a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;  // and j > pos - window
     auto row_of = [&](int64_t j) { return int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size; };
     __syncthreads();
 
-    for (int64_t k0 = 0; k0 < n_keys; k0 += bc) {
+    for (int64_t k0 = first; k0 < n_keys; k0 += bc) {
         const int nk = int(n_keys - k0 < bc ? n_keys - k0 : bc);
         for (int64_t p = tid; p < int64_t(nk) * d; p += blockDim.x) {
             const int64_t j = p / d, c = p % d;
@@ -240,7 +244,8 @@ void paged_attention(StreamContext& s, PagedArgs<T> a) {
 
 int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T, int64_t num_seqs,
                                 int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks, int64_t block_size,
-                                int64_t max_blocks, double scale, void* out, const void* q, const void* k_cache,
+                                int64_t max_blocks, int64_t window, double scale, void* out, const void* q,
+                                const void* k_cache,
                                 const void* v_cache, const void* block_tables, const void* seq_lens,
                                 const void* query_start) {
     using namespace llaisys::cuda;
@@ -253,15 +258,15 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
         dispatch_float(dtype, [&](auto tag) {
             using E = decltype(tag);
             if (T <= 0 || H <= 0 || dv <= 0) return;
-            if (Hkv <= 0 || H % Hkv || d < 0 || num_seqs < 0 || block_size <= 0 || max_blocks < 0)
+            if (Hkv <= 0 || H % Hkv || d < 0 || num_seqs < 0 || block_size <= 0 || max_blocks < 0 || window < 0)
                 throw InvalidArgument("paged_attention: inconsistent shapes T=" + std::to_string(T) + " H=" +
                                       std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " block_size=" +
-                                      std::to_string(block_size));
+                                      std::to_string(block_size) + " window=" + std::to_string(window));
             if (Hkv > 65535 || T > INT32_MAX)
                 throw NotSupported("paged_attention: more than 65535 kv heads or 2^31 - 1 query rows");
             PagedArgs<E> a{};
             a.T_rows = T, a.num_seqs = num_seqs, a.H = H, a.Hkv = Hkv, a.G = H / Hkv, a.d = d, a.dv = dv;
-            a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks;
+            a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks, a.window = window;
             a.scale = float(scale);
             a.q = static_cast<const E*>(q), a.k_cache = static_cast<const E*>(k_cache);
             a.v_cache = static_cast<const E*>(v_cache), a.out = static_cast<E*>(out);

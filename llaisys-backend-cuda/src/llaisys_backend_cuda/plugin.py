@@ -3,12 +3,17 @@
 The library finds libcudart / libcublas through its RUNPATH ($ORIGIN/../nvidia/cu13/lib: the NVIDIA
 wheels in site-packages) or the system's library path. Where neither works (an editable install, a
 relocated package), they are preloaded from any nvidia/cu13/lib folder on sys.path and the load retried.
+NCCL (collectives) is opened by the library itself when a communicator is first made: $LLAISYS_NCCL_LIBRARY,
+else the nvidia-nccl-cu13 wheel beside the package, else the library path. The plugin sets
+LLAISYS_NCCL_LIBRARY to the wheel's copy when it is unset and the wheel is installed, so an editable install
+(whose library does not sit in site-packages) finds it too.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from pathlib import Path
 
 import llaisys
@@ -40,7 +45,18 @@ def preload_runtime_libraries() -> list[str]:
     return loaded
 
 
+def wheel_nccl() -> Path | None:
+    """libnccl.so.2 of the nvidia-nccl-cu13 wheel, if installed."""
+    spec = importlib.util.find_spec("nvidia")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / "nccl" / "lib" / "libnccl.so.2").is_file():
+            return Path(folder) / "nccl" / "lib" / "libnccl.so.2"
+    return None
+
+
 def load() -> llaisys.NativeBackend:
+    if "LLAISYS_NCCL_LIBRARY" not in os.environ and (nccl := wheel_nccl()) is not None:
+        os.environ["LLAISYS_NCCL_LIBRARY"] = str(nccl)  # (read when the first communicator is made)
     if not LIBRARY.exists():
         raise FileNotFoundError(f"{LIBRARY} is missing: the package was installed without its compiled kernels")
     try:

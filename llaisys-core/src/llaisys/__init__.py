@@ -1,6 +1,6 @@
 """llaisys: a plugin-based LLM inference SDK. Core: tensors, devices, ops and backend discovery."""
 
-from . import ops
+from . import distributed, ops
 from ._version import __version__
 from .abi import API_VERSION
 from .backend import Backend
@@ -26,8 +26,8 @@ from .tensor import Tensor, empty, from_buffer, from_numpy, zeros
 __all__ = [
     "API_VERSION", "__version__", "Backend", "BackendSpec", "BackendUnavailableError", "DType", "Device", "Graph",
     "KernelOverride", "LlaisysError", "LlaisysValueError", "LlaisysWarning", "NativeBackend", "NotSupportedError",
-    "OpProfile", "OutOfMemoryError",
-    "Stream", "Tensor", "as_device", "as_dtype", "available_devices", "backend_report", "bfloat16", "bool_", "empty",
+    "OpProfile", "OutOfMemoryError", "Stream", "Tensor", "as_device", "as_dtype", "available_devices", "backend_report",
+    "bfloat16", "bool_", "distributed", "empty",
     "empty_cache", "float16", "float32", "float64", "from_buffer", "from_dlpack", "from_numpy", "get_include",
     "graphs_supported", "hookimpl", "hookspec", "int8", "int32", "int64", "mem_info", "memory_stats", "ops", "profile",
     "reset_peak_memory_stats", "set_cache_limit", "stream", "synchronize", "uint8", "zeros",

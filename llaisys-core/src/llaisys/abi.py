@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 4  # LLAISYS_API_VERSION
+API_VERSION = 5  # LLAISYS_API_VERSION
+UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
 
 class Status(enum.IntEnum):  # llaisys_status_t, LLAISYS_<name>
@@ -115,6 +116,17 @@ RUNTIME_SLOTS: dict[str, tuple[SlotKind, object, list]] = {
     "graph_end_capture": (OPTIONAL, c_int, [c_int, _p, _out_p]),
     "graph_launch": (OPTIONAL, c_int, [c_int, _p, _p]),
     "graph_destroy": (OPTIONAL, c_int, [c_int, _p]),
+    # collectives: device, id (char [UNIQUE_ID_BYTES]); device, id, rank, world_size, timeout_ms, comm*; ...
+    "comm_unique_id": (OPTIONAL, c_int, [c_int, POINTER(c_char)]),
+    "comm_create": (OPTIONAL, c_int, [c_int, POINTER(c_char), c_int, c_int, c_int64, _out_p]),
+    "comm_destroy": (OPTIONAL, c_int, [_p]),
+    "comm_abort": (OPTIONAL, c_int, [_p, POINTER(c_char)]),
+    # device, stream, comm, dtype, n, out [n], in [n]
+    "comm_all_reduce": (OPTIONAL, c_int, [c_int, _p, _p, c_int, c_int64, _p, _p]),
+    # device, stream, comm, nbytes, out [world_size * nbytes], in [nbytes]
+    "comm_all_gather": (OPTIONAL, c_int, [c_int, _p, _p, c_int64, _p, _p]),
+    # device, stream, comm, nbytes, data [nbytes], root
+    "comm_broadcast": (OPTIONAL, c_int, [c_int, _p, _p, c_int64, _p, c_int]),
 }
 
 _i64 = c_int64
@@ -139,16 +151,16 @@ OP_SLOTS: dict[str, list] = {
     "moe_combine": [c_int, _i64, _i64, _i64, _p, _p, _p],
     # elem_size, ndim, shape*, dst, dst_strides*, src, src_strides* (strides in elements)
     "rearrange": [c_int, c_int, POINTER(c_int64), _p, POINTER(c_int64), _p, POINTER(c_int64)],
-    # dtype, numerics, rows, dim, eps, out, x, weight
-    "rms_norm": [c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
+    # dtype, numerics, weight_dtype (dtype, or F32 with F16 / BF16), rows, dim, eps, out, x, weight
+    "rms_norm": [c_int, c_int, c_int, _i64, _i64, c_double, _p, _p, _p],
     # dtype, numerics, seq, heads, head_dim, scale, out, x, pos_ids int64 [seq], inv_freq f32 [head_dim / 2]
     "rope": [c_int, c_int, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
     # dtype, numerics, L, S, H, Hkv, d, dv, scale, out [L,H,dv], q [L,H,d], k [S,Hkv,d], v [S,Hkv,dv]
     "self_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p],
-    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, scale, out [T,H,dv],
-    # q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32 [num_seqs,max_blocks],
-    # seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
-    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+    # dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window (0: none), scale,
+    # out [T,H,dv], q [T,H,d], k_cache [blocks,bs,Hkv,d], v_cache [blocks,bs,Hkv,dv], block_tables int32
+    # [num_seqs,max_blocks], seq_lens int32 [num_seqs], query_start int32 [num_seqs+1]
+    "paged_attention": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
                         _p, _p, _p, _p, _p, _p, _p],
     # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
     "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
@@ -163,6 +175,13 @@ OP_SLOTS: dict[str, list] = {
     "penalize_logits": [c_int, _i64, _i64, _p, _p, _p, _p, c_double, c_double, c_double],
     # dtype, n, logits [n], chosen, temperature, k, top_ids int64 [k] or NULL, values f32 [k + 1]
     "logprobs": [c_int, _i64, _p, _i64, c_double, _i64, _p, _p],
+    # dtype, numerics, n, out, gate, up
+    "geglu_tanh": [c_int, c_int, _i64, _p, _p, _p],
+    # dtype, n, factor, out, x
+    "scale": [c_int, _i64, c_double, _p, _p],
+    # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight int8 [E,NB,G,8,16,4], scales bf16
+    # [E,NB,G,16] (each expert's linear_i8 blocks), experts int64 [M,k]
+    "moe_linear_i8": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p, _p],
     # dtype, fmt (QFormat), M, N, K, out [M,N], x [M,K], weight and scales uint8 (blocks of 16 rows in format fmt:
     # llaisys.ops.quant), bias [N] or NULL
     "linear_q": [c_int, c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p],
@@ -182,6 +201,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "events": ("event_create", "event_destroy", "event_record", "event_synchronize", "stream_wait_event"),
     "event_timing": ("event_elapsed_ms",),
     "graphs": ("graph_begin_capture", "graph_end_capture", "graph_launch", "graph_destroy"),
+    "collectives": ("comm_unique_id", "comm_create", "comm_destroy", "comm_abort", "comm_all_reduce",
+                    "comm_all_gather", "comm_broadcast"),
 }
 
 INT64_MAX = (1 << 63) - 1

@@ -25,7 +25,7 @@ class Backend:
     data pointers); or None when the backend does not implement ``op``. A non-zero status is
     turned into an exception by ``raise_status``.
 
-    Optional capabilities (``llaisys.abi.CAPABILITIES``: events, graphs, pinned host memory,
+    Optional capabilities (``llaisys.abi.CAPABILITIES``: events, graphs, collectives, pinned host memory,
     peer copy, memory info, device attributes, ...) are reported by ``supports(name)``; the
     methods of one that is not supported raise NotSupportedError.
     """
@@ -107,3 +107,16 @@ class Backend:
     def graph_end_capture(self, device_index: int, stream) -> int: self._unsupported("graphs")
     def graph_launch(self, device_index: int, graph: int, stream=None) -> None: self._unsupported("graphs")
     def graph_destroy(self, device_index: int, graph: int) -> None: self._unsupported("graphs")
+
+    # collectives (backend.h): communicator handles are ints like streams; llaisys.distributed wraps them
+    def comm_unique_id(self, device_index: int) -> bytes: self._unsupported("collectives")
+    def comm_create(self, device_index: int, unique_id: bytes, rank: int, world_size: int,
+                    timeout_ms: int) -> int: self._unsupported("collectives")
+    def comm_destroy(self, comm: int) -> None: self._unsupported("collectives")
+    def comm_abort(self, comm: int, reason: str) -> None: self._unsupported("collectives")
+    def comm_all_reduce(self, device_index: int, stream, comm: int, dtype_code: int, n: int, out: int,
+                        src: int) -> None: self._unsupported("collectives")
+    def comm_all_gather(self, device_index: int, stream, comm: int, nbytes: int, out: int,
+                        src: int) -> None: self._unsupported("collectives")
+    def comm_broadcast(self, device_index: int, stream, comm: int, nbytes: int, data: int,
+                       root: int) -> None: self._unsupported("collectives")

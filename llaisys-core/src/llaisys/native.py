@@ -12,7 +12,18 @@ import ctypes
 from ctypes import c_int, c_int64, c_size_t, c_void_p
 from pathlib import Path
 
-from .abi import CAPABILITIES, OP_LEADING_ARGS, OP_SLOTS, REQUIRED, RUNTIME_SLOTS, DeviceAttr, MemcpyKind, Numerics, Status
+from .abi import (
+    CAPABILITIES,
+    OP_LEADING_ARGS,
+    OP_SLOTS,
+    REQUIRED,
+    RUNTIME_SLOTS,
+    UNIQUE_ID_BYTES,
+    DeviceAttr,
+    MemcpyKind,
+    Numerics,
+    Status,
+)
 from .backend import DLPACK_CUDA, Backend
 from .errors import LlaisysError, LlaisysValueError, NotSupportedError, OutOfMemoryError
 
@@ -222,3 +233,31 @@ class NativeBackend(Backend):
     def graph_destroy(self, device_index, graph):
         self._optional("graphs", "graph_destroy", device_index, graph)
 
+
+    def comm_unique_id(self, device_index):
+        buf = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+        self._optional("collectives", "comm_unique_id", device_index, buf)
+        return buf.raw
+
+    def comm_create(self, device_index, unique_id, rank, world_size, timeout_ms):
+        if not self.supports("collectives"):
+            self._unsupported("collectives")
+        if len(unique_id) != UNIQUE_ID_BYTES:
+            raise LlaisysValueError(f"a unique id has {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+        return self._create("comm_create", device_index, ctypes.create_string_buffer(bytes(unique_id), UNIQUE_ID_BYTES),
+                            rank, world_size, timeout_ms)
+
+    def comm_destroy(self, comm):
+        self._optional("collectives", "comm_destroy", comm)
+
+    def comm_abort(self, comm, reason):
+        self._optional("collectives", "comm_abort", comm, ctypes.create_string_buffer(reason.encode(errors="replace")))
+
+    def comm_all_reduce(self, device_index, stream, comm, dtype_code, n, out, src):
+        self._optional("collectives", "comm_all_reduce", device_index, stream, comm, dtype_code, n, out, src)
+
+    def comm_all_gather(self, device_index, stream, comm, nbytes, out, src):
+        self._optional("collectives", "comm_all_gather", device_index, stream, comm, nbytes, out, src)
+
+    def comm_broadcast(self, device_index, stream, comm, nbytes, data, root):
+        self._optional("collectives", "comm_broadcast", device_index, stream, comm, nbytes, data, root)

@@ -38,7 +38,8 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False) -> CausalLM:
+         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
+         tensor_parallel: int | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.registry``).
 
@@ -56,9 +57,13 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     (q4_0, the lm_head in int8): about a quarter, where the backend has ``linear_q``.
     A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead: its quantized matrices stay
     in their blocks unless ``dequantize`` is True (decoded into ``dtype``, as HF transformers reads them).
+    ``tensor_parallel`` N > 1 splits the model over N ranks, one device each (``device="cuda"``: cuda:0 ..
+    cuda:N-1; the CPU: N processes sharing its cores), this process rank 0: the returned model runs the
+    engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them. (A split
+    GGUF file's quantized matrices are decoded: each rank's part is cut from the decoded rows.)
     """
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
-                        dequantize=dequantize)
+                        dequantize=dequantize, tensor_parallel=tensor_parallel)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

@@ -22,8 +22,10 @@ from .config import ModelConfig
 from .decode_graph import DecodeGraphs
 from .generation import GenerationMixin
 from .kv_cache import KVPool, KVShape
+from .loading import KERNELS
 from .numerics import resolve as resolve_numerics
-from .step_inputs import Batch, StepInputs, step_inputs
+from .step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
+from .tensor_parallel.vocab import gather_vocab
 from .text import TextMixin
 from .weights import Weights
 
@@ -66,16 +68,22 @@ class CausalLM(GenerationMixin, TextMixin):
     @classmethod
     def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
                      dtype: llaisys.DType, eos_token_ids, source=None, numerics: str | None = None,
-                     quantize: str | None = None) -> CausalLM:
+                     quantize: str | None = None, group: llaisys.distributed.Group | None = None) -> CausalLM:
         """A model over weights already placed on ``device`` in ``dtype`` (its linears quantized as
         ``quantize`` says), read by a loader (a HuggingFace directory, a GGUF file); ``source`` stays alive
-        as long as the model (the memory maps its weights may point into)."""
+        as long as the model (the memory maps its weights may point into). ``group``: the ranks of a
+        tensor-parallel model (``config`` and ``weights`` are then this rank's part, tensor_parallel/)."""
         model = cls.__new__(cls)
-        model._setup(path, config, weights, device, as_dtype(dtype), eos_token_ids, source, quantize, numerics)
+        model._setup(path, config, weights, device, as_dtype(dtype), eos_token_ids, source, quantize, numerics, group)
         return model
 
-    def _setup(self, path, config, weights, device, dtype, eos_token_ids, source, quantize, numerics) -> None:
+    def _setup(self, path, config, weights, device, dtype, eos_token_ids, source, quantize, numerics,
+               group=None) -> None:
         self.path, self.config, self.weights, self.device, self.dtype = Path(path), config, weights, device, dtype
+        # the ranks this model is split over (their partial sums are all-reduced, their logits gathered): one
+        # rank, costing nothing, unless loaded with tensor_parallel
+        self.group = group if group is not None else llaisys.distributed.local_group(device)
+        self.followers = None  # rank 0 of a tensor-parallel group: the other ranks (tensor_parallel/followers.py)
         self.eos_token_ids = tuple(eos_token_ids)
         self.checkpoint = source
         self.quantize = quantization.resolve(quantize)
@@ -88,20 +96,27 @@ class CausalLM(GenerationMixin, TextMixin):
         self.set_rope()
 
     def set_rope(self) -> None:
-        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale."""
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale; and where
+        the sliding layers have a rope base of their own (Gemma 3), their plain table ``local_rope_inv_freq``."""
         c = self.config
         inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
                                                        c.max_position_embeddings)
         self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
+        self.local_rope_inv_freq = None if c.rope_local_theta is None else llaisys.from_numpy(
+            llaisys.ops.rope_inv_freq(c.head_dim, c.rope_local_theta), self.device)
 
     def __repr__(self) -> str:
         c = self.config
         quantized = (f", quantize={self.quantize!r}" if self.quantize else
                      f", weights={'/'.join(self.weight_formats)}" if self.weight_formats else "")
+        if self.group.world_size > 1:
+            quantized += f", tensor_parallel={self.group.world_size}"
         return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}{quantized}, "
                 f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
     # -- what the family provides ------------------------------------------------------
+
+    KERNELS = KERNELS  # the ops its forward calls (loading.py refuses a device whose backend lacks one)
 
     def activations(self) -> dict[str, tuple]:
         """Name -> shape (after the row dimension) of each work buffer ``_run_step`` uses."""
@@ -112,23 +127,32 @@ class CausalLM(GenerationMixin, TextMixin):
         of the rows ``step.logit_rows`` names (every row when None)."""
         raise NotImplementedError
 
+    def _logits(self, x: llaisys.Tensor, step: StepInputs) -> llaisys.Tensor:
+        """The logits of the rows of the residual stream x that ``step.logit_rows`` names (every row when None):
+        the final RMSNorm, then the lm_head."""
+        if step.logit_rows is not None:
+            last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
+            llaisys.ops.embedding(last, step.logit_rows, x)  # gathers the rows
+            x = last
+        c, n = self.config, x.shape[0]
+        normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
+        logits = llaisys.empty((n, self.weights.lm_head.shape[0]), self.dtype, self.device)  # this rank's vocab rows
+        quantization.linear(logits, normed, self.weights.lm_head)
+        return gather_vocab(logits, c.vocab_size, self.group)
+
     # -- limits and inputs ------------------------------------------------------------
 
     @property
     def context_length(self) -> int:
         """The most positions (prompt + new tokens) one sequence may take."""
-        window = self.config.sliding_window
-        return min(self.config.max_position_embeddings, window or self.config.max_position_embeddings)
+        return self.config.max_position_embeddings
 
     def check_length(self, total: int) -> None:
         limit = self.config.max_position_embeddings
         if total > limit:
             raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
                                             f"max_position_embeddings = {limit}")
-        window = self.config.sliding_window
-        if window is not None and total > window:
-            raise llaisys.LlaisysValueError(f"{total} positions exceed the sliding window of {window}, which "
-                                            f"llaisys does not implement")
 
     def check_input_ids(self, input_ids) -> list[int]:
         """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""
@@ -169,7 +193,10 @@ class CausalLM(GenerationMixin, TextMixin):
             if num_blocks < 1:
                 raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
                                                 f"positions ({block_size * self.kv_shape.bytes_per_token} bytes)")
-        return KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+        pool = KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+        if self.followers is not None:  # the other ranks hold their kv heads of it
+            self.followers.new_pool(pool)
+        return pool
 
     def release_kv_pool(self, pool: KVPool) -> None:
         """Drop what the model keeps for ``pool`` (its captured decode steps), when its owner is done with it."""
@@ -183,12 +210,22 @@ class CausalLM(GenerationMixin, TextMixin):
         new length) with its new token ids. Appends them and returns the logits of the last ``logits_of[i]``
         new rows of each sequence i (true: its last row; a verify step of speculative decoding asks for
         several), [R, vocab] in batch order, or of every row when ``logits_of`` is None."""
+        host = host_step(batch, logits_of)
         with self._step_lock:
-            logits = self._decode_graphs.run(pool, batch, logits_of)  # a decode step, replayed from its graph
-            if logits is None:
-                logits = self._run_step(pool, step_inputs(batch, self.device, logits_of))
+            if self.followers is not None:  # every rank runs the step (rank 0 sends it first)
+                logits = self.followers.run_step(pool, host, self._forward)
+            else:
+                logits = self._forward(pool, host)
         for seq, ids in batch:
             seq.commit(ids)
+        return logits
+
+    def _forward(self, pool: KVPool, host: HostStep) -> llaisys.Tensor:
+        """One step on this model's device (and, in a tensor-parallel group, on every rank: the others run
+        what rank 0 sends them, tensor_parallel/); the caller holds the step lock."""
+        logits = self._decode_graphs.run(pool, host)  # a decode step, replayed from its graph
+        if logits is None:
+            logits = self._run_step(pool, step_inputs(host, self.device))
         return logits
 
     def session(self) -> Session:
@@ -204,6 +241,14 @@ class CausalLM(GenerationMixin, TextMixin):
         capture again."""
         with self._step_lock:
             self._decode_graphs.clear()
+            if self.followers is not None:
+                self.followers.clear_graphs()
+
+    def close(self) -> None:
+        """End what the model holds beyond memory: a tensor-parallel model's other ranks leave and exit (they
+        also do when this process ends)."""
+        if self.followers is not None:
+            self.followers.close()
 
     def _workspace(self, n: int) -> Workspace:
         """Row views of one buffer, grown (never shrunk) to the largest forward so far."""

@@ -45,9 +45,23 @@ def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> 
                         help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(parser)
     quantize.add_argument(parser)
+    add_tensor_parallel_argument(parser)
     parser.add_argument("--max-new-tokens", type=_count, default=None, metavar="N", help=new_tokens_help)
     parser.add_argument("--raw", action="store_true",
                         help="feed the prompt text as is, without the tokenizer's chat template")
+
+
+def add_tensor_parallel_argument(parser) -> None:
+    parser.add_argument("--tensor-parallel", type=_count, default=1, metavar="N",
+                        help="split the model over N ranks, one process per device (--device cuda: cuda:0 .. "
+                             "cuda:N-1; the CPU: N processes sharing its cores) (default 1)")
+
+
+def split_cpu_threads(ranks: int) -> None:
+    """Before the CPU backend starts: N ranks share the cores (OMP_NUM_THREADS each, unless it is set). The
+    ranks this process starts inherit it; this process (rank 0) reads it when the backend loads."""
+    if ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // ranks))
 
 
 def _command(func):
@@ -130,11 +144,14 @@ def _load(args):
     _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
+    split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize)
+                 dequantize=args.dequantize, tensor_parallel=args.tensor_parallel)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
     weights = f" with {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
+    if args.tensor_parallel > 1:
+        weights += f", split over {args.tensor_parallel} ranks"
     print(f"loaded {path} on {model.device} as {model.dtype.name}{weights} (numerics {model.numerics}) in "
           f"{elapsed:.2f}s", file=sys.stderr)
     return model, tokenizer, elapsed

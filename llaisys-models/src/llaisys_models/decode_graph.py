@@ -22,7 +22,7 @@ import weakref
 import llaisys
 
 from .kv_cache import KVPool
-from .step_inputs import Batch, load_step_inputs, static_step_inputs
+from .step_inputs import HostStep, load_step_inputs, static_step_inputs
 
 # Eager steps of a shape on its static buffers before it is captured: the first one fills the
 # allocator's cache with the blocks the step needs, which the capture then takes without asking the backend
@@ -68,13 +68,13 @@ class DecodeGraphs:
         self._steps: dict[tuple[int, ...], _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
-    def run(self, pool: KVPool, batch: Batch, logits_of: list[int] | None) -> llaisys.Tensor | None:
+    def run(self, pool: KVPool, host: HostStep) -> llaisys.Tensor | None:
         """The logits [rows, vocab] of a decode or verify step (logits of every new row), run from its graph
         once captured; None for any other forward, which the caller runs as usual."""
-        if not self.enabled or logits_of is None:
+        if not self.enabled or host.logits_of is None:
             return None
-        rows = tuple(len(ids) for _, ids in batch)
-        if list(rows) != [int(want) for want in logits_of] or max(rows) > MAX_ROWS:
+        rows = host.rows
+        if rows != host.logits_of or max(rows) > MAX_ROWS:
             return None  # a prefill chunk (rows whose logits nobody wants), or a long verify
         self.release(None)  # the graphs of pools that are gone
         entry = self._steps.get(rows)
@@ -85,7 +85,7 @@ class DecodeGraphs:
             if len(self._steps) >= MAX_SHAPES:
                 self._drop(next(iter(self._steps)))
             entry = self._steps[rows] = _DecodeStep(pool, rows)
-        load_step_inputs(entry.step, batch)
+        load_step_inputs(entry.step, host)
         if entry.graph is None and not self._ready(pool, entry):
             entry.eager_steps += 1
             return self.model._run_step(pool, entry.step)

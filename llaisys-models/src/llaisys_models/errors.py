@@ -14,6 +14,10 @@ class ModelBusyError(LlaisysError, RuntimeError):
     """The calling thread already runs this model (an unfinished ``stream_generate``)."""
 
 
+class RankFailedError(LlaisysError, RuntimeError):
+    """A rank of a tensor-parallel group died, hung or failed: the group is closed (its message names the rank)."""
+
+
 def shown(value) -> str:
     """repr() of a value read from a file, cut short: a hostile file must not make a megabyte message."""
     text = repr(value)

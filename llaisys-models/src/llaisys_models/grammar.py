@@ -15,9 +15,11 @@ verified (llguidance can roll back, but the verifier has no hook for it yet).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,6 +30,14 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 
 _tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF tokenizer -> llguidance tokenizer
 _lock = threading.Lock()
+_mask_threads: list[ThreadPoolExecutor] = []  # the one thread that computes prepared masks (made when first needed)
+
+
+def _mask_thread() -> ThreadPoolExecutor:
+    with _lock:
+        if not _mask_threads:
+            _mask_threads.append(ThreadPoolExecutor(1, thread_name_prefix="llaisys-grammar-mask"))
+        return _mask_threads[0]
 
 
 class GrammarError(llaisys.LlaisysValueError):
@@ -37,7 +47,6 @@ class GrammarError(llaisys.LlaisysValueError):
 def _llguidance():
     try:
         import llguidance
-        import llguidance.hf
         import llguidance.numpy
     except ImportError as e:
         raise GrammarError(f"structured outputs need llguidance ({e}); pip install 'llaisys-models[serve]' "
@@ -46,7 +55,8 @@ def _llguidance():
 
 
 def grammar_tokenizer(tokenizer):
-    """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens)."""
+    """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens on an idle
+    core, holding the GIL a fraction of it)."""
     ll = _llguidance()
     with _lock:
         found = _tokenizers.get(tokenizer)
@@ -55,11 +65,23 @@ def grammar_tokenizer(tokenizer):
             if eos is None:  # a model without EOS: the grammar's end is the only end
                 eos = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             try:
-                found = ll.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=eos)
+                found = ll.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=len(tokenizer), eos_token=eos)
             except Exception as e:
                 raise GrammarError(f"structured outputs need a fast (tokenizers) tokenizer: {e}") from None
             _tokenizers[tokenizer] = found
     return found
+
+
+def _tokenizer_json(tokenizer) -> str:
+    """A HF fast tokenizer's JSON, as llguidance.hf.from_tokenizer reads it, but without copying the Rust tokenizer
+    where it pads and truncates nothing: that copy holds the GIL for seconds at 150k tokens (every other thread of
+    a server that warms up its grammars would stall), ``to_str`` releases it."""
+    backend = tokenizer.backend_tokenizer
+    if backend.padding is not None or backend.truncation is not None:
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+    return backend.to_str()
 
 
 class Grammar:
@@ -101,8 +123,10 @@ class Grammar:
         return cls(tokenizer, _llguidance().LLMatcher.grammar_from_regex(pattern), "regex")
 
     @classmethod
-    def lark(cls, tokenizer, source: str) -> Grammar:
-        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), "lark")
+    def lark(cls, tokenizer, source: str, what: str = "lark") -> Grammar:
+        """Output of a Lark grammar (llguidance's dialect: ``%json {schema}`` embeds a JSON schema, ``<[id]>`` is
+        a token); ``what`` names it in errors."""
+        return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), what)
 
     def matcher(self, vocab_size: int) -> Matcher:
         return Matcher(self, vocab_size)
@@ -123,15 +147,29 @@ class Matcher:
         self._host = np.zeros(words, dtype=np.int32)  # over the model's vocabulary
         self._shared = min(words, self._filled.shape[1])
         self._device: llaisys.Tensor | None = None
+        self._prepared: Future | None = None  # the next token's bitmask, being computed on another thread
 
     @property
     def done(self) -> bool:
         """The grammar is complete and nothing may follow (the sequence stops here)."""
         return self._matcher.is_stopped()
 
+    def prepare(self) -> None:
+        """Start computing the next token's bitmask on the mask thread (llguidance releases the GIL, so the forward
+        that makes the logits runs meanwhile); ``mask`` waits for it. The matcher must not move until then."""
+        if self._prepared is None:
+            self._prepared = _mask_thread().submit(self._fill)
+
+    def _fill(self) -> None:
+        self._ll.numpy.fill_next_token_bitmask(self._matcher, self._filled, 0)
+
     def mask(self, logits: llaisys.Tensor) -> None:
         """Set the logits (1-D, the model's vocabulary) of the tokens the grammar forbids next to -inf."""
-        self._ll.numpy.fill_next_token_bitmask(self._matcher, self._filled, 0)
+        if self._prepared is not None:
+            prepared, self._prepared = self._prepared, None
+            prepared.result()
+        else:
+            self._fill()
         self._host[:self._shared] = self._filled[0, :self._shared]
         if not self._host.any():  # a grammar that allows nothing the model can emit (a tokenizer / model mismatch)
             raise GrammarError(f"the grammar allows no token of the model's vocabulary here "
@@ -143,5 +181,8 @@ class Matcher:
 
     def accept(self, token: int) -> None:
         """Advance past the chosen token (one the mask allowed)."""
+        if self._prepared is not None:  # a mask computed for the old position (a token chosen without ``mask``)
+            self._prepared.result()
+            self._prepared = None
         if not self._matcher.consume_token(token):
             raise GrammarError(f"token {token} was chosen against the grammar: {self._matcher.get_error()}")

@@ -39,6 +39,9 @@ class KVPool(BlockManager):
         self.keys: list[llaisys.Tensor] = []
         self.values: list[llaisys.Tensor] = []
         self.generation = 0  # bumped whenever the tensors are reallocated (decode graphs point into them)
+        # a tensor-parallel model's other ranks, whose pools (their kv heads) follow this one's blocks
+        self.followers = None
+        self.follower_id = 0
         self._allocate(num_blocks, kept=0)
 
     def _allocate(self, num_blocks: int, kept: int) -> None:
@@ -58,6 +61,8 @@ class KVPool(BlockManager):
         if num_blocks > self.num_blocks:
             self._allocate(num_blocks, kept=self.num_blocks)
             self.add_blocks(num_blocks)
+            if self.followers is not None:
+                self.followers.grow(self, num_blocks)
 
     def reserve_growing(self, seq, length: int) -> None:
         """Blocks for ``length`` positions in ``seq`` (one of this pool's sequences), growing the pool, at least
@@ -69,6 +74,8 @@ class KVPool(BlockManager):
     def copy_block(self, dst: int, src: int) -> None:
         for t in (*self.keys, *self.values):
             llaisys.ops.rearrange(t.slice(0, dst, dst + 1), t.slice(0, src, src + 1))
+        if self.followers is not None:
+            self.followers.copy_block(self, dst, src)
 
     @property
     def bytes_per_block(self) -> int:

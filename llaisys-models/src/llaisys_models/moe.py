@@ -7,19 +7,24 @@ layers an MLP that is a weighted sum of the k experts (of E) a router picks per 
     x += sum_j w_j y_j
 
 moe_linear groups a step's rows by expert, so each expert a row chose is read once for all of them and the
-others not at all: a decode step reads the active parameters only.
+others not at all: a decode step reads the active parameters only. With quantize="int8" the experts are int8
+(quantize.moe_linear runs moe_linear_i8 on them, as quantize.linear runs linear_i8 on an Int8Weight).
 """
 
 from __future__ import annotations
 
 import llaisys
 
+from .loading import KERNELS, MOE_KERNELS
+from .quantize import moe_linear
 from .qwen2 import Llama, Qwen2, Qwen3
 from .weights import LayerWeights
 
 
 class SparseMlp(Qwen2):
     """A decoder whose layers in ``config.sparse_layers`` have a mixture-of-experts MLP (``w.experts``)."""
+
+    KERNELS = (*KERNELS, *MOE_KERNELS)
 
     def activations(self) -> dict[str, tuple]:
         c = self.config
@@ -39,13 +44,13 @@ class SparseMlp(Qwen2):
         if w.experts is None:  # a dense layer (Qwen3-MoE's mlp_only_layers, decoder_sparse_step)
             return super()._mlp(w, ws)
         c, ops, e = self.config, llaisys.ops, w.experts
-        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps, self.numerics)
+        ops.rms_norm(ws.h, ws.x, w.mlp_norm, c.rms_norm_eps, self.numerics)
         ops.linear(ws.router_logits, ws.h, e.router)
         ops.moe_router(ws.route_weights, ws.route_experts, ws.router_logits, c.norm_topk_prob)
-        ops.moe_linear(ws.expert_gate, ws.h, e.gate, ws.route_experts)
-        ops.moe_linear(ws.expert_up, ws.h, e.up, ws.route_experts)
+        moe_linear(ws.expert_gate, ws.h, e.gate, ws.route_experts)
+        moe_linear(ws.expert_up, ws.h, e.up, ws.route_experts)
         ops.swiglu(ws.expert_act, ws.expert_gate, ws.expert_up, self.numerics)
-        ops.moe_linear(ws.expert_out, ws.expert_act, e.down, ws.route_experts)
+        moe_linear(ws.expert_out, ws.expert_act, e.down, ws.route_experts)
         ops.moe_combine(ws.out, ws.expert_out, ws.route_weights)
         ops.add(ws.x, ws.x, ws.out)
 

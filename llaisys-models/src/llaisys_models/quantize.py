@@ -2,15 +2,19 @@
 
 int8: every linear of the decoder (q/k/v/o, gate/up/down) and the lm_head is stored as symmetric int8 in
 groups of 32 consecutive inputs of a row, one bfloat16 scale per group; ``llaisys.ops.linear_i8``
-quantizes the activations per row and group on the fly and runs integer dot products. Embeddings,
-norms and biases stay in the model dtype; a tied lm_head gets its own int8 copy (the embedding table
-stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
+quantizes the activations per row and group on the fly and runs integer dot products. So are the experts
+of a mixture-of-experts layer (``Int8Experts``: each expert's matrix in the same format, stacked; run by
+``llaisys.ops.moe_linear_i8``, which gives for each row what linear_i8 gives for that row and expert).
+Embeddings, norms, biases and the routers stay in the model dtype (a router's few logits pick the experts:
+llama.cpp's quantizer leaves ffn_gate_inp unquantized too); a tied lm_head gets its own int8 copy (the
+embedding table stays as it is: a lookup reads one row per token, the lm_head reads all of them every step).
 
 int4: the decoder's linears in the q4_0 block format of ``llaisys.ops.quant`` (4.5 bits per weight: per row
 and group of 32, an f16 scale d and codes u in [0, 15], w = d (u - 8); ``llaisys.ops.linear_q``), the lm_head
 in q8_0 (8.5 bits: int8 codes and an f16 scale per 32, as int8 above with an f16 scale rounded up; llama.cpp
 keeps its output matrix at 6 bits or more for the same reason: the logits are where 4 bits hurt most), both
-run by linear_q alone. Per group: m = the value of largest magnitude, d = m / -8 rounded to f16, u =
+run by linear_q alone (a mixture-of-experts layer's experts stay in int8, Int8Experts: there is no 4-bit
+expert kernel). Per group: m = the value of largest magnitude, d = m / -8 rounded to f16, u =
 round-half-to-even(w / d) + 8 clipped to [0, 15]: m itself is exact (u = 0) up to d's f16 rounding, every
 other value within half a step |d| / 2, but for values of the other sign beyond 7.5 |d| (they clip at 7 steps:
 within |d|). Symmetric, as llama.cpp's
@@ -32,7 +36,7 @@ back within half a step: |w - scale * q| <= scale / 2.
 
 A weight is quantized chunk by chunk (whole blocks of rows) straight from the (mapped) checkpoint into the
 buffers that become the int8 tensors, so a load peaks at the int8 weights, the leftovers in the model dtype
-and one chunk.
+and one chunk; a layer's experts are quantized expert by expert into their stacked buffers the same way.
 """
 
 from __future__ import annotations
@@ -52,7 +56,10 @@ MODES = ("int8", "int4")
 GROUP = llaisys.ops.INT8_GROUP  # 32 values per scale along K
 BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
 INT4_FORMAT = "q4_0"  # quantize="int4"'s block format (its lm_head: "q8_0")
-KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q",)}  # the ops beyond the float model's
+# the ops a quantized model needs beyond the float model's: its linears', and its experts' (a mixture of experts;
+# int4 keeps them in int8: there is no 4-bit expert kernel)
+KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q",)}
+EXPERT_KERNELS = {"int8": ("moe_linear_i8",), "int4": ("moe_linear_i8",)}
 BLOCK_KERNELS = ("linear_q", "embedding_q")  # what weights kept in a GGUF file's blocks need
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
@@ -66,17 +73,21 @@ def resolve(quantize: str | None) -> str | None:
     raise ModelLoadError(f"quantize must be None, {' or '.join(map(repr, MODES))}, got {shown(quantize)}")
 
 
-def missing_kernels(device: llaisys.Device, quantize: str | None) -> list[str]:
-    """The ops ``quantize``'s linears need that ``device``'s backend does not implement."""
-    return [op for op in KERNELS.get(quantize, ()) if not llaisys.ops.implemented(op, device)]
+def missing_kernels(device: llaisys.Device, quantize: str | None, experts: bool = False) -> list[str]:
+    """The ops ``quantize``'s linears (and experts, for a mixture-of-experts model) need that ``device``'s
+    backend does not implement."""
+    ops = KERNELS.get(quantize, ()) + (EXPERT_KERNELS.get(quantize, ()) if experts else ())
+    return [op for op in ops if not llaisys.ops.implemented(op, device)]
 
 
-def check_device(device: llaisys.Device, quantize: str | None) -> None:
-    """Raise, naming the device and the way out, when its backend cannot run ``quantize``'s linears."""
-    missing = missing_kernels(device, quantize)
+def check_device(device: llaisys.Device, quantize: str | None, experts: bool = False) -> None:
+    """Raise, naming the device and the way out, when its backend cannot run ``quantize``'s linears (and
+    experts)."""
+    missing = missing_kernels(device, quantize, experts)
     if missing:
+        kernels = "kernel" if len(missing) == 1 else "kernels"
         raise llaisys.BackendUnavailableError(
-            f"quantize={quantize!r} needs the {', '.join(missing)} kernel, which the '{device.type}' backend "
+            f"quantize={quantize!r} needs the {', '.join(missing)} {kernels}, which the '{device.type}' backend "
             f"({device}) does not implement; load the model on a device that has it (device='cpu', --device cpu) "
             f"or without quantize")
 
@@ -101,6 +112,16 @@ class BlockWeight:
     shape: tuple[int, int]  # [N, K]
 
 
+@dataclasses.dataclass(frozen=True)
+class Int8Experts:
+    """A mixture-of-experts layer's stacked expert matrices [E, N, K] in the int8 format: expert e's blocks at
+    ``weight[e]`` and ``scales[e]`` (``llaisys.ops.moe_linear_i8``)."""
+
+    weight: llaisys.Tensor  # int8 [E, ceil(N / 16), ceil(K / 32), 8, 16, 4]
+    scales: llaisys.Tensor  # bf16 [E, ceil(N / 16), ceil(K / 32), 16]
+    shape: tuple[int, int, int]  # [E, N, K]
+
+
 def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Weight | BlockWeight,
            bias: llaisys.Tensor | None = None) -> None:
     """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, int8 or blocks."""
@@ -118,7 +139,10 @@ def weight_formats(weights) -> tuple[str, ...]:
     for layer in weights.layers:
         matrices += [getattr(layer, field, None) for field in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                 "up_proj", "down_proj")]
-    kinds = {m.fmt if isinstance(m, BlockWeight) else "int8" for m in matrices if isinstance(m, (BlockWeight, Int8Weight))}
+    for layer in weights.layers:
+        matrices += [getattr(layer, field, None) for field in ("experts_gate", "experts_up", "experts_down")]
+    kinds = {m.fmt if isinstance(m, BlockWeight) else "int8" for m in matrices
+             if isinstance(m, (BlockWeight, Int8Weight, Int8Experts))}
     return tuple(sorted(kinds))
 
 
@@ -129,6 +153,16 @@ def embedding(out: llaisys.Tensor, index: llaisys.Tensor, table: llaisys.Tensor 
         llaisys.ops.embedding_q(out, index, table.weight, table.scales, table.fmt, table.shape[0])
     else:
         llaisys.ops.embedding(out, index, table)
+
+
+def moe_linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Experts,
+               experts: llaisys.Tensor) -> None:
+    """out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T, whichever kind the stacked experts are: a tensor
+    [E, N, K] in the model dtype, or int8."""
+    if isinstance(weight, Int8Experts):
+        llaisys.ops.moe_linear_i8(out, x, weight.weight, weight.scales, experts)
+    else:
+        llaisys.ops.moe_linear(out, x, weight, experts)
 
 
 # -- the quantizer ----------------------------------------------------------------------------------------
@@ -318,11 +352,31 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
     n, k = shape
     weight_shape, scales_shape = llaisys.ops.int8_shapes(n, k)
     buffers = BlockBuffers([(weight_shape, llaisys.int8), (scales_shape, llaisys.bfloat16)], device)
+    _quantize_into(read, shape, *buffers.arrays, name)
+    return Int8Weight(*buffers.placed(), (n, k))
+
+
+def int8_experts(reads: list[Callable[[int, int], np.ndarray]], shape: tuple[int, int], device: llaisys.Device,
+                 names: list[str]) -> Int8Experts:
+    """The int8 stacked experts on ``device`` of len(reads) [N, K] matrices, expert e's rows returned by
+    ``reads[e](start, end)`` (``names[e]``: its name in errors): each quantized in turn, a chunk of rows at a
+    time, into its slot [e] of the stacked buffers (so a load holds one chunk beside the int8 result)."""
+    weight_shape, scales_shape = llaisys.ops.int8_shapes(*shape)
+    experts = len(reads)
+    buffers = BlockBuffers([((experts, *weight_shape), llaisys.int8), ((experts, *scales_shape), llaisys.bfloat16)],
+                           device)
     blocks, block_scales = buffers.arrays
+    for e, read in enumerate(reads):
+        _quantize_into(read, shape, blocks[e], block_scales[e], names[e])
+    return Int8Experts(*buffers.placed(), (experts, *shape))
+
+
+def _quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], blocks: np.ndarray,
+                   block_scales: np.ndarray, name: str) -> None:
+    """The [N, K] matrix whose rows ``read(start, end)`` returns, quantized into its int8 blocks (``int8_shapes``)."""
     for start, end, q_rows, s_rows in quantized_chunks(read, shape, name):
         first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
         llaisys.ops.pack_int8(q_rows, s_rows, blocks[first:last], block_scales[first:last])
-    return Int8Weight(*buffers.placed(), (n, k))
 
 
 def block_buffers(fmt: str, shape: tuple[int, int], device: llaisys.Device, arena: Arena | None = None) -> BlockBuffers:
@@ -358,6 +412,12 @@ def quantized_weight(quantize: str, read: Callable[[int, int], np.ndarray], shap
     if quantize == "int8":
         return int8_weight(read, shape, device, name)
     return quantized_blocks(INT4_FORMAT if quantize == "int4" else quantize, read, shape, device, name)
+
+
+def linear_mode(quantize: str | None, field: str) -> str | None:
+    """How the linear ``field`` (weights.LINEARS) is quantized under ``quantize``: as it says, but for int4's
+    lm_head, in q8_0 (see the top)."""
+    return "q8_0" if quantize == "int4" and field == "lm_head" else quantize
 
 
 def add_argument(parser) -> None:

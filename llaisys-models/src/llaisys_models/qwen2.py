@@ -4,11 +4,18 @@
     for each layer:
         h = rms_norm(x);  q, k, v = h Wq + bq, h Wk + bk, h Wv + bv
         q, k = rms_norm(q), rms_norm(k)  per head, with Qwen3's q_norm / k_norm (config.qk_norm)
-        cache[pos] = rope(k), v;  x += attention(rope(q), cache[:pos+1]) Wo
+        cache[pos] = rope(k), v;  x += attention(rope(q), cache[pos-window+1 : pos+1]) Wo
+                                  (window: the layer's sliding window, config.window(i); else all of cache[:pos+1])
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
 
+Split over the ranks of a tensor-parallel group (tensor_parallel/), each rank holds some heads and some of
+the MLP's width: the o_proj and down_proj outputs are partial sums, all-reduced, and the logits of each
+rank's rows of the vocabulary are gathered. With one rank both cost nothing.
+
 rope's frequencies are the config's table (rope_scaling.py: plain, linear, llama3, YaRN), computed at load.
+Sliding windows (Mistral, Mixtral, Phi-3: every layer; Qwen2 / Qwen3 with use_sliding_window: the layers of
+layer_types / max_window_layers) are the config's per layer.
 The other variations live in the config and the weights: biases (Qwen2: q/k/v; Llama, Mistral, Qwen3:
 ``attention_bias`` / ``mlp_bias``), an explicit head_dim, Phi-3's fused qkv / gate_up weights (read as
 row views, weights.py).
@@ -50,15 +57,11 @@ class Qwen2(CausalLM):
         ws = self._workspace(step.num_tokens)
         embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
-            self._attention(layer, ws, pool.keys[i], pool.values[i], step)
+            self._attention(layer, ws, pool.keys[i], pool.values[i], step, self.config.window(i))
             self._mlp(layer, ws)
-        if step.logit_rows is None:
-            return self._lm_head(ws.x)
-        last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
-        llaisys.ops.embedding(last, step.logit_rows, ws.x)  # gathers the rows
-        return self._lm_head(last)
+        return self._logits(ws.x, step)
 
-    def _attention(self, w: LayerWeights, ws, keys, values, step: StepInputs) -> None:
+    def _attention(self, w: LayerWeights, ws, keys, values, step: StepInputs, window: int) -> None:
         c, ops, n, numerics = self.config, llaisys.ops, ws.n, self.numerics
         ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
@@ -72,26 +75,20 @@ class Qwen2(CausalLM):
         ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
         ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
-                            c.head_dim ** -0.5, numerics)
+                            c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
+        llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)
         ops.add(ws.x, ws.x, ws.out)
 
     def _mlp(self, w: LayerWeights, ws) -> None:
         c, ops, numerics = self.config, llaisys.ops, self.numerics
-        ops.rms_norm(ws.h, ws.x, w.post_norm, c.rms_norm_eps, numerics)
+        ops.rms_norm(ws.h, ws.x, w.mlp_norm, c.rms_norm_eps, numerics)
         linear(ws.gate, ws.h, w.gate_proj, w.gate_bias)
         linear(ws.up, ws.h, w.up_proj, w.up_bias)
         ops.swiglu(ws.act, ws.gate, ws.up, numerics)
         linear(ws.out, ws.act, w.down_proj, w.down_bias)
+        llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' columns of the MLP
         ops.add(ws.x, ws.x, ws.out)
-
-    def _lm_head(self, x: llaisys.Tensor) -> llaisys.Tensor:
-        c, n = self.config, x.shape[0]
-        normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
-        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
-        logits = llaisys.empty((n, c.vocab_size), self.dtype, self.device)
-        linear(logits, normed, self.weights.lm_head)
-        return logits
 
 
 class Llama(Qwen2):

@@ -6,6 +6,7 @@ A new family is a model file (or a declared variation of a shared decoder) plus 
 
 from __future__ import annotations
 
+from .gemma3 import Gemma3
 from .moe import Mixtral, Qwen3Moe
 from .qwen2 import Llama, Phi3, Qwen2, Qwen3
 
@@ -17,7 +18,8 @@ FAMILIES = [
     ("MistralForCausalLM",  None,              Llama),  # llama.cpp: "llama"
     ("Phi3ForCausalLM",     "phi3",            Phi3),
     ("MixtralForCausalLM",  None,              Mixtral),  # llama.cpp: "llama" with llama.expert_count (gguf/)
-    ("Qwen3MoeForCausalLM", None,              Qwen3Moe),  # GGUF qwen3moe: not yet
+    ("Qwen3MoeForCausalLM", "qwen3moe",        Qwen3Moe),
+    ("Gemma3ForCausalLM",   "gemma3",          Gemma3),
 ]
 
 MODEL_CLASSES = {hf: cls for hf, _, cls in FAMILIES}

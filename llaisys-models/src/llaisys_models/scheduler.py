@@ -46,7 +46,7 @@ import llaisys
 
 from .penalties import TokenCounts
 from .sampling import MASK64, Sampler, SamplingParams
-from .speculative.config import check_numerics, pause_after
+from .speculative.config import check_numerics, next_draft_length, pause_after
 from .speculative.verify import Verifier
 
 _ids = itertools.count()
@@ -74,6 +74,8 @@ class Sequence:
         # each generated token's sampling.TokenLogprob where params.logprobs is set, else None
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
+        # tokens to draft next (adapted to what was kept, up to the Speculation's num_tokens)
+        self.draft_length = params.speculation.num_tokens if params.speculation is not None else 0
         self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
         self.accepted_tokens = 0
         self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
@@ -264,6 +266,13 @@ class Scheduler:
         # rows after each drafted token
         counts = [len(drafts) + 1 if seq.pending == n else 0 for seq, n, drafts in plan]
         chunks = [(seq.kv, seq.tokens[len(seq.kv):len(seq.kv) + n] + drafts) for seq, n, drafts in plan]
+        # the grammar masks of the tokens this step draws depend on tokens drawn already: they are computed on the
+        # mask thread while the forward runs (vLLM overlaps its grammar bitmasks with the forward likewise)
+        for (seq, _, _), count in zip(plan, counts):
+            if count:
+                for constrained in (seq, *seq.forks):
+                    if constrained.matcher is not None:
+                        constrained.matcher.prepare()
         if self.batched:
             logits = self.model.forward_batch(self.pool, chunks, counts)
             rows = [logits.slice(0, r, r + 1) for r in range(sum(counts))]
@@ -299,6 +308,7 @@ class Scheduler:
             seq.accepted_tokens += kept
             seq.draft_misses = 0 if kept else seq.draft_misses + 1
             seq.draft_pause = pause_after(seq.draft_misses)
+            seq.draft_length = next_draft_length(seq.draft_length, len(drafts), kept, seq.speculation.num_tokens)
             self.stats.draft_tokens += len(drafts)
             self.stats.accepted_tokens += kept
         end = next((i + 1 for i, t in enumerate(new) if t in seq.eos), len(new))
@@ -383,7 +393,7 @@ class Scheduler:
         if seq.draft_pause:  # its recent drafts all failed: a verify row costs more than it brings
             seq.draft_pause -= 1
             return []
-        k = min(seq.speculation.num_tokens, seq.params.max_tokens - seq.num_generated - 1)
+        k = min(seq.draft_length, seq.params.max_tokens - seq.num_generated - 1)
         if k < 1:
             return []
         vocab = self.model.config.vocab_size

@@ -1,8 +1,9 @@
 """What one forward over several sequences reads besides the weights: token ids, positions, KV slots and
 block tables, as device tensors (the paged ops' arguments, backend.h).
 
-A batch is a list of (sequence, new token ids), each sequence with blocks reserved for its new length.
-Decode graphs (decode_graph.py) keep one static set of these buffers per step shape and reload them.
+A batch is a list of (sequence, new token ids), each sequence with blocks reserved for its new length; its
+inputs are made on the host first (``host_step``), then copied to the device. Decode graphs
+(decode_graph.py) keep one static set of these buffers per step shape and reload them.
 """
 
 from __future__ import annotations
@@ -33,37 +34,29 @@ class StepInputs:
 STATIC = ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start")
 
 
-def step_inputs(batch: Batch, device, logits_of: list[int] | None = None) -> StepInputs:
-    """Device tensors for one forward that appends ``ids`` to each sequence. ``logits_of[i]``: how many of
-    sequence i's last new rows need logits (a bool: its last row or none; None: every row of the batch)."""
-    arrays = _host_arrays(batch, logits_of)
-    rows = arrays.pop("logit_rows")
-    tensors = {name: llaisys.from_numpy(array, device) for name, array in arrays.items()}
-    return StepInputs(**tensors, logit_rows=None if rows is None else llaisys.from_numpy(rows, device),
-                      num_tokens=len(arrays["tokens"]))
+@dataclasses.dataclass
+class HostStep:
+    """One forward's inputs on the host: the arrays of StepInputs (``logit_rows`` None: every row), the new
+    rows of each sequence and how many of its last rows need logits (``logits_of``, None: every row of the
+    batch). What the other ranks of a tensor-parallel group receive for each step (tensor_parallel/)."""
+    tokens: np.ndarray        # int64 [T]
+    positions: np.ndarray     # int64 [T]
+    slots: np.ndarray         # int64 [T]
+    block_tables: np.ndarray  # int32 [num_seqs, max_blocks]
+    seq_lens: np.ndarray      # int32 [num_seqs]
+    query_start: np.ndarray   # int32 [num_seqs + 1]
+    logit_rows: np.ndarray | None  # int64 [R]
+    logits_of: tuple[int, ...] | None
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """New token rows per sequence."""
+        return tuple(int(n) for n in np.diff(self.query_start))
 
 
-def static_step_inputs(rows: tuple[int, ...], table_width: int, device) -> StepInputs:
-    """Buffers for steps that append ``rows[i]`` tokens to sequence i and want the logits of every row (a
-    decode step: all ones; a verify step of speculative decoding: 1 + the drafts), with block tables
-    ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured graph."""
-    n, t, zeros = len(rows), sum(rows), llaisys.zeros
-    return StepInputs(tokens=zeros((t,), llaisys.int64, device), positions=zeros((t,), llaisys.int64, device),
-                      slots=zeros((t,), llaisys.int64, device),
-                      block_tables=zeros((n, table_width), llaisys.int32, device),
-                      seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
-                      logit_rows=None, num_tokens=t)
-
-
-def load_step_inputs(step: StepInputs, batch: Batch) -> None:
-    """Copy a step's inputs into the buffers of ``static_step_inputs`` (made for its rows per sequence)."""
-    arrays = _host_arrays(batch, None, table_width=step.block_tables.shape[1])
-    for name in STATIC:
-        getattr(step, name).load(arrays[name])
-
-
-def _host_arrays(batch: Batch, logits_of, table_width: int | None = None) -> dict[str, np.ndarray | None]:
-    """The host arrays of ``step_inputs`` (block tables ``table_width`` wide, default the longest)."""
+def host_step(batch: Batch, logits_of: list[int] | None = None) -> HostStep:
+    """The inputs of one forward that appends ``ids`` to each sequence of ``batch``. ``logits_of[i]``: how many
+    of sequence i's last new rows need logits (a bool: its last row or none; None: every row of the batch)."""
     manager = batch[0][0].manager
     bs = manager.block_size
     lengths = [len(ids) for _, ids in batch]
@@ -71,7 +64,7 @@ def _host_arrays(batch: Batch, logits_of, table_width: int | None = None) -> dic
     tokens = np.fromiter((t for _, ids in batch for t in ids), np.int64, total)
     positions = np.empty(total, np.int64)
     slots = np.empty(total, np.int64)
-    max_blocks = max(len(seq.blocks) for seq, _ in batch) if table_width is None else table_width
+    max_blocks = max(len(seq.blocks) for seq, _ in batch)
     tables = np.zeros((len(batch), max_blocks), np.int32)
     seq_lens = np.empty(len(batch), np.int32)
     query_start = np.zeros(len(batch) + 1, np.int32)
@@ -101,5 +94,34 @@ def _host_arrays(batch: Batch, logits_of, table_width: int | None = None) -> dic
                 raise ValueError(f"logits of {int(want)} rows asked of a sequence with {n} new tokens")
         rows = np.array([r for i, want in enumerate(logits_of) for r in range(query_start[i + 1] - want,
                                                                                query_start[i + 1])], np.int64)
-    return {"tokens": tokens, "positions": positions, "slots": slots, "block_tables": tables,
-            "seq_lens": seq_lens, "query_start": query_start, "logit_rows": rows}
+        logits_of = tuple(int(want) for want in logits_of)
+    return HostStep(tokens, positions, slots, tables, seq_lens, query_start, rows, logits_of)
+
+
+def step_inputs(host: HostStep, device) -> StepInputs:
+    """The device tensors of a step."""
+    tensors = {name: llaisys.from_numpy(getattr(host, name), device) for name in STATIC}
+    rows = None if host.logit_rows is None else llaisys.from_numpy(host.logit_rows, device)
+    return StepInputs(**tensors, logit_rows=rows, num_tokens=len(host.tokens))
+
+
+def static_step_inputs(rows: tuple[int, ...], table_width: int, device) -> StepInputs:
+    """Buffers for steps that append ``rows[i]`` tokens to sequence i and want the logits of every row (a
+    decode step: all ones; a verify step of speculative decoding: 1 + the drafts), with block tables
+    ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured graph."""
+    n, t, zeros = len(rows), sum(rows), llaisys.zeros
+    return StepInputs(tokens=zeros((t,), llaisys.int64, device), positions=zeros((t,), llaisys.int64, device),
+                      slots=zeros((t,), llaisys.int64, device),
+                      block_tables=zeros((n, table_width), llaisys.int32, device),
+                      seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
+                      logit_rows=None, num_tokens=t)
+
+
+def load_step_inputs(step: StepInputs, host: HostStep) -> None:
+    """Copy a step's inputs into the buffers of ``static_step_inputs`` (made for its rows per sequence); the
+    block tables are padded with zeros to the buffers' width."""
+    width = step.block_tables.shape[1]
+    tables = np.zeros((host.block_tables.shape[0], width), np.int32)
+    tables[:, :host.block_tables.shape[1]] = host.block_tables
+    for name in STATIC:
+        getattr(step, name).load(tables if name == "block_tables" else getattr(host, name))

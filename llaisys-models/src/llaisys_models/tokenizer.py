@@ -120,10 +120,12 @@ class IncrementalDecoder:
 
     Decodes a short window (the tokens since the last printed piece, after a little context)
     rather than the whole list, so each token costs the same however long the output grows.
+    Special tokens have no text, but those in ``keep`` (a tool-call marker the reader parses): their own.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
+        self.keep = keep
         self.tokens: list[int] = []
         self._prefix = 0  # window start: context whose text was already printed
         self._read = 0  # tokens before this index are printed
@@ -133,6 +135,11 @@ class IncrementalDecoder:
 
     def push(self, token: int) -> str:
         """Add a token and return the text it completes (maybe '' while a character is partial)."""
+        if token in self.keep:  # what came before it, then its text; the next window starts after it
+            text = self._piece(final=True)
+            self.tokens.append(token)
+            self._prefix = self._read = len(self.tokens)
+            return text + self.tokenizer.decode([token], skip_special_tokens=False)
         self.tokens.append(token)
         return self._piece(final=False)
 

@@ -5,13 +5,22 @@ bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dt
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
 once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` or ``"int4"`` the
 linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
-in q8_0).
+in q8_0), and so are the experts' matrices (EXPERTS; in int8 for both: there is no 4-bit expert kernel).
+
+Gemma's RMSNorms multiply by 1 + w (``config.norm_offset``): the norm weights (NORMS) are then loaded as
+f32(w) + 1 in float32, whatever the model dtype, which is what HF computes (``1.0 + self.weight.float()``):
+the rms_norm op takes an f32 weight for f16 / bf16 activations as Gemma's norm (rounded once), so f32 models
+are bit-exact and bf16 ones round where HF does. (Folding 1 + w into a bf16 weight would move it by up to
+half a bf16 ulp of 1 + w, 2^-9, more than the activations' rounding.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
+
+import numpy as np
 
 import llaisys
 
@@ -19,41 +28,50 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import BlockWeight, Int8Weight, quantized_weight
+from .quantize import BlockWeight, Int8Experts, Int8Weight, int8_experts, linear_mode, quantized_weight
 from .safetensors import Checkpoint, TensorInfo
+from .tensor_parallel import shards
+from .tensor_parallel.layout import DROP
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
 # biases stay in the model dtype)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+# the RMSNorm weights (of a layer, and the final "norm")
+NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm")
+# ... and a sparse layer's stacked expert matrices (the router stays in the model dtype: quantize.py)
+EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
 # a linear's weight: in the model dtype, int8, or blocks (quantize.py: int4, and a GGUF file's quantized tensors)
 Linear = llaisys.Tensor | Int8Weight | BlockWeight
+Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
 
 
 @dataclasses.dataclass
 class ExpertWeights:
     """A mixture-of-experts MLP: the router and every expert's matrices, stacked (expert e at [e])."""
     router: llaisys.Tensor  # [E, hidden]
-    gate: llaisys.Tensor  # [E, moe_intermediate, hidden]
-    up: llaisys.Tensor  # [E, moe_intermediate, hidden]
-    down: llaisys.Tensor  # [E, hidden, moe_intermediate]
+    gate: Experts  # [E, moe_intermediate, hidden]
+    up: Experts  # [E, moe_intermediate, hidden]
+    down: Experts  # [E, hidden, moe_intermediate]
 
 
 @dataclasses.dataclass
 class LayerWeights:
-    input_norm: llaisys.Tensor
+    input_norm: llaisys.Tensor  # of the attention's input
     q_proj: Linear
     k_proj: Linear
     v_proj: Linear
     o_proj: Linear
-    post_norm: llaisys.Tensor
+    mlp_norm: llaisys.Tensor  # of the MLP's input (HF: post_attention_layernorm; Gemma: pre_feedforward_layernorm)
     gate_proj: Linear | None = None  # (None in a mixture-of-experts layer: its MLP is `experts`)
     up_proj: Linear | None = None
     down_proj: Linear | None = None
     experts: ExpertWeights | None = None
-    q_norm: llaisys.Tensor | None = None  # Qwen3: RMSNorm weights [head_dim] of each q head, each k head
+    q_norm: llaisys.Tensor | None = None  # Qwen3, Gemma 3: RMSNorm weights [head_dim] of each q head, each k head
     k_norm: llaisys.Tensor | None = None
+    attn_out_norm: llaisys.Tensor | None = None  # Gemma: of the attention's output (post_attention_layernorm)
+    mlp_out_norm: llaisys.Tensor | None = None  # Gemma: of the MLP's output (post_feedforward_layernorm)
     q_bias: llaisys.Tensor | None = None
     k_bias: llaisys.Tensor | None = None
     v_bias: llaisys.Tensor | None = None
@@ -105,14 +123,15 @@ def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]
             "k_proj": (p + "self_attn.k_proj.weight", (c.kv_size, c.hidden_size)),
             "v_proj": (p + "self_attn.v_proj.weight", (c.kv_size, c.hidden_size)),
             "o_proj": (p + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),
-            "post_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
+            "mlp_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
             "gate_proj": (p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
             "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
             "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
         }
-        if c.qk_norm:
-            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
-            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
+        if c.sandwich_norms:  # Gemma: a norm after the attention and after the MLP too
+            layer["mlp_norm"] = (p + "pre_feedforward_layernorm.weight", (c.hidden_size,))
+            layer["attn_out_norm"] = (p + "post_attention_layernorm.weight", (c.hidden_size,))
+            layer["mlp_out_norm"] = (p + "post_feedforward_layernorm.weight", (c.hidden_size,))
         if i in c.sparse_layers:
             for name in ("gate_proj", "up_proj", "down_proj"):
                 del layer[name]
@@ -239,24 +258,42 @@ def materialize(info: TensorInfo, dtype: llaisys.DType, device: llaisys.Device) 
     return tensor
 
 
-def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None,
-              quantize: str = "int8") -> Int8Weight | BlockWeight:
-    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8, int4 or q8_0 (``quantize``) on
-    ``device``, quantized from its stored values a chunk of rows at a time; its mapped pages are dropped from
-    the resident set as soon as they are read (parts are read in order, so the pages of the rows before are
-    done with)."""
-    source = info.file.array(info)  # a view of the mapping, or the bytes just read
+def _row_reader(info: TensorInfo, first: int = 0) -> Callable[[int, int], np.ndarray]:
+    """``read(start, end)``: rows [first + start, first + end) of the checkpoint matrix as stored (a view of the
+    mapping, or the bytes just read), the mapped pages of the rows before dropped from the resident set (the
+    rows are read in order, so those are done with)."""
     row_bytes = info.nbytes // max(info.shape[0], 1)
-    first, stop = rows or (0, info.shape[0])
+    source = None
 
-    def read(start: int, end: int):
+    def read(start: int, end: int) -> np.ndarray:
+        nonlocal source
+        if source is None:
+            source = info.file.array(info)
         if first + start:  # the rows before are quantized: their pages need not stay resident
             info.file.release_pages(info.offset, (first + start) * row_bytes)
         return source[first + start:first + end]
 
-    weight = quantized_weight(quantize, read, (stop - first, info.shape[1]), device, info.name)
-    info.file.release_pages(info.offset, stop * row_bytes)
+    return read
+
+
+def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None,
+              quantize: str = "int8") -> Int8Weight | BlockWeight:
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8, int4 or q8_0
+    (``quantize``) on ``device``, quantized from its stored values a chunk of rows at a time; its mapped pages
+    are dropped from the resident set as soon as they are read."""
+    first, stop = rows or (0, info.shape[0])
+    weight = quantized_weight(quantize, _row_reader(info, first), (stop - first, info.shape[1]), device, info.name)
+    info.file.release_pages(info.offset, stop * (info.nbytes // max(info.shape[0], 1)))
     return weight
+
+
+def quantized_experts(infos: list[TensorInfo], device: llaisys.Device) -> Int8Experts:
+    """The experts' checkpoint matrices (all of one shape) as stacked int8 experts on ``device``, quantized
+    expert by expert from their stored values (each one's pages dropped as it is read)."""
+    experts = int8_experts([_row_reader(info) for info in infos], infos[0].shape, device, [i.name for i in infos])
+    for info in infos:
+        info.file.release_pages(info.offset, info.nbytes)
+    return experts
 
 
 def _part_bytes(info: TensorInfo, spec: tuple) -> int:
@@ -268,12 +305,17 @@ def _part_bytes(info: TensorInfo, spec: tuple) -> int:
 
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
-                 progress: bool | None = None, quantize: str | None = None) -> Weights:
+                 progress: bool | None = None, quantize: str | None = None, layout=None) -> Weights:
+    """The weights ``config`` names, checked, then placed on ``device`` in ``dtype`` (the linears in int8 with
+    ``quantize``). ``layout`` (tensor_parallel.Layout): only this rank's part of each weight (the checkpoint
+    must then be mapped: each part is read from the mapping)."""
     check_layer_count(checkpoint, config)
     top, layers = plan(config)
     infos = check(checkpoint, top, layers)
     tied_copy = quantize is not None and "lm_head" not in top  # the embedding read a second time, quantized
     total = sum(i.nbytes for i in infos.values()) + (infos[top["embed_tokens"][0]].nbytes if tied_copy else 0)
+    if layout is not None and layout.world > 1:
+        total //= layout.world
     cache: dict[str, llaisys.Tensor] = {}
     with Progress(total, f"loading {checkpoint.directory.name}", enabled=progress) as bar:
         def get(spec):
@@ -289,20 +331,61 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                 return cache[name].slice(0, *spec[2])
             return cache[name]
 
-        def get_linear(spec, mode=quantize):
+        def get_linear(spec, mode):
             if mode is None:
                 return get(spec)
             weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None, mode)
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
+        def get_norm(spec):  # Gemma: 1 + w in f32 (see the top)
+            info = infos[spec[0]]
+            weight = info.file.array(info).astype(np.float32) + np.float32(config.norm_offset)
+            bar.update(info.nbytes)
+            return llaisys.from_numpy(weight, device)
+
+        def getter(field):
+            if field in LINEARS:
+                return lambda spec: get_linear(spec, linear_mode(quantize, field))
+            if field in EXPERTS:
+                return get_experts
+            return get_norm if field in NORMS and config.norm_offset else get
+
+        def get_experts(spec):
+            if quantize is None:
+                return get(spec)
+            infos_of_stack = [infos[name] for name in spec[0]]
+            experts = quantized_experts(infos_of_stack, device)
+            bar.update(sum(info.nbytes for info in infos_of_stack))
+            return experts
+
+        def get_field(field, spec):
+            part = layout.part(field, config) if layout is not None else None
+            if part is None:
+                return getter(field)(spec)
+            if part == DROP:
+                return None
+            return get_part(field, spec, part)
+
+        def get_part(field, spec, part):
+            info = infos[spec[0]]
+            first, stop = spec[2] if len(spec) == 3 else (0, info.shape[0])  # (a part of a fused tensor)
+            whole = not (quantize and field in LINEARS) and part.dim == 0 and part.rows in (None, part.stop - part.start)
+            if whole and len(spec) < 3 and spec[0] in cache:  # a tied lm_head's rows: a view of the embedding
+                return cache[spec[0]].slice(0, part.start, part.stop)
+            source = info.file.array(info)
+            mode = linear_mode(quantize, field) if field in LINEARS else None
+            weight = shards.build(lambda a, b: source[first + a:first + b], (stop - first, *info.shape[1:]), part,
+                                  dtype, device, mode, info.name)
+            info.file.release_pages(info.offset, info.nbytes)
+            bar.update(_part_bytes(info, spec) // layout.world)
+            return weight
+
         def get_layer(layer):
-            return layer_weights({field: (get_linear if field in LINEARS else get)(spec)
-                                  for field, spec in layer.items()})
+            return layer_weights({field: get_field(field, spec) for field, spec in layer.items()})
 
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
-        norm = get(top["norm"])
-        # int4 keeps the lm_head in q8_0 (quantize.py)
-        lm_head = get_linear(top.get("lm_head", top["embed_tokens"]), "q8_0" if quantize == "int4" else quantize)
+        norm = getter("norm")(top["norm"])
+        lm_head = get_field("lm_head", top.get("lm_head", top["embed_tokens"]))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
+from ops.test_glu import gelu_tanh
 from ops.test_logprobs import reference as logprobs_reference
 from ops.test_numerics_hf import hf_rope
 from ops.test_penalize_logits import entries
@@ -61,6 +62,10 @@ def test_add_and_swiglu(dev, dtype, n, offset):
     dev.op("swiglu", CODE[dtype], 0, n, view(dc), view(da), view(db))
     g64, u64 = a[offset:].double(), b[offset:].double()
     check(dev.download(dc)[offset:], u64 * g64 / (1 + torch.exp(-g64)), dtype)
+    dev.op("geglu_tanh", CODE[dtype], 0, n, view(dc), view(da), view(db))
+    check(dev.download(dc)[offset:], u64 * gelu_tanh(g64), dtype)
+    dev.op("scale", CODE[dtype], n, 8.9375, view(dc), view(da))
+    check(dev.download(dc)[offset:], a[offset:].double() * 8.9375, dtype)
 
 
 def test_add_in_place(dev):
@@ -68,6 +73,8 @@ def test_add_in_place(dev):
     da, db = dev.upload(a), dev.upload(b)
     dev.op("add", 2, 300, da, da, db)
     check(dev.download(da), a.double() + b.double(), torch.bfloat16, 1e-3)
+    dev.op("scale", 2, 300, -3.5, da, da)
+    check(dev.download(da), (a.double() + b.double()).to(torch.bfloat16).double() * -3.5, torch.bfloat16)
 
 
 # ---- argmax --------------------------------------------------------------------------------------------
@@ -178,15 +185,31 @@ def test_rms_norm(dev, dtype, rows, dim):
     x, w = randn((rows, dim), dtype, 11), randn(dim, dtype, 12)
     dx = dev.upload(x)
     out = dev.empty((rows, dim), dtype)
-    dev.op("rms_norm", CODE[dtype], 0, rows, dim, 1e-6, out, dx, dev.upload(w))
+    dev.op("rms_norm", CODE[dtype], 0, CODE[dtype], rows, dim, 1e-6, out, dx, dev.upload(w))
     x64 = x.double()
     want = x64 * w.double() / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-6)
     check(dev.download(out), want, dtype)
-    dev.op("rms_norm", CODE[dtype], 0, rows, dim, 1e-6, dx, dx, dev.upload(w))  # in place
+    dev.op("rms_norm", CODE[dtype], 0, CODE[dtype], rows, dim, 1e-6, dx, dx, dev.upload(w))  # in place
     check(dev.download(dx), want, dtype)
 
 
-# ---- numerics = hf: rms_norm, rope and swiglu round as HF's op sequence in the dtype does ----------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=dtype_ids.get)
+def test_rms_norm_f32_weight_is_gemmas(dev, dtype):
+    """An f32 weight (Gemma's 1 + w, kept in f32): HF's Gemma3RMSNorm, x * r * (1 + w) in f32, rounded once."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    x, w = randn((3, 1536), dtype, 13, 3.0), randn(1536, torch.float32, 14, 0.5)
+    norm = Gemma3RMSNorm(1536, eps=1e-6)
+    norm.weight.data.copy_(w)
+    out = dev.empty((3, 1536), dtype)
+    dev.op("rms_norm", CODE[dtype], 0, CODE[torch.float32], 3, 1536, 1e-6, out, dev.upload(x), dev.upload(1 + w))
+    with torch.no_grad():
+        want = norm(x)
+    # (the squares are summed in another order than torch's: 1 f32 ulp in the variance, rarely visible)
+    assert int((dev.download(out) != want).sum()) <= 3
+
+
+# ---- numerics = hf: rms_norm, rope, swiglu and geglu_tanh round as HF's op sequence in the dtype does -------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_ids.get)
 def test_hf_numerics(dev, dtype):
@@ -198,7 +221,7 @@ def test_hf_numerics(dev, dtype):
     norm.weight.data.copy_(w)
     for numerics in (hf, 0):  # rms_norm's exact mode rounds where HF does too (the CPU backend's contract)
         out = dev.empty((3, 67), dtype)
-        dev.op("rms_norm", CODE[dtype], numerics, 3, 67, 1e-6, out, dev.upload(x), dev.upload(w))
+        dev.op("rms_norm", CODE[dtype], numerics, CODE[dtype], 3, 67, 1e-6, out, dev.upload(x), dev.upload(w))
         with torch.no_grad():
             assert torch.equal(dev.download(out), norm(x)), f"numerics {numerics}"
 
@@ -214,6 +237,13 @@ def test_hf_numerics(dev, dtype):
     # expf here and torch's silu exp are both within ~1 f32 ulp: in f16 a rounding boundary is hit ~1 in 1e4
     mismatched = int((dev.download(out) != torch.nn.functional.silu(g) * u).sum())
     assert mismatched <= (0 if dtype == torch.bfloat16 else 2), f"{mismatched} of 4097 differ from HF's"
+
+    dev.op("geglu_tanh", CODE[dtype], hf, 4097, out, dev.upload(g), dev.upload(u))
+    # (where torch's f32 1 + tanh(z) cancels, its values are its own: tests/ops/test_numerics_hf.py)
+    well_conditioned = g.float() > (-2.5 if dtype == torch.bfloat16 else -2.0)
+    want = torch.nn.functional.gelu(g, approximate="tanh") * u
+    mismatched = int((dev.download(out) != want)[well_conditioned].sum())
+    assert mismatched <= (0 if dtype == torch.bfloat16 else 2), f"geglu_tanh: {mismatched} differ from HF's"
 
 
 def test_hf_numerics_attention(dev):
@@ -350,10 +380,10 @@ def paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=0, seed=
     return args, buffers, q, dense, starts
 
 
-def paged_attention(dev, dtype, args, buffers, scale):
+def paged_attention(dev, dtype, args, buffers, scale, window=0):
     T, H, dv = args[0], args[2], args[5]
     out = dev.empty((T, H, dv), dtype)
-    dev.op("paged_attention", CODE[dtype], 0, *args, scale, out, *buffers)
+    dev.op("paged_attention", CODE[dtype], 0, *args, window, scale, out, *buffers)
     return dev.download(out)
 
 
@@ -378,6 +408,34 @@ def test_paged_attention_matches_dense_attention(dev, dtype, case):
         if L:
             check(got[rows], attention_reference(q[rows], *dense[s], scale), dtype)
     assert (got[int(starts[-1]):] == 0).all()  # rows outside every sequence
+
+
+# sliding windows (query at position p sees keys p - window < j <= p): shorter than a cache block (4), longer
+# than a block (16) and shorter than a tile of 64 keys, G = 6 heads per kv head (the longest windows, and one
+# longer than every sequence, are the CPU tests': tests/ops/test_paged_attention.py)
+WINDOWS = [(0, 3), (1, 40), (2, 7)]  # (PAGED case, window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_ids.get)
+@pytest.mark.parametrize("case,window", WINDOWS)
+def test_paged_attention_window_matches_dense_attention(dev, dtype, case, window):
+    """Keys before each query's window hold NaN (the caches are filled so): they must not be read at all."""
+    lens, (H, Hkv, d, dv), block_size = PAGED[case]
+    args, buffers, q, dense, starts = paged_batch(dev, dtype, lens, H, Hkv, d, dv, block_size, extra_rows=2)
+    tables = dev.download(buffers[3])
+    k_cache, v_cache = dev.download(buffers[1]), dev.download(buffers[2])
+    for s, (L, S) in enumerate(lens):  # NaN wherever no query of the sequence looks
+        for j in range(max(0, S - L - window + 1)):
+            row = (int(tables[s, j // block_size]), j % block_size)
+            k_cache[row], v_cache[row] = float("nan"), float("nan")
+    buffers = (buffers[0], dev.upload(k_cache), dev.upload(v_cache), *buffers[3:])
+    scale = 1 / math.sqrt(d)
+    got = paged_attention(dev, dtype, args, buffers, scale, window)
+    for s, (L, _) in enumerate(lens):
+        rows = slice(int(starts[s]), int(starts[s + 1]))
+        if L:
+            check(got[rows], attention_reference(q[rows], *dense[s], scale, window), dtype)
+    assert (got[int(starts[-1]):] == 0).all()
 
 
 def test_paged_attention_a_sequence_alone_or_batched_bit_for_bit(dev):
@@ -414,7 +472,7 @@ def test_paged_attention_bad_index_data_is_reported(dev, case, named):
     else:
         starts = i32([0, 1, 5, 9, 6])  # not ascending
     out = dev.empty((args[0], H, dv), torch.float32)
-    dev.op("paged_attention", 0, 0, *args, 0.25, out, dq, dk, dv_, tables, seq_lens, starts)
+    dev.op("paged_attention", 0, 0, *args, 0, 0.25, out, dq, dk, dv_, tables, seq_lens, starts)
     with pytest.raises(SlotError) as info:
         dev.download(out)
     assert info.value.status == 1 and named in info.value.message, info.value.message

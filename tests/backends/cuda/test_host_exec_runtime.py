@@ -97,7 +97,7 @@ def test_graph_replays_the_captured_ops_with_the_current_data(dev):
     token = dev.empty((1,), torch.int64, -1)
 
     def step(s):
-        dev.call("rms_norm", 0, s, 0, 0, 1, dim, 1e-6, h.ptr, x.ptr, w_norm.ptr)
+        dev.call("rms_norm", 0, s, 0, 0, 0, 1, dim, 1e-6, h.ptr, x.ptr, w_norm.ptr)
         dev.call("self_attention", 0, s, 0, 0, 1, 9, 2, 2, dim // 2, dim // 2, 0.5, att.ptr, h.ptr, kv.ptr, kv.ptr)
         dev.call("linear", 0, s, 0, 1, vocab, dim, logits.ptr, att.ptr, w_head.ptr, None)
         dev.call("sample", 0, s, 0, vocab, token.ptr, logits.ptr, 0.8, 5, 0.9, 1234)
@@ -161,3 +161,13 @@ def test_devices_the_build_cannot_run_are_left_out_with_the_reason(warp, env, us
             assert status == 1 and "no device 0" in message
     finally:
         device.close()
+
+
+def test_collectives_without_nccl_are_not_supported_and_say_what_to_install(dev):
+    """collectives.cu opens NCCL (CoreX's library on Iluvatar) at run time, not at load: the emulated machine
+    has none, so the backend loads and its collectives answer NOT_SUPPORTED naming what to install."""
+    status, message, _ = dev.call("comm_unique_id", 0, out("bytes", 128), check=False)
+    assert status == 4 and "NCCL" in message, message
+    assert ("nvidia-nccl-cu13" if dev.warp == 32 else "CoreX SDK") in message, message
+    status, message, _ = dev.call("comm_create", 0, b"\0" * 128, 0, 1, 1000, out("ptr"), check=False)
+    assert status == 4 and "NCCL" in message, message

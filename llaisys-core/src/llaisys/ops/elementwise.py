@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from ctypes import c_int64
 
+import numpy as np
+
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 
 MAX_RANK = 16
 NUMERICS = check.NUMERICS
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 _add = new_plans()
@@ -48,41 +51,84 @@ def _plan_add(c, a, b):
     return remember(_add, (c._layout, a._layout, b._layout), (*kernel_for("add", device, n > 0), device, c.dtype.code, n))
 
 
-_swiglu = new_plans()
+_scale = new_plans()
+
+
+def scale(out, x, factor: float) -> None:
+    """out = x * factor (same shape and dtype, contiguous), in f32 with factor rounded to f32, rounded once.
+    out may be x itself; no other overlap."""
+    try:
+        kernel, fail, device, code, n = _scale[out._layout, x._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, n = _plan_scale(out, x)
+    if factor.__class__ is not float or not -F32_MAX <= factor <= F32_MAX:
+        factor = check.number("scale", "factor", factor, -F32_MAX, F32_MAX)
+    o_ptr, x_ptr = out._ptr, x._ptr
+    if x_ptr < out._end and o_ptr < x._end and x_ptr != o_ptr:
+        check.overlap("scale", "out", "x", exact_allowed=True)
+    status = kernel(device.index, current_stream_handle(device), code, n, factor, o_ptr, x_ptr)
+    if status:
+        fail(status)
+
+
+def _plan_scale(out, x):
+    device = check.tensors("scale", out=out, x=x)
+    check.dtype("scale", "out", out, check.FLOATS)
+    check.same_dtype("scale", "out", out, x=x)
+    check.shape("scale", "x", x, out.shape)
+    check.contiguous("scale", out=out, x=x)
+    check.writable("scale", "out", out)
+    n = out.numel()
+    return remember(_scale, (out._layout, x._layout), (*kernel_for("scale", device, n > 0), device, out.dtype.code, n))
+
+
+_glu_plans = {"swiglu": new_plans(), "geglu_tanh": new_plans()}
 
 
 def swiglu(out, gate, up, numerics: str = "exact") -> None:
-    """out = up * gate / (1 + exp(-gate)). out may be gate or up itself; no other overlap.
-    ``numerics``: "exact" or "hf" (see ``rms_norm``)."""
+    """out = up * gate / (1 + exp(-gate)) (SiLU-gated: Qwen2, Llama, ...). out may be gate or up itself; no
+    other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``; hf rounds silu(gate) before the product)."""
+    _glu("swiglu", out, gate, up, numerics)
+
+
+def geglu_tanh(out, gate, up, numerics: str = "exact") -> None:
+    """out = up * gelu_tanh(gate), gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (HF's
+    ``gelu_pytorch_tanh``: Gemma). out may be gate or up itself; no other overlap. ``numerics``: "exact" or
+    "hf" (see ``rms_norm``; hf rounds gelu_tanh(gate) before the product, as HF's act_fn(gate) * up does)."""
+    _glu("geglu_tanh", out, gate, up, numerics)
+
+
+def _glu(op: str, out, gate, up, numerics: str) -> None:
+    """A gated linear unit: out = act(gate) * up, element-wise (same shape and dtype, contiguous)."""
     try:
         mode = NUMERICS[numerics]
     except (KeyError, TypeError):
-        mode = check.numerics("swiglu", numerics)
+        mode = check.numerics(op, numerics)
     try:
-        kernel, fail, device, code, n = _swiglu[out._layout, gate._layout, up._layout]
+        kernel, fail, device, code, n = _glu_plans[op][out._layout, gate._layout, up._layout]
     except (AttributeError, KeyError):
-        kernel, fail, device, code, n = _plan_swiglu(out, gate, up)
+        kernel, fail, device, code, n = _plan_glu(op, out, gate, up)
     o_ptr, g_ptr, u_ptr = out._ptr, gate._ptr, up._ptr
     if g_ptr < out._end and o_ptr < gate._end and g_ptr != o_ptr:
-        check.overlap("swiglu", "out", "gate", exact_allowed=True)
+        check.overlap(op, "out", "gate", exact_allowed=True)
     if u_ptr < out._end and o_ptr < up._end and u_ptr != o_ptr:
-        check.overlap("swiglu", "out", "up", exact_allowed=True)
+        check.overlap(op, "out", "up", exact_allowed=True)
     status = kernel(device.index, current_stream_handle(device), code, mode, n, o_ptr, g_ptr, u_ptr)
     if status:
         fail(status)
 
 
-def _plan_swiglu(out, gate, up):
-    device = check.tensors("swiglu", out=out, gate=gate, up=up)
-    check.dtype("swiglu", "out", out, check.FLOATS)
-    check.same_dtype("swiglu", "out", out, gate=gate, up=up)
-    check.shape("swiglu", "gate", gate, out.shape)
-    check.shape("swiglu", "up", up, out.shape)
-    check.contiguous("swiglu", out=out, gate=gate, up=up)
-    check.writable("swiglu", "out", out)
+def _plan_glu(op: str, out, gate, up):
+    device = check.tensors(op, out=out, gate=gate, up=up)
+    check.dtype(op, "out", out, check.FLOATS)
+    check.same_dtype(op, "out", out, gate=gate, up=up)
+    check.shape(op, "gate", gate, out.shape)
+    check.shape(op, "up", up, out.shape)
+    check.contiguous(op, out=out, gate=gate, up=up)
+    check.writable(op, "out", out)
     n = out.numel()
-    return remember(_swiglu, (out._layout, gate._layout, up._layout),
-                    (*kernel_for("swiglu", device, n > 0), device, out.dtype.code, n))
+    return remember(_glu_plans[op], (out._layout, gate._layout, up._layout),
+                    (*kernel_for(op, device, n > 0), device, out.dtype.code, n))
 
 
 _rearrange = new_plans()

@@ -2,6 +2,7 @@
 
     moe_router(weights, experts, logits)          top k of softmax(logits) per row (renormalised or not)
     moe_linear(out, x, weight, experts)           out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T
+    moe_linear_i8(out, x, weight, scales, experts)   the same with each expert's weight in linear_i8's int8 blocks
     moe_combine(out, y, weights)                  out[m] = sum_j weights[m, j] * y[m, j]
 
 moe_linear reads only the selected experts' matrices, each once for all the rows that chose it. Every op
@@ -11,8 +12,10 @@ Frontends as in ``elementwise``: plan, overlap test, kernel.
 
 from __future__ import annotations
 
+from ..dtype import bfloat16, int8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
+from .int8 import INT8_GROUP, int8_shapes
 
 _router = new_plans()
 
@@ -94,6 +97,65 @@ def _plan_linear(out, x, weight, experts):
     check.writable(op, "out", out)
     # (an empty out still checks its expert ids: a wrong id is an error whatever the sizes)
     return remember(_linear, (out._layout, x._layout, weight._layout, experts._layout),
+                    (*kernel_for(op, device, m * k > 0), device, out.dtype.code, m, k, e, n, kk, int(per_slot)))
+
+
+_linear_i8 = new_plans()
+
+
+def moe_linear_i8(out, x, weight, scales, experts) -> None:
+    """moe_linear with int8 experts: out [M, k, N] = for each row m and slot j, linear_i8 of x_mj (x[m] of x [M,
+    K], or x[m, j] of x [M, k, K]) and expert experts[m, j]'s int8 weight, bit for bit what ``linear_i8`` gives
+    for that row and expert alone. weight int8 [E, ceil(N / 16), ceil(K / 32), 8, 16, 4] and scales bf16 [E,
+    ceil(N / 16), ceil(K / 32), 16] hold each expert's ``linear_i8`` blocks at [e] (``pack_int8`` of its q [N, K]
+    and scales). experts int64 [M, k]; an id outside [0, E) raises. out must share no memory with the others."""
+    try:
+        kernel, fail, device, code, m, k, e, n, kk, per_slot = _linear_i8[out._layout, x._layout, weight._layout,
+                                                                          scales._layout, experts._layout]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, k, e, n, kk, per_slot = _plan_linear_i8(out, x, weight, scales, experts)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("x", x), ("weight", weight), ("scales", scales), ("experts", experts)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("moe_linear_i8", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, m, k, e, n, kk, per_slot, o_ptr, x._ptr,
+                    weight._ptr, scales._ptr, experts._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_linear_i8(out, x, weight, scales, experts):
+    op = "moe_linear_i8"
+    device = check.tensors(op, out=out, x=x, weight=weight, scales=scales, experts=experts)
+    check.dtype(op, "out", out, check.FLOATS)
+    check.same_dtype(op, "out", out, x=x)
+    check.dtype(op, "weight", weight, (int8,))
+    check.dtype(op, "scales", scales, (bfloat16,))
+    check.ndim(op, "experts", experts, 2)
+    check.index_tensor(op, "experts", experts)
+    check.ndim(op, "out", out, 3)
+    (m, k), n = experts.shape, out.shape[2]
+    if x.ndim not in (2, 3):
+        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
+    per_slot, kk = x.ndim == 3, x.shape[-1]
+    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
+    check.shape(op, "out", out, (m, k, n))
+    if weight.ndim != 6:
+        check.fail(op, f"weight must be 6-d [E, ceil(N / 16), ceil(K / 32), 8, 16, 4] (each expert's int8 blocks), "
+                       f"got shape {weight.shape}")
+    e = weight.shape[0]
+    weight_shape, scales_shape = int8_shapes(n, kk)
+    if weight.shape != (e, *weight_shape):
+        check.fail(op, f"weight has shape {weight.shape}; expected {(e, *weight_shape)}: the int8 blocks of E = {e} "
+                       f"experts' [N, K] = [{n}, {kk}] matrices (N from out, K from x; llaisys.ops.pack_int8 makes "
+                       f"each)")
+    if scales.shape != (e, *scales_shape):
+        check.fail(op, f"scales has shape {scales.shape}; expected {(e, *scales_shape)}: one bf16 scale per expert, row "
+                       f"and group of {INT8_GROUP} consecutive k, in blocks of 16 rows")
+    check.contiguous(op, out=out, x=x, weight=weight, scales=scales, experts=experts)
+    check.writable(op, "out", out)
+    # (an empty out still checks its expert ids: a wrong id is an error whatever the sizes)
+    return remember(_linear_i8, (out._layout, x._layout, weight._layout, scales._layout, experts._layout),
                     (*kernel_for(op, device, m * k > 0), device, out.dtype.code, m, k, e, n, kk, int(per_slot)))
 
 

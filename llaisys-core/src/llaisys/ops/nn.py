@@ -7,11 +7,9 @@ import numpy as np
 from ..dtype import bfloat16, float32, int8, uint8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
-from .elementwise import NUMERICS
+from .elementwise import F32_MAX, NUMERICS
 from .int8 import INT8_GROUP, int8_shapes
 from .quant import FORMATS, QUANT_FORMATS, QUANT_SUPER
-
-F32_MAX = float(np.finfo(np.float32).max)
 
 _embedding = new_plans()
 
@@ -276,6 +274,9 @@ _rms_norm = new_plans()
 def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
     """Per row of x [..., D]: x * weight / sqrt(mean(x^2) + eps). out may be x itself; no other overlap.
 
+    weight [D] has x's dtype (HF's Llama / Qwen2 RMSNorm: x / rms rounded to the dtype before the weight), or
+    is float32 with f16 / bf16 x (HF's Gemma RMSNorm, whose weight 1 + w stays in f32: rounded once).
+
     ``numerics`` (also of rope, self_attention, swiglu): "exact" computes in f32 and rounds once; "hf"
     rounds f16 / bf16 where HF transformers' forward rounds (``llaisys.abi.Numerics``, backend.h).
     """
@@ -284,9 +285,9 @@ def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
     except (KeyError, TypeError):
         mode = check.numerics("rms_norm", numerics)
     try:
-        kernel, fail, device, code, rows, dim = _rms_norm[out._layout, x._layout, weight._layout]
+        kernel, fail, device, code, weight_code, rows, dim = _rms_norm[out._layout, x._layout, weight._layout]
     except (AttributeError, KeyError):
-        kernel, fail, device, code, rows, dim = _plan_rms_norm(out, x, weight)
+        kernel, fail, device, code, weight_code, rows, dim = _plan_rms_norm(out, x, weight)
     if eps.__class__ is not float or not eps >= 0.0:
         eps = check.number("rms_norm", "eps", eps, low=0)
     o_ptr, o_end, x_ptr, w_ptr = out._ptr, out._end, x._ptr, weight._ptr
@@ -294,7 +295,8 @@ def rms_norm(out, x, weight, eps: float, numerics: str = "exact") -> None:
         check.overlap("rms_norm", "out", "x", exact_allowed=True)
     if w_ptr < o_end and o_ptr < weight._end:
         check.overlap("rms_norm", "out", "weight")
-    status = kernel(device.index, current_stream_handle(device), code, mode, rows, dim, eps, o_ptr, x_ptr, w_ptr)
+    status = kernel(device.index, current_stream_handle(device), code, mode, weight_code, rows, dim, eps, o_ptr, x_ptr,
+                    w_ptr)
     if status:
         fail(status)
 
@@ -303,7 +305,9 @@ def _plan_rms_norm(out, x, weight):
     op = "rms_norm"
     device = check.tensors(op, out=out, x=x, weight=weight)
     check.dtype(op, "out", out, check.FLOATS)
-    check.same_dtype(op, "out", out, x=x, weight=weight)
+    check.same_dtype(op, "out", out, x=x)
+    if weight.dtype != float32:  # (an f32 weight goes with any float x)
+        check.same_dtype(op, "out", out, weight=weight)
     if x.ndim < 1:
         check.fail(op, "x must have at least one dimension")
     check.shape(op, "weight", weight, (x.shape[-1],))
@@ -313,7 +317,7 @@ def _plan_rms_norm(out, x, weight):
     dim = x.shape[-1]
     rows = x.numel() // dim if dim else 0
     return remember(_rms_norm, (out._layout, x._layout, weight._layout),
-                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, rows, dim))
+                    (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, weight.dtype.code, rows, dim))
 
 
 _rope = new_plans()

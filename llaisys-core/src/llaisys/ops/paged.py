@@ -17,16 +17,20 @@ from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import NUMERICS
 
 _attention = new_plans()
+_MAX_WINDOW = (1 << 63) - 1  # (int64_t in the ABI)
 
 
 def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
-                    numerics: str = "exact") -> None:
+                    numerics: str = "exact", window: int | None = None) -> None:
     """Causal GQA attention of several sequences at once, each over its own blocks.
 
     q [T, H, d] and out [T, H, dv]: sequence s owns rows [query_start[s], query_start[s+1]), its last
     positions; its keys are positions [0, seq_lens[s]) through row s of block_tables
-    (int32 [num_seqs, max_blocks]). Query i of a sequence with L rows and S keys sees key j iff
-    j <= i + S - L (as ``self_attention``); head h reads kv head h // (H / Hkv). seq_lens int32
+    (int32 [num_seqs, max_blocks]). Query i of a sequence with L rows and S keys, at position
+    p = i + S - L, sees key j iff j <= p (as ``self_attention``) and, with a ``window`` (sliding-window
+    attention; None or 0: none), iff also j > p - window: its last ``window`` positions, as HF transformers
+    masks them. The keys before the window of a sequence's first query row (less the ≤ 64 keys of a kernel's
+    key block) are not read: a decode step costs the window. Head h reads kv head h // (H / Hkv). seq_lens int32
     [num_seqs], query_start int32 [num_seqs + 1]. Rows outside every sequence are set to 0. The
     kernel checks the index data it reads (offsets, lengths, block ids) and raises on bad values.
     out may be q itself; no other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``; ``self_attention``
@@ -45,6 +49,10 @@ def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
         scale = check.number("paged_attention", "scale", scale)
         if not math.isfinite(scale):
             check.fail("paged_attention", f"scale must be finite, got {scale!r}")
+    if window is None:
+        window = 0
+    elif window.__class__ is not int or not 0 <= window <= _MAX_WINDOW:
+        window = check.number("paged_attention", "window", window, 0, _MAX_WINDOW, integer=True)
     o_ptr, o_end = out._ptr, out._end
     if q._ptr < o_end and o_ptr < q._end and not (q._ptr == o_ptr and q._shape == out._shape):
         check.overlap("paged_attention", "out", "q", exact_allowed=True)
@@ -52,7 +60,7 @@ def paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, query_star
                     ("seq_lens", seq_lens), ("query_start", query_start)):
         if t._ptr < o_end and o_ptr < t._end:
             check.overlap("paged_attention", "out", name)
-    status = kernel(device.index, current_stream_handle(device), code, mode, *sizes, scale, o_ptr, q._ptr,
+    status = kernel(device.index, current_stream_handle(device), code, mode, *sizes, window, scale, o_ptr, q._ptr,
                     k_cache._ptr, v_cache._ptr, block_tables._ptr, seq_lens._ptr, query_start._ptr)
     if status:
         fail(status)

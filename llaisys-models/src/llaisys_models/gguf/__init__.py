@@ -20,13 +20,14 @@ from ..files import GGUF_MAGIC as MAGIC
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, numerics: str | None = None,
-         quantize: str | None = None, dequantize: bool = False):
+         quantize: str | None = None, dequantize: bool = False, layout=None, group=None):
     """The model in the GGUF file ``path`` on ``device`` (None: the best available), computing in ``dtype``
     (None: the stored float type, or float32 for quantized weights), its ops rounding as ``numerics`` says
     (``llaisys_models.numerics``). Quantized matrices stay in their blocks where llaisys has their format and
     the device the kernels (gguf/weights.py); ``dequantize=True`` decodes every tensor into ``dtype`` instead
     (exactly the stored values in float32, as HF transformers reads the file); ``quantize="int8"`` / ``"int4"``
-    requantizes the linears' weights (``llaisys_models.quantize``)."""
+    requantizes the linears' weights (``llaisys_models.quantize``). ``layout`` and ``group``: this rank's part
+    of a tensor-parallel model (llaisys_models.tensor_parallel; its quantized matrices are decoded, then cut)."""
     from ..errors import ModelLoadError
     from ..loading import float_dtype, pick_device
     from ..quantize import resolve as resolve_quantize
@@ -43,13 +44,14 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, numeric
     arch = architecture(f)
     config = model_config(f)
     top, layers = tensor_plan(f, config)
-    device = pick_device(device, quantize)
+    cls = MODEL_CLASSES[config.architecture]
+    device = pick_device(device, quantize, cls.KERNELS, experts=bool(config.sparse_layers))
     dtype = default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
     weights = load_weights(f, config, top, layers, dtype, device, arch, progress=progress, quantize=quantize,
-                           dequantize=dequantize)
-    return MODEL_CLASSES[config.architecture].from_weights(f.path, config, weights, device=device, dtype=dtype,
-                                           eos_token_ids=config.eos_token_ids, source=f, numerics=numerics,
-                                           quantize=quantize)
+                           dequantize=dequantize, layout=layout)
+    local = config if layout is None else layout.local_config(config)
+    return cls.from_weights(f.path, local, weights, device=device, dtype=dtype, eos_token_ids=config.eos_token_ids,
+                            source=f, numerics=numerics, quantize=quantize, group=group)
 
 
 def load_tokenizer(path):

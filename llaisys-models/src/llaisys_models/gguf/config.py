@@ -20,8 +20,10 @@ from ..registry import FAMILIES
 from ..rope_scaling import RopeScaling
 from .reader import GGUFFile
 
-# GGUF architecture -> the HuggingFace architecture of the same family (registry.py)
+# GGUF architecture -> the HuggingFace architecture of the same family (registry.py), and config.json's
+# model_type where it is not the GGUF name
 ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES if gguf_name is not None}
+MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {
@@ -53,7 +55,9 @@ def architecture(f: GGUFFile) -> str:
 def model_config(f: GGUFFile) -> ModelConfig:
     arch = architecture(f)
     meta = f.metadata
-    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": arch, "hidden_act": "silu"}
+    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": MODEL_TYPES.get(arch, arch), "hidden_act": "silu"}
+    if arch == "gemma3":
+        raw.update(hidden_activation="gelu_pytorch_tanh")
     for field, (key, required) in HYPERPARAMETERS.items():
         value = meta.get(f"{arch}.{key}")
         if value is None:
@@ -64,6 +68,8 @@ def model_config(f: GGUFFile) -> ModelConfig:
         raw[field] = value if field in FLOAT_FIELDS else _size(f, f"{arch}.{key}", value, limit)
     _check_attention_and_rope(f, arch, raw)
     _experts(f, arch, raw)
+    if arch == "gemma3":
+        _gemma3(f, raw)
 
     embed = f.tensors.get("token_embd.weight")
     if embed is None:
@@ -78,9 +84,8 @@ def model_config(f: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{f.path}: {e}") from None
     if "rope_freqs.weight" in f.tensors:
         config = dataclasses.replace(config, rope_scaling=_freq_factors(f, config.head_dim))
-    window = meta.get(f"{arch}.attention.sliding_window")  # (Phi-3, Mistral: every layer's window)
-    if window is not None and _size(f, f"{arch}.attention.sliding_window", window) < config.max_position_embeddings:
-        config = dataclasses.replace(config, sliding_window=window)  # generation stops at the window
+    window, sliding = _sliding_window(f, arch, config.num_hidden_layers)
+    config = dataclasses.replace(config, sliding_window=window, sliding_layers=sliding)
     # biases are whatever tensors the file has (the layer-0 set is required of every layer)
     return dataclasses.replace(
         config,
@@ -91,17 +96,75 @@ def model_config(f: GGUFFile) -> ModelConfig:
     )
 
 
+def _sliding_window(f: GGUFFile, arch: str, layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """The window of {arch}.attention.sliding_window (0 or absent: none) and the layers it applies to, as
+    llama.cpp reads them: {arch}.attention.sliding_window_pattern, a bool per layer or an int n (layer i slides
+    unless i % n == n - 1; n = 0: every layer), by default 6 for gemma3 (its converter writes no pattern) and
+    every layer for the others (Phi-3, and Mistral as "llama": HF windows their every layer; llama.cpp turns
+    Phi-3's window off, see the README)."""
+    meta = f.metadata
+    key = f"{arch}.attention.sliding_window"
+    window = meta.get(key, 0)
+    if window == 0:
+        return None, ()
+    window = _size(f, key, window)
+    key = f"{arch}.attention.sliding_window_pattern"
+    pattern = meta.get(key, 6 if arch == "gemma3" else 0)
+    if isinstance(pattern, list):
+        if len(pattern) != layers or not all(isinstance(p, bool) for p in pattern):
+            raise ModelLoadError(f"{f.path}: metadata key {key} must hold one true/false per layer ({layers}), got "
+                                 f"{shown(pattern)}")
+        return window, tuple(i for i, sliding in enumerate(pattern) if sliding)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 0:
+        raise ModelLoadError(f"{f.path}: metadata key {key} must be a layer count or a list of true/false, got "
+                             f"{shown(pattern)}")
+    return window, tuple(i for i in range(layers) if pattern == 0 or i % pattern < pattern - 1)
+
+
+def _gemma3(f: GGUFFile, raw: dict) -> None:
+    """Gemma 3's fields as llama.cpp reads them: the sliding layers' rope base ({arch}.rope.freq_base_swa, else
+    10000), the attention scale (not in the file: 1 / sqrt(head_dim), or 1 / sqrt(hidden / heads) for the
+    62-layer 27B, whose query_pre_attn_scalar that is), a final logit soft-capping (refused by config.py)."""
+    meta = f.metadata
+    raw.setdefault("rope_theta", 10000.0)  # (llama.cpp's default, where HF's is 1e6; converters write it)
+    raw["rope_local_base_freq"] = meta.get("gemma3.rope.freq_base_swa", 10000.0)
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+    raw["query_pre_attn_scalar"] = (raw["hidden_size"] // raw["num_attention_heads"]
+                                    if raw["num_hidden_layers"] == 62 else head_dim)
+    raw["final_logit_softcapping"] = meta.get("gemma3.final_logit_softcapping")
+    raw["sliding_window"] = None  # (the file's window is _sliding_window's)
+    raw["layer_types"] = ["full_attention"] * raw["num_hidden_layers"]
+
+
 def _experts(f: GGUFFile, arch: str, raw: dict) -> None:
-    """A Llama file with experts (llama.expert_count) is Mixtral, as llama.cpp's converter writes it."""
+    """The experts, as llama.cpp reads them: a Llama file with experts (llama.expert_count) is Mixtral, as its
+    converter writes it; qwen3moe is Qwen3-MoE with every layer sparse (llama.cpp makes every layer a MoE
+    layer, so the converter's files of checkpoints with mlp_only_layers do not load there either) and the
+    top-k weights always renormalised (llama.cpp passes norm_w = true, whatever norm_topk_prob was; transformers'
+    GGUF loader sets norm_topk_prob so too)."""
     meta = f.metadata
     count = meta.get(f"{arch}.expert_count")
-    if arch != "llama" or not count:
+    if arch == "llama" and count:
+        raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   num_local_experts=_size(f, f"{arch}.expert_count", count))
+    elif arch == "qwen3moe":
+        if count is None:
+            raise ModelLoadError(f"{f.path}: metadata key {arch}.expert_count (num_experts) is missing")
+        raw.update(num_experts=_size(f, f"{arch}.expert_count", count), norm_topk_prob=True)
+        width = meta.get(f"{arch}.expert_feed_forward_length")  # (absent: llama.cpp takes n_ff / n_expert_used)
+        if width is not None:
+            raw["moe_intermediate_size"] = _size(f, f"{arch}.expert_feed_forward_length", width)
+        scale = meta.get(f"{arch}.expert_weights_scale", 0.0)
+        if scale not in (0.0, 1.0):  # llama.cpp scales the top-k weights by it (converters write it for others)
+            raise ModelLoadError(f"{f.path}: {arch}.expert_weights_scale = {shown(scale)} (a factor on the expert "
+                                 f"weights) is not supported")
+    else:
         return
-    raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
-               num_local_experts=_size(f, f"{arch}.expert_count", count))
     used = meta.get(f"{arch}.expert_used_count")
     if used is not None:
         raw["num_experts_per_tok"] = _size(f, f"{arch}.expert_used_count", used)
+    if arch == "qwen3moe" and "moe_intermediate_size" not in raw and "num_experts_per_tok" in raw:
+        raw["moe_intermediate_size"] = raw["intermediate_size"] // raw["num_experts_per_tok"]
 
 
 def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:

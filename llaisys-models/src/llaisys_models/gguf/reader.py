@@ -296,14 +296,14 @@ class GGUFFile:
             pass
 
     def release(self, name: str, rows: tuple[int, int] | None = None) -> None:
-        """Drop a tensor's mapped pages (or those of its rows [start, end)) from this process's resident set once
-        its bytes were converted (the file stays in the page cache; a later read faults them back in)."""
+        """Drop a tensor's mapped pages (those of its stored rows [start, stop) when given) from this process's
+        resident set once their bytes were converted (the file stays in the page cache; a later read faults
+        them back in)."""
         info = self.tensors[name]
-        first, last = rows or (0, info.rows)
-        nbytes = (last - first) * info.row_bytes
+        first, stop = rows or (0, info.rows)
+        offset, nbytes = info.offset + first * info.row_bytes, (stop - first) * info.row_bytes
         if not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
             return
-        offset = info.offset + first * info.row_bytes
         start = offset - offset % mmap.PAGESIZE
         end = min(offset + nbytes, len(self._map))
         self._map.madvise(mmap.MADV_DONTNEED, start, end - start)

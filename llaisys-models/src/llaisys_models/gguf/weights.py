@@ -18,7 +18,8 @@ blocks as they are, and the lm_head at 6 bits or more: its blocks, or q8_0).
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
 head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
-those rows back in HF order. Qwen2 files are written unpermuted.
+those rows back in HF order. Qwen2 files are written unpermuted. Gemma 3's norms are stored as
+1 + w (the converter adds the 1), which is what the model wants, in float32 (weights.py).
 """
 
 from __future__ import annotations
@@ -33,19 +34,33 @@ import llaisys
 from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import BLOCK_KERNELS, Arena, BlockWeight, Int8Weight, block_buffers, block_bytes, quantized_weight
-from ..weights import LINEARS, Weights, layer_weights, plan
+from ..quantize import (
+    BLOCK_KERNELS,
+    Arena,
+    BlockWeight,
+    Int8Experts,
+    Int8Weight,
+    block_buffers,
+    block_bytes,
+    int8_experts,
+    linear_mode,
+    quantized_weight,
+)
+from ..tensor_parallel import shards
+from ..tensor_parallel.layout import DROP
+from ..weights import EXPERTS, LINEARS, NORMS, Weights, layer_weights, plan
 from . import blocks, quants
 from .reader import GGUFFile
 
 TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 LAYER_NAMES = {
-    "input_norm": "attn_norm.weight", "post_norm": "ffn_norm.weight",
+    "input_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight",
     "q_proj": "attn_q.weight", "k_proj": "attn_k.weight", "v_proj": "attn_v.weight", "o_proj": "attn_output.weight",
     "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
     "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
     "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
     "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post_ffw_norm.weight",  # Gemma
     # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
     "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
     "experts_down": "ffn_down_exps.weight",
@@ -80,7 +95,10 @@ def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, t
     for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
         info = f.tensors.get(name)
         if info is None:
-            raise ModelLoadError(f"{f.path}: tensor {name!r} is missing")
+            dense = name.endswith(".ffn_gate_inp.weight") and name.replace("_inp", "") in f.tensors
+            hint = " (that layer's MLP is dense, but llama.cpp runs every layer of this architecture as a mixture " \
+                   "of experts)" if dense else ""
+            raise ModelLoadError(f"{f.path}: tensor {name!r} is missing{hint}")
         if info.shape != shape:
             raise ModelLoadError(f"{f.path}: tensor {name!r} has shape {info.shape}, but the metadata implies {shape}")
         if info.type not in quants.SUPPORTED:
@@ -157,15 +175,7 @@ def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.De
     ``d * q`` are exact float32 values, so int8 re-expresses each group's scale as the next bfloat16 up and
     requantizes its integers against it: the error added is what that scale rounding changes.
     """
-    qtype, raw = f.tensors[name].type, f.raw(name)
-    if isinstance(rows, slice):  # a part of a fused tensor
-        raw, rows = raw[rows], None
-
-    def read(start: int, end: int) -> np.ndarray:
-        src = raw[start:end] if rows is None else raw[rows[start:end]]
-        return quants.dequantize(src, qtype, np.empty((end - start, shape[1]), np.float32))
-
-    weight = quantized_weight(quantize, read, shape, device, name)
+    weight = quantized_weight(quantize, row_reader(f, name, shape, rows), shape, device, name)
     f.release(name)
     return weight
 
@@ -222,6 +232,26 @@ def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok
     return "blocks" if kept else "int8" if qtype in INT8_TYPES else "float"
 
 
+def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device) -> Int8Experts:
+    """A stacked expert tensor [E, N, K] of the file as int8 experts (``quantize="int8"``) on ``device``: each
+    expert's rows decoded to float32 a chunk at a time and quantized from there, expert by expert, the mapped
+    pages of the experts before dropped (so a load holds the int8 result and about one expert's pages)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    experts, n, k = shape
+
+    def reader(e: int):
+        def read(start: int, end: int) -> np.ndarray:
+            if start == 0 and e:  # the experts before are quantized: their pages need not stay resident
+                f.release(name, (0, e * n))
+            return quants.dequantize(raw[e * n + start:e * n + end], qtype, np.empty((end - start, k), np.float32))
+        return read
+
+    weight = int8_experts([reader(e) for e in range(experts)], (n, k), device,
+                          [f"{name} (expert {e})" for e in range(experts)])
+    f.release(name)
+    return weight
+
+
 def _part_shape(spec: tuple) -> tuple[int, ...]:
     """The shape of the weight a plan entry makes: its tensor's, or that of its rows of a fused tensor."""
     if len(spec) < 3:
@@ -230,11 +260,29 @@ def _part_shape(spec: tuple) -> tuple[int, ...]:
     return (stop - start, *shape[1:])
 
 
+def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray | slice | None) -> shards.Reader:
+    """Rows [start, stop) of a weight of ``shape`` (rows reordered or cut by ``rows``) decoded to float32, a
+    chunk at a time (a vector: its elements, decoded once)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, rows = raw[rows], None
+    if len(shape) == 1:
+        if rows is not None:  # a permuted bias: its values are the rows
+            values = quants.dequantize(raw.reshape(shape[0], -1), qtype, np.empty((shape[0], 1), np.float32), rows)
+        else:
+            values = quants.dequantize(raw, qtype, np.empty((1, shape[0]), np.float32))
+        values = values.reshape(-1)
+        return lambda start, stop: values[start:stop]
+    return lambda start, stop: quants.dequantize(raw[start:stop] if rows is None else raw[rows[start:stop]], qtype,
+                                                 np.empty((stop - start, shape[1]), np.float32))
+
+
 def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
                  device: llaisys.Device, arch: str, progress: bool | None = None,
-                 quantize: str | None = None, dequantize: bool = False) -> Weights:
+                 quantize: str | None = None, dequantize: bool = False, layout=None) -> Weights:
     """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
-    quantized, or decoded into ``dtype``."""
+    quantized, or decoded into ``dtype``; with ``layout`` (tensor_parallel.Layout), only this rank's part of
+    each (decoded, then cut: a rank's part is not kept in the file's blocks)."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
     i8_ok = llaisys.ops.implemented("linear_i8", device)
@@ -243,12 +291,15 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
         return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok)
 
     # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
+    # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
     kept = [(f.tensors[spec[0]].type, _part_shape(spec)) for group in [top, *layers] for field, spec in group.items()
-            if kind(field, spec) == "blocks"]
+            if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
     arena = None
     if device.type == "cpu" and kept:
         arena = Arena(sum(block_bytes(blocks.FORMATS[qtype], shape) for qtype, shape in kept), device)
     total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
+    if layout is not None and layout.world > 1:
+        total //= layout.world
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
         def get(field, spec):
             name, shape, rows = spec[0], _part_shape(spec), None
@@ -256,6 +307,15 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 rows = slice(*spec[2])
             elif arch == "llama" and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
+            part = layout.part(field, config) if layout is not None else None
+            if part == DROP:
+                return None
+            if part is not None:
+                mode = linear_mode(quantize, field) if field in LINEARS else None
+                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
+                f.release(name)
+                bar.update(math.prod(part.shape(shape)) * dtype.itemsize)
+                return tensor
             how = kind(field, spec)
             if how == "int8" and not i8_ok:
                 how = "float"
@@ -263,6 +323,10 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
                 tensor = block_weight(f, name, shape, device, rows, arena)
             elif how in ("int8", "int4", "q8_0"):
                 tensor = quantized(f, name, shape, device, rows, how)
+            elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
+                tensor = materialize(f, name, shape, llaisys.float32, device, rows)
+            elif quantize is not None and field in EXPERTS:  # (int8 for int4 too: quantize.py)
+                tensor = quantized_experts(f, name, shape, device)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)
@@ -273,7 +337,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
         norm = get("norm", top["norm"])
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
-        else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy
+        else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy (or this rank's rows)
+            split = layout is not None and layout.world > 1
             same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
-            lm_head = embed if same else get("lm_head", top["embed_tokens"])
+            lm_head = embed if same and not split else get("lm_head", top["embed_tokens"])
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

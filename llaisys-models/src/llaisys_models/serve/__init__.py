@@ -9,6 +9,8 @@
     app.py          the FastAPI application: routes, auth, streaming (SSE), disconnect = cancel
     background.py   the server on a thread of this process (scripts, benchmarks, tests)
     cli.py          the ``serve`` subcommand of ``llaisys``
+    replicas/       replicas of this server on Ray Serve (``--replicas N``; the ``ray`` extra)
+    ray_app.py      the replicas application for Ray's own ``serve run``
     static/         the web chat page (one file, no build step)
 
 Needs the ``serve`` extra: ``pip install './llaisys-models[serve]'`` (FastAPI and uvicorn).

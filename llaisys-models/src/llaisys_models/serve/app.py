@@ -45,7 +45,7 @@ from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_to
 from . import metrics, responses, schemas, structured
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
-from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, tool_support
+from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, special_openers, tool_support
 
 log = logging.getLogger("llaisys.serve")
 
@@ -63,17 +63,13 @@ class Server:
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
-                 host: str | None = None, port: int | None = None, cors_origins=()):
-        api_keys = tuple(api_keys)
-        for key in api_keys:
-            check_api_key(key)
-        # tenants by the digest of their key: the server keeps no key, and a tenant's name is no secret
-        self._tenants = {hashlib.sha256(key.encode()).digest(): hashlib.sha256(key.encode()).hexdigest()
-                         for key in api_keys}
+                 host: str | None = None, port: int | None = None, cors_origins=(), tenants: Tenants | None = None):
+        self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
         self.tokenizers = PromptTokenizers(tokenizer)
-        self.grammars = structured.Grammars(tokenizer)  # response_format, compiled with a tokenizer of its own
+        # response_format, text.format, a forcing tool_choice: compiled with a tokenizer of its own
+        self.grammars = structured.Grammars(tokenizer)
         self.model_name = model_name
         # what clients are told names no file of the server's (the log keeps the paths)
         self.scrub_paths = PathScrubber([getattr(engine.model, "path", None), getattr(tokenizer, "name_or_path", None)],
@@ -90,23 +86,21 @@ class Server:
         self.max_prompt_chars = self.context * self.longest_token
         # the format of the model's tool calls, from its chat template (None: requests with tools are refused, why)
         self.tool_format, self.no_tools_why = tool_support(tokenizer)
+        # its call opener where that is a special token (Llama 3, Mistral): kept in the text of requests with tools
+        self.tool_markers = frozenset(special_openers(tokenizer, self.tool_format).values() if self.tool_format else ())
 
     def tenant(self, authorization: str) -> str:
-        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed.
-        A missing or unknown key is a 401."""
-        if not self._tenants:
-            return ""
-        scheme, _, key = authorization.partition(" ")
-        # the header came as latin-1: its bytes are the key's UTF-8
-        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
-        found = ""
-        for known, name in self._tenants.items():  # every key compared, in constant time
-            if hmac.compare_digest(digest, known):
-                found = name
-        if scheme.lower() != "bearer" or not found:
+        """The tenant of an ``Authorization`` header (``Tenants.of``); a missing or unknown key is a 401."""
+        name = self.tenants.of(authorization)
+        if name is None:
             raise APIError(401, "missing or incorrect API key: send 'Authorization: Bearer <key>'", None,
                            "invalid_api_key")
-        return found
+        return name
+
+    def metrics_text(self) -> str:
+        """What ``GET /metrics`` answers: this engine's metrics (a replica on Ray answers every replica's instead:
+        serve/replicas/deployments.py)."""
+        return metrics.render(self.engine, self.model_name)
 
     def host_allowed(self, host: str | None) -> bool:
         """Whether a request's ``Host`` header may reach this server: any, unless it listens on a loopback
@@ -202,10 +196,12 @@ class Server:
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, jobs: list[tuple[list[int], object]], cache_scope: str = "", n: int = 1) -> AsyncStream:
+    def submit(self, jobs: list[tuple[list[int], object]], cache_scope: str = "", n: int = 1,
+               keep_tokens: frozenset[int] = frozenset()) -> AsyncStream:
         """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
-        prefixes only with requests of the same ``cache_scope``. All are queued, or none."""
-        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n)
+        prefixes only with requests of the same ``cache_scope``; ``keep_tokens``: special tokens whose text the
+        output keeps. All are queued, or none."""
+        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens)
         try:
             for request in stream.requests:
                 self.engine.submit(request)
@@ -216,6 +212,40 @@ class Server:
             stream.cancel()
             raise APIError(503, str(e), None, "engine_unavailable") from None
         return stream
+
+
+class Tenants:
+    """The API keys' tenants, known by the SHA-256 digest of each key: whoever holds this (a server, or a Ray
+    cluster's deployments) keeps no key, and a tenant's name (the digest in hex) is no secret."""
+
+    def __init__(self, digests=()):
+        self._names = {bytes(digest): bytes(digest).hex() for digest in digests}
+
+    @classmethod
+    def of_keys(cls, api_keys) -> Tenants:
+        """The tenants of these keys (each checked: ``check_api_key``)."""
+        api_keys = tuple(api_keys)
+        for key in api_keys:
+            check_api_key(key)
+        return cls(hashlib.sha256(key.encode()).digest() for key in api_keys)
+
+    @property
+    def digests(self) -> tuple[bytes, ...]:
+        return tuple(self._names)
+
+    def of(self, authorization: str) -> str | None:
+        """The tenant of an ``Authorization`` header: the SHA-256 (hex) of its key; '' when no key is needed;
+        None when the key is missing or unknown."""
+        if not self._names:
+            return ""
+        scheme, _, key = authorization.partition(" ")
+        # the header came as latin-1: its bytes are the key's UTF-8
+        digest = hashlib.sha256(key.strip().encode("latin-1", "replace")).digest()
+        found = None
+        for known, name in self._names.items():  # every key compared, in constant time
+            if hmac.compare_digest(digest, known):
+                found = name
+        return found if scheme.lower() == "bearer" else None
 
 
 class PromptTokenizers:
@@ -304,18 +334,18 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
         params_of = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
     n = schemas.choices_n(body, len(prompts))
     scope = cache_scope(request.state.tenant, schemas.cache_salt(body))
-    grammar = await server.grammars.of(body)
+    constraint = await server.grammars.of(body, tools, server.tool_format)
     jobs = []
     for prompt, param in zip(prompts, params_of):
         ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param)
         params = schemas.penalties(body, params, server.vocab_size)
         params = dataclasses.replace(params, logprobs=schemas.logprobs_count(body, chat))
-        jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), grammar)))
+        jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(jobs, cache_scope=scope, n=n)
+    events = server.submit(jobs, cache_scope=scope, n=n, keep_tokens=server.tool_markers if tools else frozenset())
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
     parsers = ToolParsers(server, tools, usage.choices)
     if stream:
@@ -396,9 +426,10 @@ async def _respond(server: Server, request: Request) -> Response:
     server.check_model(body)
     responses.check_unsupported(body)
     stream = schemas.field(body, "stream", "boolean", default=False)
+    constraint = await server.grammars.of(body, responses=True)  # text.format
     ids = await server.tokenize(responses.input_messages(body), chat=True, param="input")
     params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",))
-    params = schemas.speculation(body, params, server.engine)
+    params = structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)
     shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
     events = server.submit([(ids, params)], cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
     if stream:
@@ -519,6 +550,7 @@ def create_app(server: Server) -> FastAPI:
     async def lifespan(app):
         if not server.engine.alive:
             server.engine.start()
+        server.grammars.warm_up()  # llguidance's view of the vocabulary, before the first constrained request
         try:
             yield
         finally:
@@ -580,8 +612,8 @@ def create_app(server: Server) -> FastAPI:
 
     @api.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(server.engine, server.model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await asyncio.get_running_loop().run_in_executor(None, server.metrics_text)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
-from ..cli import MODEL_HELP
+from ..cli import MODEL_HELP, add_tensor_parallel_argument, split_cpu_threads
 from ..speculative import flags as speculative_flags
 
 LOOPBACK = "127.0.0.1"
@@ -30,6 +30,7 @@ def register_serve(subparsers) -> None:
                    help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(p)
     quantize.add_argument(p)
+    add_tensor_parallel_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -59,12 +60,27 @@ def register_serve(subparsers) -> None:
                                        "\"ngram\" | \"draft\" | \"off\")")
     p.add_argument("--no-batching", action="store_true",
                    help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
+    replicas = p.add_argument_group(
+        "replicas on Ray", "Serve copies of the model through Ray Serve (the 'ray' extra), each with its own engine, "
+                           "behind this one address: a conversation's next turn goes to the replica that holds its "
+                           "prefix; Ray replaces a replica that dies. See README 'Replicas with Ray'.")
+    replicas.add_argument("--replicas", type=int, default=None, metavar="N",
+                          help="serve N replicas (default: one server in this process, without Ray)")
+    replicas.add_argument("--max-replicas", type=int, default=None, metavar="M",
+                          help="scale between --replicas and M replicas with the load (default: --replicas, fixed)")
+    replicas.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
+                          help="the requests per replica the scaling aims at (default: --max-running)")
+    replicas.add_argument("--replica-cpus", type=float, default=None, metavar="C",
+                          help="CPU cores each replica reserves, which also sizes its kernels' threads (default 1)")
+    replicas.add_argument("--replica-gpus", type=float, default=None, metavar="G",
+                          help="GPUs each replica reserves (default: 1 where --device names a GPU, else 0)")
+    replicas.add_argument("--ray-address", default=None, metavar="ADDR",
+                          help="join this Ray cluster ('auto': the one `ray start` started on this machine; "
+                               "default: start one for this server, on this machine)")
     p.set_defaults(func=run_serve)
 
 
 def run_serve(args) -> int:
-    from llaisys import LlaisysValueError
-
     try:
         import uvicorn  # noqa: F401 (the extra's packages, checked before anything else runs)
 
@@ -73,6 +89,24 @@ def run_serve(args) -> int:
         print(f"llaisys: error: serving needs the 'serve' extra ({e.name or e} is missing): "
               f"pip install 'llaisys-models[serve]'", file=sys.stderr)
         return 2
+    path, kv_memory, keys = checked_options(args)
+    if args.replicas is not None:
+        from .replicas.launch import serve_replicas
+
+        return serve_replicas(args, path, kv_memory, keys)
+    # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
+    listener = bind(args.host, args.port)
+    try:
+        return _serve(args, path, kv_memory, listener, keys)
+    finally:
+        listener.close()
+
+
+def checked_options(args) -> tuple[Path, int | None, list[str]]:
+    """The options checked (a LlaisysValueError names the first one wrong): (the model's directory, the KV
+    memory in bytes or None, the API keys)."""
+    from llaisys import LlaisysValueError
+
     from ..cli import model_dir
     from .kv_memory import parse_size
 
@@ -83,15 +117,30 @@ def run_serve(args) -> int:
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
+    check_replica_options(args)
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     speculative_flags.check_arguments(args)
-    path = model_dir(args)
-    # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
-    listener = bind(args.host, args.port)
-    try:
-        return _serve(args, path, kv_memory, listener, keys)
-    finally:
-        listener.close()
+    return model_dir(args), kv_memory, keys
+
+
+def check_replica_options(args) -> None:
+    """--replicas and the options that go with it: in range, and none without it."""
+    from llaisys import LlaisysValueError
+
+    dependent = ("max_replicas", "target_ongoing_requests", "replica_cpus", "replica_gpus", "ray_address")
+    if args.replicas is None:
+        given = [name for name in dependent if getattr(args, name) is not None]
+        if given:
+            raise LlaisysValueError(f"--{given[0].replace('_', '-')} needs --replicas")
+        return
+    if args.replicas < 1:
+        raise LlaisysValueError(f"--replicas = {args.replicas} is out of range (at least 1)")
+    if args.max_replicas is not None and args.max_replicas < args.replicas:
+        raise LlaisysValueError(f"--max-replicas = {args.max_replicas} is less than --replicas = {args.replicas}")
+    for name in ("target_ongoing_requests", "replica_cpus", "replica_gpus"):
+        value = getattr(args, name)
+        if value is not None and (value <= 0 if name == "target_ongoing_requests" else value < 0):
+            raise LlaisysValueError(f"--{name.replace('_', '-')} = {value} is out of range")
 
 
 def api_keys(args, environ) -> list[str]:
@@ -140,18 +189,19 @@ def _read_key_file(path: Path) -> list[tuple[str, str]]:
     return keys
 
 
-def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
-    import uvicorn
-
+def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
+    """The ``Server`` the options ``args`` describe: the model at ``path`` loaded, its engine (not started), the
+    ``tenants`` (``app.Tenants``) and the address clients reach it at (``args.host``, ``port``). One per process of
+    ``llaisys serve``, or one per replica on Ray (serve/replicas)."""
     from .. import load
     from ..tokenizer import load_tokenizer
-    from .app import Server, create_app, is_loopback
+    from .app import Server
     from .engine import Engine
-    from .kv_memory import describe
 
     tokenizer_path = args.tokenizer or path
+    split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize)
+                 dequantize=args.dequantize, tensor_parallel=args.tensor_parallel)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
@@ -159,21 +209,42 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
                     speculation=speculation, draft=draft)
     name = args.served_model_name or default_model_name(path, args.model)
+    return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
+                  cors_origins=args.cors_origin, tenants=tenants)
+
+
+def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
+    import uvicorn
+
+    from .app import Tenants, create_app, is_loopback
+    from .kv_memory import describe
+
     port = listener.getsockname()[1]
-    server = Server(engine, load_tokenizer(tokenizer_path), name, api_keys=keys, host=args.host, port=port,
-                    cors_origins=args.cors_origin)
+    server = load_server(args, path, kv_memory, Tenants.of_keys(keys), port)
+    engine, model, name = server.engine, server.engine.model, server.model_name
     if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
     weights = f", {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
+    if args.tensor_parallel > 1:
+        weights += f", split over {args.tensor_parallel} ranks"
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
     # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
     config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[listener])
-    return 0
+    http = uvicorn.Server(config)
+    failures = []
+    if model.followers is not None:  # a rank that dies or hangs ends the group, and the server with it
+        def end(message: str) -> None:
+            failures.append(message)
+            print(f"llaisys serve: error: {message}", file=sys.stderr, flush=True)
+            http.should_exit = True
+        model.followers.on_failure.append(end)
+    http.run(sockets=[listener])
+    model.close()
+    return 1 if failures else 0
 
 
 def bind(host: str, port: int) -> socket.socket:

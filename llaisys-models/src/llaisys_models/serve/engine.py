@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 
+from ..errors import RankFailedError
 from ..sampling import MASK64, SamplingParams, step_seed
 from ..scheduler import Scheduler, Sequence
 from ..speculative import Drafter, NgramDrafter, Speculation
@@ -93,9 +94,11 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 class Request:
     """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``, then, for each
     of its ``n`` choices, one ``Finished`` (or one ``Failed`` for the request). ``cache_scope``: whose cached prompt
-    prefixes this request may reuse (a server's tenant: requests of different scopes never share KV blocks)."""
+    prefixes this request may reuse (a server's tenant: requests of different scopes never share KV blocks).
+    ``keep_tokens``: special tokens whose text its output keeps (the tool-call markers of a request with tools)."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = "", n: int = 1):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = "", n: int = 1,
+                 keep_tokens: frozenset[int] = frozenset()):
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         if n < 1:
@@ -105,6 +108,7 @@ class Request:
         self.n = n
         self.emit = emit
         self.cache_scope = cache_scope  # prefix-cache tenant: cached blocks are shared only within one scope
+        self.keep_tokens = keep_tokens
         self.arrival = time.perf_counter()
         self.open = n  # choices not ended yet
         self._cancelled = threading.Event()
@@ -229,6 +233,8 @@ class Engine:
             while self._wait_for_work():
                 self._admit()
                 self._step()
+        except RankFailedError as e:  # the model's own one-line reason (tensor_parallel/followers.py)
+            self.error = f"the engine stopped: {e}"
         except BaseException as e:  # a bug, not a request's fault: say so everywhere
             self.error = f"the engine stopped: {type(e).__name__}: {e}"
             log.exception("engine thread died")
@@ -262,17 +268,20 @@ class Engine:
             params = request.params
             try:
                 seq = self.scheduler.add(self.model.check_input_ids(request.prompt), params, scope=request.cache_scope,
-                                         tag=Choice(request, 0, TextStream(self.tokenizer, params.stop)),
+                                         tag=Choice(request, 0, self._text_stream(request)),
                                          arrival_time=request.arrival)
                 sequences = [seq] + [  # the other choices start from its KV blocks once its prompt is read
                     self.scheduler.fork(seq, dataclasses.replace(params, seed=choice_seed(params.seed, i)),
-                                        tag=Choice(request, i, TextStream(self.tokenizer, params.stop)))
+                                        tag=Choice(request, i, self._text_stream(request)))
                     for i in range(1, request.n)]
             except Exception as e:  # the request's failure (a bad prompt, too long for the cache)
                 request.open = 0
                 self._report(request, Failed(f"{type(e).__name__}: {e}"))
                 continue
             self._sequences.extend(sequences)
+
+    def _text_stream(self, request: Request) -> TextStream:
+        return TextStream(self.tokenizer, request.params.stop, request.keep_tokens)
 
     def _step(self) -> None:
         for seq in [s for s in self._sequences if s.tag.cancelled]:
@@ -282,6 +291,8 @@ class Engine:
             return
         try:
             events = self.scheduler.step()
+        except RankFailedError:  # a tensor-parallel group that lost a rank: the engine cannot go on
+            raise
         except Exception as e:  # the running requests fail; the engine and the waiting ones go on
             log.exception("engine step failed")
             failed = {id(s.tag.request): s.tag.request for s in self._sequences if s.kv is not None}
@@ -363,11 +374,13 @@ class AsyncStream:
     is gone (the server is stopping) the requests are cancelled instead.
     """
 
-    def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1):
+    def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1,
+                 keep_tokens: frozenset[int] = frozenset()):
         """``jobs``: (prompt token ids, its sampling parameters) of each request."""
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n)
+        self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n,
+                                 keep_tokens=keep_tokens)
                          for i, (prompt, params) in enumerate(jobs)]
 
     def _emit(self, base: int, event) -> None:

@@ -57,9 +57,12 @@ def _host_available_bytes() -> int | None:
 
 
 def default_kv_memory(model, max_running: int, block_size: int = 16) -> int:
-    """A quarter of the free memory, capped at ``max_running`` full contexts, at least 4 blocks."""
+    """A quarter of the free memory, capped at ``max_running`` full contexts, at least 4 blocks. (The ranks of a
+    tensor-parallel model on the CPU share the host's memory: each gets its share of the quarter.)"""
     free = free_memory(model.device)
     budget = int(free * DEFAULT_FRACTION) if free is not None else FALLBACK_BYTES
+    if model.device.type == "cpu":
+        budget //= model.group.world_size
     per_token = model.kv_shape.bytes_per_token
     useful = max_running * model.config.max_position_embeddings * per_token
     return max(min(budget, useful), 4 * block_size * per_token)

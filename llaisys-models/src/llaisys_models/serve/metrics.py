@@ -47,10 +47,16 @@ def kv_blocks(pool) -> list[tuple[str, int]]:
 
 def render(engine, model_name: str) -> str:
     """All metrics of ``engine`` as Prometheus text."""
+    lines = [line for family in families(engine, model_name) for line in _family(*family)]
+    return "\n".join(lines) + "\n"
+
+
+def families(engine, model_name: str) -> list[tuple[str, str, str, list[tuple[str, dict, object]]]]:
+    """Every metric of ``engine``: (name, kind, help, samples), each sample (name suffix, labels, value)."""
     m = engine.metrics
     model = {"model": model_name}
     reasons = sorted(set(m.finished) | {"stop", "length", "cancelled", "error"})
-    families = [
+    return [
         ("llaisys_requests_received_total", "counter", "Requests accepted into the engine's queue.",
          [("", model, m.requests_received)]),
         ("llaisys_requests_finished_total", "counter", "Requests the engine finished, by finish reason.",
@@ -91,5 +97,3 @@ def render(engine, model_name: str) -> str:
          "Requests whose client hung up before the request was read (not answered, not an error).",
          [("", model, m.client_disconnects)]),
     ]
-    lines = [line for family in families for line in _family(*family)]
-    return "\n".join(lines) + "\n"

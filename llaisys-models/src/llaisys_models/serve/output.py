@@ -88,10 +88,10 @@ class _StopAutomaton:
 
 class TextStream:
     """Token ids in, released text out: ``push(token)`` and, at the end, ``finish()``, each returning
-    (text, whether a stop string was hit)."""
+    (text, whether a stop string was hit). ``keep``: special tokens whose text is kept (tool-call markers)."""
 
-    def __init__(self, tokenizer, stops=()):
-        self.decoder = IncrementalDecoder(tokenizer)
+    def __init__(self, tokenizer, stops=(), keep: frozenset[int] = frozenset()):
+        self.decoder = IncrementalDecoder(tokenizer, keep)
         self.stops = StopMatcher(stops)
 
     def push(self, token: int) -> tuple[str, bool]:

@@ -3,9 +3,9 @@ object and its stream of semantic events.
 
 The input is a string (one user message) or a list of message items (``{"role", "content"}``, content a string
 or ``input_text`` / ``output_text`` parts), ``instructions`` a system message before them; the reply is one
-``message`` output item with one ``output_text`` part. Nothing is stored (``store`` is answered false), so
-``previous_response_id`` is refused, as are tools, reasoning, structured ``text.format``, images and files,
-each by its parameter's name.
+``message`` output item with one ``output_text`` part, constrained where ``text.format`` asks for ``json_object`` or
+``json_schema`` (serve/structured.py). Nothing is stored (``store`` is answered false), so ``previous_response_id``
+is refused, as are tools, reasoning, images and files, each by its parameter's name.
 
 A stream is ``event: <type>`` / ``data: {...}`` pairs, each with a ``sequence_number``: ``response.created``,
 ``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``, then
@@ -40,11 +40,7 @@ def check_unsupported(body: dict) -> None:
         if body.get(name) is not None:
             raise invalid(f"'{name}' is not supported by this server (it stores no responses or prompts); send "
                           f"the whole conversation as 'input'", name, "unsupported_parameter")
-    text = field(body, "text", "object", default={})
-    fmt = field(text, "format", "object", default={"type": "text"}, param="text.format")
-    if fmt.get("type") != "text":
-        raise invalid(f"'text.format.type' = {fmt.get('type')!r} is not supported by this server; only 'text' is",
-                      "text.format.type", "unsupported_parameter")
+    field(body, "text", "object")  # its format: serve/structured.py
     field(body, "store", "boolean")
     field(body, "instructions", "string")
     metadata = field(body, "metadata", "object", default={})
@@ -117,7 +113,7 @@ class ResponseObject:
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": body.get("metadata") or {}, "parallel_tool_calls": True, "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": params.temperature,
-            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": params.top_p,
+            "text": {"format": text_format(body)}, "tool_choice": "auto", "tools": [], "top_p": params.top_p,
             "truncation": "disabled", "user": body.get("user")}
         self.sequence = 0
 
@@ -163,6 +159,15 @@ class ResponseObject:
     def failed(self, message: str) -> str:
         return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
                                                                                  "message": message}))
+
+
+def text_format(body: dict) -> dict:
+    """The request's ``text.format`` as the response echoes it (checked by then)."""
+    fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+    if fmt["type"] != "json_schema":
+        return {"type": fmt["type"]}
+    return {"type": "json_schema", "name": fmt["name"], "schema": fmt.get("schema"), "strict": fmt.get("strict"),
+            "description": fmt.get("description")}
 
 
 def output_text(text: str) -> dict:

@@ -284,12 +284,19 @@ class ToolRequest:
     tools: list[dict]  # [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
     names: tuple[str, ...]
     parallel: bool  # ``parallel_tool_calls``: more than one call per reply
+    # the functions the reply must call, through a grammar ("required": any of the tools; a named function: that
+    # one, once); empty: "auto", the model decides
+    forced: tuple[str, ...] = ()
+
+    @property
+    def forced_tools(self) -> list[dict]:
+        return [tool for tool in self.tools if tool["function"]["name"] in self.forced]
 
 
 def chat_tools(body: dict) -> ToolRequest | None:
-    """``tools``, ``tool_choice`` and ``parallel_tool_calls``: what to render and parse, or None when the request
-    has no tools or ``tool_choice`` is "none" (then, as under vLLM's ``--exclude-tools-when-tool-choice-none``,
-    the model is shown no tools and its whole output is content)."""
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls``: what to render, force and parse, or None when the
+    request has no tools or ``tool_choice`` is "none" (then, as under vLLM's
+    ``--exclude-tools-when-tool-choice-none``, the model is shown no tools and its whole output is content)."""
     tools = field(body, "tools", "array", default=[])
     if len(tools) > MAX_TOOLS:
         raise invalid(f"'tools' holds {len(tools)} tools; at most {MAX_TOOLS} are allowed", "tools", "array_too_long")
@@ -300,9 +307,14 @@ def chat_tools(body: dict) -> ToolRequest | None:
             raise invalid(f"'tools[{i}].function.name' = {name!r} names a function that an earlier tool already "
                           f"names", f"tools[{i}].function.name")
     parallel = field(body, "parallel_tool_calls", "boolean", default=True)
-    if tool_choice(body, names) == "none" or not checked:
+    choice, function = tool_choice(body, names)
+    if choice == "none" or not checked:
         return None
-    return ToolRequest(checked, names, parallel)
+    if choice == "auto":
+        return ToolRequest(checked, names, parallel)
+    if choice == "required":
+        return ToolRequest(checked, names, parallel, forced=names)
+    return ToolRequest(checked, names, False, forced=(function,))  # a named function: one call of it
 
 
 def _tool(tool, param: str) -> dict:
@@ -322,6 +334,9 @@ def _tool(tool, param: str) -> dict:
         out["description"] = description
     parameters = field(function, "parameters", "object", param=f"{param}.function.parameters")
     if parameters is not None:
+        if parameters.get("type", "object") != "object":  # arguments are a JSON object (OpenAI refuses others too)
+            raise invalid(f"'{param}.function.parameters' must be a JSON Schema of type 'object', got type "
+                          f"{parameters['type']!r}", f"{param}.function.parameters")
         out["parameters"] = parameters
     field(function, "strict", "boolean", param=f"{param}.function.strict")
     try:
@@ -331,11 +346,13 @@ def _tool(tool, param: str) -> dict:
     return {"type": "function", "function": out}
 
 
-def tool_choice(body: dict, names: tuple[str, ...]) -> str:
-    """``tool_choice``: "none" or "auto" (the default). Only with ``tools``, but for "none"."""
+def tool_choice(body: dict, names: tuple[str, ...]) -> tuple[str, str | None]:
+    """``tool_choice`` as (choice, function): ("none" | "auto" (the default) | "required", None), or ("function",
+    its name) for a named function (``{"type": "function", "function": {"name"}}``). Only with ``tools``, but for
+    "none"."""
     choice = body.get("tool_choice")
     if choice is None:
-        return "auto"
+        return "auto", None
     if isinstance(choice, dict):
         if field(choice, "type", "string", required=True, param="tool_choice.type") != "function":
             raise invalid(f"'tool_choice.type' = {choice['type']!r} is not supported; use 'function'",
@@ -345,19 +362,13 @@ def tool_choice(body: dict, names: tuple[str, ...]) -> str:
         if name not in names:
             raise invalid(f"'tool_choice.function.name' = {name!r} is not one of the request's tools",
                           "tool_choice.function.name")
-    elif choice not in ("none", "auto", "required"):
+        return "function", name
+    if choice not in ("none", "auto", "required"):
         raise invalid(f"'tool_choice' must be 'none', 'auto', 'required' or a named function, got "
                       f"{choice if isinstance(choice, str) else json_type(choice)!r}", "tool_choice")
     if choice != "none" and not names:
         raise invalid("'tool_choice' is only allowed when 'tools' are specified", "tool_choice")
-    # --- tool_choice that must force a call: "required" and a named function ---------------------------------
-    # They need decoding constrained by a grammar (a call of one of the tools / of that function, whatever the
-    # model prefers). Until the sampler has the grammar's token mask, they are refused here, and only here.
-    if choice == "required" or isinstance(choice, dict):
-        shown = "required" if choice == "required" else f"function {choice['function']['name']!r}"
-        raise invalid(f"'tool_choice' = {shown} is not supported by this server yet (forcing a call needs "
-                      f"grammar-constrained decoding); use 'auto' or 'none'", "tool_choice", "unsupported_parameter")
-    return choice
+    return choice, None
 
 
 # -- sampling -----------------------------------------------------------------------------

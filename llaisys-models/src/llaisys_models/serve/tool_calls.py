@@ -7,9 +7,10 @@ A family's chat template says how its models call tools, and the parser is picke
                                   ``<|python_tag|>``
     mistral  (Mistral v3)         ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``
 
-``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which the engine's detokenizer leaves out of the
-text; so for those two families a call may also be the output itself: a JSON object (llama3) or array
-(mistral) that the output starts with. Such a call counts only if every function it names is one of the
+``<|python_tag|>`` and ``[TOOL_CALLS]`` are special tokens, which the engine's detokenizer keeps in the text of
+requests with tools only (``special_openers``); and Llama 3 models often call without the tag. So for those two
+families a call may also be the output itself: a JSON object (llama3) or array (mistral) that the output starts
+with. Such a call counts only if every function it names is one of the
 request's tools (a model answering in JSON is not calling a tool). Text that opens a call but does not parse
 as one is content, unchanged: a model's malformed call is the client's to see, never a server error.
 
@@ -242,6 +243,13 @@ def parse_tool_calls(text: str, fmt: ToolFormat, names, parallel: bool = True) -
     events = stream.push(text) + stream.finish()
     content = "".join(e for e in events if isinstance(e, str))
     return (None if stream.calls and not content.strip() else content), stream.calls
+
+
+def special_openers(tokenizer, fmt: ToolFormat) -> dict[str, int]:
+    """The openers of ``fmt`` that ``tokenizer`` has as special tokens (Llama 3's ``<|python_tag|>``, Mistral's
+    ``[TOOL_CALLS]``), which a detokenizer that skips special tokens would drop: {text: token id}."""
+    return {added.content: token_id for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if added.special and added.content in fmt.openers}
 
 
 def tool_support(tokenizer) -> tuple[ToolFormat | None, str]:

@@ -28,9 +28,22 @@ class Speculation:
 
 def pause_after(misses: int) -> int:
     """Steps a sequence decodes without drafting after ``misses`` verify steps in a row kept no draft: 0, 1,
-    3, 7, 8, ... A failed verify step costs more than a decode step (K more rows, no decode graph), so where
-    drafts fail (free text) a sequence soon drafts rarely, and it drafts every step again once one is kept."""
+    3, 7, 8, ... A failed verify step costs more than a decode step (its extra rows), so where drafts fail
+    (free text) a sequence soon drafts rarely, and it drafts every step again once one is kept."""
     return min((1 << misses) - 1, MAX_PAUSE) if misses else 0
+
+
+def next_draft_length(length: int, drafted: int, kept: int, most: int) -> int:
+    """How many tokens a sequence drafts next (at most ``most``, its ``num_speculative_tokens``), after a
+    verify step that kept ``kept`` of the ``drafted`` it drafted with ``length``: twice as many when all were
+    kept (a copied span goes on: 1, 2, 4, ... up to ``most``), else one more than were kept (a draft that
+    failed at its first token costs one extra row next time, not K). Each row a verify step runs costs
+    compute (benchmarks/speculative.py --step-costs), so rows that would be rejected are worth not running.
+    HF transformers' assisted generation adapts its draft length too (num_assistant_tokens_schedule
+    "heuristic": +2 when all were kept, else -1)."""
+    if kept >= drafted:
+        return min(most, 2 * length)
+    return min(most, kept + 1)
 
 
 def check_num_tokens(k) -> None:

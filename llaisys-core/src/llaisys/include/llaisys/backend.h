@@ -46,7 +46,10 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 4
+#define LLAISYS_API_VERSION 5
+
+/* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
+#define LLAISYS_UNIQUE_ID_BYTES 128
 
 /* Status codes returned by every slot. */
 typedef enum llaisys_status {
@@ -221,6 +224,57 @@ LLAISYS_OPTIONAL int LLAISYS_FN(graph_end_capture)(int device, void* stream, voi
 LLAISYS_OPTIONAL int LLAISYS_FN(graph_launch)(int device, void* graph, void* stream);
 LLAISYS_OPTIONAL int LLAISYS_FN(graph_destroy)(int device, void* graph);
 
+/* ---- collectives ------------------------------------------------------------------------------ */
+/* [optional] A communicator joins world_size ranks (processes, one device each) so that they can sum,
+ * gather and share buffers of their devices (tensor parallelism). One rank gets a unique id from
+ * comm_unique_id and hands it to the others by any means (llaisys.distributed: a TCP store); each then
+ * calls comm_create with it, its rank and the world size. The collectives are queued on `stream` like
+ * operators: recorded instead of run while the stream is being captured into a graph, so a captured
+ * decode step replays its collectives too (every rank must then replay the same graphs in the same
+ * order). Every rank must call the same collectives in the same order with the same sizes. A collective
+ * whose peers do not all arrive within the communicator's timeout fails with LLAISYS_RUNTIME_ERROR
+ * naming a rank that is late (an accelerator library may only detect it at the next synchronizing call,
+ * or through comm_abort from another thread); the one exception is a non-root rank of comm_broadcast,
+ * which waits for its root until the root arrives or the communicator is aborted (a follower waiting for
+ * the next step's inputs may wait as long as the leader is idle). */
+
+/* [optional] Fill id (LLAISYS_UNIQUE_ID_BYTES bytes) with a new unique id for comm_create, made by (and for
+ * a communicator of) devices of this backend. LLAISYS_NOT_SUPPORTED when the collective library is missing,
+ * with a message naming what to install. Synchronous. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_unique_id)(int device, char* id);
+
+/* [optional] *comm = this process's member of the communicator `id` (from comm_unique_id, the same bytes on
+ * every rank) as rank `rank` of `world_size` (0 <= rank < world_size), on `device`. Waits for every rank to
+ * join, at most timeout_ms milliseconds (> 0), which also bounds each collective's wait for late peers.
+ * LLAISYS_NOT_SUPPORTED when the collective library is missing (the message names what to install). */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_create)(int device, const char* id, int rank, int world_size,
+                                             int64_t timeout_ms, void** comm);
+
+/* [optional] Leave and free `comm` (no collective of it may still be queued or running on this rank). */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_destroy)(void* comm);
+
+/* [optional] Make every pending and later collective of `comm` fail, on this rank and (where the library
+ * can: shared memory, NCCL's abort) on the others, with `reason` (a NUL-terminated line) in their messages.
+ * May be called from any thread, also while another thread waits in a collective of `comm`; comm_destroy
+ * must still follow. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_abort)(void* comm, const char* reason);
+
+/* [optional] out [n] = the sum over ranks 0, 1, ..., world_size - 1 of their in [n] (dtype f32 / f16 / bf16;
+ * LLAISYS_NOT_SUPPORTED for any other), on every rank, queued on `stream`. out may be in (in place); no other
+ * overlap. Host-addressable backends sum in that fixed order in f32 and round once, so the result has the
+ * same bits on every rank and in every run. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_all_reduce)(int device, void* stream, void* comm, int dtype, int64_t n,
+                                                 void* out, const void* in);
+
+/* [optional] out [world_size * nbytes] = every rank's in [nbytes], rank r's at byte r * nbytes, on every rank,
+ * queued on `stream`. out shares no memory with in. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_all_gather)(int device, void* stream, void* comm, int64_t nbytes, void* out,
+                                                 const void* in);
+
+/* [optional] data [nbytes] of rank `root` copied into data [nbytes] of every other rank, queued on `stream`. */
+LLAISYS_OPTIONAL int LLAISYS_FN(comm_broadcast)(int device, void* stream, void* comm, int64_t nbytes, void* data,
+                                                int root);
+
 /* ---- operators ------------------------------------------------------------------------------ */
 /* Every operator: int <prefix>_<op>(int device, void* stream, ...). Tensors are contiguous unless a
  * stride argument says otherwise; [a, b] is a shape; `dtype` is the dtype of the floating tensors. */
@@ -297,10 +351,12 @@ LLAISYS_OP int LLAISYS_FN(rearrange)(int device, void* stream, int elem_size, in
                                      void* dst, const int64_t* dst_strides, const void* src,
                                      const int64_t* src_strides);
 
-/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps). out may be x (exactly);
- * no other overlap. */
-LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int64_t rows, int64_t dim,
-                                    double eps, void* out, const void* x, const void* weight);
+/* [op] Per row of x [rows, dim]: out = x * weight / sqrt(mean(x^2) + eps), in f32 with r = 1 / sqrt(mean + eps).
+ * weight_dtype is dtype (HF's Llama / Qwen2 RMSNorm: y = x * r rounded to dtype, then y * weight rounded again)
+ * or LLAISYS_F32 with f16 / bf16 x (Gemma's RMSNorm, whose weight 1 + w is kept in f32: x * r * weight in f32,
+ * rounded once). out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(rms_norm)(int device, void* stream, int dtype, int numerics, int weight_dtype, int64_t rows,
+                                    int64_t dim, double eps, void* out, const void* x, const void* weight);
 
 /* [op] Rotary embedding, half-split (rotate_half) layout. x, out [seq, heads, head_dim]; pos_ids int64
  * [seq]; inv_freq f32 [head_dim / 2]: the angle of pair j at position p is a = f32(f32(p) * inv_freq[j]),
@@ -328,8 +384,11 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 /* [op] Attention of a batch of sequences over their paged keys and values, in one call. Sequence s owns
  * the query rows [query_start[s], query_start[s + 1]) of q [T, H, d] and out [T, H, dv]: L_s = the row
  * count, the rows being its last L_s positions; its keys are positions [0, seq_lens[s]) through row s of
- * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i sees
- * key j iff j <= i + seq_lens[s] - L_s; GQA: head h reads kv head h / (H / Hkv). seq_lens and
+ * block_tables int32 [num_seqs, max_blocks]. Causal per sequence, aligned bottom-right: its query i, at
+ * position p = i + seq_lens[s] - L_s, sees key j iff j <= p, and with window > 0 (sliding-window attention)
+ * only iff also j > p - window (the last `window` positions, its own included; window 0: no window). The keys
+ * before the window of a sequence's first query row, less at most 63 (a kernel's block of 64 keys), are not
+ * read, so a decode step costs the window. GQA: head h reads kv head h / (H / Hkv). seq_lens and
  * query_start are int32 [num_seqs] and [num_seqs + 1]. Rows of out outside every sequence are set to 0.
  * The kernel checks the data it reads (LLAISYS_INVALID_ARGUMENT, nothing read out of bounds):
  * 0 <= query_start[0] <= ... <= query_start[num_seqs] <= T, L_s <= seq_lens[s] <= max_blocks * block_size,
@@ -340,7 +399,7 @@ LLAISYS_OP int LLAISYS_FN(self_attention)(int device, void* stream, int dtype, i
 LLAISYS_OP int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numerics, int64_t T,
                                            int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
                                            int64_t num_blocks, int64_t block_size, int64_t max_blocks,
-                                           double scale, void* out, const void* q, const void* k_cache,
+                                           int64_t window, double scale, void* out, const void* q, const void* k_cache,
                                            const void* v_cache, const void* block_tables, const void* seq_lens,
                                            const void* query_start);
 
@@ -397,6 +456,31 @@ LLAISYS_OP int LLAISYS_FN(penalize_logits)(int device, void* stream, int dtype, 
  * LLAISYS_INVALID_ARGUMENT. The outputs share no memory with logits or each other. */
 LLAISYS_OP int LLAISYS_FN(logprobs)(int device, void* stream, int dtype, int64_t n, const void* logits,
                                     int64_t chosen, double temperature, int64_t k, void* top_ids, void* values);
+
+/* [op] out = up * gelu_tanh(gate) over n elements, gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715
+ * x^3))) (HF's gelu_pytorch_tanh, Gemma's MLP), in f32 and rounded once; LLAISYS_NUMERICS_HF rounds
+ * gelu_tanh(gate) to the dtype before the product, as HF's act_fn(gate) * up does in f16 / bf16. out may be
+ * gate or up (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(geglu_tanh)(int device, void* stream, int dtype, int numerics, int64_t n, void* out,
+                                      const void* gate, const void* up);
+
+/* [op] out = x * factor over n elements (Gemma's embedding scale), in f32 with factor rounded to f32, then
+ * rounded once to dtype. out may be x (exactly); no other overlap. */
+LLAISYS_OP int LLAISYS_FN(scale)(int device, void* stream, int dtype, int64_t n, double factor, void* out,
+                                 const void* x);
+
+/* [op] Grouped expert linear with int8 weights: out[m, j] = x_mj @ w_e^T for e = experts[m, j], out [M, k, N],
+ * experts int64 [M, k], x_mj = x[m] (x [M, K], x_per_slot 0) or x[m, j] (x [M, k, K], x_per_slot 1), and each
+ * expert's w_e [N, K] in linear_i8's format and blocks, stacked by expert:
+ *     weight int8 [E, NB, G, 8, 16, 4], scales bf16 [E, NB, G, 16]   (expert e's linear_i8 blocks at [e])
+ * out[m, j] is, bit for bit, linear_i8 (bias NULL) of the input x_mj and expert e's blocks: x_mj quantized per
+ * group of 32 as linear_i8 quantizes a row, the same integer dots and f32 chain, so no output depends on the
+ * batch. The rows are grouped by expert, so only the selected experts' blocks are read, each once for all the
+ * rows that chose it. An expert id outside [0, E) is LLAISYS_INVALID_ARGUMENT, as in moe_linear (nothing is
+ * written). K may be 0 (out = 0). out shares no memory with x, weight, scales or experts. */
+LLAISYS_OP int LLAISYS_FN(moe_linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t k, int64_t E,
+                                         int64_t N, int64_t K, int x_per_slot, void* out, const void* x,
+                                         const void* weight, const void* scales, const void* experts);
 
 /* [op] Linear with block-quantized weights: out [M, N] = x [M, K] @ w^T + bias [N] (bias may be NULL), w in
  * format `fmt` (llaisys_qformat_t; an unknown code is LLAISYS_NOT_SUPPORTED). Rows come in blocks of 16 (NB =

@@ -1,0 +1,192 @@
+"""Rank 0's side of a tensor-parallel group: the other ranks follow what its model does.
+
+Rank 0 runs the engine (the scheduler, sampling, the KV blocks' bookkeeping). Before each forward it
+sends the others the step's inputs and every change to its KV pools since the last step (messages.py);
+each then runs the same forward on its own part of the weights, the collectives meeting inside it.
+
+Failures end the whole group, once, with one line naming the rank:
+  * a rank that exits (crash, kill) closes its control connection, which the supervisor thread sees at
+    once: it aborts the group (the collectives every rank waits in fail at once) and ends the others;
+  * a rank that hangs leaves its peers waiting in a collective, which fails after the group's timeout
+    naming the late rank (the CPU's shared memory); where the collectives cannot tell (NCCL: the GPU waits,
+    the host only sees a step that does not end), the supervisor ends a step still running after
+    STEP_TIMEOUTS group timeouts;
+  * a step that fails on rank 0 (its forward may have stopped between two collectives) ends the group too.
+After that every call of the model raises RankFailedError with the first failure's line; ``on_failure``
+callbacks run once (the server uses one to shut down).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import signal
+import threading
+import time
+import weakref
+from collections import deque
+from multiprocessing.connection import Connection, wait
+
+import numpy as np
+
+import llaisys
+
+from ..errors import RankFailedError
+from .messages import Channel, Op, command, step_command
+
+
+def exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-returncode).name}"
+        return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+STEP_TIMEOUTS = 3  # an accelerator step running this many group timeouts is taken as a hung rank
+
+
+class Followers:
+    """The ranks 1 .. world-1 of ``group`` as rank 0 drives them: their control ``connections`` (rank ->
+    Connection: liveness, errors) and the ``launcher`` that started them (None: launched by the user)."""
+
+    def __init__(self, group: llaisys.distributed.Group, connections: dict[int, Connection], launcher=None):
+        self.group, self.connections, self.launcher = group, connections, launcher
+        self.channel = Channel(group)
+        self.failure: str | None = None
+        self.on_failure: list = []  # callbacks(message), run once when the group fails
+        self._pending: deque[np.ndarray] = deque()  # commands for the next message (appends are thread-safe)
+        self._pool_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()  # one message and its step at a time (a step, or close's STOP)
+        self._closing = False
+        self._step_started: float | None = None  # monotonic time of the running step's start
+        self._watch_steps = not group.device.type == "cpu"
+        self._supervisor = threading.Thread(target=self._supervise, name="llaisys-tp-supervisor", daemon=True)
+        self._supervisor.start()
+        atexit.register(self.close)
+
+    # -- what rank 0's model tells the others -------------------------------------------------------
+
+    def new_pool(self, pool) -> None:
+        pool.followers, pool.follower_id = self, next(self._pool_ids)
+        self._pending.append(command(Op.NEW_POOL, pool.follower_id, pool.num_blocks, pool.block_size))
+        weakref.finalize(pool, self._pending.append, command(Op.DROP, pool.follower_id))
+
+    def grow(self, pool, num_blocks: int) -> None:
+        self._pending.append(command(Op.GROW, pool.follower_id, num_blocks))
+
+    def copy_block(self, pool, dst: int, src: int) -> None:
+        self._pending.append(command(Op.COPY, pool.follower_id, dst, src))
+
+    def clear_graphs(self) -> None:
+        self._pending.append(command(Op.CLEAR))
+
+    def run_step(self, pool, host, forward) -> llaisys.Tensor:
+        """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
+        with self._sending:
+            return self._run_step(pool, host, forward)
+
+    def _run_step(self, pool, host, forward) -> llaisys.Tensor:
+        self.check()
+        words = [self._pending.popleft() for _ in range(len(self._pending))]
+        self._step_started = time.monotonic()
+        try:
+            self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
+            logits = forward(pool, host)
+            if self._watch_steps:
+                llaisys.synchronize(self.group.device)  # (the step is over when the device is done with it)
+            return logits
+        except BaseException as e:
+            # a rank that has ended is the cause (rank 0's collective may see it before the supervisor does)
+            self.fail(self.failure or self._ended_rank() or
+                      f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
+            if isinstance(e, llaisys.LlaisysError):
+                raise RankFailedError(self.failure) from None
+            raise
+        finally:
+            self._step_started = None
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise RankFailedError(self.failure)
+        if self._closing:
+            raise RankFailedError(f"the tensor-parallel group of {self.group.world_size} ranks was closed "
+                                  f"(model.close())")
+
+    # -- failures and the end -------------------------------------------------------------------------
+
+    def fail(self, message: str) -> None:
+        """End the group with ``message`` (the first failure wins): abort it, stop the other ranks."""
+        with self._lock:
+            if self.failure is not None or self._closing:
+                return
+            self.failure = f"tensor-parallel group of {self.group.world_size} ranks closed: {message}"
+        with contextlib.suppress(llaisys.LlaisysError):
+            self.group.abort(message)
+        self._stop_ranks(grace=0.0)  # a rank that hangs may not answer SIGTERM (stopped, stuck in a call)
+        for callback in self.on_failure:
+            with contextlib.suppress(Exception):
+                callback(self.failure)
+
+    def close(self) -> None:
+        """Tell the other ranks to leave, wait for them (a few seconds at most), and leave the group."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        atexit.unregister(self.close)
+        # after the step running now, if any (a step that does not end within the timeout: the ranks are killed)
+        if self.failure is None and self._sending.acquire(timeout=STEP_TIMEOUTS * self.group.timeout):
+            try:
+                with contextlib.suppress(llaisys.LlaisysError):
+                    self.channel.send(command(Op.STOP))
+            finally:
+                self._sending.release()
+        self._stop_ranks(grace=5.0)
+        with contextlib.suppress(llaisys.LlaisysError):
+            self.group.destroy()
+
+    def _ended_rank(self) -> str | None:
+        # (a moment's wait: the supervisor thread may be reaping the same process, and a poll meanwhile says
+        # nothing)
+        for rank in sorted(self.connections):
+            if self.launcher is not None and (status := self.launcher.exit_status(rank, wait=0.5)) is not None:
+                return f"rank {rank} {exit_description(status)}"
+        return None
+
+    def _stop_ranks(self, grace: float) -> None:
+        if self.launcher is not None:
+            self.launcher.stop(grace=grace)
+        for conn in self.connections.values():
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _supervise(self) -> None:
+        """Watch the other ranks' control connections: an error they report or their end fails the group."""
+        rank_of = {conn: rank for rank, conn in self.connections.items()}
+        live = list(rank_of)
+        while live and not self._closing and self.failure is None:
+            try:
+                ready = wait(live, timeout=1.0)
+            except OSError:  # closed under us (close / fail)
+                return
+            started, limit = self._step_started, STEP_TIMEOUTS * self.group.timeout
+            if self._watch_steps and started is not None and time.monotonic() - started > limit:
+                self.fail(f"a step has not ended within {limit:.0f} s: a rank is hung (or its device is)")
+            for conn in ready:
+                rank = rank_of[conn]
+                try:
+                    message = json.loads(conn.recv_bytes())
+                except (EOFError, OSError, ValueError):
+                    live.remove(conn)
+                    if not self._closing:
+                        status = self.launcher.exit_status(rank, wait=1.0) if self.launcher is not None else None
+                        self.fail(f"rank {rank} {exit_description(status)}")
+                    continue
+                if "error" in message and not self._closing:
+                    self.fail(f"rank {rank}: {message['error']}")
