@@ -184,7 +184,7 @@ def test_served(split, loaded_models, tiny_models):
 def test_a_dead_or_hung_rank_ends_the_group(tiny_models, monkeypatch, how):
     monkeypatch.setenv("LLAISYS_DIST_TIMEOUT", "2")  # (rank 0's and the started rank's)
     model = llaisys_models.load(tiny_models.path("f32_gqa2_hd32"), device="cpu", tensor_parallel=2)
-    process = model.followers.launcher.processes[1]
+    process = model.followers.ranks.launcher.processes[1]
     ids = prompt("f32_gqa2_hd32", 13, 384)
     model.generate(ids, 4)
     os.kill(process.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
