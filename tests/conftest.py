@@ -35,3 +35,22 @@ def pytest_configure(config):
 
     for name in RUNNER_SETTINGS:
         os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """``ray_cluster.SHARED``: ``.start()`` gives the two-node Ray cluster on 127.0.0.1, this process its driver
+    (started once for a run of tests that use it; stopped after the last of them: below)."""
+    from ray_cluster import SHARED
+
+    yield SHARED
+    SHARED.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # (after the item's fixtures, module-scoped ones included, are torn down)
+    if "ray_cluster" in item.fixturenames and (nextitem is None or "ray_cluster" not in nextitem.fixturenames):
+        from ray_cluster import SHARED
+
+        SHARED.stop()
