@@ -284,15 +284,21 @@ def test_a_killed_replica_loses_no_waiting_request_and_is_replaced(replicas, clu
 
 
 def test_a_replica_whose_engine_stopped_fails_its_health_check():
-    """Ray Serve calls check_health every period and replaces a replica it fails for (as one whose process died)."""
+    """Ray Serve calls check_health every period and replaces a replica it fails for (as one whose process died):
+    a stopped engine, or a tensor-parallel replica whose group failed."""
     from types import SimpleNamespace
 
     from llaisys_models.serve.replicas.deployments import LlaisysReplica
 
-    def replica(alive: bool, error: str | None):
-        return SimpleNamespace(server=SimpleNamespace(engine=SimpleNamespace(alive=alive, error=error)))
+    def replica(alive: bool, error: str | None, followers=None):
+        model = SimpleNamespace(followers=followers)  # (followers: a tensor-parallel model's other ranks)
+        return SimpleNamespace(server=SimpleNamespace(engine=SimpleNamespace(alive=alive, error=error, model=model)))
 
     LlaisysReplica.check_health(replica(True, None))
+    LlaisysReplica.check_health(replica(True, None, SimpleNamespace(failure=None)))
+    with pytest.raises(RuntimeError, match="rank 1 .* died"):  # a rank died while the engine was idle
+        LlaisysReplica.check_health(replica(True, None, SimpleNamespace(failure="tensor-parallel group of 2 ranks "
+                                                                                  "closed: rank 1 (a Ray actor) died")))
     with pytest.raises(RuntimeError, match="the engine stopped: MemoryError"):
         LlaisysReplica.check_health(replica(False, "the engine stopped: MemoryError"))
     with pytest.raises(RuntimeError, match="the engine is not running"):

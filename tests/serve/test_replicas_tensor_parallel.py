@@ -5,7 +5,9 @@ Ray cluster of two nodes on 127.0.0.1 (tests/ray_cluster.py, shared with test_re
   bundle per node): the same greedy tokens as the model on one rank (the two nodes are one host, so the CPU's
   shared-memory collectives reach across them; ranks on two real hosts are refused: test_tensor_parallel.py);
 - a rank actor killed (SIGKILL) ends the group with one line naming it, well within 30 s; nothing stays behind
-  (no actor process, no placement group).
+  (no actor process, no placement group);
+- ``llaisys serve --replicas 1 --tensor-parallel 2`` (as ``serve run`` builds it): the replica reserves a bundle per
+  rank, starts its rank 1 in the second, and answers a chat as the single server does.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import time
 
 import numpy as np
 import pytest
-from ray_cluster import processes_titled
-from serve_helpers import wait_until
+from ray_cluster import LOOPBACK, processes_titled
+from serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray is not installed: pip install 'llaisys-models[ray]'", allow_module_level=True)
@@ -85,3 +88,35 @@ def test_a_killed_rank_actor_ends_the_group(cluster, chat_model_dir, monkeypatch
             model.generate(ids, 2)
     assert wait_until(lambda: not processes_titled(cluster, RANK_PROCESS), 30), "a rank actor stays"
     assert wait_until(lambda: placement_group_table(ranks.placement)["state"] == "REMOVED", 30)
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_replica(cluster, chat_model_dir):
+    """The base URL of one replica of 2 ranks on Ray Serve (the cluster's two cores: a bundle each)."""
+    require_serving()
+    from ray import serve
+
+    from llaisys_models.serve.ray_app import build_app
+    from llaisys_models.serve.replicas.deployments import APP_NAME
+
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        port = s.getsockname()[1]
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    serve.start(http_options={"host": LOOPBACK, "port": port}, proxy_location="HeadOnly", logging_config=quiet)
+    app = build_app({"model": str(chat_model_dir), "replicas": "1", "tensor-parallel": "2",
+                     "served-model-name": CHAT_MODEL, "max-running": "4", "kv-memory": "16MiB", "port": str(port)})
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
+        yield f"http://{LOOPBACK}:{port}"
+    finally:
+        serve.shutdown()
+
+
+def test_a_tensor_parallel_replica_answers_as_the_single_server(tensor_parallel_replica, cluster, chat_server):
+    body = {"model": CHAT_MODEL, "messages": user("Split me over two ranks."), "max_tokens": 24, "temperature": 0}
+    reply = http_request(tensor_parallel_replica, "POST", "/v1/chat/completions", body, timeout=120)
+    assert reply.status == 200, reply.text
+    want = http_request(chat_server.base_url, "POST", "/v1/chat/completions", body).json()
+    assert reply.json()["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert len(processes_titled(cluster, RANK_PROCESS)) == 1  # the replica's rank 1

@@ -67,10 +67,15 @@ class LlaisysReplica:
             yield batch
 
     def check_health(self) -> None:
-        """Ray Serve calls this every health check period: an error marks the replica unhealthy (then replaced)."""
+        """Ray Serve calls this every health check period: an error marks the replica unhealthy (then replaced).
+        A tensor-parallel replica whose group has failed (a rank died or hung) is unhealthy at once, before a
+        request finds out."""
         engine = self.server.engine
         if not engine.alive:
             raise RuntimeError(engine.error or "the engine is not running")
+        followers = engine.model.followers
+        if followers is not None and followers.failure is not None:
+            raise RuntimeError(followers.failure)
 
     async def __del__(self):  # Ray Serve calls it when it stops the replica
         self._metrics.cancel()
