@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import sys
 import weakref
 
 import llaisys
@@ -150,6 +151,11 @@ def check_executor(name: str | None) -> str:
 
 
 def _ray_ranks():
+    if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
+        # the cluster ray_ranks.connect() may start is this machine's, for this process alone: no usage reports,
+        # and its ports on 127.0.0.1 (read when Ray is imported; else Ray takes the machine's outward address)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         from .ray_ranks import RayRanks
     except ImportError as e:

@@ -75,14 +75,10 @@ _SeatActor = ray.remote(max_restarts=0)(Seat)
 
 
 def connect() -> None:
-    """Join the Ray cluster this process is in, or RAY_ADDRESS names; else start one of this machine, for this
-    process alone: usage reports off and its ports on 127.0.0.1 unless the environment says otherwise."""
-    if ray.is_initialized():
-        return
-    if not os.environ.get("RAY_ADDRESS"):
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (else Ray takes the outward address)
-    ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    """Join the Ray cluster this process is in, or RAY_ADDRESS names; else start one of this machine (launch.py
+    keeps its ports on 127.0.0.1 and Ray's usage reports off, unless the environment says otherwise)."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
 
 
 def bundles(world_size: int, device_type: str, threads: int) -> list[dict]:

@@ -94,8 +94,9 @@ def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> 
         host = f"[{args.host}]" if ":" in args.host else args.host
         cluster = f"the Ray cluster at {args.ray_address}" if joined else "a Ray cluster of this machine"
         count = f"{args.replicas}..{args.max_replicas}" if args.max_replicas else str(args.replicas)
+        split = f", each split over {args.tensor_parallel} ranks" if args.tensor_parallel > 1 else ""
         print(f"llaisys serve: {count} replica{'' if count == '1' else 's'} of "
-              f"{path.name} on {cluster} at http://{host}:{port}/  (OpenAI API under /v1"
+              f"{path.name}{split} on {cluster} at http://{host}:{port}/  (OpenAI API under /v1"
               f"{', API key required' if keys else ''}; Ctrl+C stops)", file=sys.stderr, flush=True)
         try:
             stop.wait()
