@@ -109,8 +109,7 @@ class RayRanks:
         connect()
         current = get_current_placement_group()
         if current is None:
-            cores = threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
-            shape = bundles(world_size, first.type, cores)
+            shape = bundles(world_size, first.type, threads or _omp_threads())
             here = ray.get_runtime_context().get_node_id()
             group = placement_group(shape, strategy="PACK",
                                     bundle_label_selector=[{NODE_ID_LABEL: here}] + [{}] * (world_size - 1))
@@ -190,7 +189,13 @@ class RayRanks:
         calls = list(self._follows)
         if not calls:
             return []
-        done, _ = ray.wait(calls, num_returns=1, timeout=timeout)
+        try:
+            done, _ = ray.wait(calls, num_returns=1, timeout=timeout)
+        except Exception:
+            if ray.is_initialized():
+                raise
+            self._follows.clear()  # (Ray was shut down under us, at the process's end: nothing left to watch)
+            return []
         return [self._end_of(self._follows.pop(call), call) for call in done]
 
     def ended(self, wait: float) -> str | None:
@@ -247,6 +252,12 @@ def _line(error: RayTaskError) -> str:
     """The actor's own exception, on one line."""
     cause = getattr(error, "cause", None) or error
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
+
+
+def _omp_threads() -> int:
+    """OMP_NUM_THREADS's (first) number, else 1."""
+    match = re.match(r"\s*(\d+)", os.environ.get("OMP_NUM_THREADS", ""))
+    return max(1, int(match[1])) if match else 1
 
 
 def visible_index(gpu_id) -> int:
