@@ -118,24 +118,26 @@ int64_t cublas_rows() {
     return rows;
 }
 
+
+}  // namespace
+}  // namespace llaisys::cuda
+
 #if LLAISYS_HAS_WMMA
-// Whether f16 / bf16 calls on `device` use the tensor-core kernels: the code the device runs was built for
-// sm_80+ (checked once per device), and LLAISYS_CUDA_LINEAR_SIMT=1 (read once; for comparisons) does not ask for
-// the SIMT kernel.
-bool tensor_cores(int device) {
+namespace llaisys::cuda::tc {
+
+bool enabled(int device) {
     static const bool simt = env_positive("LLAISYS_CUDA_LINEAR_SIMT") > 0;
     static std::mutex mutex;
     static std::vector<signed char> known;  // per device: -1 not asked yet, 0 no, 1 yes
     if (simt) return false;
     std::lock_guard<std::mutex> lock(mutex);
     if (size_t(device) >= known.size()) known.resize(size_t(device) + 1, -1);
-    if (known[size_t(device)] < 0) known[size_t(device)] = tc::available<bf16>() && tc::available<f16>();
+    if (known[size_t(device)] < 0) known[size_t(device)] = available<bf16>() && available<f16>();
     return known[size_t(device)] > 0;
 }
-#endif
 
-}  // namespace
-}  // namespace llaisys::cuda
+}  // namespace llaisys::cuda::tc
+#endif
 
 int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out, const void* x,
                        const void* weight, const void* bias) {
@@ -149,7 +151,7 @@ int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N
                 return linear_cublas<T>(s, M, N, K, out, x, weight, bias);
 #if LLAISYS_HAS_WMMA
             if constexpr (!std::is_same_v<T, float>)
-                if (K > 0 && tensor_cores(device)) return tc::launch<T>(s, M, N, K, out, x, weight, bias);
+                if (K > 0 && tc::enabled(device)) return tc::launch<T>(s, M, N, K, out, x, weight, bias);
 #endif
             if (M == 1) return launch_rows<T, 1, 2>(s, M, N, K, out, x, weight, bias);  // decode: weight-bound
             if (M == 2) return launch_rows<T, 2, 2>(s, M, N, K, out, x, weight, bias);

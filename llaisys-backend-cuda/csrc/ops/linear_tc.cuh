@@ -359,6 +359,12 @@ void launch(StreamContext& s, int64_t M, int64_t N, int64_t K, void* out, const 
     }
 }
 
+// Whether f16 / bf16 linears on `device` (current) take these kernels (linear.cu): the code the device runs for
+// them was built for sm_80+ (available(), asked once per device) and LLAISYS_CUDA_LINEAR_SIMT=1 (read once, for
+// comparisons) does not ask for the SIMT kernel. A kernel that must give linear's bits (moe_linear) asks the
+// same question.
+bool enabled(int device);
+
 // Whether the code the runtime runs on the current device for these kernels was built for sm_80 or newer
 // (a build whose architecture list lacks sm_80+ code for this GPU has WMMA-free stubs).
 template <class T>

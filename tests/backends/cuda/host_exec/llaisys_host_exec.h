@@ -105,7 +105,10 @@ private:
 struct Warp {
     explicit Warp(int n) : barrier(n) {}
     Barrier barrier;
-    alignas(16) unsigned char slot[LLAISYS_WARP_SIZE][16];
+    // shuffles alternate between two sets of slots, so that one barrier per shuffle suffices: a lane can write
+    // the set of shuffle i + 2 only after every lane passed the barrier of shuffle i + 1, i.e. read shuffle i
+    alignas(16) unsigned char slot[2][LLAISYS_WARP_SIZE][16];
+    unsigned parity[LLAISYS_WARP_SIZE] = {};  // per lane: its next shuffle's set
     double mma[3][256];  // WMMA emulation: the A, B and C matrices of one mma_sync (16 x 16 each)
 };
 
@@ -146,13 +149,13 @@ T exchange(unsigned long long mask, T value, int (*source)(int lane, int arg, in
     if (width <= 0 || width > LLAISYS_WARP_SIZE || (width & (width - 1))) fail("shuffle width not a power of 2 <= WARP_SIZE");
     Warp& w = my_warp();
     const int lane = tls.linear % LLAISYS_WARP_SIZE;
-    std::memcpy(w.slot[lane], &value, sizeof(T));
+    const unsigned set = w.parity[lane]++ & 1u;
+    std::memcpy(w.slot[set][lane], &value, sizeof(T));
     static char site;
     w.barrier.wait(&site);
     const int src = source(lane, arg, width);
     T result;
-    std::memcpy(&result, w.slot[src], sizeof(T));
-    w.barrier.wait(&site);
+    std::memcpy(&result, w.slot[set][src], sizeof(T));
     return result;
 }
 
