@@ -33,6 +33,7 @@ constexpr int kLaneGroups = WARP_SIZE / kBlockRows;  // groups a warp covers per
 constexpr int kThreads = 256;                     // per block of the dot kernel
 constexpr int kMaxRows = 8;                       // rows of x per block (MR)
 constexpr int kParkedPairs = 4096;                // (scale * sx, dot) pairs parked per chunk: 32 KiB
+constexpr int kUnroll = 4;                        // warp steps whose weights are loaded before their dots
 
 struct Parked {
     float scale;  // scale(n, g) * sx[m, g]
@@ -113,24 +114,35 @@ __device__ float block_chains(const int8_t* w, const bf16* scales, const Quantiz
     float acc = 0.0f;
     for (int64_t g0 = 0; g0 < xq.G; g0 += kChunkGroups) {
         const int64_t groups = xq.G - g0 < kChunkGroups ? xq.G - g0 : kChunkGroups;
-        for (int64_t j = warp_id(); j * kLaneGroups < groups; j += warps) {
-            const int64_t gl = j * kLaneGroups + h, g = g0 + gl;
-            if (gl >= groups) continue;
-            int wq[kSteps];
+        // warp steps j = warp, warp + warps, ...: kUnroll of them at a time, their weights loaded first, so that a
+        // warp has kUnroll KiB of the weight stream in flight (a step is 1 KiB: 2 groups; on CoreX 2 KiB)
+        for (int64_t j0 = warp_id(); j0 * kLaneGroups < groups; j0 += int64_t(warps) * kUnroll) {
+            int wq[kUnroll][kSteps] = {};
+            float scale[kUnroll] = {};
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s)
-                wq[s] = *reinterpret_cast<const int*>(w + g * kGroupBytes + s * 4 * kBlockRows + 4 * r);
-            const float scale = to_float(scales[g * kBlockRows + r]);
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t gl = (j0 + int64_t(u) * warps) * kLaneGroups + h, g = g0 + gl;
+                if (gl >= groups) continue;
 #pragma unroll
-            for (int m = 0; m < MR; ++m) {
-                Parked pf{0.0f, 0.0f};
-                if (rows[m] >= 0) {
-                    const Pack<int, kSteps / 2>* xw =
-                        reinterpret_cast<const Pack<int, kSteps / 2>*>(xq.q + rows[m] * xq.ld + g * kGroup);
-                    const Pack<int, kSteps / 2> x[2] = {xw[0], xw[1]};
-                    pf = Parked{scale * xq.sx[rows[m] * xq.G + g], float(dot_words(wq, x))};
+                for (int s = 0; s < kSteps; ++s)
+                    wq[u][s] = *reinterpret_cast<const int*>(w + g * kGroupBytes + s * 4 * kBlockRows + 4 * r);
+                scale[u] = to_float(scales[g * kBlockRows + r]);
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t gl = (j0 + int64_t(u) * warps) * kLaneGroups + h, g = g0 + gl;
+                if (gl >= groups) continue;
+#pragma unroll
+                for (int m = 0; m < MR; ++m) {
+                    Parked pf{0.0f, 0.0f};
+                    if (rows[m] >= 0) {
+                        const Pack<int, kSteps / 2>* xw =
+                            reinterpret_cast<const Pack<int, kSteps / 2>*>(xq.q + rows[m] * xq.ld + g * kGroup);
+                        const Pack<int, kSteps / 2> x[2] = {xw[0], xw[1]};
+                        pf = Parked{scale[u] * xq.sx[rows[m] * xq.G + g], float(dot_words(wq[u], x))};
+                    }
+                    parked[(gl * MR + m) * kBlockRows + r] = pf;
                 }
-                parked[(gl * MR + m) * kBlockRows + r] = pf;
             }
         }
         __syncthreads();

@@ -24,6 +24,8 @@
 // f32 stays on the SIMT kernel (linear.cuh), which is batch invariant in its own way.
 #pragma once
 
+#include <type_traits>
+
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
@@ -88,9 +90,10 @@ struct alignas(32) WarpStage {
 static_assert(sizeof(WarpStage) >= kTile * kTile * sizeof(float), "a warp's slice sum is parked in its stage");
 static_assert(kStagePacks % WARP_SIZE == 0, "every lane stages the same number of packs");
 
-// One warp's staging of k-tiles [t, t + kStageTiles) of 16 rows of x and 16 weight rows (a null row is zeros):
-// loaded into registers first (so that the next step's loads are in flight while the tensor cores work on
-// this one), then stored.
+// One warp's staging of k-tiles [t, t + kStageTiles) of 16 rows of x and 16 weight rows (a null row is zeros).
+// Two steps are loaded into registers ahead (buffers 0 and 1, by turns), so that two steps of loads are in flight
+// while the tensor cores work on the staged one: a decode-sized call is a stream of weights, and latency is
+// hidden only by bytes in flight.
 template <class T>
 struct WarpStager {
     static constexpr int kPerLane = kStagePacks / WARP_SIZE;
@@ -98,7 +101,7 @@ struct WarpStager {
     const T* wrow[kPerLane];
     bool x_aligned[kPerLane], w_aligned[kPerLane];
     int row[kPerLane], col[kPerLane];  // the pack's place in the stage
-    Pack<uint16_t, kChunk> xv[kPerLane], wv[kPerLane];
+    Pack<uint16_t, kChunk> xv[2][kPerLane], wv[2][kPerLane];
 
     __device__ WarpStager(const T* const (&x)[kTile], const T* const (&w)[kTile], int64_t K) {
 #pragma unroll
@@ -112,19 +115,21 @@ struct WarpStager {
             w_aligned[i] = wrow[i] && chunk_aligned(wrow[i], K);
         }
     }
+    template <int B>
     __device__ void fetch(int64_t tile, int64_t K) {
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
             const int64_t k0 = tile * kTile + col[i];
-            xv[i] = load_raw(xrow[i], k0, K, x_aligned[i]);
-            wv[i] = load_raw(wrow[i], k0, K, w_aligned[i]);
+            xv[B][i] = load_raw(xrow[i], k0, K, x_aligned[i]);
+            wv[B][i] = load_raw(wrow[i], k0, K, w_aligned[i]);
         }
     }
+    template <int B>
     __device__ void store(WarpStage& stage) const {
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
-            *reinterpret_cast<Pack<uint16_t, kChunk>*>(&stage.x[row[i]][col[i]]) = xv[i];
-            *reinterpret_cast<Pack<uint16_t, kChunk>*>(&stage.w[row[i]][col[i]]) = wv[i];
+            *reinterpret_cast<Pack<uint16_t, kChunk>*>(&stage.x[row[i]][col[i]]) = xv[B][i];
+            *reinterpret_cast<Pack<uint16_t, kChunk>*>(&stage.w[row[i]][col[i]]) = wv[B][i];
         }
     }
 };
@@ -146,11 +151,12 @@ __device__ void warp_slices(const T* const (&x)[kTile], const T* const (&w)[kTil
         const int64_t t_begin = sl.begin(s), t_end = sl.begin(s + 1);
         Accumulator acc;
         wmma::fill_fragment(acc, 0.0f);
-        stager.fetch(t_begin, K);
-        for (int64_t t = t_begin; t < t_end; t += kStageTiles) {
-            stager.store(stage);
+        // the staged step at t from buffer B; the step two ahead is fetched into B meanwhile
+        auto step = [&](auto buffer, int64_t t) {
+            constexpr int B = decltype(buffer)::value;
+            stager.template store<B>(stage);
             __syncwarp();
-            if (t + kStageTiles < t_end) stager.fetch(t + kStageTiles, K);
+            if (t + 2 * kStageTiles < t_end) stager.template fetch<B>(t + 2 * kStageTiles, K);
             const int tiles = int(t_end - t < kStageTiles ? t_end - t : kStageTiles);
             for (int i = 0; i < tiles; ++i) {
                 wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, W, wmma::row_major> a;  // x: [m][k]
@@ -160,6 +166,12 @@ __device__ void warp_slices(const T* const (&x)[kTile], const T* const (&w)[kTil
                 wmma::mma_sync(acc, a, b, acc);
             }
             __syncwarp();  // the stage is read before the next step overwrites it
+        };
+        stager.template fetch<0>(t_begin, K);
+        if (t_begin + kStageTiles < t_end) stager.template fetch<1>(t_begin + kStageTiles, K);
+        for (int64_t t = t_begin; t < t_end; t += 2 * kStageTiles) {
+            step(std::integral_constant<int, 0>{}, t);
+            if (t + kStageTiles < t_end) step(std::integral_constant<int, 1>{}, t + kStageTiles);
         }
         on_slice(s, acc);
     }
