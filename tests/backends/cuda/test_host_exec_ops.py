@@ -461,7 +461,7 @@ def test_sample_draws_the_reference_token(dev, dtype, temperature, top_k, top_p)
     logits = randn(50, dtype, 20, scale=2.0)
     logits[[3, 30]] = logits[11].item()  # equal logits: order by index
     d_logits = dev.upload(logits)
-    for seed in range(12):
+    for seed in range(8):
         want = reference_token(logits, temperature, top_k, top_p, seed)
         assert draw(dev, d_logits, dtype, 50, temperature, top_k, top_p, seed) == want, f"seed {seed}"
 
