@@ -377,8 +377,9 @@ void launch(StreamContext& s, int64_t M, int64_t N, int64_t K, void* out, const 
 // same question.
 bool enabled(int device);
 
-// Whether the code the runtime runs on the current device for these kernels was built for sm_80 or newer
-// (a build whose architecture list lacks sm_80+ code for this GPU has WMMA-free stubs).
+// Whether the code the runtime runs on the current device for these kernels was generated for sm_80 or newer:
+// code for an older architecture (an older build's SASS, or its PTX compiled by the driver for this GPU:
+// ptxVersion) has WMMA-free stubs, since their bodies need __CUDA_ARCH__ >= 800.
 template <class T>
 bool available() {
     cudaFuncAttributes rows{}, tile{};
@@ -387,7 +388,7 @@ bool available() {
         (void)cudaGetLastError();
         return false;
     }
-    return rows.binaryVersion >= 80 && tile.binaryVersion >= 80;
+    return rows.binaryVersion >= 80 && rows.ptxVersion >= 80 && tile.binaryVersion >= 80 && tile.ptxVersion >= 80;
 }
 
 }  // namespace llaisys::cuda::tc

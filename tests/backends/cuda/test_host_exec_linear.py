@@ -97,27 +97,34 @@ def test_linear_rows_are_the_same_bits_for_every_M(dev, dtype):
 
 
 @pytest.fixture(scope="module")
-def simt_devices():
-    """Warp-32 devices that must take the SIMT kernel for f16 / bf16: asked to (LLAISYS_CUDA_LINEAR_SIMT=1), and
-    a device whose build for it lacks sm_80 code (LLAISYS_HOST_EXEC_CC=75: the kernels' binaryVersion)."""
-    devices = [HostExecDevice(32, LLAISYS_CUDA_LINEAR_SIMT="1"), HostExecDevice(32, LLAISYS_HOST_EXEC_CC="75")]
+def warp32_devices():
+    """Warp-32 devices: the default one (tensor cores), then two that must take the SIMT kernel for f16 / bf16:
+    asked to (LLAISYS_CUDA_LINEAR_SIMT=1), and one whose kernels run code built for sm_75
+    (LLAISYS_HOST_EXEC_BINARY=75: their binaryVersion and ptxVersion, as an older build's code or PTX compiled
+    by the driver would report), which has no bf16 tensor-core instructions."""
+    devices = [HostExecDevice(32), HostExecDevice(32, LLAISYS_CUDA_LINEAR_SIMT="1"),
+               HostExecDevice(32, LLAISYS_HOST_EXEC_BINARY="75")]
     yield devices
     for device in devices:
         device.free_all()
         device.close()
 
 
-def test_linear_takes_the_simt_kernel_without_tensor_cores(simt_devices):
-    M, N, K = 5, 24, 200
-    x, w = randn((M, K), torch.float16, 86), randn((N, K), torch.float16, 87)
-    outs = []
-    for dev in simt_devices:
-        out = dev.empty((M, N), torch.float16)
-        dev.op("linear", CODE[torch.float16], M, N, K, out, dev.upload(x), dev.upload(w), None)
-        outs.append(dev.download(out))
-        check(outs[-1], x.double() @ w.double().T, torch.float16)
-    assert torch.equal(outs[0], outs[1])
-    assert not torch.equal(outs[0], tensor_core_reference(x, w, None)), "the SIMT kernel's own sums expected"
+def test_linear_takes_the_simt_kernel_without_tensor_cores(warp32_devices):
+    """One output whose two arithmetics cannot agree: products +2^16 and -2^16 in different SIMT lanes, each
+    beside three products of 2^-9 that an f32 sum of 2^16 loses (its ulp is 2^-7); the tensor-core reduction
+    sums a 16-wide tile exactly (here: in double), so it keeps them: 6 * 2^-9 against the SIMT kernel's 0."""
+    x = torch.zeros(1, 16, dtype=torch.float16)
+    w = torch.zeros(1, 16, dtype=torch.float16)
+    x[0, [0, 8]], w[0, [0, 8]] = torch.tensor([256.0, -256.0], dtype=torch.float16), 256.0
+    x[0, [1, 2, 3, 9, 10, 11]], w[0, [1, 2, 3, 9, 10, 11]] = 2.0 ** -4, 2.0 ** -5
+    got = []
+    for dev in warp32_devices:
+        out = dev.empty((1, 1), torch.float16)
+        dev.op("linear", CODE[torch.float16], 1, 1, 16, out, dev.upload(x), dev.upload(w), None)
+        got.append(float(dev.download(out)[0, 0]))
+    assert got == [6 * 2.0 ** -9, 0.0, 0.0], got
+    assert float(tensor_core_reference(x, w, None)[0, 0]) == 6 * 2.0 ** -9
 
 
 # ---- linear_i8 ----------------------------------------------------------------------------------------------

@@ -421,6 +421,7 @@ namespace llaisys_host_exec {
 //   LLAISYS_HOST_EXEC_DEVICES=0          no device: cudaGetDeviceCount fails with cudaErrorNoDevice (what
 //                                        CoreX's runtime does without /dev/iluvatar* nodes)
 //   LLAISYS_HOST_EXEC_WARP, _CC          the device's warp size and compute capability (x10)
+//   LLAISYS_HOST_EXEC_BINARY             the architecture (x10) of the kernels' code for it (default: _CC)
 //   LLAISYS_HOST_EXEC_MAX_THREADS        its threads-per-block limit
 //   LLAISYS_HOST_EXEC_UNSUPPORTED        "graphs", "wait_event": those calls answer cudaErrorNotSupported
 inline int env_int(const char* name, int fallback) {
@@ -549,11 +550,12 @@ inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSucces
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int value) {
     return value <= llaisys_host_exec::kSharedOptin ? cudaSuccess : cudaErrorInvalidValue;
 }
-// The architecture a kernel's code was built for, as the runtime would pick it for the device:
-// LLAISYS_HOST_EXEC_CC (default 80), so tests can play a device whose build lacks some instructions.
+// The architecture of the code the runtime picks for a kernel on the device: LLAISYS_HOST_EXEC_BINARY (default:
+// the device's capability), so tests can play a build whose code for the device lacks some instructions.
 struct cudaFuncAttributes { int binaryVersion; int ptxVersion; };
 inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void*) {
-    attr->binaryVersion = attr->ptxVersion = llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_CC", 80);
+    attr->binaryVersion = attr->ptxVersion = llaisys_host_exec::env_int(
+        "LLAISYS_HOST_EXEC_BINARY", llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_CC", 80));
     return cudaSuccess;
 }
 
