@@ -31,8 +31,8 @@ class LibrarySpec:
 # One line per native backend package (a new backend adds its own).
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu"),
-    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", missing_ops=("linear_i8", "moe_linear_i8")),
-    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", missing_ops=("linear_i8", "moe_linear_i8")),
+    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", missing_ops=("moe_linear_i8",)),
+    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", missing_ops=("moe_linear_i8",)),
 ]
 
 

@@ -111,9 +111,9 @@ def _op_args(buffers, op, dtype, numerics):
         "argmax": lambda: (dtype, 8, index, f(1), f(8)),
         "embedding": lambda: (dtype, 2, 4, 3, f(2, 4), index, f(3, 4)),
         "linear": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), f(3, 4), None),
-        # weight int8 [3, 4], scales bf16 [1, 3] (as raw 16-bit words)
-        "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((3, 4), np.int8)),
-                              buffers.upload(np.full((1, 3), 0x3f80, np.uint16)), None),
+        # N = 3, K = 4 in the block layout: weight int8 [1, 1, 8, 16, 4], scales bf16 [1, 1, 16] (raw 16-bit words)
+        "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((1, 1, 8, 16, 4), np.int8)),
+                              buffers.upload(np.full((1, 1, 16), 0x3f80, np.uint16)), None),
         "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
         "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
