@@ -4,11 +4,15 @@
     python benchmarks/make_model.py --out /tmp/qwen2-1.5b-random
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random --profile     # + where a decode step's time goes
+                                                          # (--profile-int8: with int8 weights too)
     python benchmarks/e2e.py --model /tmp/qwen2-1.5b-random --device cuda   # both on the same GPU
     python benchmarks/e2e.py --model M --llama-bench build/bin/llama-bench --gguf bf16=M-bf16.gguf --gguf q8_0=M-q8.gguf
 
 Each engine runs in its own subprocess (same thread count, same token ids) so that its
-peak RSS is its own; this script prints one table with the ratio to HF per row.
+peak RSS is its own; this script prints one table with the ratio to HF per row. On a GPU a second HF column
+runs gpt-fast's recipe: a static KV cache and the decode step compiled (torch.compile, mode "reduce-overhead",
+i.e. replayed from CUDA graphs), which transformers' generate() applies by itself to a static cache; its
+prefill stays eager in that recipe, so it has decode numbers only.
 Rows: load time, load + first token (llaisys maps the weights lazily, so a cold first
 token is where its page-ins show), prefill tok/s for 16- and 512-token prompts, decode
 tok/s over 64 new tokens (greedy, EOS ignored; llaisys on the CPU: median of 3 runs), peak RSS; on a
@@ -150,10 +154,26 @@ def bench_llaisys(args, vocab: int) -> dict:
         import llaisys
         model.generate(prompt(16, vocab), args.decode_tokens, eos_token_ids=())
         result["decode"] = model.last_stats.decode_tokens_per_second
+        if args.streams:
+            result.update(concurrent_decode(args, model, vocab))
         result["peak_device"] = llaisys.memory_stats(args.device)["peak_allocated_bytes"]
     else:
         result["peak_rss"] = peak_rss()
         result.update(paired_decode(args, model, vocab))
+    return result
+
+
+def concurrent_decode(args, model, vocab: int) -> dict:
+    """Aggregate tok/s of args.streams sequences decoded together (generate_batch: continuous batching, one
+    forward per step for all), and of one sequence through the same path: 16-token prompts, args.decode_tokens
+    new tokens each, greedy; each timed after a warm-up of the same batch size (which captures its graphs)."""
+    result = {}
+    for n, key in ((1, "streams_1"), (args.streams, "streams_n")):
+        prompts = [prompt(16, vocab, variant=100 + i) for i in range(n)]
+        model.generate_batch(prompts, 4, eos_token_ids=())  # warm-up
+        t = time.perf_counter()
+        outs = model.generate_batch(prompts, args.decode_tokens, eos_token_ids=())
+        result[key] = sum(len(o) - len(p) for o, p in zip(outs, prompts)) / (time.perf_counter() - t)
     return result
 
 
@@ -171,6 +191,19 @@ def profile_llaisys(args, vocab: int) -> dict:
             next(tokens)
     tokens.close()
     return {"table": prof.table(per=steps, unit="step")}
+
+
+class Clock:
+    """A generate() streamer that notes the time of each put(): the prompt, then each new token, then end()."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        self.times.append(time.perf_counter())
 
 
 def bench_hf(args, vocab: int) -> dict:
@@ -199,16 +232,6 @@ def bench_hf(args, vocab: int) -> dict:
             best = max(best, length / (time.perf_counter() - t))
         result[f"prefill_{length}"] = best
 
-    class Clock:  # generate() calls put() with the prompt, then with each new token
-        def __init__(self):
-            self.times = []
-
-        def put(self, value):
-            self.times.append(time.perf_counter())
-
-        def end(self):
-            self.times.append(time.perf_counter())
-
     clock = Clock()
     x = torch.tensor([prompt(16, vocab)], device=args.device)
     with torch.no_grad():
@@ -216,6 +239,35 @@ def bench_hf(args, vocab: int) -> dict:
                        min_new_tokens=args.decode_tokens, do_sample=False, top_k=None, top_p=None,
                        temperature=None, pad_token_id=0, streamer=clock)
     first_new, last = clock.times[1], clock.times[-1]  # [prompt, token 1, ..., token N, end]
+    result["decode"] = (args.decode_tokens - 1) / (last - first_new)
+    if args.device != "cpu":
+        result["peak_device"] = torch.cuda.max_memory_allocated()
+    return result
+
+
+def bench_hf_compiled(args, vocab: int) -> dict:
+    """Decode tok/s of HF transformers with a static KV cache and a compiled decode step (gpt-fast style): the
+    first generate() compiles and captures, the next ones are timed. On the CPU (a dry run of this code) the
+    compilation is left out."""
+    import torch
+    from transformers import AutoModelForCausalLM, CompileConfig
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).eval().to(args.device)
+    x = torch.tensor([prompt(16, vocab)], device=args.device)
+    options = dict(attention_mask=torch.ones_like(x), max_new_tokens=args.decode_tokens,
+                   min_new_tokens=args.decode_tokens, do_sample=False, top_k=None, top_p=None, temperature=None,
+                   pad_token_id=0, cache_implementation="static",
+                   compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead"),
+                   disable_compile=args.device == "cpu")
+    t = time.perf_counter()
+    with torch.no_grad():
+        model.generate(x, **options)  # compiles
+        result = {"compile_s": time.perf_counter() - t}
+        model.generate(x, **options)  # the CUDA graphs of "reduce-overhead" are recorded on later calls
+        clock = Clock()
+        model.generate(x, streamer=clock, **options)
+    first_new, last = clock.times[1], clock.times[-1]
     result["decode"] = (args.decode_tokens - 1) / (last - first_new)
     if args.device != "cpu":
         result["peak_device"] = torch.cuda.max_memory_allocated()
@@ -242,6 +294,8 @@ def worker(args) -> int:
         result = bench_llama_cpp(args)
     elif args.engine == "llaisys-profile":
         result = profile_llaisys(args, vocab)
+    elif args.engine == "hf-compile":
+        result = bench_hf_compiled(args, vocab)
     else:
         result = (bench_llaisys if args.engine == "llaisys" else bench_hf)(args, vocab)
     result.setdefault("peak_rss", peak_rss())
@@ -254,7 +308,7 @@ def worker(args) -> int:
 def run_engine(args, engine: str, *extra: str, **extra_env: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", **extra_env)
     cmd = [sys.executable, __file__, "--engine", engine, "--model", str(args.model), "--threads", str(args.threads),
-           "--decode-tokens", str(args.decode_tokens), "--device", args.device, *extra]
+           "--decode-tokens", str(args.decode_tokens), "--device", args.device, "--streams", str(args.streams), *extra]
     what = " ".join([engine, *extra, *(f"{k}={v}" for k, v in extra_env.items())])
     print(f"running {what}...", file=sys.stderr, flush=True)
     t = time.perf_counter()
@@ -264,6 +318,7 @@ def run_engine(args, engine: str, *extra: str, **extra_env: str) -> dict:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"{what} failed (exit {proc.returncode})")
     print(f"  done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+    print(f"engine {what}: {lines[-1][len('RESULT '):]}", flush=True)  # in the log even if the run is cut short
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -286,10 +341,15 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (HF on torch's cuda:0, llaisys on cuda:0)")
     ap.add_argument("--profile", action="store_true", help="also print the ops of one eager decode step")
+    ap.add_argument("--profile-int8", action="store_true", help="and those of one with int8 weights")
+    ap.add_argument("--streams", type=int, default=16,
+                    help="on a GPU, also decode this many sequences at once (generate_batch) against one (0: no)")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="on a GPU, leave out the HF column with a static cache and a compiled decode step")
     ap.add_argument("--llama-bench", help="a llama-bench binary: adds a column per --gguf file")
     ap.add_argument("--gguf", action="append", default=[], metavar="LABEL=FILE",
                     help="a GGUF file of the same model for llama-bench, e.g. bf16=model-bf16.gguf (repeatable)")
-    ap.add_argument("--engine", choices=["hf", "llaisys", "llaisys-profile", "bandwidth", "llama.cpp"],
+    ap.add_argument("--engine", choices=["hf", "hf-compile", "llaisys", "llaisys-profile", "bandwidth", "llama.cpp"],
                     help=argparse.SUPPRESS)
     ap.add_argument("--quantize", help=argparse.SUPPRESS)
     ap.add_argument("--gguf-file", help=argparse.SUPPRESS)
@@ -314,6 +374,11 @@ def main(argv=None) -> int:
         columns["int8"] = run_engine(args, "llaisys", "--quantize", "int8")
     if int4_available(args.device):
         columns["int4"] = run_engine(args, "llaisys", "--quantize", "int4")
+    if args.device != "cpu" and not args.no_compile:
+        try:  # torch.compile is the part of a run most likely to break with a new torch: the table goes on
+            columns["HF static+compile"] = run_engine(args, "hf-compile")
+        except SystemExit as e:
+            print(f"HF static+compile: {e}", file=sys.stderr)
     for spec in args.gguf if args.llama_bench else ():
         label, _, file = spec.partition("=")
         columns[f"llama.cpp {label}"] = bandwidth_around(
@@ -321,8 +386,8 @@ def main(argv=None) -> int:
     profiles = {}
     if args.profile:
         profiles["bf16"] = run_engine(args, "llaisys-profile", LLAISYS_GRAPHS="0")["table"]
-        if int8:
-            profiles["int8"] = run_engine(args, "llaisys-profile", "--quantize", "int8", LLAISYS_GRAPHS="0")["table"]
+    if args.profile_int8 and int8:
+        profiles["int8"] = run_engine(args, "llaisys-profile", "--quantize", "int8", LLAISYS_GRAPHS="0")["table"]
 
     gib = 1 << 30
     rows = [  # label, key, format
@@ -331,7 +396,10 @@ def main(argv=None) -> int:
         ("prefill 16 (tok/s)", "prefill_16", "{:.1f}"),
         ("prefill 512 (tok/s)", "prefill_512", "{:.1f}"),
         (f"decode {args.decode_tokens} (tok/s)", "decode", "{:.2f}"),
+        ("1 stream, batch path (tok/s)", "streams_1", "{:.1f}"),
+        (f"{args.streams} streams, aggregate (tok/s)", "streams_n", "{:.1f}"),
         ("peak RSS (GiB)", "peak_rss", "{:.2f}"),
+        ("compile + capture (s)", "compile_s", "{:.1f}"),
     ]
     if args.device != "cpu":
         rows[5] = ("peak device memory (GiB)", "peak_device", "{:.2f}")
@@ -353,6 +421,10 @@ def main(argv=None) -> int:
     print("(x): ratio to HF transformers. llaisys: decode steps replayed from captured graphs where the backend has "
           "them; eager: LLAISYS_GRAPHS=0; int8 / int4: quantize='int8' / 'int4'")
     print(f"llaisys peak RSS / checkpoint bytes: {columns['llaisys']['peak_rss'] / weights:.2f}")
+    for name, result in columns.items():
+        if "streams_n" in result:
+            print(f"{name}: {args.streams} streams decode {result['streams_n'] / result['streams_1']:.2f}x the "
+                  f"aggregate tok/s of one stream (the same batch path)")
     if args.device == "cpu":
         per_token = decode_weight_bytes(args.model)
         print(f"\ndecode against the bandwidth bound: bound tok/s = streaming read (torch summing 1 GiB, "

@@ -35,3 +35,24 @@ def pytest_configure(config):
 
     for name in RUNNER_SETTINGS:
         os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """``ray_cluster.SHARED``: ``.start()`` gives the two-node Ray cluster on 127.0.0.1, this process its driver
+    (started once for a run of modules that use it; stopped after the last of them: below)."""
+    from ray_cluster import SHARED
+
+    yield SHARED
+    SHARED.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # (after the item's fixtures are torn down: at a module's end, its module-scoped ones too)
+    from ray_cluster import SHARED
+
+    next_module = getattr(nextitem, "module", None)
+    if SHARED.cluster is not None and (nextitem is None or (next_module is not getattr(item, "module", None)
+                                                            and "ray_cluster" not in nextitem.fixturenames)):
+        SHARED.stop()

@@ -27,6 +27,32 @@
 #include <cuda_runtime.h>
 #endif
 
+// Tensor cores through CUDA C++'s WMMA API (nvcuda::wmma: load_matrix_sync / mma_sync / store_matrix_sync on
+// 16 x 16 x 16 fragments, f16 and bf16 in, f32 accumulate; sm_80 and newer). LLAISYS_HAS_WMMA is 1 where the
+// build offers it: NVIDIA (nvcc, clang) and host execution, whose header emulates the API. CoreX's mma.h
+// (crt/iluvatar_mma.hpp, as public copies of its 3.x / 4.4 SDK headers show) has an nvcuda::wmma namespace
+// too, but not this API: other shapes (f16 16x16x32, 32x32x16, ...; int8; no bf16 at all), fragments over
+// 64 lanes, and loads / stores that ignore ldm and read a swizzled tile layout of their own, so kernels
+// written to CUDA's contract would compute garbage there. The CoreX build therefore keeps the portable SIMT
+// kernels (linear.cu chooses); a CoreX tensor-core path would be a kernel of its own, checked on CoreX.
+#if !defined(LLAISYS_COREX_CONFIG)
+#define LLAISYS_HAS_WMMA 1
+#if !defined(LLAISYS_HOST_EXEC)
+#include <mma.h>
+#endif
+#else
+#define LLAISYS_HAS_WMMA 0
+#endif
+
+// __dp4a (four int8 products added to an int32, exact): an NVIDIA intrinsic from sm_61 on. CoreX's clang is
+// not known to offer it, so the CoreX build (and host execution at warp 64) takes the portable byte loop,
+// which gives the same exact integer.
+#if !defined(LLAISYS_COREX_CONFIG)
+#define LLAISYS_HAS_DP4A 1
+#else
+#define LLAISYS_HAS_DP4A 0
+#endif
+
 #include <cstdint>
 #include <type_traits>
 

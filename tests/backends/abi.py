@@ -29,7 +29,7 @@ class LibrarySpec:
 
 
 # One line per native backend package (a new backend adds its own).
-GPU_MISSING_OPS = ("linear_i8", "moe_linear_i8")  # int8 blocks have a CPU kernel only (so far)
+GPU_MISSING_OPS = ("moe_linear_i8",)  # int8 experts have a CPU kernel only (so far)
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu"),
     LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", missing_ops=GPU_MISSING_OPS),

@@ -113,9 +113,9 @@ def _op_args(buffers, op, dtype, numerics):
         "argmax": lambda: (dtype, 8, index, f(1), f(8)),
         "embedding": lambda: (dtype, 2, 4, 3, f(2, 4), index, f(3, 4)),
         "linear": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), f(3, 4), None),
-        # weight int8 [3, 4], scales bf16 [1, 3] (as raw 16-bit words)
-        "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((3, 4), np.int8)),
-                              buffers.upload(np.full((1, 3), 0x3f80, np.uint16)), None),
+        # N = 3, K = 4 in the block layout: weight int8 [1, 1, 8, 16, 4], scales bf16 [1, 1, 16] (raw 16-bit words)
+        "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((1, 1, 8, 16, 4), np.int8)),
+                              buffers.upload(np.full((1, 1, 16), 0x3f80, np.uint16)), None),
         # q4_0 blocks of a [3, 32] matrix: weight uint8 [1, 1, 256], scales uint8 [1, 1, 32] (f16 1.0 = 0x3c00)
         "linear_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 3, 32, f(2, 3), f(2, 32), q4_0_blocks()[0],
                              q4_0_blocks()[1], None),

@@ -209,7 +209,7 @@ def test_served(split, loaded_models, tiny_models):
 def test_a_dead_or_hung_rank_ends_the_group(tiny_models, monkeypatch, how):
     monkeypatch.setenv("LLAISYS_DIST_TIMEOUT", "2")  # (rank 0's and the started rank's)
     model = llaisys_models.load(tiny_models.path("f32_gqa2_hd32"), device="cpu", tensor_parallel=2)
-    process = model.followers.launcher.processes[1]
+    process = model.followers.ranks.launcher.processes[1]
     ids = prompt("f32_gqa2_hd32", 13, 384)
     model.generate(ids, 4)
     os.kill(process.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
@@ -323,6 +323,30 @@ def test_vocabulary_rows_padded_and_gathered():
     logits = gather_vocab(local, 7, TwoRanks()).numpy()
     want = np.concatenate([local.numpy(), local.numpy() + 100], axis=1)[:, :7]
     np.testing.assert_array_equal(logits, want)
+
+
+def test_cpu_ranks_on_another_host_are_refused():
+    """Ranks on the CPU meet in one host's shared memory: two Ray nodes of one host may hold them, two hosts may
+    not (the placement check of ray_ranks.py, on the places its actors report)."""
+    from llaisys_models.tensor_parallel.hosts import Place, check_one_host, host_key
+
+    here = host_key()
+    assert here == host_key() and "/shm:" in here  # (Linux: boot id, /dev/shm, pid namespace)
+    two_raylets = {0: Place("a" * 56, "127.0.0.1", here, 10), 1: Place("b" * 56, "127.0.0.1", here, 11)}
+    check_one_host(two_raylets)
+    two_hosts = {**two_raylets, 2: Place("c" * 56, "10.0.0.7", "another-boot/shm:30/pid:1", 12)}
+    with pytest.raises(llaisys.LlaisysError, match=r"rank 2 was placed on Ray node cccccccc \(10\.0\.0\.7\), another "
+                                                   r"host than rank 0's \(aaaaaaaa, 127\.0\.0\.1\)") as refused:
+        check_one_host(two_hosts)
+    assert "\n" not in str(refused.value) and "GPUs" in str(refused.value)
+
+
+def test_distributed_executor_values(tiny_models):
+    path = tiny_models.path("f32_gqa2_hd32")
+    with pytest.raises(llaisys_models.ModelLoadError, match="distributed_executor must be one of 'local', 'ray'"):
+        llaisys_models.load(path, device="cpu", tensor_parallel=2, distributed_executor="mpi")
+    with pytest.raises(llaisys_models.ModelLoadError, match="give tensor_parallel=N"):
+        llaisys_models.load(path, device="cpu", distributed_executor="ray")
 
 
 def test_a_model_that_does_not_split_is_refused(tiny_models):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
@@ -18,6 +19,43 @@ from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, to_torch
 
 VOCAB = 151936
 LOGITS8 = [1.0, 2.0, 0.5, -1.0, 3.0, 0.0, 2.5, -0.5]
+
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def reference_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    """The token the contract draws (backend.h, sample; the CPU kernel's comment): float64 sums of f32 probabilities,
+    candidates by logit descending (lower index first among equals; index order when every token stays)."""
+    v = logits.to(torch.float32)
+    n = v.numel()
+    if temperature < np.finfo(np.float32).tiny or top_k == 1:
+        return int(torch.argmax(v))
+    if (v == float("inf")).any():
+        v = torch.where(v == float("inf"), 0.0, float("-inf"))
+    top = float(v.max())
+    probs = torch.exp((v - top) / np.float32(temperature)).double()  # f32 exp, as the kernels
+    k = n if top_k <= 0 or top_k >= n else top_k
+    if k == n and top_p >= 1.0:
+        order = list(range(n))
+    else:
+        order = sorted(range(n), key=lambda i: (-float(v[i]), i))[:k]
+    p = probs[order]
+    kept = len(order)
+    if top_p < 1.0:
+        cum = torch.cumsum(p, 0)
+        kept = int(torch.searchsorted(cum, top_p * float(p.sum()))) + 1
+    p = p[:kept]
+    u = (splitmix64(seed ^ splitmix64(0)) >> 11) * 2.0 ** -53
+    cum = torch.cumsum(p, 0)
+    return order[min(int(torch.searchsorted(cum, u * float(cum[-1]), right=True)), kept - 1)]
 
 
 def draw(logits, **kw) -> int:
@@ -169,6 +207,20 @@ def test_sample_is_deterministic_per_seed(device, dtype):
         again = [draw(logits, seed=s, **kw) for s in range(8)]
         assert first == again, kw
         assert len(set(first)) > 1, f"8 seeds gave one token {first} ({kw})"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_sample_a_seed_picks_the_documented_token(device, dtype):
+    """A seed repeats exactly on every device: each backend draws the token the contract defines (here a
+    float64 reading of it), for every kind of draw, top-k alone included (candidates by logit, not in the
+    order a heap or a selection left them)."""
+    g = torch.Generator().manual_seed(3)
+    values = (torch.randn(2500, generator=g) * 2).to(TORCH_DTYPES[dtype])
+    logits = from_torch(values, device)
+    for t, k, p in [(1.0, 0, 1.0), (0.7, 40, 1.0), (1.1, 1500, 1.0), (0.8, 0, 0.9), (1.0, 50, 0.95)]:
+        got = [draw(logits, temperature=t, top_k=k, top_p=p, seed=s) for s in range(5)]
+        want = [reference_token(values, t, k, p, s) for s in range(5)]
+        assert got == want, f"T={t} k={k} p={p}"
 
 
 def test_sample_different_seeds_differ(device):

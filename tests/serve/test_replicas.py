@@ -8,7 +8,8 @@
 - every replica's engine metrics reach Ray's Prometheus export; a client that hangs up cancels its request there;
 - killing a replica's process loses no request that had not started streaming, and Ray starts a new replica.
 
-The cluster is started once for the module: small object stores, no dashboard, one CPU per node.
+The cluster (tests/ray_cluster.py: small object stores, no dashboard, one CPU per node) is shared with the
+other modules that need one.
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ import contextlib
 import importlib.util
 import os
 import re
-import shutil
 import signal
 import socket
-import tempfile
 import threading
 import urllib.request
-from pathlib import Path
 
 import pytest
+from ray_cluster import LOOPBACK, processes_titled
 from serve_helpers import CHAT_MODEL, TIMEOUT, http_request, require_serving, user, wait_until
 
 require_serving()
@@ -36,54 +35,16 @@ import openai  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a minute of CPU: a Ray cluster and its Serve application start
 
-LOOPBACK = "127.0.0.1"
 KEYS = ("key-of-tenant-a", "key-of-tenant-b")
 ORIGIN = "https://app.example"
-RAY_ENVIRON = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # a node on 127.0.0.1 stays there (else Ray takes the outward address)
-    "RAY_USAGE_STATS_ENABLED": "0",  # no report to Ray's servers
-}
 QUIET = {"log_level": "WARNING", "enable_access_log": False}
 REPLICA_PROCESS = b"ray::ServeReplica:llaisys:LlaisysReplica"  # a replica's process title
 
 
-@contextlib.contextmanager
-def environ(values: dict):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 @pytest.fixture(scope="module")
-def cluster():
-    """Two Ray nodes on 127.0.0.1, one CPU each (so one replica each)."""
-    # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: nox's TMPDIR (deep in the
-    # checkout) is too long for them, so the cluster gets a short one of its own.
-    ray_temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    with environ({**RAY_ENVIRON, "RAY_TMPDIR": ray_temp_dir}):  # read by the Ray processes this starts
-        import ray
-        from ray.cluster_utils import Cluster
-
-        node = {"num_cpus": 1, "object_store_memory": 80 << 20, "node_ip_address": LOOPBACK}
-        cluster = Cluster(initialize_head=True, head_node_args={
-            **node, "include_dashboard": False, "no_monitor": True,  # (no autoscaler: a fixed cluster)
-            "_system_config": {"metrics_report_interval_ms": 500}})
-        try:
-            cluster.add_node(**node)
-            ray.init(address=cluster.address, logging_level="WARNING")
-            cluster.wait_for_nodes()
-            yield cluster
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
-            shutil.rmtree(ray_temp_dir, ignore_errors=True)
+def cluster(ray_cluster):
+    """Two Ray nodes on 127.0.0.1, one CPU each (so one replica each): tests/ray_cluster.py."""
+    return ray_cluster.start()
 
 
 class Replicas:
@@ -109,7 +70,8 @@ def replicas(cluster, chat_model_dir, tmp_path_factory):
                      "max-running": "8", "kv-memory": "64MiB", "port": str(port), "api-key-file": str(key_file),
                      "cors-origin": ORIGIN})
     serve.run(app, name=APP_NAME, route_prefix="/", logging_config=QUIET)
-    yield Replicas(port)  # (the cluster's end stops Serve with it)
+    yield Replicas(port)
+    serve.shutdown()  # (the cluster's cores are free for the next module that uses it)
 
 
 def free_port() -> int:
@@ -276,24 +238,12 @@ def test_a_client_that_hangs_up_cancels_its_request_on_the_replica(replicas):
 
 # -- a replica killed ------------------------------------------------------------------------------------------
 
-def replica_processes(cluster) -> list[int]:
-    """The process ids of the replicas of this cluster (the children of its nodes' raylets)."""
-    raylets = {info.process.pid for node in cluster.list_all_nodes() for info in node.all_processes["raylet"]}
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        with contextlib.suppress(OSError):
-            parent = int(re.search(r"^PPid:\s*(\d+)", status.read_text(), re.M)[1])
-            if parent in raylets and (status.parent / "cmdline").read_bytes().startswith(REPLICA_PROCESS):
-                found.append(int(status.parent.name))
-    return found
-
-
 def test_a_killed_replica_loses_no_waiting_request_and_is_replaced(replicas, cluster, first_turns, chat_server):
     from ray import serve
 
     from llaisys_models.serve.replicas.deployments import APP_NAME, REPLICA
 
-    victims = replica_processes(cluster)
+    victims = processes_titled(cluster, REPLICA_PROCESS)
     assert len(victims) == 2, victims
     requests = [{"model": CHAT_MODEL, "messages": user(f"Long story {i}"), "max_tokens": 120, "temperature": 0}
                 for i in range(8)]
@@ -334,15 +284,21 @@ def test_a_killed_replica_loses_no_waiting_request_and_is_replaced(replicas, clu
 
 
 def test_a_replica_whose_engine_stopped_fails_its_health_check():
-    """Ray Serve calls check_health every period and replaces a replica it fails for (as one whose process died)."""
+    """Ray Serve calls check_health every period and replaces a replica it fails for (as one whose process died):
+    a stopped engine, or a tensor-parallel replica whose group failed."""
     from types import SimpleNamespace
 
     from llaisys_models.serve.replicas.deployments import LlaisysReplica
 
-    def replica(alive: bool, error: str | None):
-        return SimpleNamespace(server=SimpleNamespace(engine=SimpleNamespace(alive=alive, error=error)))
+    def replica(alive: bool, error: str | None, followers=None):
+        model = SimpleNamespace(followers=followers)  # (followers: a tensor-parallel model's other ranks)
+        return SimpleNamespace(server=SimpleNamespace(engine=SimpleNamespace(alive=alive, error=error, model=model)))
 
     LlaisysReplica.check_health(replica(True, None))
+    LlaisysReplica.check_health(replica(True, None, SimpleNamespace(failure=None)))
+    with pytest.raises(RuntimeError, match="rank 1 .* died"):  # a rank died while the engine was idle
+        LlaisysReplica.check_health(replica(True, None, SimpleNamespace(failure="tensor-parallel group of 2 ranks "
+                                                                                  "closed: rank 1 (a Ray actor) died")))
     with pytest.raises(RuntimeError, match="the engine stopped: MemoryError"):
         LlaisysReplica.check_health(replica(False, "the engine stopped: MemoryError"))
     with pytest.raises(RuntimeError, match="the engine is not running"):

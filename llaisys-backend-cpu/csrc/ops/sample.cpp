@@ -311,8 +311,8 @@ int64_t sample_token(int dtype, int64_t n, const void* logits, double temperatur
     const double u = uniform(seed, 0);
     const int64_t k = (top_k <= 0 || top_k >= n) ? n : top_k;
 
-    if (k < n) {  // top-k candidates (sorted best first when top_p needs the order)
-        top_k_candidates(v, n, k, top_p < 1.0, ws);
+    if (k < n) {  // top-k candidates, sorted best first: the draw walks them in that order (the contract)
+        top_k_candidates(v, n, k, true, ws);
         const double total = candidate_probs(v, max, t, ws);
         const float* p = ws.cand_probs.data();
         int64_t kept = k;

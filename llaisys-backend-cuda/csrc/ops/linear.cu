@@ -1,23 +1,34 @@
 // linear: out [M, N] = x [M, K] @ weight [N, K]^T + bias [N], f32 accumulation, one rounding.
 //
 // Batch invariant (the serving contract: a request's output does not depend on its batch): every output
-// out[m, n] is computed by the same arithmetic whatever M is and wherever row m sits. K is cut into
-// chunks of kChunk elements; lane j of a warp owns chunks j, j + WARP_SIZE, j + 2 * WARP_SIZE, ... and
-// keeps one f32 FMA chain over its chunks in order (k ascending inside a chunk); the lanes' sums are added
-// by warp_sum's fixed butterfly, then the bias, then one rounding. A warp computes a tile of MR rows x NR
-// columns, chosen by M: the tile decides which outputs share the loads, never how one is summed.
+// out[m, n] is computed by the same arithmetic whatever M is and wherever row m sits.
+//  * f16 / bf16 on NVIDIA (sm_80+ code): tensor cores, linear_tc.cuh, whose reduction (16-wide k-tiles, at most
+//    8 slices of K, each a chain of mma_sync, added in slice order) depends on K alone, for every M: decode
+//    and prefill share it, so a row's bits never depend on the batch.
+//  * f32, and every dtype on CoreX (whose WMMA is another API, compat.h) or where LLAISYS_CUDA_LINEAR_SIMT=1:
+//    the SIMT kernel below. K is cut into chunks of kChunk elements; lane j of a warp owns chunks j,
+//    j + WARP_SIZE, j + 2 * WARP_SIZE, ... and keeps one f32 FMA chain over its chunks in order (k ascending
+//    inside a chunk); the lanes' sums are added by warp_sum's fixed butterfly, then the bias, then one
+//    rounding. A warp computes a tile of MR rows x NR columns, chosen by M: the tile decides which outputs
+//    share the loads, never how one is summed.
+// The two are different arithmetics: which one a process uses is fixed when it starts (dtype, device build,
+// LLAISYS_CUDA_LINEAR_SIMT read once), never by M.
 //
 // cuBLAS picks its kernel (tiling, split-K) by shape, so its rows can change in the last bits with M
 // (seen on an H200). It is used only where LLAISYS_CUDA_LINEAR_CUBLAS_ROWS=R is set, for calls with at
-// least R rows (long prompts: tensor cores, no batch invariance). Row-major out is column-major
+// least R rows (long prompts: no batch invariance). Row-major out is column-major
 // out^T = weight @ x^T; with a bias, a small kernel first fills out with it and the GEMM adds (beta = 1).
 #include <climits>
+#include <mutex>
+#include <type_traits>
+#include <vector>
 
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
 #include "../common/reduce.cuh"
 #include "linear.cuh"
+#include "linear_tc.cuh"
 
 namespace llaisys::cuda {
 namespace {
@@ -107,8 +118,26 @@ int64_t cublas_rows() {
     return rows;
 }
 
+
 }  // namespace
 }  // namespace llaisys::cuda
+
+#if LLAISYS_HAS_WMMA
+namespace llaisys::cuda::tc {
+
+bool enabled(int device) {
+    static const bool simt = env_positive("LLAISYS_CUDA_LINEAR_SIMT") > 0;
+    static std::mutex mutex;
+    static std::vector<signed char> known;  // per device: -1 not asked yet, 0 no, 1 yes
+    if (simt) return false;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (size_t(device) >= known.size()) known.resize(size_t(device) + 1, -1);
+    if (known[size_t(device)] < 0) known[size_t(device)] = available<bf16>() && available<f16>();
+    return known[size_t(device)] > 0;
+}
+
+}  // namespace llaisys::cuda::tc
+#endif
 
 int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N, int64_t K, void* out, const void* x,
                        const void* weight, const void* bias) {
@@ -120,6 +149,10 @@ int LLAISYS_FN(linear)(int device, void* stream, int dtype, int64_t M, int64_t N
             using T = decltype(tag);
             if (K > 0 && cublas_rows() > 0 && M >= cublas_rows())
                 return linear_cublas<T>(s, M, N, K, out, x, weight, bias);
+#if LLAISYS_HAS_WMMA
+            if constexpr (!std::is_same_v<T, float>)
+                if (K > 0 && tc::enabled(device)) return tc::launch<T>(s, M, N, K, out, x, weight, bias);
+#endif
             if (M == 1) return launch_rows<T, 1, 2>(s, M, N, K, out, x, weight, bias);  // decode: weight-bound
             if (M == 2) return launch_rows<T, 2, 2>(s, M, N, K, out, x, weight, bias);
             if (M <= 4) return launch_rows<T, 4, 2>(s, M, N, K, out, x, weight, bias);

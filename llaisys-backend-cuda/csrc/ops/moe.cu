@@ -3,18 +3,23 @@
 //
 // moe_router: a thread per row. The top k in the order (logit descending, expert id ascending; NaN last):
 // pick j is the best logit strictly after pick j - 1 in that order (k passes over the row, no arrays).
-// moe_linear: a warp per (expert, tile of kNR weight rows); it walks the (row, slot) pairs in order, takes
-// those that chose its expert kMR at a time, and computes their tile with linear's warp_dot_tile (linear.cuh:
-// the same sums as linear, whatever the batch). An expert no row chose costs one scan of the ids and no
-// weight read; a chosen one is read once per kMR rows that chose it (from L2 after the first).
+// moe_linear: a warp per (expert, tile of weight rows); it walks the (row, slot) pairs in order, takes those
+// that chose its expert a tile at a time, and computes their tile with linear's own arithmetic, so that each
+// output is the bits linear gives for that row and expert alone, whatever the batch: in f16 / bf16 where
+// linear runs on tensor cores (tc::enabled), tc::warp_slices over all of linear's slices in order (linear_tc.cuh;
+// 16 rows x 16 weight rows), else linear's SIMT tile warp_dot_tile (linear.cuh; kMR x kNR). An expert no row
+// chose costs one scan of the ids and no weight read; a chosen one is read once per tile of rows that chose it
+// (from L2 after the first).
 // moe_combine: a thread per output, fmaf over the k slots in order.
 #include <cmath>
+#include <type_traits>
 
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
 #include "../common/reduce.cuh"
 #include "linear.cuh"
+#include "linear_tc.cuh"
 
 namespace llaisys::cuda {
 namespace {
@@ -109,6 +114,52 @@ __global__ void __launch_bounds__(kMoeThreads) moe_linear_kernel(int64_t pairs, 
     }
 }
 
+#if LLAISYS_HAS_WMMA
+// moe_linear_kernel on tensor cores: the tile is 16 (row, slot) pairs x 16 weight rows, each output summed as
+// linear sums it (all slices in order in this warp, each slice a chain of mma_sync), then rounded once.
+template <class T>
+__global__ void __launch_bounds__(kMoeThreads) moe_linear_tc_kernel(int64_t pairs, int64_t k, int64_t E, int64_t N,
+                                                                    int64_t K, bool x_per_slot, T* out, const T* x,
+                                                                    const T* weight, const int64_t* experts) {
+    __shared__ tc::WarpStage stages[kMoeThreads / WARP_SIZE];
+    tc::WarpStage& stage = stages[warp_id()];
+    const int64_t warps_per_block = blockDim.x / WARP_SIZE;
+    const int64_t col_tiles = (N + tc::kTile - 1) / tc::kTile, tiles = E * col_tiles;
+    const tc::Slices sl = tc::slices_of(K);
+    for (int64_t tile = int64_t(blockIdx.x) * warps_per_block + warp_id(); tile < tiles;
+         tile += int64_t(gridDim.x) * warps_per_block) {
+        const int64_t e = tile / col_tiles, n0 = tile % col_tiles * tc::kTile;
+        const T* wr[tc::kTile];
+#pragma unroll
+        for (int j = 0; j < tc::kTile; ++j) wr[j] = n0 + j < N ? weight + (e * N + n0 + j) * K : nullptr;
+        for (int64_t r = 0; r < pairs;) {
+            int64_t rows[tc::kTile];  // the next pairs that chose e (every lane reads the same ids)
+            int count = 0;
+            for (; r < pairs && count < tc::kTile; ++r)
+                if (experts[r] == e) rows[count++] = r;
+            if (count == 0) break;
+            const T* xr[tc::kTile];
+#pragma unroll
+            for (int i = 0; i < tc::kTile; ++i)
+                xr[i] = i < count ? x + (x_per_slot ? rows[i] : rows[i] / k) * K : nullptr;
+            tc::Accumulator total;
+            nvcuda::wmma::fill_fragment(total, 0.0f);
+            tc::warp_slices(xr, wr, K, stage, 0, sl.count, [&](int64_t, const tc::Accumulator& acc) {
+                for (int i = 0; i < acc.num_elements; ++i) total.x[i] += acc.x[i];
+            });
+            float* sums = reinterpret_cast<float*>(&stage);  // [16][16], the stage is free after the slices
+            nvcuda::wmma::store_matrix_sync(sums, total, tc::kTile, nvcuda::wmma::mem_row_major);
+            __syncwarp();
+            for (int idx = lane_id(); idx < tc::kTile * tc::kTile; idx += WARP_SIZE) {
+                const int i = idx / tc::kTile, j = idx % tc::kTile;
+                if (i < count && n0 + j < N) out[rows[i] * N + n0 + j] = from_float<T>(sums[idx]);
+            }
+            __syncwarp();  // read before the next tile stages over it
+        }
+    }
+}
+#endif
+
 // Reports the first pair whose expert id is outside [0, E) (its output row is left unwritten).
 __global__ void moe_check_ids_kernel(int64_t pairs, int64_t k, int64_t E, const int64_t* experts,
                                      KernelErrorRecord* error) {
@@ -165,6 +216,18 @@ int LLAISYS_FN(moe_linear)(int device, void* stream, int dtype, int64_t M, int64
         if (N <= 0) return;
         dispatch_float(dtype, [&](auto tag) {
             using T = decltype(tag);
+#if LLAISYS_HAS_WMMA
+            if constexpr (!std::is_same_v<T, float>) {
+                if (tc::enabled(device)) {  // linear's tensor-core arithmetic (linear.cu makes the same choice)
+                    auto kernel = &moe_linear_tc_kernel<T>;
+                    const int64_t tiles = E * ((N + tc::kTile - 1) / tc::kTile);
+                    const unsigned blocks = blocks_for(tiles, kMoeThreads / WARP_SIZE, sms * 64);
+                    LLAISYS_LAUNCH(kernel, blocks, kMoeThreads, 0, s.stream, pairs, k, E, N, K, x_per_slot != 0,
+                                   static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(weight), ids);
+                    return;
+                }
+            }
+#endif
             auto kernel = &moe_linear_kernel<T>;
             const int64_t tiles = E * ((N + kNR - 1) / kNR);
             const unsigned blocks = blocks_for(tiles, kMoeThreads / WARP_SIZE, sms * 64);

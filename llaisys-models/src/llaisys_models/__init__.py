@@ -39,7 +39,7 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
          numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
-         tensor_parallel: int | None = None) -> CausalLM:
+         tensor_parallel: int | None = None, distributed_executor: str | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.registry``).
 
@@ -61,9 +61,14 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     cuda:N-1; the CPU: N processes sharing its cores), this process rank 0: the returned model runs the
     engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them. (A split
     GGUF file's quantized matrices are decoded: each rank's part is cut from the decoded rows.)
+    ``distributed_executor`` "local" (default) starts those ranks as processes of this host; "ray" as Ray actors
+    in a placement group, one bundle per rank, on any node of the Ray cluster this process is in (or RAY_ADDRESS
+    names, else one started here): GPUs anywhere, CPU ranks on rank 0's host (their collectives are shared
+    memory) (``llaisys_models.tensor_parallel.ray_ranks``; the ``ray`` extra).
     """
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
-                        dequantize=dequantize, tensor_parallel=tensor_parallel)
+                        dequantize=dequantize, tensor_parallel=tensor_parallel,
+                        distributed_executor=distributed_executor)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

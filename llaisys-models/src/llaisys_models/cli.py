@@ -55,6 +55,20 @@ def add_tensor_parallel_argument(parser) -> None:
     parser.add_argument("--tensor-parallel", type=_count, default=1, metavar="N",
                         help="split the model over N ranks, one process per device (--device cuda: cuda:0 .. "
                              "cuda:N-1; the CPU: N processes sharing its cores) (default 1)")
+    parser.add_argument("--distributed-executor", choices=["local", "ray"], default=None,
+                        help="who starts the ranks of --tensor-parallel: 'local', processes of this host (default), "
+                             "or 'ray', actors of a Ray cluster (the 'ray' extra; the one RAY_ADDRESS names, else "
+                             "one started here) in a placement group of one bundle per rank: GPU ranks on any node, "
+                             "CPU ranks on this host (their collectives are shared memory)")
+
+
+def tensor_parallel_options(args) -> dict:
+    """``load``'s tensor-parallel arguments from the flags (a LlaisysValueError names a wrong one)."""
+    from llaisys import LlaisysValueError
+
+    if args.distributed_executor == "ray" and args.tensor_parallel <= 1:
+        raise LlaisysValueError("--distributed-executor ray places the ranks of --tensor-parallel N: give N > 1")
+    return {"tensor_parallel": args.tensor_parallel, "distributed_executor": args.distributed_executor}
 
 
 def split_cpu_threads(ranks: int) -> None:
@@ -144,14 +158,16 @@ def _load(args):
     _quiet_transformers()
     path = model_dir(args)
     t0 = time.perf_counter()
+    parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize, tensor_parallel=args.tensor_parallel)
+                 dequantize=args.dequantize, **parallel)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
     weights = f" with {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     if args.tensor_parallel > 1:
-        weights += f", split over {args.tensor_parallel} ranks"
+        weights += f", split over {args.tensor_parallel} ranks" + (" on Ray" if args.distributed_executor == "ray"
+                                                                     else "")
     print(f"loaded {path} on {model.device} as {model.dtype.name}{weights} (numerics {model.numerics}) in "
           f"{elapsed:.2f}s", file=sys.stderr)
     return model, tokenizer, elapsed

@@ -31,19 +31,25 @@ MOE_KERNELS = ("moe_router", "moe_linear", "moe_combine")  # ... and a mixture-o
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
          numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
-         tensor_parallel: int | None = None, layout=None, group=None):
+         tensor_parallel: int | None = None, distributed_executor: str | None = None, layout=None, group=None):
     """The model in the HuggingFace directory (or GGUF file, or Hub id: hub.py) ``path``, its class picked by
     the architecture its config names (registry.py). See ``llaisys_models.load`` for the options.
 
     ``layout`` and ``group`` (tensor_parallel/): load only this rank's part of the weights, its collectives
-    through ``group``; ``tensor_parallel`` > 1 starts a group (tensor_parallel/launch.py) and returns rank 0's
-    model."""
+    through ``group``; ``tensor_parallel`` > 1 starts a group (tensor_parallel/launch.py), its ranks processes
+    of this host or (``distributed_executor="ray"``) Ray actors, and returns rank 0's model."""
     from .hub import resolve
     from .registry import MODEL_CLASSES
 
     if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int)
                                         or tensor_parallel < 1):
         raise ModelLoadError(f"tensor_parallel must be a number of ranks >= 1, got {tensor_parallel!r}")
+    if distributed_executor is not None:
+        from .tensor_parallel.launch import check_executor
+
+        if check_executor(distributed_executor) == "ray" and tensor_parallel in (None, 1):
+            raise ModelLoadError("distributed_executor='ray' places tensor-parallel ranks: give tensor_parallel=N "
+                                 "(N > 1)")
     if layout is None and tensor_parallel not in (None, 1):
         from .tensor_parallel.launch import load_parallel
 
@@ -51,7 +57,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
             raise ModelLoadError("tensor_parallel needs the checkpoint mapped (each rank reads its part from the "
                                  "mapping): leave mmap unset")
         return load_parallel(path, tensor_parallel, device, dtype, progress=progress, numerics=numerics,
-                             quantize=quantize)
+                             quantize=quantize, distributed_executor=distributed_executor)
     path = resolve(path)  # a Hub id ("org/name") -> its copy in the Hub cache (downloaded when missing)
     if is_gguf(path):
         from . import gguf

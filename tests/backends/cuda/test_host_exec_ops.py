@@ -19,6 +19,7 @@ from ops.test_numerics_hf import hf_rope
 from ops.test_penalize_logits import entries
 from ops.test_penalize_logits import reference as penalty_reference
 from ops.test_rope import hf_angles, rotate
+from ops.test_sample import reference_token
 from ops.test_self_attention import reference as attention_reference
 
 import llaisys
@@ -505,42 +506,6 @@ def test_paged_kv_write(dev, dtype):
 
 # ---- sample ----------------------------------------------------------------------------------------------
 
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def reference_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int) -> int:
-    """The documented semantics (llaisys-backend-cpu csrc/ops/sample.cpp), in float64 with f32 probabilities."""
-    v = logits.to(torch.float32)
-    n = v.numel()
-    if temperature < np.finfo(np.float32).tiny or top_k == 1:
-        return int(torch.argmax(v))
-    if (v == float("inf")).any():
-        v = torch.where(v == float("inf"), 0.0, float("-inf"))
-    top = float(v.max())
-    probs = torch.exp((v - top) / np.float32(temperature)).double()  # f32 exp, as the kernels
-    k = n if top_k <= 0 or top_k >= n else top_k
-    if k == n and top_p >= 1.0:
-        order = list(range(n))
-    else:
-        order = sorted(range(n), key=lambda i: (-float(v[i]), i))[:k]
-    p = probs[order]
-    kept = len(order)
-    if top_p < 1.0:
-        cum = torch.cumsum(p, 0)
-        kept = int(torch.searchsorted(cum, top_p * float(p.sum()))) + 1
-    p = p[:kept]
-    u = (splitmix64(seed ^ splitmix64(0)) >> 11) * 2.0 ** -53
-    cum = torch.cumsum(p, 0)
-    return order[min(int(torch.searchsorted(cum, u * float(cum[-1]), right=True)), kept - 1)]
-
-
 def draw(dev, logits_dev, dtype, n, temperature, top_k, top_p, seed):
     out = dev.empty((1,), torch.int64, -1)
     dev.op("sample", CODE[dtype], n, out, logits_dev, temperature, top_k, top_p, seed)
@@ -554,7 +519,7 @@ def test_sample_draws_the_reference_token(dev, dtype, temperature, top_k, top_p)
     logits = randn(50, dtype, 20, scale=2.0)
     logits[[3, 30]] = logits[11].item()  # equal logits: order by index
     d_logits = dev.upload(logits)
-    for seed in range(12):
+    for seed in range(8):
         want = reference_token(logits, temperature, top_k, top_p, seed)
         assert draw(dev, d_logits, dtype, 50, temperature, top_k, top_p, seed) == want, f"seed {seed}"
 
@@ -565,7 +530,7 @@ def test_sample_ties_at_the_kth_logit_keep_the_lowest_indices(dev):
     d_logits = dev.upload(logits)
     allowed = {5, 250} | set(i for i in range(300) if i not in (5, 250))
     allowed = {5, 250} | set(sorted(allowed - {5, 250})[:4])  # top_k = 6: two above, the first four ties
-    seen = {draw(dev, d_logits, torch.float32, 300, 50.0, 6, 1.0, s) for s in range(40)}
+    seen = {draw(dev, d_logits, torch.float32, 300, 50.0, 6, 1.0, s) for s in range(16)}
     assert seen <= allowed and len(seen) > 2
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
-from ..cli import MODEL_HELP, add_tensor_parallel_argument, split_cpu_threads
+from ..cli import MODEL_HELP, add_tensor_parallel_argument, split_cpu_threads, tensor_parallel_options
 from ..speculative import flags as speculative_flags
 
 LOOPBACK = "127.0.0.1"
@@ -71,12 +71,15 @@ def register_serve(subparsers) -> None:
     replicas.add_argument("--target-ongoing-requests", type=float, default=None, metavar="R",
                           help="the requests per replica the scaling aims at (default: --max-running)")
     replicas.add_argument("--replica-cpus", type=float, default=None, metavar="C",
-                          help="CPU cores each replica reserves, which also sizes its kernels' threads (default 1)")
+                          help="CPU cores each replica (with --tensor-parallel N: each of its N ranks) reserves, "
+                               "which also sizes its kernels' threads (default 1)")
     replicas.add_argument("--replica-gpus", type=float, default=None, metavar="G",
-                          help="GPUs each replica reserves (default: 1 where --device names a GPU, else 0)")
+                          help="GPUs each replica (with --tensor-parallel N: each of its N ranks) reserves (default: "
+                               "1 where --device names a GPU, else 0)")
     replicas.add_argument("--ray-address", default=None, metavar="ADDR",
                           help="join this Ray cluster ('auto': the one `ray start` started on this machine; "
-                               "default: start one for this server, on this machine)")
+                               "default: start one for this server, on this machine); also for the ranks of "
+                               "--distributed-executor ray")
     p.set_defaults(func=run_serve)
 
 
@@ -94,6 +97,8 @@ def run_serve(args) -> int:
         from .replicas.launch import serve_replicas
 
         return serve_replicas(args, path, kv_memory, keys)
+    if args.ray_address is not None:  # (the ranks' cluster: Ray's own variable, read when it connects)
+        os.environ["RAY_ADDRESS"] = args.ray_address
     # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
     listener = bind(args.host, args.port)
     try:
@@ -117,6 +122,7 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
+    tensor_parallel_options(args)
     check_replica_options(args)
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     speculative_flags.check_arguments(args)
@@ -127,12 +133,22 @@ def check_replica_options(args) -> None:
     """--replicas and the options that go with it: in range, and none without it."""
     from llaisys import LlaisysValueError
 
+    from .replicas.launch import replica_resources
+
     dependent = ("max_replicas", "target_ongoing_requests", "replica_cpus", "replica_gpus", "ray_address")
     if args.replicas is None:
-        given = [name for name in dependent if getattr(args, name) is not None]
+        given = [name for name in dependent if getattr(args, name) is not None
+                 and not (name == "ray_address" and args.distributed_executor == "ray")]
         if given:
-            raise LlaisysValueError(f"--{given[0].replace('_', '-')} needs --replicas")
+            raise LlaisysValueError(f"--{given[0].replace('_', '-')} needs --replicas"
+                                    + (" or --distributed-executor ray" if given[0] == "ray_address" else ""))
         return
+    if args.tensor_parallel > 1 and args.distributed_executor == "local":
+        raise LlaisysValueError("a replica's tensor-parallel ranks are Ray actors in its placement group: "
+                                "--distributed-executor local cannot go with --replicas")
+    if args.tensor_parallel > 1 and not any(replica_resources(args).values()):
+        raise LlaisysValueError("each rank of a replica reserves --replica-cpus cores and --replica-gpus GPUs (a "
+                                "placement-group bundle): they cannot both be 0 with --tensor-parallel")
     if args.replicas < 1:
         raise LlaisysValueError(f"--replicas = {args.replicas} is out of range (at least 1)")
     if args.max_replicas is not None and args.max_replicas < args.replicas:
@@ -199,9 +215,10 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     from .engine import Engine
 
     tokenizer_path = args.tokenizer or path
+    parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize, tensor_parallel=args.tensor_parallel)
+                 dequantize=args.dequantize, **parallel)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
@@ -227,7 +244,8 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
               + ("" if keys else " without an API key"), file=sys.stderr)
     weights = f", {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     if args.tensor_parallel > 1:
-        weights += f", split over {args.tensor_parallel} ranks"
+        weights += f", split over {args.tensor_parallel} ranks" + (" on Ray" if args.distributed_executor == "ray"
+                                                                     else "")
     print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "

@@ -4,9 +4,11 @@ Rank 0 runs the engine (the scheduler, sampling, the KV blocks' bookkeeping). Be
 sends the others the step's inputs and every change to its KV pools since the last step (messages.py);
 each then runs the same forward on its own part of the weights, the collectives meeting inside it.
 
-Failures end the whole group, once, with one line naming the rank:
-  * a rank that exits (crash, kill) closes its control connection, which the supervisor thread sees at
-    once: it aborts the group (the collectives every rank waits in fail at once) and ends the others;
+The other ranks are a ``Ranks``: processes that rank 0's control store connected (connected.py), or Ray
+actors (ray_ranks.py). Failures end the whole group, once, with one line naming the rank:
+  * a rank that exits (crash, kill) is seen at once by the supervisor thread (its control connection closes,
+    or Ray says its actor died): it aborts the group (the collectives every rank waits in fail at once) and
+    ends the others;
   * a rank that hangs leaves its peers waiting in a collective, which fails after the group's timeout
     naming the late rank (the CPU's shared memory); where the collectives cannot tell (NCCL: the GPU waits,
     the host only sees a step that does not end), the supervisor ends a step still running after
@@ -21,13 +23,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
-import json
-import signal
 import threading
 import time
 import weakref
 from collections import deque
-from multiprocessing.connection import Connection, wait
+from typing import Protocol
 
 import numpy as np
 
@@ -36,26 +36,34 @@ import llaisys
 from ..errors import RankFailedError
 from .messages import Channel, Op, command, step_command
 
-
-def exit_description(returncode: int | None) -> str:
-    if returncode is None:
-        return "closed its connection"
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-returncode).name}"
-        return f"was killed by signal {-returncode}"
-    return f"exited with status {returncode}"
-
-
 STEP_TIMEOUTS = 3  # an accelerator step running this many group timeouts is taken as a hung rank
 
 
-class Followers:
-    """The ranks 1 .. world-1 of ``group`` as rank 0 drives them: their control ``connections`` (rank ->
-    Connection: liveness, errors) and the ``launcher`` that started them (None: launched by the user)."""
+class Ranks(Protocol):
+    """Rank 0's hold on ranks 1 .. N-1 once each has been told what to load."""
 
-    def __init__(self, group: llaisys.distributed.Group, connections: dict[int, Connection], launcher=None):
-        self.group, self.connections, self.launcher = group, connections, launcher
+    def wait_ready(self) -> None:
+        """Return once every rank has loaded its part (no deadline: a rank's error or end raises at once)."""
+
+    def watching(self) -> bool:
+        """Whether a rank is left to watch."""
+
+    def watch(self, timeout: float) -> list[str]:
+        """The failures seen within ``timeout`` seconds, one line each naming its rank ("rank 1 was killed by
+        SIGKILL", "rank 1: LlaisysError: ...")."""
+
+    def ended(self, wait: float) -> str | None:
+        """A rank that has ended ("rank 1 ..."), looking for up to ``wait`` seconds; None if none has."""
+
+    def stop(self, grace: float) -> None:
+        """End the ranks still running, after ``grace`` seconds to leave by themselves."""
+
+
+class Followers:
+    """The ranks 1 .. world-1 of ``group`` as rank 0 drives them (``ranks``: their liveness, errors, end)."""
+
+    def __init__(self, group: llaisys.distributed.Group, ranks: Ranks):
+        self.group, self.ranks = group, ranks
         self.channel = Channel(group)
         self.failure: str | None = None
         self.on_failure: list = []  # callbacks(message), run once when the group fails
@@ -154,39 +162,17 @@ class Followers:
     def _ended_rank(self) -> str | None:
         # (a moment's wait: the supervisor thread may be reaping the same process, and a poll meanwhile says
         # nothing)
-        for rank in sorted(self.connections):
-            if self.launcher is not None and (status := self.launcher.exit_status(rank, wait=0.5)) is not None:
-                return f"rank {rank} {exit_description(status)}"
-        return None
+        return self.ranks.ended(wait=0.5)
 
     def _stop_ranks(self, grace: float) -> None:
-        if self.launcher is not None:
-            self.launcher.stop(grace=grace)
-        for conn in self.connections.values():
-            with contextlib.suppress(OSError):
-                conn.close()
+        self.ranks.stop(grace=grace)
 
     def _supervise(self) -> None:
-        """Watch the other ranks' control connections: an error they report or their end fails the group."""
-        rank_of = {conn: rank for rank, conn in self.connections.items()}
-        live = list(rank_of)
-        while live and not self._closing and self.failure is None:
-            try:
-                ready = wait(live, timeout=1.0)
-            except OSError:  # closed under us (close / fail)
-                return
+        """Watch the other ranks: an error they report or their end fails the group."""
+        while self.ranks.watching() and not self._closing and self.failure is None:
+            failures = self.ranks.watch(timeout=1.0)
             started, limit = self._step_started, STEP_TIMEOUTS * self.group.timeout
             if self._watch_steps and started is not None and time.monotonic() - started > limit:
                 self.fail(f"a step has not ended within {limit:.0f} s: a rank is hung (or its device is)")
-            for conn in ready:
-                rank = rank_of[conn]
-                try:
-                    message = json.loads(conn.recv_bytes())
-                except (EOFError, OSError, ValueError):
-                    live.remove(conn)
-                    if not self._closing:
-                        status = self.launcher.exit_status(rank, wait=1.0) if self.launcher is not None else None
-                        self.fail(f"rank {rank} {exit_description(status)}")
-                    continue
-                if "error" in message and not self._closing:
-                    self.fail(f"rank {rank}: {message['error']}")
+            for message in failures:
+                self.fail(message)  # (nothing while closing: the ranks are leaving)

@@ -3,6 +3,8 @@
 Rank 0 makes the group's unique id, listens with its control store, starts ranks 1 .. N-1 (a RankLauncher:
 processes of this host by default), hands each the id and what to load, joins the group, loads its own part
 and waits until every rank is ready; it returns its model, which drives the others (followers.py).
+With ``distributed_executor="ray"`` Ray starts ranks 1 .. N-1 as actors in a placement group, possibly on
+other machines, and carries the id, what to load and their end instead of the store (ray_ranks.py).
 
 Ranks the user starts: with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment (torchrun's
 names; LLAISYS_MASTER_PORT wins over MASTER_PORT, for launchers such as torchrun whose own agent holds
@@ -22,14 +24,16 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import sys
 import weakref
 
 import llaisys
 
 from ..errors import ModelLoadError
 from . import store, worker
-from .followers import Followers, exit_description
-from .launcher import LocalProcesses, RankLauncher, RankSpec
+from .connected import ConnectedRanks
+from .followers import Followers
+from .launcher import LocalProcesses, RankLauncher, RankSpec, exit_description
 from .layout import Layout
 from .options import LoadOptions
 
@@ -72,17 +76,26 @@ def read_config(path):
     return ModelConfig.from_file(model_directory(path), supported=MODEL_CLASSES)
 
 
+EXECUTORS = ("local", "ray")  # who starts ranks 1 .. N-1: processes of this host (the default), or Ray
+
+
 def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: bool | None = None,
-                  numerics: str | None = None, quantize: str | None = None, launcher: RankLauncher | None = None):
-    """Rank 0's model of a group of ``world_size`` ranks (see the module docstring)."""
+                  numerics: str | None = None, quantize: str | None = None, launcher: RankLauncher | None = None,
+                  distributed_executor: str | None = None):
+    """Rank 0's model of a group of ``world_size`` ranks (see the module docstring); ``distributed_executor``
+    "ray": ranks 1 .. N-1 are Ray actors (ray_ranks.py)."""
     from ..hub import resolve
     from ..loading import pick_device
     from ..quantize import resolve as resolve_quantize
 
+    executor = check_executor(distributed_executor)
     external = ExternalRank.from_environment()
     if external is not None and external.world_size != world_size:
         raise ModelLoadError(f"tensor_parallel={world_size}, but the environment says WORLD_SIZE="
                              f"{external.world_size}")
+    if external is not None and executor == "ray":
+        raise ModelLoadError("distributed_executor='ray' starts the ranks on Ray, but RANK and WORLD_SIZE say that "
+                             "this process is a rank started by the user: give one or the other")
     authkey = os.environ.get("LLAISYS_DIST_AUTHKEY", "").encode() or None
     if external is not None and external.rank != 0:
         worker.run(RankSpec(external.rank, world_size, None, external.host, external.port, authkey))
@@ -94,25 +107,77 @@ def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: b
     if external is not None and first.type != "cpu":
         first = llaisys.Device(first.type, external.local_rank)
     dtype_name = None if dtype is None else llaisys.as_dtype(dtype).name
+    threads = None  # ranks this process starts on the CPU: their cores (None: OMP_NUM_THREADS, inherited)
+    if first.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // world_size)
+
+    ray_ranks = None
+    if executor == "ray":  # the placement first: on accelerators it says which device rank 0 has
+        ray_ranks = _ray_ranks().place(world_size, first, threads)
+        first = ray_ranks.rank_0_device
     options = LoadOptions(str(path), first.type, first.index, dtype_name, numerics, quantize)
-    if first.type != "cpu":  # every rank's device must be there (the CPU: all ranks share it)
-        for rank in range(world_size):
+    if first.type != "cpu":  # every rank's device must be there (the CPU: all ranks share it; Ray: each checks its own)
+        for rank in range(1 if ray_ranks else world_size):
             llaisys.empty((0,), llaisys.float32, options.device(rank))
 
-    unique_id = llaisys.distributed.unique_id(first)
+    ranks, group = ray_ranks, None
+    try:
+        unique_id = llaisys.distributed.unique_id(first)
+        if ray_ranks is not None:
+            ray_ranks.hand_out(unique_id, options)
+        else:
+            ranks = _connect(world_size, unique_id, options, external, launcher, authkey, threads)
+        group = llaisys.distributed.Group(unique_id, 0, world_size, options.device(0))
+        model = options.load(Layout(0, world_size), group, progress)
+        ranks.wait_ready()
+    except BaseException:
+        if ranks is not None:
+            ranks.stop(grace=2.0)
+        if group is not None:
+            with contextlib.suppress(llaisys.LlaisysError):
+                group.destroy()
+        raise
+    model.followers = Followers(group, ranks)
+    weakref.finalize(model, model.followers.close)  # a model dropped without close() still ends its ranks
+    return model
+
+
+def check_executor(name: str | None) -> str:
+    if name is None:
+        return "local"
+    if name not in EXECUTORS:
+        raise ModelLoadError(f"distributed_executor must be one of {', '.join(map(repr, EXECUTORS))}, got {name!r}")
+    return name
+
+
+def _ray_ranks():
+    if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
+        # the cluster ray_ranks.connect() may start is this machine's, for this process alone: no usage reports,
+        # and its ports on 127.0.0.1 (read when Ray is imported; else Ray takes the machine's outward address)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        from .ray_ranks import RayRanks
+    except ImportError as e:
+        if not (e.name or "").startswith("ray"):
+            raise
+        raise ModelLoadError(f"distributed_executor='ray' needs Ray ({e.name} is missing): "
+                             f"pip install 'llaisys-models[ray]'") from None
+    return RayRanks
+
+
+def _connect(world_size: int, unique_id: bytes, options: LoadOptions, external: ExternalRank | None,
+             launcher: RankLauncher | None, authkey: bytes | None, threads: int | None) -> ConnectedRanks:
+    """Ranks 1 .. N-1 connected to rank 0's control store (started here by ``launcher``, or by the user), each
+    given the unique id and what to load."""
     if external is not None:
         host, port, launcher = external.host, external.port, None
     else:
         host, port, authkey = "127.0.0.1", 0, secrets.token_bytes(32)
         launcher = launcher or LocalProcesses()
     control = store.Store(host, port, authkey)
-    connections: dict = {}
-    group = None
     try:
         if launcher is not None:
-            threads = None
-            if first.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-                threads = max(1, len(os.sched_getaffinity(0)) // world_size)
             launcher.start([RankSpec(rank, world_size, unique_id, *control.address, authkey, threads)
                             for rank in range(1, world_size)])
 
@@ -123,39 +188,10 @@ def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: b
             return None
 
         connections = control.gather(world_size, unique_id, dataclasses.asdict(options), store.STARTUP_TIMEOUT, ended)
-        group = llaisys.distributed.Group(unique_id, 0, world_size, options.device(0))
-        model = options.load(Layout(0, world_size), group, progress)
-        _wait_ready(connections, launcher)
     except BaseException:
-        for conn in connections.values():
-            conn.close()
         if launcher is not None:
             launcher.stop(grace=2.0)
-        if group is not None:
-            with contextlib.suppress(llaisys.LlaisysError):
-                group.destroy()
         raise
     finally:
         control.close()
-    model.followers = Followers(group, connections, launcher)
-    weakref.finalize(model, model.followers.close)  # a model dropped without close() still ends its ranks
-    return model
-
-
-def _wait_ready(connections: dict, launcher) -> None:
-    """Every rank's "ready" (loading may take minutes: there is no deadline, but a rank's error or end is
-    seen at once)."""
-    for rank, conn in sorted(connections.items()):
-        while True:
-            try:
-                message = store.receive(conn, timeout=1.0)
-            except TimeoutError:
-                continue
-            except (EOFError, OSError, ValueError):
-                status = launcher.exit_status(rank, wait=1.0) if launcher is not None else None
-                raise llaisys.LlaisysError(f"tensor-parallel rank {rank} {exit_description(status)} while loading") \
-                    from None
-            if "error" in message:
-                raise llaisys.LlaisysError(f"tensor-parallel rank {rank} could not load: {message['error']}")
-            if message.get("ready"):
-                break
+    return ConnectedRanks(connections, launcher)

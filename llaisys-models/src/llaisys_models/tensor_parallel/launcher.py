@@ -1,11 +1,12 @@
 """Starting the ranks 1 .. N-1 of a group: what each needs to know, and who starts them.
 
-``RankLauncher`` is the one interface: ``start(specs)`` starts one worker per ``RankSpec`` (its rank, the
-world size, the group's unique id, and where rank 0's control store listens), ``exit_status`` and
-``stop`` watch and end them. A worker, wherever it runs, calls ``worker.run(spec)``. ``LocalProcesses``
-starts them as processes of this host (``python -m llaisys_models.tensor_parallel.worker``, the spec on
-its stdin); a Ray launcher (issue 32: ``--distributed-executor ray``) would start actors in a placement
-group that call ``worker.run(spec)``, and implement the same three methods.
+``RankLauncher`` is the interface for workers that rank 0's control store hands their part (store.py,
+connected.py): ``start(specs)`` starts one worker per ``RankSpec`` (its rank, the world size, the group's unique
+id, and where the store listens), ``exit_status`` and ``stop`` watch and end them. Such a worker calls
+``worker.run(spec)``. ``LocalProcesses`` starts them as processes of this host (``python -m
+llaisys_models.tensor_parallel.worker``, the spec on its stdin): the default. Ranks on Ray
+(``distributed_executor="ray"``) need no store and no launcher of this kind: Ray itself starts them, carries
+their part and tells of their end (ray_ranks.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import base64
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +44,18 @@ class RankSpec:
         for key in ("unique_id", "authkey"):
             fields[key] = None if fields[key] is None else base64.b64decode(fields[key])
         return cls(**fields)
+
+
+def exit_description(returncode: int | None) -> str:
+    """How a worker ended, from its exit status (None: unknown), after "rank r "."""
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 class RankLauncher(Protocol):

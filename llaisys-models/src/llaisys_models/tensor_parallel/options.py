@@ -17,9 +17,10 @@ class LoadOptions:
     def device(self, rank: int) -> str:
         return "cpu" if self.device_type == "cpu" else f"{self.device_type}:{self.first_index + rank}"
 
-    def load(self, layout, group, progress: bool | None = False):
-        """This rank's model: its part of the weights (``layout``), its collectives through ``group``."""
+    def load(self, layout, group, progress: bool | None = False, device: str | None = None):
+        """This rank's model: its part of the weights (``layout``), its collectives through ``group``, on
+        ``device`` (default: ``self.device(layout.rank)``)."""
         from ..loading import load
 
-        return load(self.path, self.device(layout.rank), self.dtype, progress=progress, numerics=self.numerics,
-                    quantize=self.quantize, layout=layout, group=group)
+        return load(self.path, device or self.device(layout.rank), self.dtype, progress=progress,
+                    numerics=self.numerics, quantize=self.quantize, layout=layout, group=group)

@@ -2,11 +2,12 @@
 
     python -m llaisys_models.tensor_parallel.worker     (a RankSpec as JSON on stdin: launcher.LocalProcesses)
 
-``run(spec)`` is the whole life of a worker, wherever it was started (a process of this host, a Ray actor,
-a process the user started with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT): say hello to rank 0's store,
-join the group, load, say ready, follow. A worker reports its own failure to rank 0 over the store's
-connection and aborts the group (so that no rank waits for it); it leaves when rank 0 says stop, or aborts
-the group and leaves when rank 0's connection ends (rank 0 has gone).
+``run(spec)`` is the whole life of a worker that rank 0's control store hands its part (a process of this
+host, a process the user started with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT): say hello to the store,
+join the group and load (``join``), say ready, follow (``follow_to_the_end``). A worker reports its own failure
+to rank 0 over the store's connection and aborts the group (so that no rank waits for it); it leaves when rank 0
+says stop, or aborts the group and leaves when rank 0's connection ends (rank 0 has gone). A Ray actor
+(ray_ranks.py) calls ``join`` and ``follow_to_the_end`` itself: Ray carries what the store would.
 """
 
 from __future__ import annotations
@@ -39,26 +40,47 @@ def run(spec: RankSpec) -> None:
         unique_id = base64.b64decode(reply["unique_id"])
         if spec.unique_id is not None and unique_id != spec.unique_id:
             raise llaisys.LlaisysError(f"rank 0's store gave rank {spec.rank} another group's unique id")
-        options = LoadOptions(**reply["load"])
         try:
-            group = llaisys.distributed.Group(unique_id, spec.rank, spec.world_size, options.device(spec.rank))
-            model = options.load(Layout(spec.rank, spec.world_size), group)
+            model, group = join(spec.rank, spec.world_size, unique_id, LoadOptions(**reply["load"]))
         except Exception as e:
             _report(conn, e)
             raise Reported() from e
         store.send(conn, {"ready": True})
         threading.Thread(target=_watch_rank_0, args=(conn, group), name="llaisys-tp-watch", daemon=True).start()
         try:
-            follow(model, group)
+            follow_to_the_end(model, group)
         except Exception as e:  # (an abort by another rank included: rank 0 knows, or has gone)
-            with contextlib.suppress(llaisys.LlaisysError):
-                group.abort(f"rank {spec.rank} failed: {e}".splitlines()[0])
             _report(conn, e)
             raise Reported() from e
-        finally:
-            group.destroy()
     finally:
         conn.close()
+
+
+def join(rank: int, world_size: int, unique_id: bytes, options: LoadOptions, device: str | None = None):
+    """(this rank's model, its group): the group joined (every rank within the group's timeout), then this
+    rank's part loaded on ``device`` (default: ``options.device(rank)``)."""
+    device = device or options.device(rank)
+    group = llaisys.distributed.Group(unique_id, rank, world_size, device)
+    try:
+        return options.load(Layout(rank, world_size), group, device=device), group
+    except BaseException:
+        with contextlib.suppress(llaisys.LlaisysError):
+            group.abort(f"rank {rank} could not load its part")
+            group.destroy()
+        raise
+
+
+def follow_to_the_end(model, group) -> None:
+    """``follow`` until rank 0 says stop; a failure aborts the group first (so that no rank waits for this one)
+    and is raised. The group is left either way."""
+    try:
+        follow(model, group)
+    except Exception as e:
+        with contextlib.suppress(llaisys.LlaisysError):
+            group.abort(f"rank {group.rank} failed: {e}".splitlines()[0])
+        raise
+    finally:
+        group.destroy()
 
 
 def _report(conn, error: Exception) -> None:

@@ -105,7 +105,11 @@ private:
 struct Warp {
     explicit Warp(int n) : barrier(n) {}
     Barrier barrier;
-    alignas(16) unsigned char slot[LLAISYS_WARP_SIZE][16];
+    // shuffles alternate between two sets of slots, so that one barrier per shuffle suffices: a lane can write
+    // the set of shuffle i + 2 only after every lane passed the barrier of shuffle i + 1, i.e. read shuffle i
+    alignas(16) unsigned char slot[2][LLAISYS_WARP_SIZE][16];
+    unsigned parity[LLAISYS_WARP_SIZE] = {};  // per lane: its next shuffle's set
+    double mma[3][256];  // WMMA emulation: the A, B and C matrices of one mma_sync (16 x 16 each)
 };
 
 struct Block {
@@ -145,13 +149,13 @@ T exchange(unsigned long long mask, T value, int (*source)(int lane, int arg, in
     if (width <= 0 || width > LLAISYS_WARP_SIZE || (width & (width - 1))) fail("shuffle width not a power of 2 <= WARP_SIZE");
     Warp& w = my_warp();
     const int lane = tls.linear % LLAISYS_WARP_SIZE;
-    std::memcpy(w.slot[lane], &value, sizeof(T));
+    const unsigned set = w.parity[lane]++ & 1u;
+    std::memcpy(w.slot[set][lane], &value, sizeof(T));
     static char site;
     w.barrier.wait(&site);
     const int src = source(lane, arg, width);
     T result;
-    std::memcpy(&result, w.slot[src], sizeof(T));
-    w.barrier.wait(&site);
+    std::memcpy(&result, w.slot[set][src], sizeof(T));
     return result;
 }
 
@@ -219,8 +223,14 @@ inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// The four signed byte products of a and b added to c (sm_61+ hardware does the same exact integer sum).
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += int(int8_t(unsigned(a) >> (8 * i))) * int(int8_t(unsigned(b) >> (8 * i)));
+    return c;
+}
 
 struct __half { unsigned short bits; };
+struct __nv_bfloat16 { unsigned short bits; };  // (WMMA fragments' element type)
 inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline float __half2float(__half h) {
@@ -411,6 +421,7 @@ namespace llaisys_host_exec {
 //   LLAISYS_HOST_EXEC_DEVICES=0          no device: cudaGetDeviceCount fails with cudaErrorNoDevice (what
 //                                        CoreX's runtime does without /dev/iluvatar* nodes)
 //   LLAISYS_HOST_EXEC_WARP, _CC          the device's warp size and compute capability (x10)
+//   LLAISYS_HOST_EXEC_BINARY             the architecture (x10) of the kernels' code for it (default: _CC)
 //   LLAISYS_HOST_EXEC_MAX_THREADS        its threads-per-block limit
 //   LLAISYS_HOST_EXEC_UNSUPPORTED        "graphs", "wait_event": those calls answer cudaErrorNotSupported
 inline int env_int(const char* name, int fallback) {
@@ -539,6 +550,14 @@ inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSucces
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int value) {
     return value <= llaisys_host_exec::kSharedOptin ? cudaSuccess : cudaErrorInvalidValue;
 }
+// The architecture of the code the runtime picks for a kernel on the device: LLAISYS_HOST_EXEC_BINARY (default:
+// the device's capability), so tests can play a build whose code for the device lacks some instructions.
+struct cudaFuncAttributes { int binaryVersion; int ptxVersion; };
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void*) {
+    attr->binaryVersion = attr->ptxVersion = llaisys_host_exec::env_int(
+        "LLAISYS_HOST_EXEC_BINARY", llaisys_host_exec::env_int("LLAISYS_HOST_EXEC_CC", 80));
+    return cudaSuccess;
+}
 
 // ---- cuBLAS: one reference GEMM ------------------------------------------------------------------------
 enum cublasStatus_t {
@@ -610,3 +629,134 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
     });
     return err == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
+
+// ---- WMMA (nvcuda::wmma): 16 x 16 x 16 fragments, f16 / bf16 in, f32 accumulate ---------------------------
+// The API's contract, and no more: a fragment's elements are spread over the warp's lanes in an order the
+// API leaves opaque (here a scrambled one, different from any GPU's, so a kernel that assumed a layout would
+// fail), so a kernel may only fill, load, mma and store fragments, and apply element-wise operations to
+// accumulators that share one shape (their orders agree). load / store / mma_sync are warp-collective: every
+// lane of the warp must call them together (a barrier of the warp checks it), and loads / stores check the
+// API's requirements (a 256-bit aligned pointer, ldm a multiple of 16 bytes). mma_sync computes each
+// D[i][j] = C[i][j] + sum_k A[i][k] B[k][j] with exact products summed in double and rounded to f32 once: the
+// same for every element and every position, which is all that batch invariance needs. Whether a GPU's tensor
+// cores round the same way (they do not: they keep fewer bits) is NOT something host execution can show;
+// tools/gpu_check.sh compares rows computed at different M bit for bit on the GPU.
+#if LLAISYS_WARP_SIZE == 32 && !defined(LLAISYS_COREX_CONFIG)
+namespace nvcuda::wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+class fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "host execution emulates the 16 x 16 x 16 fragments only");
+    static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float>
+                                                   : std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "f16 / bf16 inputs, f32 accumulators");
+
+public:
+    enum { num_elements = 256 / LLAISYS_WARP_SIZE };
+    T x[num_elements];
+};
+
+namespace detail {
+
+constexpr int kElements = 256 / LLAISYS_WARP_SIZE;
+
+// Element e of lane l is matrix element position(l, e) = row * 16 + column (a bijection, deliberately scrambled).
+inline int position(int lane, int e) { return e * LLAISYS_WARP_SIZE + (lane * 7 + e * 3) % LLAISYS_WARP_SIZE; }
+inline int lane() { return ::llaisys_host_exec::tls.linear % LLAISYS_WARP_SIZE; }
+inline void warp_sync(const void* site) { ::llaisys_host_exec::my_warp().barrier.wait(site); }
+
+inline double value(__half h) { return __half2float(h); }
+inline double value(__nv_bfloat16 b) { return __uint_as_float(unsigned(b.bits) << 16); }
+inline double value(float f) { return f; }
+
+template <class T>
+void check_pointer(const T* p, unsigned ldm) {
+    if (reinterpret_cast<uintptr_t>(p) % 32) ::llaisys_host_exec::fail("WMMA load / store: pointer not 256-bit aligned");
+    if ((ldm * sizeof(T)) % 16) ::llaisys_host_exec::fail("WMMA load / store: ldm not a multiple of 16 bytes");
+}
+
+// Offset of element (r, c) of a 16 x 16 matrix stored row- or column-major with leading dimension ldm.
+inline size_t offset(int r, int c, unsigned ldm, bool row_major) { return row_major ? size_t(r) * ldm + c : size_t(c) * ldm + r; }
+
+template <class Frag, class T>
+void load(Frag& f, const T* p, unsigned ldm, bool row_major) {
+    static char site;
+    warp_sync(&site);
+    check_pointer(p, ldm);
+    for (int e = 0; e < kElements; ++e) {
+        const int pos = position(lane(), e);
+        f.x[e] = p[offset(pos / 16, pos % 16, ldm, row_major)];
+    }
+}
+
+}  // namespace detail
+
+template <class Use, class T, class Layout>
+void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, const T& v) {
+    for (int e = 0; e < detail::kElements; ++e) f.x[e] = v;
+}
+
+template <class T>
+void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+    detail::load(f, p, ldm, true);
+}
+template <class T>
+void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major>& f, const T* p, unsigned ldm) {
+    detail::load(f, p, ldm, false);
+}
+template <class T>
+void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+    detail::load(f, p, ldm, true);
+}
+template <class T>
+void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, const T* p, unsigned ldm) {
+    detail::load(f, p, ldm, false);
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t layout) {
+    detail::load(f, p, ldm, layout == mem_row_major);
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t layout) {
+    static char site;
+    detail::warp_sync(&site);
+    detail::check_pointer(p, ldm);
+    for (int e = 0; e < detail::kElements; ++e) {
+        const int pos = detail::position(detail::lane(), e);
+        p[detail::offset(pos / 16, pos % 16, ldm, layout == mem_row_major)] = f.x[e];
+    }
+}
+
+// D = A B + C (d may be c): the lanes' elements go to the warp's scratch, then each lane computes its own.
+template <class T, class LayoutA, class LayoutB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+    static char site;
+    auto& m = ::llaisys_host_exec::my_warp().mma;
+    detail::warp_sync(&site);  // every lane here, and the scratch free
+    for (int e = 0; e < detail::kElements; ++e) {
+        const int pos = detail::position(detail::lane(), e);
+        m[0][pos] = detail::value(a.x[e]);
+        m[1][pos] = detail::value(b.x[e]);
+        m[2][pos] = c.x[e];
+    }
+    detail::warp_sync(&site);
+    float result[detail::kElements];
+    for (int e = 0; e < detail::kElements; ++e) {
+        const int pos = detail::position(detail::lane(), e), i = pos / 16, j = pos % 16;
+        double sum = 0.0;  // 16 exact products (f16 / bf16 products fit a double exactly), summed in order
+        for (int k = 0; k < 16; ++k) sum += m[0][i * 16 + k] * m[1][k * 16 + j];
+        result[e] = float(sum + m[2][pos]);
+    }
+    detail::warp_sync(&site);  // every lane has read the scratch
+    for (int e = 0; e < detail::kElements; ++e) d.x[e] = result[e];
+}
+
+}  // namespace nvcuda::wmma
+#endif

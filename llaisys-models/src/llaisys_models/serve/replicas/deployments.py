@@ -11,9 +11,11 @@ forwards with that app: the OpenAI API, its errors, API keys (the replicas know 
 ``Host`` check and CORS are the single server's. Ray Serve restarts a replica whose engine died (its health
 check fails) or whose process did, and scales their number between the autoscaling bounds.
 
-``--distributed-executor ray`` (tensor-parallel ranks as Ray actors) would plug in at ``LlaisysReplica``: a
-replica would reserve a placement group of one bundle per rank (``ray_actor_options`` here become the group's
-bundles) and its ``load_server`` would start the ranks in it, rank 0 running this engine.
+A tensor-parallel replica (``--tensor-parallel N``) reserves a placement group of one bundle per rank
+(``placement_group_bundles``; Serve places the replica in bundle 0): its ``load_server`` starts ranks 1 .. N-1 as
+Ray actors in bundles 1 .. N-1 (tensor_parallel/ray_ranks.py), this process being rank 0 and running the engine.
+A rank that dies ends the group, the engine stops, the health check fails and Serve replaces the replica (the
+rank actors end with it: they are its own).
 """
 
 from __future__ import annotations
@@ -65,10 +67,15 @@ class LlaisysReplica:
             yield batch
 
     def check_health(self) -> None:
-        """Ray Serve calls this every health check period: an error marks the replica unhealthy (then replaced)."""
+        """Ray Serve calls this every health check period: an error marks the replica unhealthy (then replaced).
+        A tensor-parallel replica whose group has failed (a rank died or hung) is unhealthy at once, before a
+        request finds out."""
         engine = self.server.engine
         if not engine.alive:
             raise RuntimeError(engine.error or "the engine is not running")
+        followers = engine.model.followers
+        if followers is not None and followers.failure is not None:
+            raise RuntimeError(followers.failure)
 
     async def __del__(self):  # Ray Serve calls it when it stops the replica
         self._metrics.cancel()
@@ -88,11 +95,13 @@ class LlaisysIngress:
         return self._relay
 
 
-def application(options: dict, scaling: dict, replica_resources: dict,
+def application(options: dict, scaling: dict, replica_resources: dict, bundles: list[dict] | None = None,
                 health_check_period_s: float = HEALTH_CHECK_PERIOD_S):
     """The bound Ray Serve application: replicas built from ``options`` (see ``LlaisysReplica``), as many as
-    ``scaling`` says (``launch.scaling_options``), each reserving ``replica_resources`` (num_cpus, num_gpus)."""
-    replica = serve.deployment(LlaisysReplica, name=REPLICA, **scaling,
+    ``scaling`` says (``launch.scaling_options``), each reserving ``replica_resources`` (num_cpus, num_gpus), or
+    with ``bundles`` a placement group (tensor-parallel replicas: ``launch.replica_bundles``)."""
+    placement = {} if bundles is None else {"placement_group_bundles": bundles, "placement_group_strategy": "PACK"}
+    replica = serve.deployment(LlaisysReplica, name=REPLICA, **scaling, **placement,
                                max_ongoing_requests=UNBOUNDED, ray_actor_options=replica_resources,
                                health_check_period_s=health_check_period_s,
                                health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,

@@ -21,7 +21,9 @@ def replica_application(args, path: Path, kv_memory: int | None, keys: list[str]
 
     options = {name: value for name, value in vars(args).items() if name != "func"}
     options.update(path=path, kv_memory=kv_memory, key_digests=Tenants.of_keys(keys).digests, port=port)
-    return application(options, scaling_options(args), replica_resources(args))
+    if args.tensor_parallel > 1:  # a replica's ranks 1 .. N-1: Ray actors in the replica's placement group
+        options.update(distributed_executor="ray")
+    return application(options, scaling_options(args), replica_resources(args), replica_bundles(args))
 
 
 def scaling_options(args) -> dict:
@@ -40,6 +42,18 @@ def replica_resources(args) -> dict:
     its kernels' thread count (OMP_NUM_THREADS), and ``--replica-gpus`` (1 where --device names a GPU, else 0)."""
     gpus = args.replica_gpus if args.replica_gpus is not None else float(_names_a_gpu(args.device))
     return {"num_cpus": 1.0 if args.replica_cpus is None else args.replica_cpus, "num_gpus": gpus}
+
+
+def replica_bundles(args) -> list[dict] | None:
+    """A tensor-parallel replica's placement group (Ray Serve's ``placement_group_bundles``): one bundle per rank,
+    each what ``replica_resources`` reserves; the replica, rank 0, takes bundle 0 and starts its ranks 1 .. N-1
+    in the others (tensor_parallel/ray_ranks.py). None for a replica of one rank."""
+    if args.tensor_parallel <= 1:
+        return None
+    resources = replica_resources(args)
+    bundle = {name: amount for name, amount in (("CPU", resources["num_cpus"]), ("GPU", resources["num_gpus"]))
+              if amount}
+    return [dict(bundle) for _ in range(args.tensor_parallel)]
 
 
 def _names_a_gpu(device: str | None) -> bool:
@@ -80,8 +94,9 @@ def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> 
         host = f"[{args.host}]" if ":" in args.host else args.host
         cluster = f"the Ray cluster at {args.ray_address}" if joined else "a Ray cluster of this machine"
         count = f"{args.replicas}..{args.max_replicas}" if args.max_replicas else str(args.replicas)
+        split = f", each split over {args.tensor_parallel} ranks" if args.tensor_parallel > 1 else ""
         print(f"llaisys serve: {count} replica{'' if count == '1' else 's'} of "
-              f"{path.name} on {cluster} at http://{host}:{port}/  (OpenAI API under /v1"
+              f"{path.name}{split} on {cluster} at http://{host}:{port}/  (OpenAI API under /v1"
               f"{', API key required' if keys else ''}; Ctrl+C stops)", file=sys.stderr, flush=True)
         try:
             stop.wait()
