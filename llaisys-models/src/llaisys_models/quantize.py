@@ -140,7 +140,9 @@ def weight_formats(weights) -> tuple[str, ...]:
         matrices += [getattr(layer, field, None) for field in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                 "up_proj", "down_proj")]
     for layer in weights.layers:
-        matrices += [getattr(layer, field, None) for field in ("experts_gate", "experts_up", "experts_down")]
+        experts = getattr(layer, "experts", None)  # a mixture-of-experts layer's ExpertWeights
+        if experts is not None:
+            matrices += [experts.gate, experts.up, experts.down]
     kinds = {m.fmt if isinstance(m, BlockWeight) else "int8" for m in matrices
              if isinstance(m, (BlockWeight, Int8Weight, Int8Experts))}
     return tuple(sorted(kinds))
