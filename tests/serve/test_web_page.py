@@ -3,7 +3,9 @@ streamed replies, stop, edit-and-resend, conversations (new, switch, delete) kep
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -23,8 +25,10 @@ TIMEOUT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+    # Chromium's singleton socket lives in TMPDIR and AF_UNIX paths stop at 107 bytes: nox's TMPDIR (deep in the
+    # checkout) can be too long for it, so the browser gets a short one of its own.
+    with tempfile.TemporaryDirectory(prefix="chromium-", dir="/tmp") as temp_dir, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, env={**os.environ, "TMPDIR": temp_dir})
         yield browser
         browser.close()
 
