@@ -64,7 +64,7 @@ def decode_weight_bytes(model: Path) -> dict[str, int]:
     from safetensors import safe_open
 
     config = json.loads((model / "config.json").read_text())
-    bf16 = int8 = 0
+    bf16 = int8 = int4 = 0
     for file in sorted(model.glob("*.safetensors")):
         with safe_open(file, "np") as f:
             for name in f.keys():
@@ -72,9 +72,13 @@ def decode_weight_bytes(model: Path) -> dict[str, int]:
                 if len(shape) != 2 or (name.endswith("embed_tokens.weight") and not config.get("tie_word_embeddings")):
                     continue
                 n, k = shape
+                groups = -(-k // GROUP)
                 bf16 += 2 * n * k
-                int8 += n * k + 2 * n * -(-k // GROUP)
-    return {"bf16": bf16, "int8": int8}
+                int8 += n * k + 2 * n * groups
+                # int4: q4_0 blocks (16 bytes of codes + an f16 scale per 32), the lm_head in q8_0 (32 + 2)
+                head = name.endswith(("lm_head.weight", "embed_tokens.weight"))
+                int4 += n * groups * (34 if head else 18)
+    return {"bf16": bf16, "int8": int8, "int4": int4}
 
 
 class StreamRead:
@@ -107,7 +111,7 @@ def paired_decode(args, model, vocab: int, rounds: int = 3) -> dict:
     """Decode tok/s and its fraction of the bandwidth bound, per round: a streaming read, args.decode_tokens
     decode steps, a streaming read; the bound is the higher reading / weight bytes per token. Medians of
     the rounds. (Call after peak_rss() was taken: the probe's 1 GiB is not the model's.)"""
-    per_token = decode_weight_bytes(args.model)["int8" if args.quantize == "int8" else "bf16"]
+    per_token = decode_weight_bytes(args.model)[args.quantize or "bf16"]
     probe = StreamRead(args.threads)
     speeds, readings, fractions = [], [], []
     for _ in range(rounds):
@@ -324,6 +328,12 @@ def int8_available(device: str) -> bool:
     return llaisys.ops.implemented("linear_i8", device)
 
 
+def int4_available(device: str) -> bool:
+    import llaisys
+
+    return "linear_q" in llaisys.abi.OP_SLOTS and llaisys.ops.implemented("linear_q", device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="llaisys vs HF transformers (and llama.cpp), end to end")
     ap.add_argument("--model", type=Path, required=True)
@@ -362,6 +372,8 @@ def main(argv=None) -> int:
     int8 = int8_available(args.device)
     if int8:
         columns["int8"] = run_engine(args, "llaisys", "--quantize", "int8")
+    if int4_available(args.device):
+        columns["int4"] = run_engine(args, "llaisys", "--quantize", "int4")
     if args.device != "cpu" and not args.no_compile:
         try:  # torch.compile is the part of a run most likely to break with a new torch: the table goes on
             columns["HF static+compile"] = run_engine(args, "hf-compile")
@@ -407,7 +419,7 @@ def main(argv=None) -> int:
             cells.append(f"{value + ratio:>18}")
         print(f"{label:26}" + "".join(cells))
     print("(x): ratio to HF transformers. llaisys: decode steps replayed from captured graphs where the backend has "
-          "them; eager: LLAISYS_GRAPHS=0; int8: quantize='int8'")
+          "them; eager: LLAISYS_GRAPHS=0; int8 / int4: quantize='int8' / 'int4'")
     print(f"llaisys peak RSS / checkpoint bytes: {columns['llaisys']['peak_rss'] / weights:.2f}")
     for name, result in columns.items():
         if "streams_n" in result:
@@ -419,7 +431,7 @@ def main(argv=None) -> int:
               f"{args.threads} threads, the higher of the readings just before and just after the decode "
               f"run) / weight bytes per token; llaisys: per round of {args.decode_tokens} tokens, median of 3")
         for name, result in columns.items():
-            dtype = "int8" if name == "int8" or name.endswith("q8_0") else "bf16"
+            dtype = name if name in ("int8", "int4") else "int8" if name.endswith("q8_0") else "bf16"
             if "bound_readings" not in result:
                 continue
             got = result["decode"]

@@ -110,6 +110,7 @@ def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     writer.add_eos_token_id(c.eos_token_ids[0])
+    writer.add_tokenizer_model("none")  # no vocabulary: llama.cpp (llama-quantize, llama-bench) then uses dummy tokens
 
     names = list(ckpt.infos)
     types = {name: qtype if len(ckpt.infos[name].shape) == 2 else gguf.GGMLQuantizationType.F32 for name in names}

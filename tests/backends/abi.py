@@ -29,10 +29,11 @@ class LibrarySpec:
 
 
 # One line per native backend package (a new backend adds its own).
+GPU_MISSING_OPS = ("moe_linear_i8",)  # int8 experts have a CPU kernel only (so far)
 NATIVE_BACKENDS = [
     LibrarySpec("cpu", "llaisys_backend_cpu", "llaisys_cpu"),
-    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", missing_ops=("moe_linear_i8",)),
-    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", missing_ops=("moe_linear_i8",)),
+    LibrarySpec("cuda", "llaisys_backend_cuda", "llaisys_cuda", missing_ops=GPU_MISSING_OPS),
+    LibrarySpec("iluvatar", "llaisys_backend_iluvatar", "llaisys_iluvatar", missing_ops=GPU_MISSING_OPS),
 ]
 
 

@@ -106,6 +106,8 @@ def _op_args(buffers, op, dtype, numerics):
     f = lambda *shape: buffers.upload(np.random.default_rng(0).standard_normal(shape).astype(np.float32))  # noqa: E731
     i32 = lambda *values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
     index = buffers.upload(np.array([0, 1], dtype=np.int64))
+    q4_0_blocks = lambda: (buffers.upload(np.full((1, 1, 256), 0x98, np.uint8)),  # noqa: E731
+                           buffers.upload(np.full((1, 1, 16), 0x3c00, np.uint16)))
     return {
         "add": lambda: (dtype, 8, f(8), f(8), f(8)),
         "argmax": lambda: (dtype, 8, index, f(1), f(8)),
@@ -114,6 +116,11 @@ def _op_args(buffers, op, dtype, numerics):
         # N = 3, K = 4 in the block layout: weight int8 [1, 1, 8, 16, 4], scales bf16 [1, 1, 16] (raw 16-bit words)
         "linear_i8": lambda: (dtype, 2, 3, 4, f(2, 3), f(2, 4), buffers.upload(np.ones((1, 1, 8, 16, 4), np.int8)),
                               buffers.upload(np.full((1, 1, 16), 0x3f80, np.uint16)), None),
+        # q4_0 blocks of a [3, 32] matrix: weight uint8 [1, 1, 256], scales uint8 [1, 1, 32] (f16 1.0 = 0x3c00)
+        "linear_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 3, 32, f(2, 3), f(2, 32), q4_0_blocks()[0],
+                             q4_0_blocks()[1], None),
+        "embedding_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 32, 3, f(2, 32), index, q4_0_blocks()[0],
+                                q4_0_blocks()[1]),
         "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
         "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
@@ -169,6 +176,28 @@ def test_numerics_modes(on_device, op):
             on_device.expect(status, NOT_SUPPORTED, "numerics")
         status = on_device.finish(on_device(op, 0, None, *_op_args(buffers, op, F32, UNKNOWN_NUMERICS)))
         on_device.expect(status, NOT_SUPPORTED, "numerics", str(UNKNOWN_NUMERICS))
+
+
+@pytest.mark.parametrize("op", ["linear_q", "embedding_q"])
+def test_unknown_weight_format_is_not_supported(on_device, op):
+    if not on_device.has(op):
+        pytest.skip(f"{on_device.backend.name} does not implement {op}")
+    with DeviceBuffers(on_device) as buffers:
+        args = list(_op_args(buffers, op, F32, CODES["LLAISYS_NUMERICS_EXACT"]))
+        args[1] = 99
+        on_device.expect(on_device.finish(on_device(op, 0, None, *args)), NOT_SUPPORTED, "99")
+
+
+@pytest.mark.parametrize("bad", [3, -1, 1 << 40])
+def test_embedding_q_index_out_of_range_names_it(on_device, bad):
+    if not on_device.has("embedding_q"):
+        pytest.skip(f"{on_device.backend.name} does not implement embedding_q")
+    with DeviceBuffers(on_device) as buffers:
+        args = list(_op_args(buffers, "embedding_q", F32, CODES["LLAISYS_NUMERICS_EXACT"]))
+        args[2], args[6] = 3, buffers.upload(np.array([0, 2, bad], dtype=np.int64))
+        args[5] = buffers.alloc(3 * 32 * 4)
+        on_device.expect(on_device.finish(on_device("embedding_q", 0, None, *args)), INVALID_ARGUMENT, str(bad),
+                         "position 2")
 
 
 @pytest.mark.parametrize("bad", [3, -1, 1 << 40])

@@ -37,10 +37,11 @@ def answer(tokenizer, tokens, prompt_len) -> str:
     return tokenizer.decode(tokens[prompt_len:], skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
 def test_demo_adds_numbers_through_llaisys(device, tokenizer, quantize):
     if quantize:
-        skip_without_kernels(device, ["linear_i8"], f"quantize={quantize!r}")
+        skip_without_kernels(device, {"int8": ["linear_i8"], "int4": ["linear_q"]}[quantize],
+                             f"quantize={quantize!r}")
     model = llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device=device, quantize=quantize)
     problems = addition_problems(200)
     correct = 0

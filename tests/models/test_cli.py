@@ -335,17 +335,18 @@ def test_generate_with_int8_weights(demo, capsys):
     assert main(["generate", "--device", "cpu", "--quantize", "int8", "--prompt", "12+34=", "--max-new-tokens", "8"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "46"
-    assert "as bfloat16 with int8 linears" in err
+    assert "as bfloat16 with int8 weights" in err
 
 
 def test_quantize_is_offered_and_checked(capsys):
     for command in ("generate", "infer", "serve"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "--quantize {int8}" in capsys.readouterr().out, command
+        out = capsys.readouterr().out
+        assert "--quantize {int8,int4}" in out and "--dequantize" in out, command
     with pytest.raises(SystemExit) as e:
-        main(["generate", "--quantize", "int4", "--prompt", "1+1="])
-    assert e.value.code == 2 and "argument --quantize: invalid choice: 'int4'" in capsys.readouterr().err
+        main(["generate", "--quantize", "int3", "--prompt", "1+1="])
+    assert e.value.code == 2 and "argument --quantize: invalid choice: 'int3'" in capsys.readouterr().err
 
 
 def test_infer_test_refuses_int8(demo, capsys):

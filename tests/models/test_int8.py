@@ -172,9 +172,9 @@ def test_read_instead_of_mapped_gives_the_same_logits(tiny_models, int8_device):
 
 # -- errors ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["int4", "fp8", "", 8])
+@pytest.mark.parametrize("value", ["int3", "fp8", "", 8])
 def test_an_unknown_quantize_value_is_refused_before_loading(tiny_models, value):
-    with pytest.raises(llaisys_models.ModelLoadError, match=r"quantize must be None or 'int8', got"):
+    with pytest.raises(llaisys_models.ModelLoadError, match=r"quantize must be None, 'int8' or 'int4', got"):
         llaisys_models.load(tiny_models.path("f32_gqa2_hd32"), device="cpu", quantize=value)
 
 

@@ -112,12 +112,16 @@ def test_routing_differences_follow_causality():
 
 
 @pytest.mark.parametrize("name, quantize", [("mixtral_bf16", None), ("mixtral_bf16", "int8"),
-                                            ("qwen3_moe_f32", "int8")])
+                                            ("qwen3_moe_f32", "int8"), ("qwen3_moe_f32", "int4")])
 def test_moe_batch_decodes_as_each_prompt_alone(name, quantize, tiny_models, device):
-    """Rows of a batch pick their experts and sum their outputs on their own: the same tokens either way."""
+    """Rows of a batch pick their experts and sum their outputs on their own: the same tokens either way. (int4:
+    the dense linears in q4_0, the lm_head in q8_0, the experts in int8: there is no 4-bit expert kernel.)"""
     if quantize:
-        skip_without_kernels(device, ["linear_i8", "moe_linear_i8"], "quantize='int8' experts")
+        kernels = ["linear_i8", "moe_linear_i8"] + (["linear_q"] if quantize == "int4" else [])
+        skip_without_kernels(device, kernels, f"quantize={quantize!r} experts")
     model = llaisys_models.load(tiny_models.path(name), device=device, quantize=quantize)
+    if quantize == "int4":
+        assert model.weight_formats == ("int8", "q4_0", "q8_0")
     prompts = [prompt(name, n, MOE_SPECS[name].vocab) for n in (5, 17, 30)]
     batched = model.generate_batch(prompts, 12, eos_token_ids=())
     assert batched == [model.generate(p, 12, eos_token_ids=()) for p in prompts]

@@ -175,8 +175,9 @@ def test_inf_or_nan_is_refused_naming_the_tensor(bad):
         quantization.quantize(w, "model.layers.0.mlp.up_proj.weight")
 
 
-@pytest.mark.parametrize("value", ["int4", "INT9", "", 8, True])
+@pytest.mark.parametrize("value", ["int3", "INT9", "", 8, True])
 def test_unknown_quantize_values_are_refused(value):
-    with pytest.raises(ModelLoadError, match="quantize must be None or 'int8', got"):
+    with pytest.raises(ModelLoadError, match="quantize must be None, 'int8' or 'int4', got"):
         quantization.resolve(value)
     assert quantization.resolve(None) is None and quantization.resolve("INT8") == "int8"
+    assert quantization.resolve("int4") == "int4"

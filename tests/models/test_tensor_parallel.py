@@ -5,7 +5,7 @@ In f32 the greedy tokens are the same (the split only changes where partial sums
 in bf16, and for int8 weights, where a step's partial sums are rounded before they are added, a different
 choice is accepted only at a near-tie of the one-rank model's own logits (test_parity's tolerances),
 teacher-forced. generate, generate_batch, decode graphs, the paged KV cache (each rank holds its kv heads),
-int8 (shard, then quantize), GGUF files, the server, user-launched ranks (RANK / WORLD_SIZE / MASTER_*),
+int8 and int4 (shard, then quantize), GGUF files, the server, user-launched ranks (RANK / WORLD_SIZE / MASTER_*),
 and a rank that dies or hangs: the group ends with one line naming it, well within 30 s,
 and no process stays behind.
 """
@@ -28,7 +28,7 @@ import llaisys
 import llaisys_models
 from llaisys_models.errors import RankFailedError
 from llaisys_models.parity import teacher_forced_logits
-from llaisys_models.quantize import Int8Weight
+from llaisys_models.quantize import BlockWeight, Int8Weight
 from test_parity import MAX_NEAR_TIE_RATE, tie_tolerance
 from tiny_models import SPECS, prompt
 
@@ -142,6 +142,29 @@ def test_int8_weights_are_split_then_quantized(tiny_models, loaded_models):
         model.close()
 
 
+def test_int4_weights_are_split_then_quantized(tiny_models):
+    """int4 as int8 above: each rank quantizes its own part, in q4_0 (its lm_head rows in q8_0). The split model
+    picks the one-rank int4 model's tokens, teacher-forced, as often as int8's bound asks (activations are
+    quantized on the fly, so the split's few-ulp differences can move a value across a rounding step)."""
+    from test_int8 import MIN_ARGMAX_AGREEMENT
+
+    name = "f32_gqa2_hd32"
+    model = llaisys_models.load(tiny_models.path(name), device="cpu", quantize="int4", tensor_parallel=2)
+    try:
+        whole = llaisys_models.load(tiny_models.path(name), device="cpu", quantize="int4")
+        mine = model.weights.layers[1]
+        assert isinstance(mine.o_proj, BlockWeight) and (mine.o_proj.fmt, mine.o_proj.shape) == ("q4_0", (128, 64))
+        lm_head = model.weights.lm_head
+        assert isinstance(lm_head, BlockWeight) and (lm_head.fmt, lm_head.shape) == ("q8_0", (192, 128))
+        ids = prompt(name, 13, SPECS[name].vocab)
+        tokens = whole.generate(ids, NEW, eos_token_ids=())[len(ids):]
+        split_int4 = teacher_forced_logits(model, ids, tokens)
+        agreement = (split_int4.argmax(axis=1) == np.asarray(tokens)).mean()
+        assert agreement >= MIN_ARGMAX_AGREEMENT, agreement
+    finally:
+        model.close()
+
+
 def test_gguf_file_split(tiny_models, tmp_path):
     from gguf import GGMLQuantizationType
 
@@ -151,7 +174,9 @@ def test_gguf_file_split(tiny_models, tmp_path):
     path = write_gguf(tiny_models.hf(name), tiny_models.path(name), tmp_path / "tiny.gguf", GGMLQuantizationType.Q8_0)
     model = llaisys_models.load(path, device="cpu", tensor_parallel=2)
     try:
-        whole = llaisys_models.load(path, device="cpu")
+        # the ranks cut their parts from the decoded rows (a part does not keep the file's Q8_0 blocks): the
+        # one-rank model of the same values is the file decoded
+        whole = llaisys_models.load(path, device="cpu", dequantize=True)
         ids = prompt(name, 13, 320)
         assert model.generate(ids, NEW, eos_token_ids=()) == whole.generate(ids, NEW, eos_token_ids=())
     finally:

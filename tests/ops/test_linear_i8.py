@@ -6,7 +6,8 @@ Two references, both float64 numpy/torch built here from the contract (docs/arch
 - the unquantized x @ w.T of the float weights the int8 ones were made from: within the worst-case error
   that quantizing x and w can cause (loose, but a proven bound, not a guess).
 Every SIMD path of the CPU backend runs the same checks in a child process (LLAISYS_CPU_SIMD, and
-LLAISYS_CPU_LINEAR_VNNI=0 for AVX-512 CPUs without VNNI).
+LLAISYS_CPU_LINEAR_VNNI=0 for AVX-512 CPUs without VNNI): test_linear_q.py starts one per path for both
+block linears.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from simd_paths import LEVELS, cpu_simd_level, run_in_child, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, skip_without_kernels, to_torch
@@ -198,22 +198,9 @@ def test_linear_i8_rows_do_not_depend_on_the_batch(device):
     check_rows_independent(device)
 
 
-# Every path of the CPU kernel: portable (scalar), avx2 (vpmaddubsw), avx512 without VNNI (vpmaddubsw on zmm),
-# avx512 with VNNI (vpdpbusd; this process's path where the CPU has it).
-PATHS = {level: {"LLAISYS_CPU_SIMD": level} for level in LEVELS}
-PATHS["avx512-no-vnni"] = {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_VNNI": "0"}
-
-
-@pytest.mark.parametrize("path", list(PATHS))
-def test_int8_kernels_every_simd_path(device, path):
-    """linear_i8's checks and moe_linear_i8's (test_moe_linear_i8: the same block kernel per expert), in one
-    child process per path."""
-    env = PATHS[path]
-    skip_unless_level_available(device, env["LLAISYS_CPU_SIMD"])
-    if env == {"LLAISYS_CPU_SIMD": cpu_simd_level()}:
-        pytest.skip("this process's own path: the tests above ran it")
-    run_in_child(__name__, env, "t.check_all(); import test_moe_linear_i8 as moe; moe.check_all()",
-                 expect_level=env["LLAISYS_CPU_SIMD"])
+# Every SIMD path of the CPU kernel runs check_all in a child process: test_linear_q.py's
+# test_block_linears_every_simd_path, one child per path for the block linears and moe_linear_i8 (they share the
+# kernel).
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)

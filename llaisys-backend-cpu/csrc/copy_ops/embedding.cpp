@@ -3,9 +3,9 @@
 // cannot see the data): a bad one is INVALID_ARGUMENT naming its value and position, and out is left
 // untouched. Rows are memcpy'd, in parallel when there is enough to copy.
 #include <cstring>
-#include <string>
 
 #include "../common/api.h"
+#include "../common/index_check.h"
 #include "../common/thread_pool.h"
 
 namespace {
@@ -29,12 +29,7 @@ int LLAISYS_FN(embedding)(int device, void* stream, int dtype, int64_t n_index, 
     const auto* index = static_cast<const int64_t*>(index_ptr);
     return llaisys::launch("embedding", stream, [=] {
         const size_t row_bytes = element_size(dtype) * size_t(dim);
-        for (int64_t i = 0; i < n_index; ++i) {
-            if (index[i] < 0 || index[i] >= vocab)
-                throw llaisys::InvalidArgument("index value " + std::to_string(index[i]) + " at position " +
-                                               std::to_string(i) + " is out of range [0, " + std::to_string(vocab) +
-                                               ") for a weight of " + std::to_string(vocab) + " rows");
-        }
+        llaisys::check_row_indices(index, n_index, vocab);
         auto* dst = static_cast<char*>(out);
         const auto* src = static_cast<const char*>(weight);
         llaisys::cpu::run_ranges(n_index, [&](int64_t i_begin, int64_t i_end) {

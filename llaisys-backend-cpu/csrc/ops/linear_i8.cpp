@@ -1,27 +1,12 @@
-// linear_i8: linear with int8 weights per group of 32 (see linear_i8.h). This file holds each build's choice
-// of kernel and the exported entry point.
-#include <cstring>
-
+// linear_i8: linear with int8 weights per group of 32 (format I8 of block_formats.h: q int8 in [-127, 127] and a
+// bf16 scale per row and group, in blocks of 16 rows; llaisys.ops.int8 makes them), computed by the block linear
+// of linear_blocks.h. This file holds each build's instance and the exported entry point.
 #include "../common/api.h"
-#include "linear_i8.h"
-#if !defined(LLAISYS_ISA_PORTABLE)
-#include "linear_i8_simd.h"
-#endif
+#include "linear_blocks.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
-void linear_i8(const LinearI8Args& a) {
-    with_float_type(a.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
-        const QuantizedX xq = quantize_x(static_cast<const T*>(a.x), a.M, a.K);
-#if defined(LLAISYS_ISA_PORTABLE)
-        linear_i8_scalar<T>(a, xq);
-#else
-        with_i8_path([&](auto v, auto dot) { linear_i8_simd<decltype(v), decltype(dot), T>(a, xq); });
-#endif
-    });
-}
+void linear_i8(const BlockLinearArgs& a) { block_linear<FormatI8>(a); }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
 
@@ -41,9 +26,9 @@ int LLAISYS_FN(linear_i8)(int device, void* stream, int dtype, int64_t M, int64_
     return llaisys::launch("linear_i8", stream, [=] {
         llaisys::require_float_dtype(dtype);
         if (M == 0 || N == 0) return;  // nothing to compute
-        LLAISYS_PER_ISA(linear_i8)(llaisys::cpu::LinearI8Args{dtype, M, N, K, out, x,
-                                                              static_cast<const int8_t*>(weight),
-                                                              static_cast<const llaisys::bf16_t*>(scales), bias});
+        LLAISYS_PER_ISA(linear_i8)(llaisys::cpu::BlockLinearArgs{dtype, 0, M, N, K, out, x,
+                                                                 static_cast<const uint8_t*>(weight),
+                                                                 static_cast<const uint8_t*>(scales), bias});
     });
 }
 #endif

@@ -16,11 +16,12 @@
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs;
 //            int8 dot products): load(p) (W * 4 bytes), + & | ^ << >>,
 //            int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the products of the 4 signed bytes of each
-//            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i)
+//            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i),
+//            dot4_u7i8 (a in [0, 127]: vpmaddubsw without VNNI)
 // Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
 //   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);
 //   V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n), v.round_to<T>(): p points to
-//   float, bf16_t or f16_t; f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
+//   float, bf16_t or f16_t (V::load also takes W bytes, uint8_t or int8_t, as integers: vec256.h, vec512.h); f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
 //   stays a quiet NaN); a partial access touches lanes [0, n) only (0 <= n <= W) and reads the rest as 0;
 //   + - * /, fmadd(a, b, c) = a*b + c, fnmadd(a, b, c) = c - a*b, mul_unfused(a, b) (never fused into an
 //   FMA), vmin / vmax (the second operand if either is NaN), vsqrt, round_nearest, mul_pow2(a, n) = a * 2^n,

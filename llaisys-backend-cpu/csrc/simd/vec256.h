@@ -65,6 +65,10 @@ struct Vec8 {
 
     static Vec8 load(const float* p) { return _mm256_loadu_ps(p); }
     template <class T> static Vec8 load(const T* p) { return widen(halves(p), p); }
+    // 8 bytes as f32 lanes (exact): unsigned or signed integers (block scales, llaisys.ops.quant)
+    static Vec8 load(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(p))); }
+    static Vec8 load(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8(p))); }
+    static __m128i bytes8(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
     // lanes [0, n) from p, the rest 0; nothing past p + n is read
     static Vec8 load_partial(const float* p, int n) {
 #if defined(LLAISYS_ISA_AVX512)
@@ -122,6 +126,12 @@ inline Vec8 int_to_f32(Vec8i a) { return _mm256_cvtepi32_ps(a.r); }  // the int3
 // signed a (any) and signed b in [-127, 127], exact: vpmaddubsw on |a| and b with a's sign, vpmaddwd by 1.
 inline Vec8i dot4_i8(Vec8i acc, Vec8i a, Vec8i b) {
     const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a.r), _mm256_sign_epi8(b.r, a.r));
+    return _mm256_add_epi32(acc.r, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+// dot4_u7i8: a in [0, 127] (4- and 6-bit codes), signed b in [-127, 127], exact: vpmaddubsw (2 * 127 * 127 fits
+// int16 unsaturated) and vpmaddwd by 1.
+inline Vec8i dot4_u7i8(Vec8i acc, Vec8i a, Vec8i b) {
+    const __m256i pairs = _mm256_maddubs_epi16(a.r, b.r);
     return _mm256_add_epi32(acc.r, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 

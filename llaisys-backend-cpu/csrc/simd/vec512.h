@@ -48,6 +48,10 @@ struct Vec16 {
     template <class T> static Vec16 load(const T* p) {
         return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p);
     }
+    // 16 bytes as f32 lanes (exact): unsigned or signed integers (block scales, llaisys.ops.quant)
+    static Vec16 load(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(p))); }
+    static Vec16 load(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes16(p))); }
+    static __m128i bytes16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
     // lanes [0, n) from p, the rest 0; nothing past p + n is read
     static Vec16 load_partial(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
     template <class T> static Vec16 load_partial(const T* p, int n) {
@@ -153,6 +157,12 @@ LLAISYS_TARGET_AVX512BF16 inline Vec16 dot_bf16_pairs(Vec16 acc, Vec16i a, Vec16
 inline Vec16i dot4_i8(Vec16i acc, Vec16i a, Vec16i b) {
     const __m512i b_signed = _mm512_mask_sub_epi8(b.r, _mm512_movepi8_mask(a.r), _mm512_setzero_si512(), b.r);
     const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.r), b_signed);
+    return _mm512_add_epi32(acc.r, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+// dot4_u7i8: a in [0, 127] (4- and 6-bit codes), signed b in [-127, 127], exact without VNNI: vpmaddubsw (no
+// saturation: 2 * 127 * 127 < 32767) and vpmaddwd by 1.
+inline Vec16i dot4_u7i8(Vec16i acc, Vec16i a, Vec16i b) {
+    const __m512i pairs = _mm512_maddubs_epi16(a.r, b.r);
     return _mm512_add_epi32(acc.r, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 }
 // dot4_u8i8: unsigned a, signed b, exact (vpdpbusd). Only for CPUs with AVX512-VNNI

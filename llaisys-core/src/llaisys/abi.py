@@ -50,6 +50,14 @@ class Numerics(enum.IntEnum):  # llaisys_numerics_t, LLAISYS_NUMERICS_<name>
     HF = 1  # f16 / bf16: round where HF transformers' default (sdpa) forward rounds
 
 
+class QFormat(enum.IntEnum):  # llaisys_qformat_t, LLAISYS_QFORMAT_<name>; llaisys.ops.quant's formats
+    Q8_0 = 0
+    Q4_0 = 1
+    Q4_1 = 2
+    Q4_K = 3
+    Q6_K = 4
+
+
 class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
     HOST_ADDRESSABLE = 0
     WARP_SIZE = 1
@@ -63,6 +71,7 @@ class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
 # (C enum type, Python enum, prefix of its constants) for every enum of the header
 ENUMS = [("llaisys_status", Status, "LLAISYS_"), ("llaisys_dtype", DTypeCode, "LLAISYS_"),
          ("llaisys_memcpy_kind", MemcpyKind, "LLAISYS_MEMCPY_"), ("llaisys_numerics", Numerics, "LLAISYS_NUMERICS_"),
+         ("llaisys_qformat", QFormat, "LLAISYS_QFORMAT_"),
          ("llaisys_device_attr", DeviceAttr, "LLAISYS_ATTR_")]
 
 
@@ -173,6 +182,11 @@ OP_SLOTS: dict[str, list] = {
     # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight int8 [E,NB,G,8,16,4], scales bf16
     # [E,NB,G,16] (each expert's linear_i8 blocks), experts int64 [M,k]
     "moe_linear_i8": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p, _p],
+    # dtype, fmt (QFormat), M, N, K, out [M,N], x [M,K], weight and scales uint8 (blocks of 16 rows in format fmt:
+    # llaisys.ops.quant), bias [N] or NULL
+    "linear_q": [c_int, c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p],
+    # dtype, fmt, n_index, dim, vocab, out [n,dim], index int64 [n], weight and scales uint8 (as linear_q's)
+    "embedding_q": [c_int, c_int, _i64, _i64, _i64, _p, _p, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 

@@ -38,8 +38,8 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None, tensor_parallel: int | None = None,
-         distributed_executor: str | None = None) -> CausalLM:
+         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
+         tensor_parallel: int | None = None, distributed_executor: str | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.registry``).
 
@@ -51,20 +51,24 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     ``quantize="int8"`` (quantized from the mapping a chunk at a time, into memory).
     ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
     None reads ``$LLAISYS_NUMERICS``).
-    ``quantize`` None keeps the linears' weights in the model dtype; "int8" quantizes them at load time
-    (symmetric int8 per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about
-    half of bf16's memory and bytes read per token, on devices whose backend has the ``linear_i8`` kernel.
-    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead.
+    ``quantize`` None keeps the linears' weights as stored; "int8" quantizes them at load time (symmetric int8
+    per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about half of bf16's memory
+    and bytes read per token, on devices whose backend has the ``linear_i8`` kernel; "int4" into 4-bit blocks
+    (q4_0, the lm_head in int8): about a quarter, where the backend has ``linear_q``.
+    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead: its quantized matrices stay
+    in their blocks unless ``dequantize`` is True (decoded into ``dtype``, as HF transformers reads them).
     ``tensor_parallel`` N > 1 splits the model over N ranks, one device each (``device="cuda"``: cuda:0 ..
     cuda:N-1; the CPU: N processes sharing its cores), this process rank 0: the returned model runs the
-    engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them.
+    engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them. (A split
+    GGUF file's quantized matrices are decoded: each rank's part is cut from the decoded rows.)
     ``distributed_executor`` "local" (default) starts those ranks as processes of this host; "ray" as Ray actors
     in a placement group, one bundle per rank, on any node of the Ray cluster this process is in (or RAY_ADDRESS
     names, else one started here): GPUs anywhere, CPU ranks on rank 0's host (their collectives are shared
     memory) (``llaisys_models.tensor_parallel.ray_ranks``; the ``ray`` extra).
     """
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
-                        tensor_parallel=tensor_parallel, distributed_executor=distributed_executor)
+                        dequantize=dequantize, tensor_parallel=tensor_parallel,
+                        distributed_executor=distributed_executor)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

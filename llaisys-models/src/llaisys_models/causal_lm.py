@@ -87,6 +87,7 @@ class CausalLM(GenerationMixin, TextMixin):
         self.eos_token_ids = tuple(eos_token_ids)
         self.checkpoint = source
         self.quantize = quantization.resolve(quantize)
+        self.weight_formats = quantization.weight_formats(weights)  # ("q4_k", "q6_k"), ("int8",), () for floats
         self.numerics = resolve_numerics(numerics)
         self._step_lock = threading.Lock()  # one forward at a time: the work buffers are shared
         self._workspace_base: Workspace | None = None
@@ -106,7 +107,8 @@ class CausalLM(GenerationMixin, TextMixin):
 
     def __repr__(self) -> str:
         c = self.config
-        quantized = f", quantize={self.quantize!r}" if self.quantize else ""
+        quantized = (f", quantize={self.quantize!r}" if self.quantize else
+                     f", weights={'/'.join(self.weight_formats)}" if self.weight_formats else "")
         if self.group.world_size > 1:
             quantized += f", tensor_parallel={self.group.world_size}"
         return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}{quantized}, "

@@ -161,10 +161,10 @@ def _load(args):
     parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 **parallel)
+                 dequantize=args.dequantize, **parallel)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
-    weights = f" with {model.quantize} linears" if model.quantize else ""
+    weights = f" with {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     if args.tensor_parallel > 1:
         weights += f", split over {args.tensor_parallel} ranks" + (" on Ray" if args.distributed_executor == "ray"
                                                                      else "")
@@ -313,6 +313,8 @@ def run_infer(args) -> int:
     if (args.test or args.strict) and args.quantize:
         raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
                                 f"{args.quantize} departs from by design; run --test without --quantize")
+    if args.test or args.strict:  # HF decodes a GGUF file's blocks into floats: compare like with like
+        args.dequantize = True
     model, tokenizer, _ = _load(args)
     ids = encode(tokenizer, args.prompt, chat=not args.raw)
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ import llaisys
 from .causal_lm import CausalLM
 from .kv_cache import KVPool
 from .loading import KERNELS
-from .quantize import linear
+from .quantize import embedding, linear
 from .step_inputs import StepInputs
 from .weights import LayerWeights
 
@@ -54,7 +54,7 @@ class Gemma3(CausalLM):
 
     def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
         ws = self._workspace(step.num_tokens)
-        llaisys.ops.embedding(ws.x, step.tokens, self.weights.embed_tokens)
+        embedding(ws.x, step.tokens, self.weights.embed_tokens)
         llaisys.ops.scale(ws.x, ws.x, self.embed_scale)
         for i, layer in enumerate(self.weights.layers):
             self._attention(layer, ws, pool.keys[i], pool.values[i], step, self.config.window(i))

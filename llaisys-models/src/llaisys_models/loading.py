@@ -30,8 +30,8 @@ MOE_KERNELS = ("moe_router", "moe_linear", "moe_combine")  # ... and a mixture-o
 
 
 def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None, tensor_parallel: int | None = None,
-         distributed_executor: str | None = None, layout=None, group=None):
+         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
+         tensor_parallel: int | None = None, distributed_executor: str | None = None, layout=None, group=None):
     """The model in the HuggingFace directory (or GGUF file, or Hub id: hub.py) ``path``, its class picked by
     the architecture its config names (registry.py). See ``llaisys_models.load`` for the options.
 
@@ -63,7 +63,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
         from . import gguf
 
         return gguf.load(path, device=device, dtype=dtype, progress=progress, numerics=numerics, quantize=quantize,
-                         layout=layout, group=group)
+                         dequantize=dequantize, layout=layout, group=group)
     path = model_directory(path)
     if layout is not None:
         return MODEL_CLASSES[ModelConfig.from_file(path, supported=MODEL_CLASSES).architecture].from_weights(

@@ -31,7 +31,7 @@ import llaisys
 
 from .causal_lm import CausalLM
 from .kv_cache import KVPool
-from .quantize import linear
+from .quantize import embedding, linear
 from .step_inputs import StepInputs
 from .weights import LayerWeights
 
@@ -55,7 +55,7 @@ class Qwen2(CausalLM):
 
     def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
         ws = self._workspace(step.num_tokens)
-        llaisys.ops.embedding(ws.x, step.tokens, self.weights.embed_tokens)
+        embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
             self._attention(layer, ws, pool.keys[i], pool.values[i], step, self.config.window(i))
             self._mlp(layer, ws)

@@ -3,9 +3,9 @@
 Everything is checked (presence, shape, dtype) before a byte is converted or copied, so a
 bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dtype is
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
-once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` the
-linears' weights (LINEARS) and the experts' matrices (EXPERTS) are quantized instead (quantize.py), each
-straight from the file.
+once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` or ``"int4"`` the
+linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
+in q8_0), and so are the experts' matrices (EXPERTS; in int8 for both: there is no 4-bit expert kernel).
 
 Gemma's RMSNorms multiply by 1 + w (``config.norm_offset``): the norm weights (NORMS) are then loaded as
 f32(w) + 1 in float32, whatever the model dtype, which is what HF computes (``1.0 + self.weight.float()``):
@@ -28,7 +28,7 @@ from .config import ModelConfig
 from .errors import ModelLoadError
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import Int8Experts, Int8Weight, int8_experts, int8_weight
+from .quantize import BlockWeight, Int8Experts, Int8Weight, int8_experts, linear_mode, quantized_weight
 from .safetensors import Checkpoint, TensorInfo
 from .tensor_parallel import shards
 from .tensor_parallel.layout import DROP
@@ -42,7 +42,8 @@ NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k
 # ... and a sparse layer's stacked expert matrices (the router stays in the model dtype: quantize.py)
 EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
-Linear = llaisys.Tensor | Int8Weight  # a linear's weight: in the model dtype, or int8 (quantize.py)
+# a linear's weight: in the model dtype, int8, or blocks (quantize.py: int4, and a GGUF file's quantized tensors)
+Linear = llaisys.Tensor | Int8Weight | BlockWeight
 Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
 
 
@@ -82,10 +83,11 @@ class LayerWeights:
 
 @dataclasses.dataclass
 class Weights:
-    embed_tokens: llaisys.Tensor
+    embed_tokens: llaisys.Tensor | BlockWeight  # blocks: a GGUF file's quantized table, decoded per row read
     layers: list[LayerWeights]
     norm: llaisys.Tensor
-    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized)
+    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized; the same
+    # blocks when the embedding is a GGUF file's quantized table)
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -274,12 +276,13 @@ def _row_reader(info: TensorInfo, first: int = 0) -> Callable[[int, int], np.nda
     return read
 
 
-def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None) -> Int8Weight:
-    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8 on ``device``, quantized
-    from its stored values a chunk of rows at a time; its mapped pages are dropped from the resident set as
-    soon as they are read."""
+def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | None = None,
+              quantize: str = "int8") -> Int8Weight | BlockWeight:
+    """The checkpoint matrix (or its rows [start, stop): a part of a fused one) in int8, int4 or q8_0
+    (``quantize``) on ``device``, quantized from its stored values a chunk of rows at a time; its mapped pages
+    are dropped from the resident set as soon as they are read."""
     first, stop = rows or (0, info.shape[0])
-    weight = int8_weight(_row_reader(info, first), (stop - first, info.shape[1]), device, info.name)
+    weight = quantized_weight(quantize, _row_reader(info, first), (stop - first, info.shape[1]), device, info.name)
     info.file.release_pages(info.offset, stop * (info.nbytes // max(info.shape[0], 1)))
     return weight
 
@@ -328,10 +331,10 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                 return cache[name].slice(0, *spec[2])
             return cache[name]
 
-        def get_linear(spec):
-            if quantize is None:
+        def get_linear(spec, mode):
+            if mode is None:
                 return get(spec)
-            weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None)
+            weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None, mode)
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
@@ -343,7 +346,7 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
 
         def getter(field):
             if field in LINEARS:
-                return get_linear
+                return lambda spec: get_linear(spec, linear_mode(quantize, field))
             if field in EXPERTS:
                 return get_experts
             return get_norm if field in NORMS and config.norm_offset else get
@@ -371,8 +374,9 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             if whole and len(spec) < 3 and spec[0] in cache:  # a tied lm_head's rows: a view of the embedding
                 return cache[spec[0]].slice(0, part.start, part.stop)
             source = info.file.array(info)
+            mode = linear_mode(quantize, field) if field in LINEARS else None
             weight = shards.build(lambda a, b: source[first + a:first + b], (stop - first, *info.shape[1:]), part,
-                                  dtype, device, quantize is not None and field in LINEARS, info.name)
+                                  dtype, device, mode, info.name)
             info.file.release_pages(info.offset, info.nbytes)
             bar.update(_part_bytes(info, spec) // layout.world)
             return weight

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtype import bfloat16, float32, int8
+from ..dtype import bfloat16, float32, int8, uint8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import F32_MAX, NUMERICS
 from .int8 import INT8_GROUP, int8_shapes
+from .quant import FORMATS, QUANT_FORMATS, QUANT_SUPER
 
 _embedding = new_plans()
 
@@ -157,6 +158,114 @@ def _plan_linear_i8(out, x, weight, scales, bias):
     check.writable(op, "out", out)
     key = (out._layout, x._layout, weight._layout, scales._layout, None if bias is None else bias._layout)
     return remember(_linear_i8, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, n, k))
+
+
+_linear_q = new_plans()
+
+
+def linear_q(out, x, weight, scales, fmt: str, bias=None) -> None:
+    """out = x @ w.T + bias for weights w in the block format ``fmt`` (one of ``QUANT_FORMATS``: q8_0, q4_0,
+    q4_1, q4_k, q6_k, each holding exactly the values of the ggml type of that name).
+
+    x [M, K] f32 / f16 / bf16; out [M, N] of x's dtype; bias [N] or None. weight and scales are uint8 blocks
+    of 16 rows (``llaisys.ops.quant``: ``quant_shapes(fmt, N, K)``, ``pack_quant`` makes them). Each row of x is
+    quantized per group of 32 to int8 on the fly (as ``linear_i8`` does), the group dot products are exact
+    integers, the rest f32 (backend.h, ``linear_q``). A row of out depends on its row of x only. out must share
+    no memory with x, weight, scales or bias.
+    """
+    try:
+        kernel, fail, device, code, fcode, m, n, k = _linear_q[out._layout, x._layout, weight._layout,
+                                                               scales._layout, None if bias is None else bias._layout,
+                                                               fmt]
+    except (AttributeError, KeyError, TypeError):
+        kernel, fail, device, code, fcode, m, n, k = _plan_linear_q(out, x, weight, scales, fmt, bias)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("x", x), ("weight", weight), ("scales", scales), ("bias", bias)):
+        if t is not None and t._ptr < o_end and o_ptr < t._end:
+            check.overlap("linear_q", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, fcode, m, n, k, o_ptr, x._ptr, weight._ptr,
+                    scales._ptr, None if bias is None else bias._ptr)
+    if status:
+        fail(status)
+
+
+def _quant_blocks(op, fmt, weight, scales, n, k) -> int:
+    """Checks weight and scales as the ``fmt`` blocks of an [n, k] matrix; returns the format's code."""
+    if fmt not in QUANT_FORMATS:
+        check.fail(op, f"fmt must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
+    f = FORMATS[fmt]
+    check.dtype(op, "weight", weight, (uint8,))
+    check.dtype(op, "scales", scales, (uint8,))
+    if f.record == QUANT_SUPER and k % QUANT_SUPER:
+        check.fail(op, f"K = {k} is not a multiple of {QUANT_SUPER}, which {fmt} blocks need (its super-blocks)")
+    weight_shape, scales_shape = f.shapes(n, k)
+    if weight.shape != weight_shape:
+        check.fail(op, f"weight has shape {weight.shape}; expected {weight_shape}: the {fmt} blocks of an [N, K] = "
+                       f"[{n}, {k}] matrix (llaisys.ops.pack_quant makes them)")
+    if scales.shape != scales_shape:
+        check.fail(op, f"scales has shape {scales.shape}; expected {scales_shape}: the {fmt} scale records of an "
+                       f"[N, K] = [{n}, {k}] matrix (llaisys.ops.pack_quant makes them)")
+    return f.code
+
+
+def _plan_linear_q(out, x, weight, scales, fmt, bias):
+    op = "linear_q"
+    device = check.tensors(op, out=out, x=x, weight=weight, scales=scales, bias=bias)
+    check.dtype(op, "x", x, check.FLOATS)
+    check.same_dtype(op, "x", x, out=out, bias=bias)
+    check.ndim(op, "x", x, 2)
+    check.ndim(op, "out", out, 2)
+    (m, k), n = x.shape, out.shape[1]
+    fcode = _quant_blocks(op, fmt, weight, scales, n, k)
+    if bias is not None:
+        check.shape(op, "bias", bias, (n,))
+    check.shape(op, "out", out, (m, n))
+    check.contiguous(op, out=out, x=x, weight=weight, scales=scales, bias=bias)
+    check.writable(op, "out", out)
+    key = (out._layout, x._layout, weight._layout, scales._layout, None if bias is None else bias._layout, fmt)
+    return remember(_linear_q, key, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, fcode, m, n, k))
+
+
+_embedding_q = new_plans()
+
+
+def embedding_q(out, index, weight, scales, fmt: str, vocab: int) -> None:
+    """out[i] = row index[i] of the [vocab, dim] matrix stored in the block format ``fmt`` (as ``linear_q``
+    takes it: weight and scales the blocks of ``vocab`` rows), decoded to out's dtype (f32 / f16 / bf16: each
+    weight computed in f32 as ggml's dequantizer computes it, rounded once). Only the rows asked for are read;
+    an index outside [0, vocab) raises. out must share no memory with index, weight or scales.
+    """
+    try:
+        kernel, fail, device, code, fcode, n, dim = _embedding_q[out._layout, index._layout, weight._layout,
+                                                                 scales._layout, fmt, vocab]
+    except (AttributeError, KeyError, TypeError):
+        kernel, fail, device, code, fcode, n, dim = _plan_embedding_q(out, index, weight, scales, fmt, vocab)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("index", index), ("weight", weight), ("scales", scales)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("embedding_q", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, fcode, n, dim, vocab, o_ptr, index._ptr,
+                    weight._ptr, scales._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_embedding_q(out, index, weight, scales, fmt, vocab):
+    op = "embedding_q"
+    device = check.tensors(op, out=out, index=index, weight=weight, scales=scales)
+    vocab = check.size(op, "vocab", vocab)
+    check.ndim(op, "index", index, 1)
+    check.index_tensor(op, "index", index)
+    check.ndim(op, "out", out, 2)
+    check.dtype(op, "out", out, check.FLOATS)
+    n, dim = out.shape
+    check.shape(op, "out", out, (index.shape[0], dim))
+    fcode = _quant_blocks(op, fmt, weight, scales, vocab, dim)
+    check.contiguous(op, out=out, index=index, weight=weight, scales=scales)
+    check.writable(op, "out", out)
+    runs = out.numel() > 0 or index.numel() > 0
+    return remember(_embedding_q, (out._layout, index._layout, weight._layout, scales._layout, fmt, vocab),
+                    (*kernel_for(op, device, runs), device, out.dtype.code, fcode, n, dim))
 
 
 _rms_norm = new_plans()

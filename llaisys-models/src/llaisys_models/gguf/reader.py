@@ -56,6 +56,9 @@ _SCALARS = {
 }
 
 
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -280,6 +283,17 @@ class GGUFFile:
     @property
     def mapping(self) -> mmap.mmap:
         return self._map
+
+    def populate(self, name: str, rows: tuple[int, int]) -> None:
+        """Fault in the mapped pages of a tensor's rows [start, end) with one madvise call (MADV_POPULATE_READ,
+        Linux >= 5.14; elsewhere they fault in as they are read): one call instead of a fault per 4 KiB page."""
+        info = self.tensors[name]
+        offset, nbytes = info.offset + rows[0] * info.row_bytes, (rows[1] - rows[0]) * info.row_bytes
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._map.madvise(MADV_POPULATE_READ, start, min(offset + nbytes, len(self._map)) - start)
+        except (OSError, ValueError):
+            pass
 
     def release(self, name: str, rows: tuple[int, int] | None = None) -> None:
         """Drop a tensor's mapped pages (those of its stored rows [start, stop) when given) from this process's

@@ -1,10 +1,20 @@
-"""The decoder's weights from a GGUF file: named as llama.cpp names them, checked, dequantized, placed.
+"""The decoder's weights from a GGUF file: named as llama.cpp names them, checked, converted, placed.
 
 The plan (which weights, their shapes) is the HuggingFace loader's; only the names differ
 (``blk.{i}.attn_q.weight`` for ``model.layers.{i}.self_attn.q_proj.weight``). Every tensor
-is checked (presence, shape, a type llaisys decodes) before any is read. Each is then decoded
-straight into the buffer that becomes the weight, one tensor at a time, and its mapped pages
-are dropped, so the load peaks at the decoded weights plus one tensor's stored bytes.
+is checked (presence, shape, a type llaisys decodes) before any is read. Each is then converted
+straight into the buffer that becomes the weight, one tensor (or chunk of rows) at a time, and its
+mapped pages are dropped, so the load peaks at the converted weights plus one chunk's stored bytes.
+
+What each tensor becomes (``kind_of``), by default ("as stored", where the device has the kernels):
+- Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices (the linears, the lm_head and the token embedding) stay in their
+  blocks (gguf/blocks.py: llaisys' formats of the same names hold exactly the stored values);
+- Q5_0, Q5_1, Q5_K linears become int8 (decoded to float32, then quantized as ``quantize="int8"`` does:
+  not exact; README gives the error), the rest (F32 / F16 / BF16, Q2_K, Q3_K, Q5_* tables, norms, biases)
+  is decoded into the compute dtype.
+``dequantize=True`` decodes everything into the compute dtype (the values exactly in float32: what HF
+transformers computes with); ``quantize="int8"`` / ``"int4"`` requantize the linears (int4 keeps the 4-bit
+blocks as they are, and the lm_head at 6 bits or more: its blocks, or q8_0).
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
 head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
@@ -24,11 +34,22 @@ import llaisys
 from ..errors import ModelLoadError
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import Int8Experts, Int8Weight, int8_experts, int8_weight
+from ..quantize import (
+    BLOCK_KERNELS,
+    Arena,
+    BlockWeight,
+    Int8Experts,
+    Int8Weight,
+    block_buffers,
+    block_bytes,
+    int8_experts,
+    linear_mode,
+    quantized_weight,
+)
 from ..tensor_parallel import shards
 from ..tensor_parallel.layout import DROP
 from ..weights import EXPERTS, LINEARS, NORMS, Weights, layer_weights, plan
-from . import quants
+from . import blocks, quants
 from .reader import GGUFFile
 
 TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
@@ -146,25 +167,69 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
 
 
 def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
-              rows: np.ndarray | slice | None = None) -> Int8Weight:
-    """One matrix of the file in int8 (``quantize="int8"``) on ``device``, rows reordered by ``rows`` if given:
+              rows: np.ndarray | slice | None = None, quantize: str = "int8") -> Int8Weight | BlockWeight:
+    """One matrix of the file in int8, int4 (q4_0) or q8_0 on ``device``, rows reordered by ``rows`` if given:
     decoded to float32 a chunk of rows at a time and quantized from there.
 
     Q8_0 (and Q4_0, Q5_0) are already int8 per group of 32 with an f16 scale ``d``; their decoded values
-    ``d * q`` are exact float32 values, so this re-expresses each group's scale as the next bfloat16 up and
+    ``d * q`` are exact float32 values, so int8 re-expresses each group's scale as the next bfloat16 up and
     requantizes its integers against it: the error added is what that scale rounding changes.
     """
-    qtype, raw = f.tensors[name].type, f.raw(name)
-    if isinstance(rows, slice):  # a part of a fused tensor
-        raw, rows = raw[rows], None
-
-    def read(start: int, end: int) -> np.ndarray:
-        src = raw[start:end] if rows is None else raw[rows[start:end]]
-        return quants.dequantize(src, qtype, np.empty((end - start, shape[1]), np.float32))
-
-    weight = int8_weight(read, shape, device, name)
+    weight = quantized_weight(quantize, row_reader(f, name, shape, rows), shape, device, name)
     f.release(name)
     return weight
+
+
+CHUNK_BYTES = 8 << 20  # stored bytes converted per step of block_weight (their pages are then dropped)
+
+
+def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
+                 rows: np.ndarray | slice | None = None, arena: Arena | None = None) -> BlockWeight:
+    """One matrix of the file kept in its blocks (gguf/blocks.py: the llaisys format of its type) on ``device``
+    (from ``arena`` if given), rows reordered by ``rows`` if given; converted a chunk of rows at a time, each
+    chunk's mapped pages dropped as soon as it is done."""
+    info = f.tensors[name]
+    fmt, raw, first = blocks.FORMATS[info.type], f.raw(name), 0
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, first, rows = raw[rows], rows.start, None
+    buffers = block_buffers(fmt, shape, device, arena)
+    weight, scales = buffers.arrays
+    n = shape[0]
+    step = max(1, CHUNK_BYTES // max(info.row_bytes, 1) // 16) * 16
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        if rows is None:
+            f.populate(name, (first + start, first + end))
+        part = raw[start:end] if rows is None else raw[rows[start:end]]
+        b0, b1 = start // 16, -(-end // 16)
+        blocks.convert_rows(part, info.type, weight[b0:b1], scales[b0:b1])
+        if rows is None:
+            f.release(name, (first + start, first + end))
+    f.release(name)
+    return BlockWeight(*buffers.placed(), fmt, shape)
+
+
+INT8_TYPES = (quants.Q.Q5_0, quants.Q.Q5_1, quants.Q.Q5_K)  # no llaisys format yet: their linears go to int8
+FOUR_BIT = (quants.Q.Q4_0, quants.Q.Q4_1, quants.Q.Q4_K)
+
+
+def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
+    """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4", "q8_0" or "float" (this
+    module's docstring); ``blocks_ok``: the device has the block kernels."""
+    kept = blocks_ok and qtype in blocks.FORMATS
+    if field == "embed_tokens":
+        return "blocks" if kept and not dequantize else "float"
+    if field not in LINEARS:
+        return "float"
+    if quantize == "int8":
+        return "int8"
+    if quantize == "int4":
+        if field == "lm_head":
+            return "blocks" if kept else "q8_0"
+        return "blocks" if kept and qtype in FOUR_BIT else "int4"
+    if dequantize or not blocks_ok:
+        return "float"
+    return "blocks" if kept else "int8" if qtype in INT8_TYPES else "float"
 
 
 def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device) -> Int8Experts:
@@ -214,11 +279,24 @@ def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray 
 
 def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
                  device: llaisys.Device, arch: str, progress: bool | None = None,
-                 quantize: str | None = None, layout=None) -> Weights:
-    """The weights of ``tensor_plan``'s plan, decoded into ``dtype`` on ``device`` (the linears' matrices
-    into int8 with ``quantize="int8"``); with ``layout`` (tensor_parallel.Layout), only this rank's part of
-    each."""
+                 quantize: str | None = None, dequantize: bool = False, layout=None) -> Weights:
+    """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
+    quantized, or decoded into ``dtype``; with ``layout`` (tensor_parallel.Layout), only this rank's part of
+    each (decoded, then cut: a rank's part is not kept in the file's blocks)."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
+    blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
+    i8_ok = llaisys.ops.implemented("linear_i8", device)
+
+    def kind(field: str, spec: tuple) -> str:
+        return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok)
+
+    # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
+    # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
+    kept = [(f.tensors[spec[0]].type, _part_shape(spec)) for group in [top, *layers] for field, spec in group.items()
+            if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
+    arena = None
+    if device.type == "cpu" and kept:
+        arena = Arena(sum(block_bytes(blocks.FORMATS[qtype], shape) for qtype, shape in kept), device)
     total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
     if layout is not None and layout.world > 1:
         total //= layout.world
@@ -233,16 +311,21 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
             if part == DROP:
                 return None
             if part is not None:
-                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device,
-                                      quantize is not None and field in LINEARS, name)
+                mode = linear_mode(quantize, field) if field in LINEARS else None
+                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
                 f.release(name)
                 bar.update(math.prod(part.shape(shape)) * dtype.itemsize)
                 return tensor
-            if quantize is not None and field in LINEARS:
-                tensor = quantized(f, name, shape, device, rows)
+            how = kind(field, spec)
+            if how == "int8" and not i8_ok:
+                how = "float"
+            if how == "blocks":
+                tensor = block_weight(f, name, shape, device, rows, arena)
+            elif how in ("int8", "int4", "q8_0"):
+                tensor = quantized(f, name, shape, device, rows, how)
             elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
                 tensor = materialize(f, name, shape, llaisys.float32, device, rows)
-            elif quantize is not None and field in EXPERTS:
+            elif quantize is not None and field in EXPERTS:  # (int8 for int4 too: quantize.py)
                 tensor = quantized_experts(f, name, shape, device)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
@@ -254,7 +337,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
         norm = get("norm", top["norm"])
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
-        else:  # tied: the embedding, or its own int8 copy (or this rank's rows of it)
+        else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy (or this rank's rows)
             split = layout is not None and layout.world > 1
-            lm_head = get("lm_head", top["embed_tokens"]) if quantize is not None or split else embed
+            same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
+            lm_head = embed if same and not split else get("lm_head", top["embed_tokens"])
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

@@ -218,7 +218,7 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 **parallel)
+                 dequantize=args.dequantize, **parallel)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
@@ -242,7 +242,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
     if not is_loopback(args.host):
         print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
               + ("" if keys else " without an API key"), file=sys.stderr)
-    weights = f", {model.quantize} linears" if model.quantize else ""
+    weights = f", {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
     if args.tensor_parallel > 1:
         weights += f", split over {args.tensor_parallel} ranks" + (" on Ray" if args.distributed_executor == "ray"
                                                                      else "")

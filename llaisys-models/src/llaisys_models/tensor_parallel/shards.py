@@ -3,8 +3,8 @@
 Both loaders (safetensors, GGUF) describe a weight by a row reader: ``read(start, stop)`` returns rows
 [start, stop) of it as a host array of floats (a view of the mapping for safetensors; decoded rows for a
 quantized GGUF tensor; elements for a vector). ``build`` cuts the part out of those rows and writes it
-straight into the buffer that becomes the weight (or quantizes it, ``quantize="int8"``: shard first, then
-quantize, so a rank's int8 blocks of 16 rows and groups of 32 inputs are those of its own matrix). Only the
+straight into the buffer that becomes the weight (or quantizes it, ``quantize="int8"`` / ``"int4"``: shard
+first, then quantize, so a rank's blocks of 16 rows and groups of 32 inputs are those of its own matrix). Only the
 part's rows are ever read, or, for a column part, the rows' bytes once, chunk by chunk.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import llaisys
 
 from ..host_memory import bytes_of, host_buffer
-from ..quantize import CHUNK_VALUES, Int8Weight, int8_weight
+from ..quantize import CHUNK_VALUES, BlockWeight, Int8Weight, quantized_weight
 from .layout import Part
 
 Reader = Callable[[int, int], np.ndarray]  # rows [start, stop) of a weight, as host floats
@@ -58,11 +58,12 @@ def tensor_from_rows(read: Reader, shape: tuple[int, ...], dtype: llaisys.DType,
 
 
 def build(read: Reader, shape: tuple[int, ...], part: Part | None, dtype: llaisys.DType, device: llaisys.Device,
-          quantize: bool, name: str) -> llaisys.Tensor | Int8Weight:
-    """``part`` (None: all) of the weight of ``shape`` that ``read`` reads, on ``device``: int8 when
-    ``quantize`` (a matrix), else in ``dtype``."""
+          quantize: str | None, name: str) -> llaisys.Tensor | Int8Weight | BlockWeight:
+    """``part`` (None: all) of the weight of ``shape`` that ``read`` reads, on ``device``: quantized as
+    ``quantize`` says ("int8", "int4", "q8_0": quantize.quantized_weight) when it is a matrix, else in
+    ``dtype``."""
     if part is not None:
         read, shape = part_reader(read, shape, part)
     if quantize and len(shape) == 2:
-        return int8_weight(read, shape, device, name)
+        return quantized_weight(quantize, read, shape, device, name)
     return tensor_from_rows(read, shape, dtype, device)

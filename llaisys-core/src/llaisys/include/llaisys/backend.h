@@ -87,6 +87,16 @@ typedef enum llaisys_numerics {
     LLAISYS_NUMERICS_HF = 1     /* f16 / bf16: round where HuggingFace transformers' default (sdpa) forward rounds */
 } llaisys_numerics_t;
 
+/* Weight formats of linear_q and embedding_q: llaisys' blocks of 16 rows, each format holding exactly the
+ * values of the ggml type of the same name (the layouts: linear_q below; llaisys.ops.quant builds them). */
+typedef enum llaisys_qformat {
+    LLAISYS_QFORMAT_Q8_0 = 0, /* int8 q, f16 d per 32 k:                    w = d q */
+    LLAISYS_QFORMAT_Q4_0 = 1, /* 4-bit u, f16 d per 32 k:                   w = d (u - 8) */
+    LLAISYS_QFORMAT_Q4_1 = 2, /* 4-bit u, f16 d and m per 32 k:             w = d u + m */
+    LLAISYS_QFORMAT_Q4_K = 3, /* 4-bit u, per 256 k f16 D, Dm, per 32 k 6-bit sc, mn: w = (D sc) u - (Dm mn) */
+    LLAISYS_QFORMAT_Q6_K = 4  /* 6-bit q, per 256 k f16 D, per 16 k int8 sc:  w = (D sc) (q - 32) */
+} llaisys_qformat_t;
+
 /* Device attributes (device_attribute). */
 typedef enum llaisys_device_attr {
     LLAISYS_ATTR_HOST_ADDRESSABLE = 0,       /* 1 if the host can read / write device pointers directly */
@@ -471,6 +481,37 @@ LLAISYS_OP int LLAISYS_FN(scale)(int device, void* stream, int dtype, int64_t n,
 LLAISYS_OP int LLAISYS_FN(moe_linear_i8)(int device, void* stream, int dtype, int64_t M, int64_t k, int64_t E,
                                          int64_t N, int64_t K, int x_per_slot, void* out, const void* x,
                                          const void* weight, const void* scales, const void* experts);
+
+/* [op] Linear with block-quantized weights: out [M, N] = x [M, K] @ w^T + bias [N] (bias may be NULL), w in
+ * format `fmt` (llaisys_qformat_t; an unknown code is LLAISYS_NOT_SUPPORTED). Rows come in blocks of 16 (NB =
+ * ceil(N / 16); rows past N are zero bytes), each block one sequential stream of G groups of 32 k (G = ceil(K /
+ * 32); K a multiple of 256 for Q4_K, Q6_K; k past K zero), weight and scales uint8, per block:
+ *   Q8_0  weight [G][8 steps][16 rows][4]: q[16 b + r, 32 g + 4 s + i] (int8);  scales [G][16] f16 d
+ *   Q4_0  weight [G][4 chunks][16][4]: low nibble k = 32 g + 4 c + i, high nibble k + 16;  scales [G][16] f16 d
+ *   Q4_1  weight as Q4_0;  scales [G][2][16]: f16 d, then f16 m
+ *   Q4_K  weight [K / 64][8 chunks][16][4]: low nibble k = 64 u + 4 c + i, high nibble k + 32;
+ *         scales [K / 256] records of 320 bytes: f16 D [16], f16 Dm [16], u8 sc [8][16], u8 mn [8][16]
+ *   Q6_K  weight [K / 128] units of 1536 bytes: [16 chunks][16][4] low nibbles (k = 128 u + 4 c + i, high
+ *         nibble k + 64), then [8 chunks][16][4] 2-bit fields (field j, bits 2j: k = 128 u + 32 j + 4 c + i),
+ *         q = low | field << 4;  scales [K / 256] records of 288 bytes: f16 D [16], int8 sc [16][16] (per 16 k)
+ * (the formulas at llaisys_qformat_t give w). Each row of x is quantized on the fly per group of 32 k as for
+ * linear_i8 (sx = max|x| / 127 in f32, xq = round-half-to-even(x / sx)), and out[m, n] = sum over g in order of
+ * (scale(n, g) * sx[m, g]) * dot_g (per 16 k with its own scale for Q6_K) + min(n, g) * (sx[m, g] * sum_g xq)
+ * (Q4_1, Q4_K) + bias[n], where dot_g = sum_{k in g} q[n, k] * xq[m, k] (q with its offset: u - 8, q - 32) is
+ * exact in int32, the rest f32, rounded once to `dtype` (of out, x and bias). A row of out depends only on its
+ * row of x. A group of x holding inf or NaN makes its row of out NaN. K may be 0 (out = bias, or 0). out
+ * shares no memory with x, weight, scales or bias. */
+LLAISYS_OP int LLAISYS_FN(linear_q)(int device, void* stream, int dtype, int fmt, int64_t M, int64_t N, int64_t K,
+                                    void* out, const void* x, const void* weight, const void* scales,
+                                    const void* bias);
+
+/* [op] Embedding from block-quantized weights: out [n, dim] (`dtype`) row i = row index[i] (int64) of the
+ * [vocab, dim] matrix in format `fmt` (blocks as for linear_q, K = dim), each weight computed in f32 as the
+ * format's formula says (as ggml's dequantize_row_* computes it) and rounded once. An index outside [0, vocab)
+ * is LLAISYS_INVALID_ARGUMENT naming it, and nothing is written. out shares no memory with the other buffers. */
+LLAISYS_OP int LLAISYS_FN(embedding_q)(int device, void* stream, int dtype, int fmt, int64_t n_index, int64_t dim,
+                                       int64_t vocab, void* out, const void* index, const void* weight,
+                                       const void* scales);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
