@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import StreamRead, prompt  # noqa: E402
+from e2e import StreamRead, prefill_rates, prompt  # noqa: E402
 from gguf_load import status_bytes, write_gguf  # noqa: E402
 
 
@@ -71,13 +71,7 @@ def bench_llaisys(path: Path, threads: int, decode_tokens: int) -> dict:
     vocab = model.config.vocab_size
     model.generate(prompt(16, vocab), 1, eos_token_ids=())
     result["first_token_s"] = time.perf_counter() - t0
-    model.generate(prompt(16, vocab), 2, eos_token_ids=())  # warm-up
-    for length, repeats in ((16, 3), (512, 2)):
-        best = 0.0
-        for r in range(repeats):
-            model.generate(prompt(length, vocab, variant=1 + r), 1, eos_token_ids=())
-            best = max(best, model.last_stats.prefill_tokens_per_second)
-        result[f"prefill_{length}"] = best
+    result.update(prefill_rates(model, vocab))
     result["peak_rss"] = status_bytes("VmHWM")
     result["bytes_per_token"] = decode_bytes_llaisys(model)
     result["formats"] = "/".join(model.weight_formats)

@@ -19,16 +19,9 @@ import subprocess
 import sys
 import time
 
+from gguf_load import status_bytes
+
 GB = 1e9
-
-
-def status_bytes(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak) of this process (not ru_maxrss, which a fork inherits from the parent)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def weight_bytes(model) -> tuple[int, int]:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from gguf_load import status_bytes
 
 SHAPE = dict(hidden=2048, inter=768, experts=64, top_k=8, heads=16, kv_heads=4, head_dim=128, vocab=32000)
 CHUNK = 1 << 24  # values drawn per numpy call
@@ -127,15 +128,6 @@ def active_bytes(layers: int, mode: str) -> int:
     per_weight = 2 if mode == "bf16" else INT8_BYTES
     quantized = layers * (h * q + 2 * h * kv + q * h + s["top_k"] * 3 * h * s["inter"]) + s["vocab"] * h
     return int(per_weight * quantized + 2 * layers * s["experts"] * h)
-
-
-def status_bytes(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak) of this process."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def stream_rate(mode: str, device: str):
