@@ -25,15 +25,14 @@ import argparse
 import contextlib
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import free_port, running_server  # noqa: E402
 
 WORDS = ("river stone market winter lantern orchard harbor signal meadow copper violet engine canyon "
          "thunder pilgrim garden compass silver falcon marble ember prairie beacon glacier").split()
@@ -46,44 +45,16 @@ def servers(cores: int) -> dict[str, list[str]]:
             "2 replicas": ["--replicas", "2", "--replica-cpus", str(half)]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(args, extra: list[str]):
-    """``llaisys serve`` with ``extra`` on a free port until the block ends; yields its base URL."""
+    """``llaisys serve`` with ``extra`` on a free port until the block ends; yields its base URL. (On SIGTERM
+    llaisys serve --replicas stops its application and its Ray cluster: that can take a while.)"""
     port = free_port()
     command = [str(Path(sys.executable).parent / "llaisys"), "serve", "--model", str(args.model), "--port", str(port),
                "--served-model-name", "bench", "--max-running", str(args.conversations), "--kv-memory",
                args.kv_memory, *extra]
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"llaisys serve exited with {proc.returncode}:\n{log.read()}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise SystemExit("llaisys serve did not come up within 900 s")
-            time.sleep(0.5)
+    with running_server(command, port, start_timeout=900, stop_timeout=120) as (base, _):
         yield base
-    finally:
-        proc.terminate()  # (llaisys serve --replicas stops its application and its Ray cluster on SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def sentence(rng: random.Random, words: int) -> str:

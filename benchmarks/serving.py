@@ -51,39 +51,47 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def running_server(command: list[str], port: int, start_timeout: float, stop_timeout: float):
+    """Runs ``command`` (an ``llaisys serve`` on ``port``) until the block ends; yields its base URL and its log
+    (a file of its stdout and stderr). Its exit or a start slower than ``start_timeout`` ends the benchmark."""
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise SystemExit(f"llaisys serve exited with {proc.returncode}:\n{log.read()}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"llaisys serve did not come up within {start_timeout:.0f} s")
+            time.sleep(0.5)
+        yield base, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
 def serve(args, tokenizer_dir: Path, extra: list[str]):
     """``llaisys serve`` on a free port until the block ends; yields its base URL."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "llaisys"), "serve", "--model", str(args.model), "--tokenizer",
                str(tokenizer_dir), "--device", args.device, "--port", str(port), "--served-model-name", "bench",
                "--max-running", str(max(args.clients)), "--kv-memory", args.kv_memory, *extra]
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"llaisys serve exited with {proc.returncode}:\n{log.read()}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise SystemExit("llaisys serve did not come up within 600 s")
-            time.sleep(0.5)
+    with running_server(command, port, start_timeout=600, stop_timeout=60) as (base, log):
         log.seek(0)
         print("  " + "  ".join(line for line in log.read().splitlines() if "KV cache" in line), file=sys.stderr)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def prompt_text(seed: int, length: int, alphabet: str) -> str:

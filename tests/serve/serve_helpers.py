@@ -59,28 +59,37 @@ def user(text: str) -> list[dict]:
 TIMEOUT = 60  # seconds to wait for an engine event
 
 
-def stream_chats_at_once(server, requests: list[dict]) -> list[str]:
-    """Start one streamed chat completion per request (``create`` keyword arguments) in as many threads at
-    the same moment; the text of each, in request order. Any thread's error fails the caller."""
-    results, errors = [None] * len(requests), []
-    start = threading.Barrier(len(requests))
+def at_once(jobs, timeout: float = 2 * TIMEOUT) -> list:
+    """Each job (a function of no arguments) on a thread of its own, started together; their results in order.
+    Any job's error fails the caller."""
+    results, errors = [None] * len(jobs), []
+    start = threading.Barrier(len(jobs))
 
     def run(i):
         try:
-            client = server.client()
             start.wait()
-            stream = client.chat.completions.create(stream=True, **requests[i])
-            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        except Exception as e:  # reported below, with the thread's index
+            results[i] = jobs[i]()
+        except Exception as e:  # reported below, with the job's index
             errors.append((i, e))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(timeout)
     assert not errors, errors
     return results
+
+
+def stream_chats_at_once(server, requests: list[dict]) -> list[str]:
+    """Start one streamed chat completion per request (``create`` keyword arguments) in as many threads at
+    the same moment; the text of each, in request order. Any thread's error fails the caller."""
+    def chat(client, request) -> str:
+        stream = client.chat.completions.create(stream=True, **request)
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    clients = [server.client() for _ in requests]  # (made before the start, as a client of its own per thread)
+    return at_once([lambda c=c, r=r: chat(c, r) for c, r in zip(clients, requests)], timeout=120)
 
 
 def submit(engine, prompt, max_tokens: int, log, name=None, **sampling):

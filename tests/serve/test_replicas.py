@@ -25,7 +25,7 @@ import urllib.request
 
 import pytest
 from ray_cluster import LOOPBACK, processes_titled
-from serve_helpers import CHAT_MODEL, TIMEOUT, http_request, require_serving, user, wait_until
+from serve_helpers import CHAT_MODEL, TIMEOUT, at_once, http_request, require_serving, user, wait_until
 
 require_serving()
 if importlib.util.find_spec("ray") is None:
@@ -103,27 +103,6 @@ def ask(client: openai.OpenAI, request: dict, stream: bool) -> tuple[str, str, o
         reply = raw.parse()
         text, usage = reply.choices[0].message.content, reply.usage
     return text, raw.headers.get("x-llaisys-replica"), usage
-
-
-def at_once(jobs) -> list:
-    """Each job (a function of no arguments) on a thread of its own, started together; their results in order."""
-    results, errors = [None] * len(jobs), []
-    start = threading.Barrier(len(jobs))
-
-    def run(i):
-        try:
-            start.wait()
-            results[i] = jobs[i]()
-        except Exception as e:  # reported below, with the job's index
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(2 * TIMEOUT)
-    assert not errors, errors
-    return results
 
 
 @pytest.fixture(scope="module")
