@@ -58,12 +58,11 @@ inline void quantize_group(const T* x, int n, int8_t* q, float* sx, int32_t* sum
         return;
     }
     const Vec scale = Vec::set1(s), hi = Vec::set1(127.0f), lo = Vec::set1(-127.0f);
-    float r[kQGroup];  // |x / s| <= 127 up to a rounding error; clamped all the same
-    for (int l = 0; l < L; ++l) vmin(hi, vmax(lo, round_nearest(v[l] / scale))).store(r + l * W);
     int32_t halves[2] = {0, 0};
-    for (int i = 0; i < int(kQGroup); ++i) {
-        q[i] = int8_t(int32_t(r[i]));
-        halves[i / kQHalf] += int32_t(r[i]);
+    for (int l = 0; l < L; ++l) {
+        const Vec r = vmin(hi, vmax(lo, round_nearest(v[l] / scale)));  // |x / s| <= 127 up to a rounding error
+        r.store(q + l * W);
+        halves[l * W / kQHalf] += int32_t(reduce_add(r));  // exact: at most 16 integers of magnitude <= 127
     }
     *sx = s;
     sum[0] = halves[0];

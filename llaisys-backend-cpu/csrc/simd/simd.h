@@ -21,7 +21,7 @@
 // Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
 //   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);
 //   V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n), v.round_to<T>(): p points to
-//   float, bf16_t or f16_t (V::load also takes W bytes, uint8_t or int8_t, as integers: vec256.h, vec512.h); f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
+//   float, bf16_t or f16_t (V::load also takes W bytes, uint8_t or int8_t, as integers: vec256.h, vec512.h; v.store(int8_t*) writes lanes holding integers in [-128, 127] as bytes); f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
 //   stays a quiet NaN); a partial access touches lanes [0, n) only (0 <= n <= W) and reads the rest as 0;
 //   + - * /, fmadd(a, b, c) = a*b + c, fnmadd(a, b, c) = c - a*b, mul_unfused(a, b) (never fused into an
 //   FMA), vmin / vmax (the second operand if either is NaN), vsqrt, round_nearest, mul_pow2(a, n) = a * 2^n,

@@ -80,6 +80,12 @@ struct Vec8 {
     template <class T> static Vec8 load_partial(const T* p, int n) { return widen(halves_partial(p, n), p); }
 
     void store(float* p) const { _mm256_storeu_ps(p, r); }
+    // lanes holding integers in [-128, 127] (e.g. rounded and clamped), as W bytes
+    void store(int8_t* p) const {
+        const __m256i i = _mm256_cvttps_epi32(r);
+        const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(words, words));
+    }
     template <class T> void store(T* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow(p)); }
     void store_partial(float* p, int n) const {
 #if defined(LLAISYS_ISA_AVX512)

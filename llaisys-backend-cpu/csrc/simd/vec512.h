@@ -60,6 +60,8 @@ struct Vec16 {
 
     void store(float* p) const { _mm512_storeu_ps(p, r); }
     template <class T> void store(T* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(p)); }
+    // lanes holding integers in [-128, 127] (e.g. rounded and clamped), as W bytes
+    void store(int8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r))); }
     void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, first(n), r); }
     template <class T> void store_partial(T* p, int n) const { _mm256_mask_storeu_epi16(p, first(n), narrow(p)); }
 

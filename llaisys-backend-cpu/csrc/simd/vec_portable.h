@@ -56,6 +56,10 @@ struct Vec8 {
     template <class T> static Vec8 load_partial(const T* p, int n) {
         return lanes([&](int i) { return i < n ? to_f32(p[i]) : 0.0f; });
     }
+    // lanes holding integers in [-128, 127] (e.g. rounded and clamped), as W bytes
+    void store(int8_t* p) const {
+        for (int i = 0; i < W; ++i) p[i] = int8_t(v[i]);
+    }
     template <class T> void store(T* p) const {
         for (int i = 0; i < W; ++i) p[i] = from_f32<T>(v[i]);
     }

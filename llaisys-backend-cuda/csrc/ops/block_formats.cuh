@@ -9,7 +9,8 @@
 //   Q4_K  units of 64 k (512 B): low nibbles the unit's first group, high its second;
 //         per 256 k a record of 320 B: D [16] f16, Dm [16] f16, sc [8][16] u8, mn [8][16] u8
 //   Q6_K  units of 128 k (1536 B): 16 chunks of nibbles (k, k + 64), 8 chunks of 2-bit fields (k + 32 j at
-//         bits 2 j); per 256 k a record of 288 B: D [16] f16, sc [16][16] int8 (a scale per 16 k)
+//         bits 2 j), ordered nibbles 0, fields 0, .., nibbles 7, fields 7, nibbles 8 .. 15 (the CPU's reading
+//         order); per 256 k a record of 288 B: D [16] f16, sc [16][16] int8 (a scale per 16 k)
 #pragma once
 
 #include <cstdint>
@@ -113,7 +114,7 @@ struct QFormat<LLAISYS_QFORMAT_Q6_K> {
         const int j = int(g % 4), shift = (j / 2) * 4;  // the group within the unit: k = 32 j ..
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-            const uint32_t low = row_word(unit, (j % 2) * 8 + c, r), high = row_word(unit + 1024, c, r);
+            const uint32_t low = row_word(unit, j % 2 ? 16 + c : 2 * c, r), high = row_word(unit, 2 * c + 1, r);
 #pragma unroll
             for (int i = 0; i < 4; ++i)
                 q[4 * c + i] = int(((low >> (8 * i + shift)) & 15u) | (((high >> (8 * i + 2 * j)) & 3u) << 4)) - 32;

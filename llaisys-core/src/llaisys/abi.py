@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 5  # LLAISYS_API_VERSION
+API_VERSION = 6  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
 

@@ -17,7 +17,8 @@ lanes. Per row the formats store, per group of 32 k (``QUANT_GROUP``; the K form
 (G = ceil(K / 32); the K formats need K % 256 == 0, as ggml's do.) Bytes per block: the 4-bit codes two to a
 byte, paired as ggml pairs them (q4_0 / q4_1: k and k + 16 of a group; q4_k: k and k + 32 of 64; q6_k: k and
 k + 64 of 128, plus 2-bit high fields, four to a byte: k + 32 j at bits 2j), so that a GGUF tensor becomes
-blocks by moving 4-byte words (``blocks_from_words``), never splitting a nibble. q4_k keeps ggml's two
+blocks by moving 4-byte words (``blocks_from_words``), never splitting a nibble. q6_k's chunks of a unit are in
+the order its kernel first reads them (``CHUNK_ORDER``), so that each unit streams from memory front to back. q4_k keeps ggml's two
 levels of scales (the 6-bit sc and mn in a byte each: 4.625 bits per weight, not Q4_K's 4.5) because
 D * sc is exact in f32 but not in f16: one f16 scale per group would round it.
 """
@@ -146,6 +147,32 @@ def record_views(fmt: str, scales: np.ndarray) -> dict[str, np.ndarray]:
     return views
 
 
+# Where each chunk of a row's unit bytes (in the order _row_bytes makes them) sits in a unit of the blocks: q6_k's
+# 16 low-nibble chunks and 8 field chunks are interleaved as the groups of a unit first read them (backend.h):
+# low 0, fields 0, low 1, fields 1, .., low 7, fields 7, then low 8 .. 15. The other formats keep their order.
+CHUNK_ORDER = {"q6_k": np.array([*range(0, 16, 2), *range(16, 24), *range(1, 16, 2)])}
+# q6_k's chunks as slices of a unit's: the first 8 low-nibble chunks, the last 8, the field chunks
+Q6_K_LOW_FIRST, Q6_K_LOW_SECOND, Q6_K_FIELDS = slice(0, 16, 2), slice(16, 24), slice(1, 16, 2)
+
+
+def _to_positions(fmt: str, row_bytes: np.ndarray) -> np.ndarray:
+    """Row bytes [N, U, unit bytes / 16] in chunk order -> in the blocks' chunk order (CHUNK_ORDER)."""
+    if fmt not in CHUNK_ORDER:
+        return row_bytes
+    n, units, size = row_bytes.shape
+    out = np.empty((n, units, size // 4, 4), np.uint8)
+    out[:, :, CHUNK_ORDER[fmt]] = row_bytes.reshape(n, units, size // 4, 4)
+    return out.reshape(n, units, size)
+
+
+def _from_positions(fmt: str, row_bytes: np.ndarray) -> np.ndarray:
+    """The inverse of ``_to_positions``."""
+    if fmt not in CHUNK_ORDER:
+        return row_bytes
+    n, units, size = row_bytes.shape
+    return row_bytes.reshape(n, units, size // 4, 4)[:, :, CHUNK_ORDER[fmt]].reshape(n, units, size)
+
+
 def weight_words(fmt: str, weight: np.ndarray) -> np.ndarray:
     """The weight blocks (uint8 [NB, U, unit bytes]) as uint32 words [NB, U, chunks, 16]: word [b, u, c, r] is
     the 4 bytes of row 16 b + r in chunk c of unit u (a view)."""
@@ -153,21 +180,21 @@ def weight_words(fmt: str, weight: np.ndarray) -> np.ndarray:
     return weight.view(np.uint32).reshape(nb, units, unit_bytes // 64, QUANT_BLOCK_ROWS)
 
 
-def blocks_from_words(fmt: str, parts: list[tuple[np.ndarray, int]], fields: dict[str, np.ndarray],
+def blocks_from_words(fmt: str, parts: list[tuple[np.ndarray, slice]], fields: dict[str, np.ndarray],
                       out_weight: np.ndarray, out_scales: np.ndarray) -> None:
     """Fill the blocks of N rows from the rows' own bytes.
 
-    ``parts``: (words, first chunk) pairs: words [N, *unit dims, chunks, 2] f16 pairs (the halves of each 4-byte
+    ``parts``: (words, chunks) pairs: words [N, *unit dims, chunks, 2] f16 pairs (the halves of each 4-byte
     word: a GGUF file's words sit at 2-byte offsets, e.g. after Q4_0's f16 scale; the unit dims multiply to the
-    units U), each row's words of those chunks of every unit, in order. ``fields`` {name: [N, R, *shape]}: the
+    units U), each row's words of the chunks of every unit that the slice ``chunks`` of a unit's picks. ``fields`` {name: [N, R, *shape]}: the
     per-row scale fields (``record_views`` names them). Reads only what it copies: the words and fields may be
     strided views of a file."""
     nb, units, unit_bytes = out_weight.shape
     target = out_weight.view(F16).reshape(nb, units, unit_bytes // 64, QUANT_BLOCK_ROWS, 2)
-    for words, first in parts:
-        dims, chunks = words.shape[1:-2], words.shape[-2]
+    for words, chunks in parts:
+        dims = words.shape[1:-2]
         view = target.reshape(nb, *dims, target.shape[2], QUANT_BLOCK_ROWS, 2)
-        blocked(words, view[..., first:first + chunks, :, :], tail=1)
+        blocked(words, view[..., chunks, :, :], tail=1)
     for name, view in record_views(fmt, out_scales).items():
         blocked(fields[name], view)
 
@@ -261,9 +288,9 @@ def pack_quant(fmt: str, codes: np.ndarray, *params: np.ndarray, out_weight: np.
                          f"{out_weight.shape} and {out_scales.shape}")
     padded = np.zeros((n, weight_shape[1] * f.unit), codes.dtype)
     padded[:, :k] = codes
-    row_bytes = np.ascontiguousarray(_row_bytes(f, padded))  # [N, U, unit bytes / 16]
+    row_bytes = np.ascontiguousarray(_to_positions(f.name, _row_bytes(f, padded)))  # [N, U, unit bytes / 16]
     words = row_bytes.view(F16).reshape(n, weight_shape[1], -1, 2)  # [N, U, chunks, 2]
-    blocks_from_words(fmt, [(words, 0)], fields, out_weight, out_scales)
+    blocks_from_words(fmt, [(words, slice(None))], fields, out_weight, out_scales)
     return out_weight, out_scales
 
 
@@ -275,7 +302,7 @@ def unpack_quant(fmt: str, weight: np.ndarray, scales: np.ndarray, n: int, k: in
         raise ValueError(f"unpack_quant({fmt}): the blocks of an [{n}, {k}] matrix are {weight_shape} and "
                          f"{scales_shape}, got {weight.shape} and {scales.shape}")
     words = unblocked(weight_words(fmt, np.ascontiguousarray(weight)), n)  # [n, U, chunks] uint32
-    row_bytes = words.view(np.uint8).reshape(n, weight_shape[1], -1)
+    row_bytes = _from_positions(f.name, words.view(np.uint8).reshape(n, weight_shape[1], -1))
     codes = _codes(f, row_bytes)[:, :k].astype(_CODES[f.name][0])
     params = [unblocked(view, n).reshape(n, -1) for view in record_views(fmt, np.ascontiguousarray(scales)).values()]
     return (np.ascontiguousarray(codes), *params)

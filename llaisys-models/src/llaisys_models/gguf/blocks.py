@@ -18,10 +18,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from llaisys.ops.quant import blocks_from_words
+from llaisys.ops.quant import Q6_K_FIELDS, Q6_K_LOW_FIRST, Q6_K_LOW_SECOND, blocks_from_words
 
 FORMATS = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q4_K: "q4_k", Q.Q6_K: "q6_k"}
 F16 = np.dtype("<f2")
+ALL = slice(None)  # the words of every chunk of a unit, in order
 
 
 def _fields(raw: np.ndarray, qtype: Q, dtype: np.dtype, at: int, shape: tuple[int, ...] = (),
@@ -60,26 +61,27 @@ def k_scales(raw: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray]:
     return sc.view(np.uint8), mn.view(np.uint8)  # little-endian words: bytes in order
 
 
-def words_and_fields(raw: np.ndarray, qtype: Q) -> tuple[list[tuple[np.ndarray, int]], dict[str, np.ndarray]]:
+def words_and_fields(raw: np.ndarray, qtype: Q) -> tuple[list[tuple[np.ndarray, slice]], dict[str, np.ndarray]]:
     """``blocks_from_words``' arguments for the stored bytes ``raw`` (uint8 [rows, bytes per row]) of a
     ``qtype`` tensor: its words (views) and its scale fields (views, or small arrays for Q4_K's 6-bit ones)."""
     raw = np.ascontiguousarray(raw)
     if qtype == Q.Q8_0:  # 34 bytes: f16 d, 32 x int8
-        return [(_words(raw, qtype, 2, (8,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
+        return [(_words(raw, qtype, 2, (8,), (4,)), ALL)], {"d": _fields(raw, qtype, F16, 0)}
     if qtype == Q.Q4_0:  # 18 bytes: f16 d, 16 bytes of nibbles (k, k + 16)
-        return [(_words(raw, qtype, 2, (4,), (4,)), 0)], {"d": _fields(raw, qtype, F16, 0)}
+        return [(_words(raw, qtype, 2, (4,), (4,)), ALL)], {"d": _fields(raw, qtype, F16, 0)}
     if qtype == Q.Q4_1:  # 20 bytes: f16 d, f16 m, 16 bytes of nibbles
-        return ([(_words(raw, qtype, 4, (4,), (4,)), 0)],
+        return ([(_words(raw, qtype, 4, (4,), (4,)), ALL)],
                 {"d": _fields(raw, qtype, F16, 0), "m": _fields(raw, qtype, F16, 2)})
     if qtype == Q.Q4_K:  # 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales / mins, 4 x 32 bytes of nibbles
         sc, mn = k_scales(raw, qtype)
-        return ([(_words(raw, qtype, 16, (4, 8), (32, 4)), 0)],
+        return ([(_words(raw, qtype, 16, (4, 8), (32, 4)), ALL)],
                 {"d": _fields(raw, qtype, F16, 0), "dmin": _fields(raw, qtype, F16, 2), "sc": sc, "mn": mn})
     if qtype == Q.Q6_K:  # 210 bytes: 2 x 64 bytes of low nibbles, 2 x 32 of 2-bit fields, 16 int8 scales, f16 d
         low = _words(raw, qtype, 0, (2, 16), (64, 4))
         high = _words(raw, qtype, 128, (2, 8), (32, 4))
-        return [(low, 0), (high, 16)], {"d": _fields(raw, qtype, F16, 208),
-                                        "sc": _fields(raw, qtype, np.dtype(np.int8), 192, (16,), (1,))}
+        parts = [(low[..., :8, :], Q6_K_LOW_FIRST), (low[..., 8:, :], Q6_K_LOW_SECOND), (high, Q6_K_FIELDS)]
+        return parts, {"d": _fields(raw, qtype, F16, 208),
+                       "sc": _fields(raw, qtype, np.dtype(np.int8), 192, (16,), (1,))}
     raise ValueError(f"{qtype.name} has no llaisys block format")
 
 

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 /* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 5
+#define LLAISYS_API_VERSION 6
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
 #define LLAISYS_UNIQUE_ID_BYTES 128
@@ -491,9 +491,10 @@ LLAISYS_OP int LLAISYS_FN(moe_linear_i8)(int device, void* stream, int dtype, in
  *   Q4_1  weight as Q4_0;  scales [G][2][16]: f16 d, then f16 m
  *   Q4_K  weight [K / 64][8 chunks][16][4]: low nibble k = 64 u + 4 c + i, high nibble k + 32;
  *         scales [K / 256] records of 320 bytes: f16 D [16], f16 Dm [16], u8 sc [8][16], u8 mn [8][16]
- *   Q6_K  weight [K / 128] units of 1536 bytes: [16 chunks][16][4] low nibbles (k = 128 u + 4 c + i, high
- *         nibble k + 64), then [8 chunks][16][4] 2-bit fields (field j, bits 2j: k = 128 u + 32 j + 4 c + i),
- *         q = low | field << 4;  scales [K / 256] records of 288 bytes: f16 D [16], int8 sc [16][16] (per 16 k)
+ *   Q6_K  weight [K / 128] units of 1536 bytes, 24 chunks [16][4]: chunk 2 c (c < 8) and 16 + c - 8 (8 <= c <
+ *         16) low nibbles (k = 128 u + 4 c + i, high nibble k + 64), chunk 2 c + 1 (c < 8) 2-bit fields (field
+ *         j, bits 2j: k = 128 u + 32 j + 4 c + i), q = low | field << 4 (API version 6: before, the 16 nibble
+ *         chunks then the 8 field chunks);  scales [K / 256] records of 288 bytes: f16 D [16], int8 sc [16][16] (per 16 k)
  * (the formulas at llaisys_qformat_t give w). Each row of x is quantized on the fly per group of 32 k as for
  * linear_i8 (sx = max|x| / 127 in f32, xq = round-half-to-even(x / sx)), and out[m, n] = sum over g in order of
  * (scale(n, g) * sx[m, g]) * dot_g (per 16 k with its own scale for Q6_K) + min(n, g) * (sx[m, g] * sum_g xq)
