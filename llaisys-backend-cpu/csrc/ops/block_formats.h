@@ -79,9 +79,21 @@ struct Lanes {
     static VI low(VI v) { return v & VI(0x0F0F0F0Fu); }
     static VI high(VI v) { return (v >> 4) & VI(0x0F0F0F0Fu); }
     static VI nibble(VI v, bool hi) { return hi ? high(v) : low(v); }
+    // the low nibbles, or the high ones: shifted down, or with kInPlace left in place (16 u: one AND, for
+    // vpdpbusd, whose unsigned bytes may reach 240; the group's integer sum is shifted back once, group_sum)
+    template <bool kInPlace>
+    static VI nibble_as(VI v, bool hi) { return !hi ? low(v) : kInPlace ? v & VI(0xF0F0F0F0u) : high(v); }
     template <class T>  // W scales of type T (f16_t, bf16_t, uint8_t, int8_t) for the rows of `part`
     static V at(const uint8_t* p, int part) { return V::load(reinterpret_cast<const T*>(p) + part * W); }
 };
+
+// The 4 bytes of xq at p as one broadcast dword.
+template <class VI>
+LLAISYS_ALWAYS_INLINE VI broadcast4(const int8_t* p) {
+    uint32_t u;
+    std::memcpy(&u, p, 4);
+    return VI(u);
+}
 #endif
 
 // ---- the formats ---------------------------------------------------------------------------------------
@@ -94,7 +106,9 @@ struct Lanes {
 //   Record<V>(b, r, part)   the scales of record r (kRecordGroups groups: 1, or 8 for the K formats' 256 k),
 //                     what is per record converted once: .scale(j, t) and .min(j) of its group j
 //   offset<vnni>()    what the integer sum starts at, per unit of sum(xq) (of the half when kSubs = 2)
-//   dot<VI, vnni>     the byte dot product for these integers
+//   dot<VI, vnni>(acc, w, x4)  the byte dot product for these integers, with the 4 bytes of xq at x4 in every lane
+//   group_sum<vnni>(g, first, second)  (kSubs = 1) the group's exact integer sum from the dot products of its
+//                     first and second 4 steps (the 4-bit formats' high nibbles come in place with vnni)
 
 // I8 (linear_i8): int8 q, a bf16 scale per group. With VNNI the bytes are made unsigned (q + 128).
 struct FormatI8 {
@@ -125,10 +139,11 @@ struct FormatI8 {
         V min(int) const { return V::zero(); }
     };
     template <bool kVnni> static constexpr int32_t offset() { return kVnni ? 128 : 0; }
-    template <class VI, bool kVnni> static VI dot(VI acc, VI w, VI x) {
-        if constexpr (kVnni) return dot4_u8i8(acc, w, x);
-        else return dot4_i8(acc, w, x);
+    template <class VI, bool kVnni> static VI dot(VI acc, VI w, const int8_t* x4) {
+        if constexpr (kVnni) return dot4_u8i8_bcast(acc, w, x4);
+        else return dot4_i8(acc, w, broadcast4<VI>(x4));
     }
+    template <bool, class VI> static VI group_sum(int64_t, VI first, VI second) { return first + second; }
 #endif
 };
 
@@ -143,9 +158,9 @@ struct FormatQ8_0 : FormatI8 {
 // The 4-bit and 6-bit formats: unsigned integers (at most 63), the same dot product on every path.
 struct UnsignedCodes {
 #if !defined(LLAISYS_ISA_PORTABLE)
-    template <class VI, bool kVnni> static VI dot(VI acc, VI w, VI x) {
-        if constexpr (kVnni) return dot4_u8i8(acc, w, x);
-        else return dot4_u7i8(acc, w, x);
+    template <class VI, bool kVnni> static VI dot(VI acc, VI w, const int8_t* x4) {
+        if constexpr (kVnni) return dot4_u8i8_bcast(acc, w, x4);
+        else return dot4_u7i8(acc, w, broadcast4<VI>(x4));
     }
 #endif
 };
@@ -164,10 +179,14 @@ struct FormatQ4_0 : UnsignedCodes {
     static float scale(const BlockPtrs& b, int r, int64_t g, int) { return f16_at(b.s + g * 32 + r * 2); }
     static float min(const BlockPtrs&, int, int64_t) { return 0.0f; }
 #if !defined(LLAISYS_ISA_PORTABLE)
-    template <class V, bool>
+    template <class V, bool kVnni>  // steps 4 .. 7 (the high nibbles) as 16 u with vnni
     static void steps(const BlockPtrs& b, int64_t g, int part, typename V::Int (&wt)[kQSteps]) {
         for (int s = 0; s < kQSteps; ++s)
-            wt[s] = Lanes<V>::nibble(Lanes<V>::chunk(b.w + g * kWeightBytes, s % 4, part), s >= 4);
+            wt[s] = Lanes<V>::template nibble_as<kVnni>(Lanes<V>::chunk(b.w + g * kWeightBytes, s % 4, part),
+                                                        s >= 4);
+    }
+    template <bool kVnni, class VI> static VI group_sum(int64_t, VI first, VI second) {
+        return kVnni ? first + sra(second, 4) : first + second;  // (second: a multiple of 16 with vnni)
     }
     static constexpr int kRecordGroups = 1;
     template <class V> using Record = FormatI8::Record<V, f16_t>;
@@ -218,10 +237,13 @@ struct FormatQ4_K : UnsignedCodes {
         return -(f16_at(rec + 32 + r * 2) * float(rec[192 + (g % 8) * 16 + r]));
     }
 #if !defined(LLAISYS_ISA_PORTABLE)
-    template <class V, bool>
+    template <class V, bool kVnni>  // an odd group's (the high nibbles) as 16 u with vnni
     static void steps(const BlockPtrs& b, int64_t g, int part, typename V::Int (&wt)[kQSteps]) {
         for (int s = 0; s < kQSteps; ++s)
-            wt[s] = Lanes<V>::nibble(Lanes<V>::chunk(b.w + (g / 2) * 512, s, part), g % 2 == 1);
+            wt[s] = Lanes<V>::template nibble_as<kVnni>(Lanes<V>::chunk(b.w + (g / 2) * 512, s, part), g % 2 == 1);
+    }
+    template <bool kVnni, class VI> static VI group_sum(int64_t g, VI first, VI second) {
+        return kVnni && g % 2 ? sra(first + second, 4) : first + second;  // (then a multiple of 16)
     }
     static constexpr int kRecordGroups = 8;
     template <class V>

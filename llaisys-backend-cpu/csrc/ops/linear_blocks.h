@@ -93,14 +93,6 @@ void block_linear_scalar(const BlockLinearArgs& a, const QuantizedX& xq) {
 
 #if !defined(LLAISYS_ISA_PORTABLE)
 
-// The 4 bytes of xq at p as one broadcast dword.
-template <class VI>
-LLAISYS_ALWAYS_INLINE VI broadcast4(const int8_t* p) {
-    uint32_t u;
-    std::memcpy(&u, p, 4);
-    return VI(u);
-}
-
 // total[p][m] (p < P vectors of W rows, m < MM) = the block b against rows m0 + m of x, before the bias: the
 // groups in order of k, so each total is the same f32 chain whatever M is.
 // next: the block to prefetch into L2 meanwhile (the one that follows in memory), or null.
@@ -140,21 +132,22 @@ LLAISYS_ALWAYS_INLINE void block_totals(const BlockPtrs& b, const QuantizedX& xq
                     const int32_t* sums = xq.sum + (row * xq.G + g) * 2;
                     const V sx = V::set1(xq.sx[row * xq.G + g]);
                     if constexpr (kSubs == 1) {
-                        // two chains of 4 dependent dot steps (half the latency of one); integer sums, so exact
-                        VI even = VI(uint32_t(-kOffset * (sums[0] + sums[1]))), odd = VI(0u);
+                        // two chains of 4 dependent dot steps (half the latency of one), the group's first and
+                        // second 4 steps; integer sums, so exact
+                        VI first = VI(uint32_t(-kOffset * (sums[0] + sums[1]))), second = VI(0u);
 #pragma GCC unroll 8
-                        for (int s = 0; s < S; s += 2) {
-                            even = F::template dot<VI, kVnni>(even, wt[s], broadcast4<VI>(xk + 4 * s));
-                            odd = F::template dot<VI, kVnni>(odd, wt[s + 1], broadcast4<VI>(xk + 4 * s + 4));
+                        for (int s = 0; s < S / 2; ++s) {
+                            first = F::template dot<VI, kVnni>(first, wt[s], xk + 4 * s);
+                            second = F::template dot<VI, kVnni>(second, wt[s + S / 2], xk + 4 * s + kQHalf);
                         }
-                        total[p][m] = fmadd(scale[0] * sx, int_to_f32(even + odd), total[p][m]);
+                        const VI sum = F::template group_sum<kVnni>(g, first, second);
+                        total[p][m] = fmadd(scale[0] * sx, int_to_f32(sum), total[p][m]);
                     } else {  // a scale per half group: one chain each
                         VI half[2] = {VI(uint32_t(-kOffset * sums[0])), VI(uint32_t(-kOffset * sums[1]))};
 #pragma GCC unroll 8
                         for (int s = 0; s < S / 2; ++s) {
-                            half[0] = F::template dot<VI, kVnni>(half[0], wt[s], broadcast4<VI>(xk + 4 * s));
-                            half[1] = F::template dot<VI, kVnni>(half[1], wt[s + S / 2],
-                                                                 broadcast4<VI>(xk + 4 * s + kQHalf));
+                            half[0] = F::template dot<VI, kVnni>(half[0], wt[s], xk + 4 * s);
+                            half[1] = F::template dot<VI, kVnni>(half[1], wt[s + S / 2], xk + 4 * s + kQHalf);
                         }
                         total[p][m] = fmadd(scale[0] * sx, int_to_f32(half[0]), total[p][m]);
                         total[p][m] = fmadd(scale[1] * sx, int_to_f32(half[1]), total[p][m]);

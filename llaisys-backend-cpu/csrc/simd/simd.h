@@ -15,8 +15,9 @@
 //   Vec      the widest of this build: Vec16 with AVX-512, else Vec8
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs;
 //            int8 dot products): load(p) (W * 4 bytes), + & | ^ << >>,
-//            int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the products of the 4 signed bytes of each
-//            lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i),
+//            sra(a, n) (arithmetic shift right), int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the
+//            products of the 4 signed bytes of each lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on
+//            CPUs with AVX512-VNNI only: Vec16i; dot4_u8i8_bcast: b the 4 bytes at a pointer, in every lane),
 //            dot4_u7i8 (a in [0, 127]: vpmaddubsw without VNNI)
 // Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
 //   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);

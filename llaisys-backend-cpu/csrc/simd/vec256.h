@@ -24,6 +24,7 @@ inline Vec8i operator|(Vec8i a, Vec8i b) { return _mm256_or_si256(a.r, b.r); }
 inline Vec8i operator^(Vec8i a, Vec8i b) { return _mm256_xor_si256(a.r, b.r); }
 inline Vec8i operator>>(Vec8i a, int n) { return _mm256_srli_epi32(a.r, n); }  // logical
 inline Vec8i operator<<(Vec8i a, int n) { return _mm256_slli_epi32(a.r, n); }
+inline Vec8i sra(Vec8i a, int n) { return _mm256_srai_epi32(a.r, n); }  // arithmetic (sign-filling) shift right
 
 #if defined(LLAISYS_ISA_AVX512)
 using Mask8 = __mmask8;

@@ -27,6 +27,7 @@ inline Vec16i operator|(Vec16i a, Vec16i b) { return _mm512_or_si512(a.r, b.r); 
 inline Vec16i operator^(Vec16i a, Vec16i b) { return _mm512_xor_si512(a.r, b.r); }
 inline Vec16i operator>>(Vec16i a, int n) { return _mm512_srli_epi32(a.r, unsigned(n)); }  // logical
 inline Vec16i operator<<(Vec16i a, int n) { return _mm512_slli_epi32(a.r, unsigned(n)); }
+inline Vec16i sra(Vec16i a, int n) { return _mm512_srai_epi32(a.r, unsigned(n)); }  // arithmetic (sign-filling)
 
 struct Vec16;
 inline Vec16 as_f32(Vec16i a);  // (declared ahead: Vec16's members use it)
@@ -61,7 +62,9 @@ struct Vec16 {
     void store(float* p) const { _mm512_storeu_ps(p, r); }
     template <class T> void store(T* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(p)); }
     // lanes holding integers in [-128, 127] (e.g. rounded and clamped), as W bytes
-    void store(int8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r))); }
+    void store(int8_t* p) const {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
     void store_partial(float* p, int n) const { _mm512_mask_storeu_ps(p, first(n), r); }
     template <class T> void store_partial(T* p, int n) const { _mm256_mask_storeu_epi16(p, first(n), narrow(p)); }
 
@@ -172,6 +175,12 @@ inline Vec16i dot4_u7i8(Vec16i acc, Vec16i a, Vec16i b) {
 // plain AVX-512 (GCC refuses to inline a target("avx512vnni") intrinsic there).
 inline Vec16i dot4_u8i8(Vec16i acc, Vec16i a, Vec16i b) {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc.r) : "v"(a.r), "v"(b.r));
+    return acc;
+}
+// dot4_u8i8 with b = the 4 signed bytes at p in every lane, broadcast by the instruction itself ({1to16}: no
+// separate broadcast, which the block linears would pay once per dot product).
+inline Vec16i dot4_u8i8_bcast(Vec16i acc, Vec16i a, const int8_t* p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc.r) : "v"(a.r), "m"(*reinterpret_cast<const uint32_t*>(p)));
     return acc;
 }
 
