@@ -47,9 +47,8 @@ class Gemma3(CausalLM):
             "v": (c.num_key_value_heads, c.head_dim),
             "attn": (c.num_attention_heads, c.head_dim),
             "out": (c.hidden_size,),  # o_proj / down_proj result, normed in place, added to x
-            "gate": (c.intermediate_size,),
+            "gate": (c.intermediate_size,),  # then the MLP's activation, geglu_tanh(gate, up), in place
             "up": (c.intermediate_size,),
-            "act": (c.intermediate_size,),
         }
 
     def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
@@ -86,8 +85,8 @@ class Gemma3(CausalLM):
         ops.rms_norm(ws.h, ws.x, w.mlp_norm, eps, numerics)
         linear(ws.gate, ws.h, w.gate_proj, w.gate_bias)
         linear(ws.up, ws.h, w.up_proj, w.up_bias)
-        ops.geglu_tanh(ws.act, ws.gate, ws.up, numerics)
-        linear(ws.out, ws.act, w.down_proj, w.down_bias)
+        ops.geglu_tanh(ws.gate, ws.gate, ws.up, numerics)
+        linear(ws.out, ws.gate, w.down_proj, w.down_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' columns of the MLP
         ops.rms_norm(ws.out, ws.out, w.mlp_out_norm, eps, numerics)
         ops.add(ws.x, ws.x, ws.out)

@@ -26,6 +26,10 @@ from .speculative import resolve as resolve_speculation
 
 BLOCK_SIZE = 16
 FIRST_POOL_TOKENS = 256  # the model's own pool at first use; it grows when a sequence needs more
+# On the CPU a long prompt is read in forwards of this many tokens: the work buffers (the 1.5B shape's in f32:
+# 143 KiB a row) then hold 256 rows, not the prompt's length (75 MiB at 512 tokens), and the weights, re-read
+# once per chunk, cost ~1% of a chunk's time. Other devices read a prompt in one forward.
+CPU_PREFILL_CHUNK = 256
 
 
 @dataclasses.dataclass
@@ -74,8 +78,9 @@ class Generator:
     def __init__(self, model):
         self.model = model
         self.pool = model.new_kv_pool(num_blocks=-(-FIRST_POOL_TOKENS // BLOCK_SIZE), block_size=BLOCK_SIZE)
-        # no token budget: nothing else runs beside the one sequence, so its prompt is read in one forward
-        self.scheduler = Scheduler(model, self.pool, max_running=1, max_batch_tokens=1 << 62)
+        # nothing else runs beside the one sequence: its prompt is read in one forward, or in chunks on the CPU
+        chunk = CPU_PREFILL_CHUNK if model.device.type == "cpu" else 1 << 62
+        self.scheduler = Scheduler(model, self.pool, max_running=1, max_batch_tokens=chunk)
         self._lock = threading.Lock()
         self._owner: int | None = None
 

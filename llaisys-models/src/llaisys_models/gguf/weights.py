@@ -148,7 +148,7 @@ def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.D
     info = f.tensors[name]
     on_cpu = device.type == "cpu"
     first = rows.start if isinstance(rows, slice) else 0
-    if on_cpu and not isinstance(rows, np.ndarray) and quants.FLOATS.get(info.type) == np.dtype(dtype.numpy):
+    if on_cpu and not isinstance(rows, np.ndarray) and quants.FLOATS.get(info.type) == dtype:
         return llaisys.from_buffer(f.mapping, dtype, shape, offset=info.offset + first * info.row_bytes)
     raw = f.raw(name)
     if isinstance(rows, slice):
