@@ -18,9 +18,9 @@ lanes. Per row the formats store, per group of 32 k (``QUANT_GROUP``; the K form
 byte, paired as ggml pairs them (q4_0 / q4_1: k and k + 16 of a group; q4_k: k and k + 32 of 64; q6_k: k and
 k + 64 of 128, plus 2-bit high fields, four to a byte: k + 32 j at bits 2j), so that a GGUF tensor becomes
 blocks by moving 4-byte words (``blocks_from_words``), never splitting a nibble. q6_k's chunks of a unit are in
-the order its kernel first reads them (``CHUNK_ORDER``), so that each unit streams from memory front to back. q4_k keeps ggml's two
-levels of scales (the 6-bit sc and mn in a byte each: 4.625 bits per weight, not Q4_K's 4.5) because
-D * sc is exact in f32 but not in f16: one f16 scale per group would round it.
+the order its kernel first reads them (``CHUNK_ORDER``), so that each unit streams from memory front to back.
+q4_k keeps ggml's two levels of scales (the 6-bit sc and mn in a byte each: 4.625 bits per weight, not Q4_K's
+4.5) because D * sc is exact in f32 but not in f16: one f16 scale per group would round it.
 """
 
 from __future__ import annotations
@@ -186,9 +186,9 @@ def blocks_from_words(fmt: str, parts: list[tuple[np.ndarray, slice]], fields: d
 
     ``parts``: (words, chunks) pairs: words [N, *unit dims, chunks, 2] f16 pairs (the halves of each 4-byte
     word: a GGUF file's words sit at 2-byte offsets, e.g. after Q4_0's f16 scale; the unit dims multiply to the
-    units U), each row's words of the chunks of every unit that the slice ``chunks`` of a unit's picks. ``fields`` {name: [N, R, *shape]}: the
-    per-row scale fields (``record_views`` names them). Reads only what it copies: the words and fields may be
-    strided views of a file."""
+    units U), each row's words of the chunks of every unit that the slice ``chunks`` of a unit's picks.
+    ``fields`` {name: [N, R, *shape]}: the per-row scale fields (``record_views`` names them). Reads only what
+    it copies: the words and fields may be strided views of a file."""
     nb, units, unit_bytes = out_weight.shape
     target = out_weight.view(F16).reshape(nb, units, unit_bytes // 64, QUANT_BLOCK_ROWS, 2)
     for words, chunks in parts:
