@@ -29,6 +29,21 @@ def int8_shapes(n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return ((blocks, groups, INT8_GROUP // _STEP, INT8_BLOCK_ROWS, _STEP), (blocks, groups, INT8_BLOCK_ROWS))
 
 
+def block_outputs(op: str, out_weight: np.ndarray | None, out_scales: np.ndarray | None,
+                  shapes: tuple[tuple[int, ...], tuple[int, ...]], dtypes: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The (weight, scales) arrays a ``pack_*`` call writes: ``out_weight`` / ``out_scales`` when given (checked
+    against ``shapes``), else new arrays of ``shapes`` and ``dtypes``."""
+    weight_shape, scales_shape = shapes
+    if out_weight is None:
+        out_weight = np.empty(weight_shape, dtypes[0])
+    if out_scales is None:
+        out_scales = np.empty(scales_shape, dtypes[1])
+    if out_weight.shape != weight_shape or out_scales.shape != scales_shape:
+        raise ValueError(f"{op}: outputs must be {weight_shape} and {scales_shape}, got {out_weight.shape} "
+                         f"and {out_scales.shape}")
+    return out_weight, out_scales
+
+
 def pack_int8(q: np.ndarray, scales: np.ndarray, out_weight: np.ndarray | None = None,
               out_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The blocks of q (int8 [N, K]) and scales (bf16 [N, G], a scale per row and group).
@@ -43,13 +58,8 @@ def pack_int8(q: np.ndarray, scales: np.ndarray, out_weight: np.ndarray | None =
     blocks, groups = weight_shape[0], weight_shape[1]
     if scales.shape != (n, groups) or scales.dtype != bfloat16.numpy:
         raise ValueError(f"pack_int8: scales must be bf16 [N, G] = {(n, groups)}, got {scales.dtype} {scales.shape}")
-    if out_weight is None:
-        out_weight = np.empty(weight_shape, np.int8)
-    if out_scales is None:
-        out_scales = np.empty(scales_shape, bfloat16.numpy)
-    if out_weight.shape != weight_shape or out_scales.shape != scales_shape:
-        raise ValueError(f"pack_int8: outputs must be {weight_shape} and {scales_shape}, got {out_weight.shape} "
-                         f"and {out_scales.shape}")
+    out_weight, out_scales = block_outputs("pack_int8", out_weight, out_scales, (weight_shape, scales_shape),
+                                           (np.int8, bfloat16.numpy))
     rows, cols = blocks * INT8_BLOCK_ROWS, groups * INT8_GROUP
     if (rows, cols) == (n, k):
         padded = np.ascontiguousarray(q)

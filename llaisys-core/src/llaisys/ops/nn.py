@@ -14,6 +14,16 @@ from .quant import FORMATS, QUANT_FORMATS, QUANT_SUPER
 _embedding = new_plans()
 
 
+
+def _check_block_shapes(op: str, weight, scales, shapes: tuple, weight_is: str, scales_are: str) -> None:
+    """A block linear's weight and scales against the (weight, scales) ``shapes`` they must have; the error says
+    what they hold (``weight_is``, ``scales_are``)."""
+    weight_shape, scales_shape = shapes
+    if weight.shape != weight_shape:
+        check.fail(op, f"weight has shape {weight.shape}; expected {weight_shape}: {weight_is}")
+    if scales.shape != scales_shape:
+        check.fail(op, f"scales has shape {scales.shape}; expected {scales_shape}: {scales_are}")
+
 def embedding(out, index, weight) -> None:
     """out[i] = weight[index[i]]; an index outside [0, vocab) raises, never reads wild memory.
 
@@ -144,13 +154,10 @@ def _plan_linear_i8(out, x, weight, scales, bias):
     check.ndim(op, "x", x, 2)
     check.ndim(op, "out", out, 2)
     (m, k), n = x.shape, out.shape[1]
-    weight_shape, scales_shape = int8_shapes(n, k)
-    if weight.shape != weight_shape:
-        check.fail(op, f"weight has shape {weight.shape}; expected {weight_shape}: the int8 blocks of an [N, K] = "
-                       f"[{n}, {k}] matrix (N from out, K from x; llaisys.ops.pack_int8 makes them)")
-    if scales.shape != scales_shape:
-        check.fail(op, f"scales has shape {scales.shape}; expected {scales_shape}: one bf16 scale per row and group "
-                       f"of {INT8_GROUP} consecutive k, in blocks of 16 rows (llaisys.ops.pack_int8 makes them)")
+    _check_block_shapes(op, weight, scales, int8_shapes(n, k),
+                       f"the int8 blocks of an [N, K] = [{n}, {k}] matrix (N from out, K from x; llaisys.ops.pack_int8 "
+                       f"makes them)", f"one bf16 scale per row and group of {INT8_GROUP} consecutive k, in blocks "
+                       f"of 16 rows (llaisys.ops.pack_int8 makes them)")
     if bias is not None:
         check.shape(op, "bias", bias, (n,))
     check.shape(op, "out", out, (m, n))
@@ -198,13 +205,9 @@ def _quant_blocks(op, fmt, weight, scales, n, k) -> int:
     check.dtype(op, "scales", scales, (uint8,))
     if f.record == QUANT_SUPER and k % QUANT_SUPER:
         check.fail(op, f"K = {k} is not a multiple of {QUANT_SUPER}, which {fmt} blocks need (its super-blocks)")
-    weight_shape, scales_shape = f.shapes(n, k)
-    if weight.shape != weight_shape:
-        check.fail(op, f"weight has shape {weight.shape}; expected {weight_shape}: the {fmt} blocks of an [N, K] = "
-                       f"[{n}, {k}] matrix (llaisys.ops.pack_quant makes them)")
-    if scales.shape != scales_shape:
-        check.fail(op, f"scales has shape {scales.shape}; expected {scales_shape}: the {fmt} scale records of an "
-                       f"[N, K] = [{n}, {k}] matrix (llaisys.ops.pack_quant makes them)")
+    _check_block_shapes(op, weight, scales, f.shapes(n, k),
+                       f"the {fmt} blocks of an [N, K] = [{n}, {k}] matrix (llaisys.ops.pack_quant makes them)",
+                       f"the {fmt} scale records of an [N, K] = [{n}, {k}] matrix (llaisys.ops.pack_quant makes them)")
     return f.code
 
 

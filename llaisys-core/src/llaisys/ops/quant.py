@@ -30,6 +30,8 @@ import math
 
 import numpy as np
 
+from .int8 import block_outputs
+
 QUANT_BLOCK_ROWS = 16  # weight rows per block
 QUANT_GROUP = 32  # k per group (and per on-the-fly quantization group of x)
 QUANT_SUPER = 256  # k per super-block of the K formats
@@ -279,13 +281,8 @@ def pack_quant(fmt: str, codes: np.ndarray, *params: np.ndarray, out_weight: np.
         if value.shape != shape or value.dtype != pdtype:
             raise ValueError(f"pack_quant({fmt}): {name} must be {pdtype.name} {shape}, got {value.dtype} {value.shape}")
         fields[name] = value.reshape(n, scales_shape[1], *field_shape)
-    if out_weight is None:
-        out_weight = np.empty(weight_shape, np.uint8)
-    if out_scales is None:
-        out_scales = np.empty(scales_shape, np.uint8)
-    if out_weight.shape != weight_shape or out_scales.shape != scales_shape:
-        raise ValueError(f"pack_quant({fmt}): outputs must be {weight_shape} and {scales_shape}, got "
-                         f"{out_weight.shape} and {out_scales.shape}")
+    out_weight, out_scales = block_outputs(f"pack_quant({fmt})", out_weight, out_scales, (weight_shape, scales_shape),
+                                           (np.uint8, np.uint8))
     padded = np.zeros((n, weight_shape[1] * f.unit), codes.dtype)
     padded[:, :k] = codes
     row_bytes = np.ascontiguousarray(_to_positions(f.name, _row_bytes(f, padded)))  # [N, U, unit bytes / 16]
