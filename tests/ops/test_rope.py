@@ -182,12 +182,19 @@ def test_rope_rejects_bad_arguments(device):
         llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), llaisys.empty((4,), llaisys.int32, device), t)
     with pytest.raises(ValueError, match=r"\bpos_ids\b.*shape"):
         llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), from_torch(torch.arange(5), device), t)
-    with pytest.raises(ValueError, match=r"\binv_freq\b.*shape"):
+    with pytest.raises(ValueError, match=r"\btheta\b.*shape"):
         llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, f32(8))
-    with pytest.raises(ValueError, match=r"\binv_freq\b.*dtype"):
+    with pytest.raises(ValueError, match=r"\btheta\b.*dtype"):
         llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, llaisys.empty((4,), llaisys.bfloat16, device))
-    with pytest.raises(ValueError, match=r"\binv_freq\b.*llaisys.Tensor"):
-        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, 1e4)
+    with pytest.raises(ValueError, match=r"\btheta\b.*number.*llaisys.Tensor.*got str"):
+        llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, "1e4")
+    for theta in (True, 0.0, -1e4, float("nan"), float("inf")):  # a base must be a finite number > 0
+        with pytest.raises(ValueError, match=r"\btheta\b"):
+            llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, theta)
+    with pytest.raises(ValueError, match=r"head dim.*even"):
+        llaisys.ops.rope(f32(4, 2, 7), f32(4, 2, 7), pos, 1e4)
+    with pytest.raises(ValueError, match=r"\bx\b.*llaisys.Tensor"):
+        llaisys.ops.rope(f32(4, 2, 8), np.zeros((4, 2, 8), np.float32), pos, 1e4)
     for scale in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match=r"\bscale\b"):
             llaisys.ops.rope(f32(4, 2, 8), f32(4, 2, 8), pos, t, scale)
@@ -201,6 +208,38 @@ def test_rope_rejects_bad_arguments(device):
         llaisys.ops.rope_inv_freq(8, 0.0)
     with pytest.raises(ValueError, match=r"\bhead_dim\b.*even"):
         llaisys.ops.rope_inv_freq(7, 1e4)
+
+
+def course_rope(y: torch.Tensor, x: torch.Tensor, pos_ids: torch.Tensor, theta: float) -> None:
+    """The course's reference (test/ops/rope.py of the upstream llaisys assignment), as it writes it: angles
+    pos / theta^(2i/d) in f32, the result written into y."""
+    seq_len, n_heads, head_dim = y.shape
+    x_a, x_b = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    positions = pos_ids.to(torch.float32).unsqueeze(1)
+    i = torch.arange(0, head_dim // 2, dtype=torch.float32)
+    freqs = positions / (theta ** (2 * i / head_dim))
+    sin, cos = freqs.sin().unsqueeze(1), freqs.cos().unsqueeze(1)
+    y[..., : head_dim // 2] = x_a * cos - x_b * sin
+    y[..., head_dim // 2:] = x_b * cos + x_a * sin
+
+
+@pytest.mark.parametrize("shape, start_end", [((2, 1, 4), (0, 2)), ((512, 4, 4096), (512, 1024))])
+@pytest.mark.parametrize("dtype, atol, rtol", [(llaisys.float32, 1e-3, 1e-4), (llaisys.float16, 1e-3, 1e-3),
+                                               (llaisys.bfloat16, 1e-2, 1e-2)], ids=["f32", "f16", "bf16"])
+def test_rope_takes_the_course_theta(device, shape, start_end, dtype, atol, rtol):
+    """``rope(out, x, pos_ids, theta)`` with a float theta, exactly as the course's test calls it, against the
+    course's own reference, shapes and tolerances (its f32 atol is 1e-3: at positions near 1024 an f32 angle,
+    the course's or HF's, is ~1e-4 rad from the exact one); another base gets that base's table."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.rand(shape, generator=g).to(TORCH_DTYPES[dtype])
+    pos_ids = torch.arange(*start_end, dtype=torch.int64)
+    x_, pos_ids_ = from_torch(x, device), from_torch(pos_ids, device)
+    for theta in (10000.0, 1e6, 10000):
+        y = torch.empty_like(x)
+        course_rope(y, x, pos_ids, theta)
+        y_ = nan_filled(shape, dtype, device)
+        llaisys.ops.rope(y_, x_, pos_ids_, theta)
+        assert torch.allclose(to_torch(y_), y, atol=atol, rtol=rtol), f"theta {theta}"
 
 
 def test_rope_inv_freq_is_hf_default_table():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import bfloat16, float32, int8, uint8
+from ..tensor import Tensor, from_numpy
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .elementwise import F32_MAX, NUMERICS
@@ -326,14 +327,17 @@ def _plan_rms_norm(out, x, weight):
 _rope = new_plans()
 
 
-def rope(out, x, pos_ids, inv_freq, scale: float = 1.0, numerics: str = "exact") -> None:
-    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq], inv_freq f32 [d/2].
+def rope(out, x, pos_ids, theta, scale: float = 1.0, numerics: str = "exact") -> None:
+    """Rotary embedding, half-split layout: x [seq, heads, d], pos_ids int64 [seq].
 
-    Pair j at position p turns by the f32 angle p * inv_freq[j], its cos and sin times ``scale`` (YaRN's
-    attention factor; 1 for every other rope), as HF computes them. ``rope_inv_freq(d, theta)`` is the
-    plain table; a rope-scaling variant (llama3, YaRN, ...) is another table of the same shape.
+    ``theta`` is the rope base (a number, e.g. 10000.0: the course's ``rope(out, x, pos_ids, theta)``; its plain
+    table is built once per device, head dim and base) or an f32 tensor [d/2] of inverse frequencies: a
+    rope-scaling variant (llama3, YaRN, ...) is another table of that shape; ``rope_inv_freq(d, theta)`` is
+    the plain one. Pair j at position p turns by the f32 angle p * inv_freq[j], its cos and sin times ``scale``
+    (YaRN's attention factor; 1 for every other rope), as HF computes them.
     out may be x itself; no other overlap. ``numerics``: "exact" or "hf" (see ``rms_norm``).
     """
+    inv_freq = theta if isinstance(theta, Tensor) else _plain_table(x, theta)
     try:
         mode = NUMERICS[numerics]
     except (KeyError, TypeError):
@@ -350,16 +354,40 @@ def rope(out, x, pos_ids, inv_freq, scale: float = 1.0, numerics: str = "exact")
     if p_ptr < o_end and o_ptr < pos_ids._end:
         check.overlap("rope", "out", "pos_ids")
     if f_ptr < o_end and o_ptr < inv_freq._end:
-        check.overlap("rope", "out", "inv_freq")
+        check.overlap("rope", "out", "theta")
     status = kernel(device.index, current_stream_handle(device), code, mode, seq, heads, d, scale, o_ptr, x_ptr,
                     p_ptr, f_ptr)
     if status:
         fail(status)
 
 
+_plain_tables: dict = {}  # (device, head dim, theta) -> rope_inv_freq's table on that device
+_PLAIN_TABLES_KEPT = 64  # a program uses one or two bases; a loop over many starts the cache afresh
+
+
+def _plain_table(x, theta) -> Tensor:
+    """The plain inverse-frequency table for x's head dim and device at base ``theta``, made once and kept."""
+    op = "rope"
+    if isinstance(theta, (bool, np.bool_)) or not isinstance(theta, (int, float, np.integer, np.floating)):
+        check.fail(op, f"theta must be a number (the rope base, e.g. 10000.0) or an f32 llaisys.Tensor of "
+                       f"inverse frequencies [d/2], got {type(theta).__name__}")
+    theta = check.number(op, "theta", theta, low=0, low_open=True, high=F32_MAX)
+    check.tensors(op, x=x)
+    check.ndim(op, "x", x, 3)
+    key = (x.device, x.shape[2], theta)
+    table = _plain_tables.get(key)
+    if table is None:
+        if x.shape[2] % 2:
+            check.fail(op, f"the head dim of x must be even, got {x.shape[2]}")
+        if len(_plain_tables) >= _PLAIN_TABLES_KEPT:
+            _plain_tables.clear()
+        table = _plain_tables[key] = from_numpy(rope_inv_freq(x.shape[2], theta), device=x.device)
+    return table
+
+
 def _plan_rope(out, x, pos_ids, inv_freq):
     op = "rope"
-    device = check.tensors(op, out=out, x=x, pos_ids=pos_ids, inv_freq=inv_freq)
+    device = check.tensors(op, out=out, x=x, pos_ids=pos_ids, theta=inv_freq)
     check.dtype(op, "out", out, check.FLOATS)
     check.same_dtype(op, "out", out, x=x)
     check.ndim(op, "x", x, 3)
@@ -367,9 +395,9 @@ def _plan_rope(out, x, pos_ids, inv_freq):
         check.fail(op, f"the head dim of x must be even, got {x.shape[2]}")
     check.shape(op, "out", out, x.shape)
     check.index_tensor(op, "pos_ids", pos_ids, (x.shape[0],))
-    check.dtype(op, "inv_freq", inv_freq, (float32,))
-    check.shape(op, "inv_freq", inv_freq, (x.shape[2] // 2,))
-    check.contiguous(op, out=out, x=x, pos_ids=pos_ids, inv_freq=inv_freq)
+    check.dtype(op, "theta", inv_freq, (float32,))  # (the table's errors name the argument as the caller does)
+    check.shape(op, "theta", inv_freq, (x.shape[2] // 2,))
+    check.contiguous(op, out=out, x=x, pos_ids=pos_ids, theta=inv_freq)
     check.writable(op, "out", out)
     return remember(_rope, (out._layout, x._layout, pos_ids._layout, inv_freq._layout),
                     (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, *x.shape))
