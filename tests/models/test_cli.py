@@ -42,6 +42,10 @@ def test_generate_streams_text_and_reports_speed(tiny_models, device, capsys):
     want = tokenizer.decode(model.generate(ids, 12)[len(ids):], skip_special_tokens=True)
     assert out == want + "\n"
     assert "prefill:" in err and "decode:" in err and "tok/s" in err
+    first_token_ms = re.search(r"\| first token after (\d+) ms \|", err)
+    assert first_token_ms, f"no time to first token in the stats line: {err!r}"
+    stats = model.last_stats  # (of the model above: its own run)
+    assert 0 < stats.prefill_seconds <= stats.first_token_seconds < stats.prefill_seconds + 1.0  # (+ the set-up)
 
 
 def test_generate_sampling_flags(tiny_models, device, capsys):
@@ -82,6 +86,27 @@ def test_infer_test_matches_hf(tiny_models, device, capsys):
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert "PASS" in out and "HF transformers" in out
+
+
+def test_infer_asks_a_model_a_question_by_default(tiny_models, device, capsys):
+    """Without --prompt, --model gets a question (the demo's sum meant nothing to a chat model)."""
+    path = tiny_models.path(F32)
+    assert main(["infer", "--model", str(path), "--device", str(device), "--max-new-tokens", "4"]) == 0
+    by_default = capsys.readouterr().out
+    assert main(["infer", "--model", str(path), "--device", str(device), "--max-new-tokens", "4",
+                 "--prompt", "What is the capital of France?"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == by_default.splitlines()[1:]  # (line 0: the time taken)
+    assert main(["infer", "--model", str(path), "--device", str(device), "--max-new-tokens", "4",
+                 "--prompt", "12+34="]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] != by_default.splitlines()[1:]
+
+
+def test_infer_test_without_torch_names_the_cpu_wheels(tiny_models, device, capsys, monkeypatch):
+    monkeypatch.setattr("llaisys_models.cli._has_torch", lambda: False)  # (as where torch is not installed)
+    assert main(["infer", "--model", str(tiny_models.path(F32)), "--device", str(device), "--test",
+                 "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "needs torch" in err and "--index-url https://download.pytorch.org/whl/cpu" in err
 
 
 def test_bad_model_dir_is_a_clean_error(tmp_path, capsys):

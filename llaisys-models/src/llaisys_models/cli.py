@@ -22,7 +22,11 @@ from . import numerics, quantize
 from .speculative import flags as speculative_flags
 from .text import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
 
-DEFAULT_PROMPT = "12+34="
+DEFAULT_PROMPT = "12+34="  # what the demo model (no --model) answers
+MODEL_PROMPT = "What is the capital of France?"  # a question any chat model answers, for --model
+PROMPT_HELP = f"the prompt (default: {DEFAULT_PROMPT!r} for the demo model, {MODEL_PROMPT!r} with --model)"
+TORCH_CPU_HINT = ("pip install torch --index-url https://download.pytorch.org/whl/cpu (torch's CPU-only wheels; "
+                  "a plain `pip install torch` brings the CUDA build, several GB)")
 MODEL_HELP = ("HuggingFace model directory, GGUF file or Hugging Face Hub id (org/name[@revision][:gguf-tag-or-file], "
               "from the local Hub cache, else downloaded) (default: the demo model shipped with llaisys-models)")
 
@@ -97,7 +101,7 @@ def register_generate(subparsers) -> None:
     _common_arguments(p, f"most new tokens per answer (default: {DEFAULT_NEW_TOKENS}, or fewer when the "
                          f"prompt leaves less room in the model's context; 0 generates nothing)")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
+    source.add_argument("--prompt", default=None, help=PROMPT_HELP)
     source.add_argument("--chat", action="store_true",
                         help="an interactive chat on stdin (/exit or end of input ends it); the oldest exchanges "
                              "are dropped when the conversation outgrows the model's context")
@@ -129,12 +133,19 @@ def register_infer(subparsers) -> None:
                                           "rounding error HF itself shows of the exact maximum, else a mismatch. "
                                           "Exit status 0 when every divergence is a near-tie, 1 on any mismatch.")
     _common_arguments(p, "most new tokens (default: %(default)s)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default {DEFAULT_PROMPT!r})")
+    p.add_argument("--prompt", default=None, help=PROMPT_HELP)
     p.add_argument("--test", action="store_true",
                    help="also run HF transformers (needs torch) and classify every divergence; the exact "
                         "reference holds the weights in float64 (8 bytes per parameter)")
     p.add_argument("--strict", action="store_true", help="--test, and require identical tokens (near-ties fail too)")
     p.set_defaults(func=_command(run_infer), max_new_tokens=64)
+
+
+def default_prompt(args) -> str:
+    """--prompt, else the demo's sum without --model, a question with it."""
+    if args.prompt is not None:
+        return args.prompt
+    return DEFAULT_PROMPT if args.model is None else MODEL_PROMPT
 
 
 def model_dir(args) -> Path:
@@ -216,7 +227,8 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
         tokens.close()  # frees the sequence's KV blocks of a reply stopped early
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
-    print(f"{s.new_tokens} new tokens | prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
+    print(f"{s.new_tokens} new tokens | first token after {s.first_token_seconds * 1000:.0f} ms "
+          f"| prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
           f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s"
           + (f" | drafted {s.draft_tokens}, kept {s.accepted_tokens}" if s.draft_tokens else ""), file=sys.stderr)
     return decoder.tokens
@@ -230,7 +242,7 @@ def run_generate(args) -> int:
 
     if args.chat and args.max_new_tokens == 0:
         raise LlaisysValueError("--chat needs --max-new-tokens of at least 1 to answer anything")
-    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    prompt = default_prompt(args)
     if not args.chat:
         check_text(prompt, "--prompt")
     sampling = _sampling(args)
@@ -313,10 +325,13 @@ def run_infer(args) -> int:
     if (args.test or args.strict) and args.quantize:
         raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
                                 f"{args.quantize} departs from by design; run --test without --quantize")
+    if (args.test or args.strict) and not _has_torch():  # said before the model loads
+        print(f"llaisys: error: --test runs HF transformers, which needs torch: {TORCH_CPU_HINT}", file=sys.stderr)
+        return 2
     if args.test or args.strict:  # HF decodes a GGUF file's blocks into floats: compare like with like
         args.dequantize = True
     model, tokenizer, _ = _load(args)
-    ids = encode(tokenizer, args.prompt, chat=not args.raw)
+    ids = encode(tokenizer, default_prompt(args), chat=not args.raw)
     t0 = time.perf_counter()
     ours = model.generate(ids, args.max_new_tokens)
     ours_s = time.perf_counter() - t0
@@ -325,11 +340,6 @@ def run_infer(args) -> int:
     if not (args.test or args.strict):
         return 0
 
-    try:
-        import torch  # noqa: F401  (HF transformers runs on torch, which llaisys does not need)
-    except ImportError:
-        print("llaisys: error: --test runs HF transformers, which needs torch: pip install torch", file=sys.stderr)
-        return 2
     from .parity import compare, hf_reference
 
     reference = hf_reference(model.path, ids, args.max_new_tokens, model.dtype.name, model.eos_token_ids)
@@ -355,3 +365,10 @@ def run_infer(args) -> int:
     print(f"PASS: the tokens differ only at near-ties that {model.dtype.name} rounding explains (first at step "
           f"{report.first_divergence}); --strict requires identical tokens")
     return 0
+
+
+def _has_torch() -> bool:
+    """Whether torch is installed (HF transformers runs on it; llaisys does not need it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None

@@ -40,6 +40,8 @@ class GenerationStats:
     decode_seconds: float = 0.0  # the decode steps: one forward + choice per token after the first
     draft_tokens: int = 0  # speculative decoding: tokens drafted, and how many of them the model kept
     accepted_tokens: int = 0
+    first_token_seconds: float = 0.0  # time to first token: from the start of the run (the model's, not a queue's)
+    started: float = dataclasses.field(default_factory=time.perf_counter, repr=False)  # when the call came
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -61,6 +63,7 @@ def run(scheduler: Scheduler, seq: Sequence, stats: GenerationStats) -> Iterator
             for _, token in events:
                 if stats.new_tokens == 0:
                     stats.prompt_tokens = seq.prompt_len - (seq.reused or 0)
+                    stats.first_token_seconds = time.perf_counter() - stats.started
                 stats.new_tokens += 1
                 yield token
             if stats.new_tokens <= 1:
