@@ -60,14 +60,28 @@ def _model(device, bytes_per_token: int = 28672, max_positions: int = 32768, ran
 
 
 def test_a_quarter_of_the_free_gpu_memory(fake_gpu):
-    device = fake_gpu((60 * GIB, 80 * GIB))
-    assert llaisys.mem_info(device) == (60 * GIB, 80 * GIB)
-    assert kv_memory.default_kv_memory(_model(device), max_running=32) == 15 * GIB  # 32 full contexts: 28 GiB
+    device = fake_gpu((6 * GIB, 80 * GIB))
+    assert llaisys.mem_info(device) == (6 * GIB, 80 * GIB)
+    # one full context (3.5 GiB) or 32 sequences of 2048 tokens (1.75 GiB): more than a quarter of 6 GiB
+    assert kv_memory.default_kv_memory(_model(device, max_positions=131072), max_running=32) == 6 * GIB // 4
 
 
-def test_capped_at_max_running_full_contexts(fake_gpu):
+def test_plans_max_running_sequences_of_a_chat_turn(fake_gpu):
+    """A 135M model (SmolLM2: 46080 bytes a token in f32, a context of 8192) got 16 full contexts, 5.6 GiB; now
+    16 sequences of 2048 tokens, 1.41 GiB, however much memory is free."""
+    model = _model(fake_gpu((60 * GIB, 80 * GIB)), bytes_per_token=46080, max_positions=8192)
+    assert kv_memory.default_kv_memory(model, max_running=16) == 16 * 2048 * 46080
+    assert kv_memory.default_kv_memory(model, max_running=2) == 8192 * 46080  # at least one full context
+
+
+def test_at_most_max_running_full_contexts(fake_gpu):
+    model = _model(fake_gpu((60 * GIB, 80 * GIB)), max_positions=1024)
+    assert kv_memory.default_kv_memory(model, max_running=4) == 4 * 1024 * 28672
+
+
+def test_at_least_one_full_context(fake_gpu):
     model = _model(fake_gpu((60 * GIB, 80 * GIB)))
-    assert kv_memory.default_kv_memory(model, max_running=4) == 4 * 32768 * 28672  # 3.5 GiB < 15 GiB
+    assert kv_memory.default_kv_memory(model, max_running=4) == 32768 * 28672  # 3.5 GiB < 15 GiB
 
 
 def test_at_least_four_blocks(fake_gpu):
@@ -78,7 +92,8 @@ def test_at_least_four_blocks(fake_gpu):
 def test_1_gib_where_the_device_cannot_say(fake_gpu):
     device = fake_gpu(None)
     assert llaisys.mem_info(device) is None
-    assert kv_memory.default_kv_memory(_model(device), max_running=16) == kv_memory.FALLBACK_BYTES == GIB
+    model = _model(device, max_positions=131072)  # (one context: 3.5 GiB)
+    assert kv_memory.default_kv_memory(model, max_running=16) == kv_memory.FALLBACK_BYTES == GIB
 
 
 def test_the_cpu_counts_what_the_os_says_is_available(tmp_path, monkeypatch):
@@ -87,7 +102,7 @@ def test_the_cpu_counts_what_the_os_says_is_available(tmp_path, monkeypatch):
     monkeypatch.setattr(kv_memory, "MEMINFO", meminfo)
     cpu = llaisys.Device("cpu", 0)
     assert kv_memory.free_memory(cpu) == 8 * GIB
-    assert kv_memory.default_kv_memory(_model(cpu), max_running=16) == 2 * GIB
+    assert kv_memory.default_kv_memory(_model(cpu, max_positions=131072), max_running=16) == 2 * GIB
 
 
 def test_the_cpu_without_proc_meminfo_asks_its_backend(tmp_path, monkeypatch):
@@ -113,4 +128,5 @@ def test_cpu_ranks_of_a_split_model_share_the_quarter(monkeypatch):
     monkeypatch.setattr(kv_memory, "free_memory", lambda device: 64 * GIB)
     cpu = llaisys.Device("cpu", 0)
     for ranks in (1, 2):
-        assert kv_memory.default_kv_memory(_model(cpu, ranks=ranks), max_running=32) == 16 * GIB // ranks
+        model = _model(cpu, ranks=ranks, max_positions=1 << 20)  # (a context of 28 GiB)
+        assert kv_memory.default_kv_memory(model, max_running=32) == 16 * GIB // ranks

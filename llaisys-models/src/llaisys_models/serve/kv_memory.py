@@ -1,8 +1,10 @@
 """How much memory the server's KV cache gets: ``--kv-memory`` sizes ("4GiB", "512MB", bytes), and a default.
 
-The default is a quarter of the device's free memory (what ``llaisys.mem_info`` reports; on a CPU the
-memory the OS says is available), but never more than ``max_running`` sequences of the model's full
-context need, and at least a few blocks. The server prints what it got at start-up.
+The default plans for what a server runs: the model's full context once (so that one request can use all of
+it), or ``max_running`` sequences of ``TOKENS_PER_SEQUENCE`` tokens each if that is more. It never takes more
+than a quarter of the device's free memory (what ``llaisys.mem_info`` reports; on a CPU the memory the OS says
+is available), and at least a few blocks. When running sequences outgrow it, the newest waits (its blocks
+freed, its tokens computed again later): nothing is refused for it. The server prints what it got at start-up.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from pathlib import Path
 import llaisys
 
 DEFAULT_FRACTION = 0.25
+# a prompt and a reply of a chat, typically, and the server's default reply cap: a 135M model's KV cache in f32
+# (46 KiB a token) is 1.4 GiB for 16 such sequences, where 16 full contexts of 8192 took 5.6 GiB
+TOKENS_PER_SEQUENCE = 2048
 FALLBACK_BYTES = 1 << 30  # when the device cannot say how much memory is free
 MEMINFO = Path("/proc/meminfo")  # where the CPU's available memory is read
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
@@ -57,15 +62,17 @@ def _host_available_bytes() -> int | None:
 
 
 def default_kv_memory(model, max_running: int, block_size: int = 16) -> int:
-    """A quarter of the free memory, capped at ``max_running`` full contexts, at least 4 blocks. (The ranks of a
-    tensor-parallel model on the CPU share the host's memory: each gets its share of the quarter.)"""
+    """The model's full context, or ``max_running`` sequences of ``TOKENS_PER_SEQUENCE`` tokens if more; at most a
+    quarter of the free memory, at least 4 blocks. (The ranks of a tensor-parallel model on the CPU share the
+    host's memory: each gets its share of the quarter.)"""
     free = free_memory(model.device)
     budget = int(free * DEFAULT_FRACTION) if free is not None else FALLBACK_BYTES
     if model.device.type == "cpu":
         budget //= model.group.world_size
     per_token = model.kv_shape.bytes_per_token
-    useful = max_running * model.config.max_position_embeddings * per_token
-    return max(min(budget, useful), 4 * block_size * per_token)
+    context = model.config.max_position_embeddings
+    planned = max(context, max_running * min(TOKENS_PER_SEQUENCE, context)) * per_token
+    return max(min(budget, planned), 4 * block_size * per_token)
 
 
 def human_size(nbytes: int) -> str:
