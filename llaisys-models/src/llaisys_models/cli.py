@@ -66,6 +66,13 @@ def add_tensor_parallel_argument(parser) -> None:
                              "CPU ranks on this host (their collectives are shared memory)")
 
 
+def add_generation_config_argument(parser) -> None:
+    parser.add_argument("--generation-config", choices=["model", "none"], default="model",
+                        help="'model': the sampling settings the model ships (its generation_config.json, or a GGUF "
+                             "file's general.sampling keys) stand for the flags not given, as in HF transformers and "
+                             "vLLM; 'none': llaisys' defaults alone (greedy) (default: model)")
+
+
 def tensor_parallel_options(args) -> dict:
     """``load``'s tensor-parallel arguments from the flags (a LlaisysValueError names a wrong one)."""
     from llaisys import LlaisysValueError
@@ -120,6 +127,7 @@ def register_generate(subparsers) -> None:
                         "(default: 0 = off)")
     p.add_argument("--presence-penalty", type=float, default=None, metavar="P",
                    help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
+    add_generation_config_argument(p)
     speculative_flags.add_arguments(p, "(greedy and seeded replies are the same as without it)")
     p.set_defaults(func=_command(run_generate))
 
@@ -211,6 +219,20 @@ def _sampling(args) -> dict:
     return {**chosen, **penalties}
 
 
+def _model_sampling(args, model) -> dict:
+    """The sampling arguments: the flags given, and for each one not given the model's own setting (unless
+    --generation-config none), said in one line when the model has any."""
+    if args.generation_config == "none":
+        return _sampling(args)
+    defaults = model.generation_defaults
+    if defaults.describe():
+        print(f"sampling as the model says: {defaults.describe()} (flags given take precedence; "
+              f"--generation-config none: greedy)", file=sys.stderr)
+    given = defaults.fill(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                          repetition_penalty=args.repetition_penalty)
+    return _sampling(argparse.Namespace(**{**vars(args), **given}))
+
+
 def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Event | None = None) -> list[int]:
     """Print the reply as it is generated; ``stop`` set ends it after the token being computed."""
     from .tokenizer import IncrementalDecoder
@@ -245,9 +267,10 @@ def run_generate(args) -> int:
     prompt = default_prompt(args)
     if not args.chat:
         check_text(prompt, "--prompt")
-    sampling = _sampling(args)
+    _sampling(args)  # (the flags checked before the model loads)
     speculative_flags.check_arguments(args)
     model, tokenizer, _ = _load(args)
+    sampling = _model_sampling(args, model)
     speculation, _ = speculative_flags.from_arguments(args, model)
     if speculation is not None:
         sampling["speculative"] = speculation

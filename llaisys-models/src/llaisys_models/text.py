@@ -67,13 +67,39 @@ class TextMixin:
     def tokenizer(self, tokenizer) -> None:
         self._tokenizer = tokenizer
 
+    _generation_defaults = None
+
+    @property
+    def generation_defaults(self):
+        """The sampling settings the model ships (generation_defaults.py), read on first use: ``chat``,
+        ``complete``, the CLI and the server take each one the caller leaves unset. Assign
+        ``generation_defaults.NONE`` for llaisys' own (greedy)."""
+        if self._generation_defaults is None:
+            from . import generation_defaults
+
+            metadata = None
+            if self.path.is_file():  # a GGUF file: its metadata, from the open file where the model holds it
+                metadata = getattr(self.checkpoint, "metadata", None)
+                if metadata is None:
+                    from .gguf.reader import GGUFFile
+
+                    metadata = GGUFFile(self.path).metadata
+            self._generation_defaults = generation_defaults.read(self.path, metadata)
+        return self._generation_defaults
+
+    @generation_defaults.setter
+    def generation_defaults(self, defaults) -> None:
+        self._generation_defaults = defaults
+
     def chat(self, messages, *, stream: bool = False, max_new_tokens: int | None = None, temperature=None,
              top_p=None, top_k=None, seed=None, stop=(), **generate_args):
         """The reply to ``messages`` (a list of {"role", "content"} dicts, or one user message as a str),
         through the model's chat template; with ``stream=True``, an iterator of its pieces instead.
 
-        Greedy unless ``temperature`` (> 0) or ``top_p`` (< 1) asks for sampling (then ``top_k`` defaults
-        to 0, every token); ``seed`` makes sampling reproducible. ``max_new_tokens`` None: up to 128, as
+        Each sampling setting left None (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``) is the
+        model's own where it ships one (``model.generation_defaults``: its generation_config.json or GGUF
+        sampling keys); then greedy unless ``temperature`` (> 0) or ``top_p`` (< 1) asks for sampling (then
+        ``top_k`` defaults to 0, every token); ``seed`` makes sampling reproducible. ``max_new_tokens`` None: up to 128, as
         the context allows. The reply ends at an EOS token (left out of the text) or before the first of
         the ``stop`` strings. Other keyword arguments go to ``stream_generate`` (``speculative``, ...)."""
         tokens = self._reply(self._chat_prompt(messages), max_new_tokens, temperature, top_p, top_k, seed,
@@ -133,7 +159,12 @@ class TextMixin:
         budget = reply_budget(max_new_tokens, len(ids), self.context_length)
         eos = generate_args.get("eos_token_ids")
         eos = frozenset(self.eos_token_ids if eos is None else eos)
-        tokens = self.stream_generate(ids, budget, **sampling_args(top_k, top_p, temperature, seed), **generate_args)
+        chosen = self.generation_defaults.fill(top_k=top_k, top_p=top_p, temperature=temperature,
+                                               repetition_penalty=generate_args.pop("repetition_penalty", None))
+        if chosen["repetition_penalty"] is not None:
+            generate_args["repetition_penalty"] = chosen["repetition_penalty"]
+        sampling = sampling_args(chosen["top_k"], chosen["top_p"], chosen["temperature"], seed)
+        tokens = self.stream_generate(ids, budget, **sampling, **generate_args)
         return _text(tokens, TextStream(self.tokenizer, stops), eos)
 
 
