@@ -10,7 +10,7 @@ import uvicorn
 
 from llaisys import abi, backend, dlpack, tensor
 from llaisys_models import causal_lm, cli, config, decode_graph, generation, grammar, parity, text
-from llaisys_models.serve import background, ray_app
+from llaisys_models.serve import background, ray_app, shutdown
 from llaisys_models.serve import cli as serve_cli
 from llaisys_models.serve.replicas import deployments, router
 
@@ -51,6 +51,7 @@ cli.register_generate
 cli.register_infer
 serve_cli.register_serve
 uvicorn.Server.should_exit  # serve/background.py sets it; uvicorn reads it
+shutdown.HTTPServer.capture_signals  # uvicorn.Server.serve calls it
 exc  # noqa: F821 (def __exit__(self, *exc) in progress.py and serve/background.py)
 ray_app.build_app  # Ray's `serve run llaisys_models.serve.ray_app:build_app` calls it
 deployments.LlaisysReplica.check_health  # Ray Serve's health check calls it

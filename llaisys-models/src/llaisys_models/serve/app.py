@@ -42,7 +42,8 @@ from starlette.requests import ClientDisconnect
 from llaisys import LlaisysValueError
 
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
-from . import metrics, responses, schemas, structured
+from . import access_log, metrics, responses, schemas, structured
+from .defaults import DEFAULT_MAX_TOKENS
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from .errors import APIError, PathScrubber, error_body, invalid
 from .tool_calls import ToolCall, ToolCallStream, parse_tool_calls, special_openers, tool_support
@@ -59,11 +60,13 @@ class Server:
     ``api_keys``: each key its own tenant (none: no key needed, one tenant). ``host`` and ``port``: the
     address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
     on a loopback address, requests must name a loopback host and that port. ``cors_origins``: origins
-    (``https://app.example``) whose pages may call the API from a browser.
+    (``https://app.example``) whose pages may call the API from a browser. ``default_max_tokens``: the reply cap
+    of requests that set none (at most the room their prompt leaves in the context).
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
-                 host: str | None = None, port: int | None = None, cors_origins=(), tenants: Tenants | None = None):
+                 host: str | None = None, port: int | None = None, cors_origins=(), tenants: Tenants | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
         self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
@@ -81,6 +84,7 @@ class Server:
         config = engine.model.config
         self.vocab_size = config.vocab_size
         self.context = engine.max_length  # the longest prompt + reply: the model's context, or what the KV cache holds
+        self.default_max_tokens = default_max_tokens
         # a prompt of more characters has more tokens than the context holds (see longest_token)
         self.longest_token = longest_token(tokenizer)
         self.max_prompt_chars = self.context * self.longest_token
@@ -196,12 +200,13 @@ class Server:
 
     # -- responding ----------------------------------------------------------------------
 
-    def submit(self, jobs: list[tuple[list[int], object]], cache_scope: str = "", n: int = 1,
-               keep_tokens: frozenset[int] = frozenset()) -> AsyncStream:
+    def submit(self, jobs: list[tuple[list[int], object]], access: access_log.Entry, cache_scope: str = "",
+               n: int = 1, keep_tokens: frozenset[int] = frozenset()) -> AsyncStream:
         """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
         prefixes only with requests of the same ``cache_scope``; ``keep_tokens``: special tokens whose text the
-        output keeps. All are queued, or none."""
-        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens)
+        output keeps; ``access``: the HTTP request's access-log entry, which counts their events. All are queued,
+        or none."""
+        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens, observe=access.observe)
         try:
             for request in stream.requests:
                 self.engine.submit(request)
@@ -210,7 +215,8 @@ class Server:
             raise APIError(429, str(e), None, "queue_full") from None
         except EngineUnavailable as e:
             stream.cancel()
-            raise APIError(503, str(e), None, "engine_unavailable") from None
+            raise APIError(503, str(e), None, "server_shutdown" if e.shutdown else "engine_unavailable") from None
+        access.generating([len(ids) for ids, _ in jobs], n)
         return stream
 
 
@@ -338,14 +344,16 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     jobs = []
     for prompt, param in zip(prompts, params_of):
         ids = await server.tokenize(prompt, chat, param, tools)
-        params = schemas.sampling_params(body, len(ids), server.context, param)
+        params = schemas.sampling_params(body, len(ids), server.context, param,
+                                         default_max_tokens=server.default_max_tokens)
         params = schemas.penalties(body, params, server.vocab_size)
         params = dataclasses.replace(params, logprobs=schemas.logprobs_count(body, chat))
         jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)))
 
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
-    events = server.submit(jobs, cache_scope=scope, n=n, keep_tokens=server.tool_markers if tools else frozenset())
+    events = server.submit(jobs, access_log.entry(request.scope), cache_scope=scope, n=n,
+                           keep_tokens=server.tool_markers if tools else frozenset())
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
     parsers = ToolParsers(server, tools, usage.choices)
     if stream:
@@ -428,10 +436,12 @@ async def _respond(server: Server, request: Request) -> Response:
     stream = schemas.field(body, "stream", "boolean", default=False)
     constraint = await server.grammars.of(body, responses=True)  # text.format
     ids = await server.tokenize(responses.input_messages(body), chat=True, param="input")
-    params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",))
+    params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",),
+                                     default_max_tokens=server.default_max_tokens)
     params = structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)
     shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
-    events = server.submit([(ids, params)], cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
+    events = server.submit([(ids, params)], access_log.entry(request.scope),
+                           cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
     if stream:
         return StreamingResponse(_response_events(server, events, shape), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
@@ -452,9 +462,17 @@ async def _response_events(server: Server, events: AsyncStream, shape: responses
                 for closing in shape.closing(event.reason, "".join(texts), event.usage):
                     yield closing
             else:  # Failed
-                yield shape.failed(public_error(server, 500, event.message)["error"]["message"])
+                yield shape.failed(engine_failure(server, event)[1]["error"]["message"])
     finally:
         events.cancel()
+
+
+def engine_failure(server: Server, event: Failed) -> tuple[int, dict]:
+    """The status and error body of a request the engine failed: 503 ``server_shutdown`` when the server is shutting
+    down (the engine was stopped: Ctrl+C, SIGTERM), else 500 ``engine_error``."""
+    if event.shutdown:
+        return 503, error_body(503, event.message, None, "server_shutdown")
+    return 500, public_error(server, 500, event.message, "engine_error")
 
 
 def public_error(server: Server, status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -501,8 +519,8 @@ async def _stream_events(server: Server, events: AsyncStream, shape: schemas.Res
                 yield _sse(shape.chunk(finish_reason=reason, index=event.index))
                 if include_usage and usage.done:
                     yield _sse(shape.usage_chunk(usage.total))
-            else:  # Failed: the stream has started, so the error travels as an event
-                yield _sse(public_error(server, 500, event.message, "engine_error"))
+            else:  # Failed: the stream has started, so the error travels as an event (as OpenAI's do mid-stream)
+                yield _sse(engine_failure(server, event)[1])
         yield "data: [DONE]\n\n"
     finally:
         events.cancel()
@@ -537,7 +555,8 @@ async def _collect_events(server: Server, request: Request, events: AsyncStream,
                             choice["logprobs"] = schemas.logprobs_body(logprobs_chat, entries)
                     return JSONResponse(body)
             elif isinstance(event, Failed):
-                return JSONResponse(public_error(server, 500, event.message, "engine_error"), status_code=500)
+                status, body = engine_failure(server, event)
+                return JSONResponse(body, status_code=status)
     finally:
         watcher.cancel()
         events.cancel()
@@ -563,7 +582,8 @@ def create_app(server: Server) -> FastAPI:
     page = importlib.resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8")
 
     def require_key(request: Request) -> None:
-        request.state.tenant = server.tenant(request.headers.get("authorization", ""))
+        tenant = server.tenant(request.headers.get("authorization", ""))
+        request.state.tenant = access_log.entry(request.scope).tenant = tenant
 
     def error_response(status: int, body: dict) -> JSONResponse:
         server.engine.metrics.http_errors[status] += 1
@@ -617,7 +637,7 @@ def create_app(server: Server) -> FastAPI:
 
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",
-                "max_model_len": server.context}
+                "max_model_len": server.context, "default_max_tokens": server.default_max_tokens}
 
     @api.get("/v1/models")
     async def list_models():
@@ -662,4 +682,5 @@ def create_app(server: Server) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)
     app.add_middleware(LocalHostsOnly)
+    app.add_middleware(access_log.AccessLog)  # the outermost: refused requests get their line too
     return app

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
-from ..cli import MODEL_HELP, add_tensor_parallel_argument, split_cpu_threads, tensor_parallel_options
+from ..cli import MODEL_HELP, _command, add_tensor_parallel_argument, split_cpu_threads, tensor_parallel_options
 from ..speculative import flags as speculative_flags
+from .defaults import DEFAULT_MAX_TOKENS
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,6 +46,15 @@ def register_serve(subparsers) -> None:
                         "repeatable (default: none)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the model directory's name; 'llaisys-demo')")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=f"the longest reply to a request that sets no max_tokens (max_completion_tokens, "
+                        f"max_output_tokens), or the room its prompt leaves in the context if less (default "
+                        f"{DEFAULT_MAX_TOKENS}; a request may ask for more)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="the least severe log lines printed (default info: a line per request, on stderr; warning "
+                        "leaves those out)")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="log lines as text, or as one JSON object each (default text)")
     p.add_argument("--max-running", type=int, default=16,
                    help="sequences generated together, every one a token per forward pass (default 16)")
     p.add_argument("--max-batch-tokens", type=int, default=128,
@@ -80,7 +90,8 @@ def register_serve(subparsers) -> None:
                           help="join this Ray cluster ('auto': the one `ray start` started on this machine; "
                                "default: start one for this server, on this machine); also for the ranks of "
                                "--distributed-executor ray")
-    p.set_defaults(func=run_serve)
+    # (Ctrl+C while the model loads: status 130, no traceback; once it serves, serve/shutdown.py takes the signals)
+    p.set_defaults(func=_command(run_serve))
 
 
 def run_serve(args) -> int:
@@ -118,7 +129,7 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
     keys = api_keys(args, os.environ)  # before anything else: an empty key must not start a server without one
     for origin in args.cors_origin:
         check_origin(origin)
-    for name in ("port", "max_running", "max_batch_tokens", "block_size"):
+    for name in ("port", "max_running", "max_batch_tokens", "block_size", "default_max_tokens"):
         low = 0 if name == "port" else 1
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
@@ -211,9 +222,11 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     ``llaisys serve``, or one per replica on Ray (serve/replicas)."""
     from .. import load
     from ..tokenizer import load_tokenizer
+    from .access_log import configure
     from .app import Server
     from .engine import Engine
 
+    configure(args.log_level, args.log_format)  # this process's log: the access lines, warnings, errors
     tokenizer_path = args.tokenizer or path
     parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
@@ -227,7 +240,7 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
                     speculation=speculation, draft=draft)
     name = args.served_model_name or default_model_name(path, args.model)
     return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
-                  cors_origins=args.cors_origin, tenants=tenants)
+                  cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens)
 
 
 def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
@@ -235,6 +248,7 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
 
     from .app import Tenants, create_app, is_loopback
     from .kv_memory import describe
+    from .shutdown import HTTPServer
 
     port = listener.getsockname()[1]
     server = load_server(args, path, kv_memory, Tenants.of_keys(keys), port)
@@ -250,9 +264,12 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
-    # on Ctrl+C, streams still open get 5 s to end before they are cut (the engine then fails what is left)
-    config = uvicorn.Config(create_app(server), log_level="warning", timeout_graceful_shutdown=5)
-    http = uvicorn.Server(config)
+    # on Ctrl+C or SIGTERM the engine fails every open request at once, so each response ends (serve/shutdown.py);
+    # the 5 s are for a handler still busy before it queued (a long prompt's tokenization), which is then cut.
+    # uvicorn's access log is off (serve/access_log.py writes ours), its own lines from warnings up but with debug
+    config = uvicorn.Config(create_app(server), log_level="debug" if args.log_level == "debug" else "warning",
+                            access_log=False, timeout_graceful_shutdown=5)
+    http = HTTPServer(config, engine)
     failures = []
     if model.followers is not None:  # a rank that dies or hangs ends the group, and the server with it
         def end(message: str) -> None:

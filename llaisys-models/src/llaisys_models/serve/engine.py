@@ -45,6 +45,8 @@ from .output import TextStream
 
 log = logging.getLogger("llaisys.serve")
 
+SHUTTING_DOWN = "the server is shutting down"  # why a stopped engine refuses and fails requests (not an error)
+
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
@@ -60,6 +62,7 @@ class Delta:
     index: int = 0  # which of the request's choices
     # where the request asked for log-probabilities: one TokenLogprobText per token the text covers
     logprobs: tuple[TokenLogprobText, ...] = ()
+    tokens: int = 0  # the choice's tokens so far, this delta's included (what a cancelled choice generated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Finished:
 @dataclasses.dataclass(frozen=True)
 class Failed:
     message: str
+    shutdown: bool = False  # the engine was stopped (the server shuts down), no error of the request's
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -138,7 +142,11 @@ class Choice:
 
 
 class EngineUnavailable(RuntimeError):
-    """The engine is stopped or died; the message says why."""
+    """The engine is stopped (``shutdown``: it was asked to) or died; the message says why."""
+
+    def __init__(self, message: str, shutdown: bool):
+        super().__init__(message)
+        self.shutdown = shutdown
 
 
 class EngineBusy(RuntimeError):
@@ -197,6 +205,8 @@ class Engine:
         return self
 
     def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the engine thread: every request still open gets ``Failed(SHUTTING_DOWN, shutdown=True)`` once the
+        step under way ends. Waits up to ``timeout`` seconds for the thread (0: asks without waiting)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
@@ -211,7 +221,7 @@ class Engine:
         """Queue a request (requests queued before ``start`` wait for it)."""
         with self._cv:
             if self._stopping:
-                raise EngineUnavailable(self.error or "the engine is stopped")
+                raise EngineUnavailable(self.error or SHUTTING_DOWN, shutdown=self.error is None)
             if self.waiting >= self.max_waiting:
                 raise EngineBusy(f"{self.waiting} requests are already waiting; try again later")
             self._incoming.append(request)
@@ -239,14 +249,14 @@ class Engine:
             self.error = f"the engine stopped: {type(e).__name__}: {e}"
             log.exception("engine thread died")
         finally:
-            reason = self.error or "the server is shutting down"
+            ended = Failed(self.error or SHUTTING_DOWN, shutdown=self.error is None)
             for request in {id(seq.tag.request): seq.tag.request for seq in self._sequences}.values():
-                request.emit(Failed(reason))
+                request.emit(ended)
             with self._cv:
                 self._stopping = True
                 incoming, self._incoming = list(self._incoming), collections.deque()
             for request in incoming:
-                request.emit(Failed(reason))
+                request.emit(ended)
 
     def _wait_for_work(self) -> bool:
         with self._cv:
@@ -328,7 +338,7 @@ class Engine:
         if seq.logprobs is not None:
             choice.logprobs.append(self._logprob_text(token, seq.logprobs[choice.tokens - 1]))
         if text or (choice.logprobs and (ending or stopped)):  # the last tokens' log-probabilities, text or not
-            choice.request.emit(Delta(text, choice.index, tuple(choice.logprobs)))
+            choice.request.emit(Delta(text, choice.index, tuple(choice.logprobs), choice.tokens))
             choice.logprobs.clear()
         if ending or stopped:
             self._done(seq)
@@ -375,9 +385,11 @@ class AsyncStream:
     """
 
     def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1,
-                 keep_tokens: frozenset[int] = frozenset()):
-        """``jobs``: (prompt token ids, its sampling parameters) of each request."""
+                 keep_tokens: frozenset[int] = frozenset(), observe=None):
+        """``jobs``: (prompt token ids, its sampling parameters) of each request; ``observe(event)``: called with
+        each event as the iterator yields it (the access log's counts)."""
         self._loop = asyncio.get_running_loop()
+        self._observe = observe
         self._queue: asyncio.Queue = asyncio.Queue()
         self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n,
                                  keep_tokens=keep_tokens)
@@ -402,6 +414,8 @@ class AsyncStream:
         open_choices = sum(request.n for request in self.requests)
         while True:
             event = await self._queue.get()
+            if self._observe is not None:
+                self._observe(event)
             yield event
             open_choices -= isinstance(event, Finished)
             if isinstance(event, Failed) or not open_choices:

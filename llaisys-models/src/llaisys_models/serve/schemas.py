@@ -374,15 +374,18 @@ def tool_choice(body: dict, names: tuple[str, ...]) -> tuple[str, str | None]:
 # -- sampling -----------------------------------------------------------------------------
 
 def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str,
-                    max_names=("max_completion_tokens", "max_tokens")) -> SamplingParams:
+                    max_names=("max_completion_tokens", "max_tokens"),
+                    default_max_tokens: int | None = None) -> SamplingParams:
     """The sampling parameters, checked against the model's context for this prompt length (the first of
-    ``max_names`` present bounds the reply)."""
+    ``max_names`` present bounds the reply; none: ``default_max_tokens``, the server's cap, or the room the prompt
+    leaves in the context if that is less or the cap is None)."""
     room = context - prompt_tokens
     if room <= 0:
         raise invalid(f"this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} "
                       f"tokens, which leaves no room for a completion", prompt_param, "context_length_exceeded")
     name = next((n for n in max_names if body.get(n) is not None), max_names[-1])
-    max_tokens = field(body, name, "integer", default=room)
+    default = room if default_max_tokens is None else min(default_max_tokens, room)
+    max_tokens = field(body, name, "integer", default=default)
     if max_tokens <= 0:
         raise invalid(f"'{name}' must be >= 1, got {max_tokens}", name)
     if max_tokens > room:
