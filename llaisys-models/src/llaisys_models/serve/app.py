@@ -41,6 +41,7 @@ from starlette.requests import ClientDisconnect
 
 from llaisys import LlaisysValueError
 
+from ..generation_defaults import GenerationDefaults
 from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import access_log, metrics, responses, schemas, structured
 from .defaults import DEFAULT_MAX_TOKENS
@@ -61,12 +62,14 @@ class Server:
     address the server listens on, set by whoever binds it (``llaisys serve``, ``BackgroundServer``);
     on a loopback address, requests must name a loopback host and that port. ``cors_origins``: origins
     (``https://app.example``) whose pages may call the API from a browser. ``default_max_tokens``: the reply cap
-    of requests that set none (at most the room their prompt leaves in the context).
+    of requests that set none (at most the room their prompt leaves in the context). ``sampling``: what requests
+    that set no temperature, top_p, top_k or repetition_penalty get (default: the model's own,
+    ``model.generation_defaults``, as vLLM applies them; OpenAI's defaults for what the model does not set).
     """
 
     def __init__(self, engine: Engine, tokenizer, model_name: str, api_keys=(), max_body_bytes: int = MAX_BODY_BYTES,
                  host: str | None = None, port: int | None = None, cors_origins=(), tenants: Tenants | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, sampling: GenerationDefaults | None = None):
         self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
@@ -85,6 +88,7 @@ class Server:
         self.vocab_size = config.vocab_size
         self.context = engine.max_length  # the longest prompt + reply: the model's context, or what the KV cache holds
         self.default_max_tokens = default_max_tokens
+        self.sampling = engine.model.generation_defaults if sampling is None else sampling
         # a prompt of more characters has more tokens than the context holds (see longest_token)
         self.longest_token = longest_token(tokenizer)
         self.max_prompt_chars = self.context * self.longest_token
@@ -345,8 +349,8 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     for prompt, param in zip(prompts, params_of):
         ids = await server.tokenize(prompt, chat, param, tools)
         params = schemas.sampling_params(body, len(ids), server.context, param,
-                                         default_max_tokens=server.default_max_tokens)
-        params = schemas.penalties(body, params, server.vocab_size)
+                                         default_max_tokens=server.default_max_tokens, defaults=server.sampling)
+        params = schemas.penalties(body, params, server.vocab_size, server.sampling)
         params = dataclasses.replace(params, logprobs=schemas.logprobs_count(body, chat))
         jobs.append((ids, structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)))
 
@@ -437,7 +441,7 @@ async def _respond(server: Server, request: Request) -> Response:
     constraint = await server.grammars.of(body, responses=True)  # text.format
     ids = await server.tokenize(responses.input_messages(body), chat=True, param="input")
     params = schemas.sampling_params(body, len(ids), server.context, "input", max_names=("max_output_tokens",),
-                                     default_max_tokens=server.default_max_tokens)
+                                     default_max_tokens=server.default_max_tokens, defaults=server.sampling)
     params = structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)
     shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
     events = server.submit([(ids, params)], access_log.entry(request.scope),
@@ -637,7 +641,8 @@ def create_app(server: Server) -> FastAPI:
 
     def model_card() -> dict:
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llaisys",
-                "max_model_len": server.context, "default_max_tokens": server.default_max_tokens}
+                "max_model_len": server.context, "default_max_tokens": server.default_max_tokens,
+                "sampling_defaults": server.sampling.settings()}
 
     @api.get("/v1/models")
     async def list_models():

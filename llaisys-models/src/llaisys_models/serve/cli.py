@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 from .. import numerics, quantize
-from ..cli import MODEL_HELP, _command, add_tensor_parallel_argument, split_cpu_threads, tensor_parallel_options
+from ..cli import (
+    MODEL_HELP,
+    _command,
+    add_generation_config_argument,
+    add_tensor_parallel_argument,
+    split_cpu_threads,
+    tensor_parallel_options,
+)
 from ..speculative import flags as speculative_flags
 from .defaults import DEFAULT_MAX_TOKENS
 
@@ -32,6 +39,7 @@ def register_serve(subparsers) -> None:
     numerics.add_argument(p)
     quantize.add_argument(p)
     add_tensor_parallel_argument(p)
+    add_generation_config_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -61,8 +69,9 @@ def register_serve(subparsers) -> None:
                    help="tokens per forward pass: every running sequence's next token, then chunks of new "
                         "prompts (default 128; a long prompt holds the other streams up by one chunk at most)")
     p.add_argument("--kv-memory", default=None,
-                   help="memory of the paged KV cache, e.g. 4GiB or 512MB (default: a quarter of the free "
-                        "memory, at most --max-running full contexts); printed at start-up")
+                   help="memory of the paged KV cache, e.g. 4GiB or 512MB (default: one full context, or "
+                        "--max-running sequences of 2048 tokens if more, at most a quarter of the free memory); "
+                        "printed at start-up")
     p.add_argument("--block-size", type=int, default=16, help="positions per KV cache block (default 16)")
     p.add_argument("--no-prefix-reuse", action="store_true",
                    help="always compute the whole prompt (no KV blocks shared between requests)")
@@ -220,7 +229,7 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     """The ``Server`` the options ``args`` describe: the model at ``path`` loaded, its engine (not started), the
     ``tenants`` (``app.Tenants``) and the address clients reach it at (``args.host``, ``port``). One per process of
     ``llaisys serve``, or one per replica on Ray (serve/replicas)."""
-    from .. import load
+    from .. import generation_defaults, load
     from ..tokenizer import load_tokenizer
     from .access_log import configure
     from .app import Server
@@ -239,8 +248,10 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
                     speculation=speculation, draft=draft)
     name = args.served_model_name or default_model_name(path, args.model)
+    sampling = generation_defaults.NONE if args.generation_config == "none" else None  # None: the model's
     return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
-                  cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens)
+                  cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens,
+                  sampling=sampling)
 
 
 def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
@@ -264,6 +275,9 @@ def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, key
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
+    if server.sampling.describe():
+        print(f"llaisys serve: requests that set none sample as the model says: {server.sampling.describe()}",
+              file=sys.stderr, flush=True)
     # on Ctrl+C or SIGTERM the engine fails every open request at once, so each response ends (serve/shutdown.py);
     # the 5 s are for a handler still busy before it queued (a long prompt's tokenization), which is then cut.
     # uvicorn's access log is off (serve/access_log.py writes ours), its own lines from warnings up but with debug

@@ -15,6 +15,8 @@ import re
 
 from llaisys import LlaisysValueError
 
+from ..generation_defaults import NONE as NO_DEFAULTS
+from ..generation_defaults import GenerationDefaults
 from ..penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
 from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
 from ..tokenizer import check_text
@@ -66,6 +68,11 @@ def field(body: dict, name: str, kind: str, *, required: bool = False, default=N
         article = "an" if kind[0] in "aeiou" else "a"
         raise invalid(f"'{param}' must be {article} {kind}, got {json_type(value)}", param, "invalid_type")
     return value
+
+
+def _or(value, default):
+    """``value``, or ``default`` where it is None."""
+    return default if value is None else value
 
 
 def _in_range(value, name: str, low, high, low_open: bool = False):
@@ -375,10 +382,12 @@ def tool_choice(body: dict, names: tuple[str, ...]) -> tuple[str, str | None]:
 
 def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str,
                     max_names=("max_completion_tokens", "max_tokens"),
-                    default_max_tokens: int | None = None) -> SamplingParams:
+                    default_max_tokens: int | None = None, defaults: GenerationDefaults = NO_DEFAULTS
+                    ) -> SamplingParams:
     """The sampling parameters, checked against the model's context for this prompt length (the first of
     ``max_names`` present bounds the reply; none: ``default_max_tokens``, the server's cap, or the room the prompt
-    leaves in the context if that is less or the cap is None)."""
+    leaves in the context if that is less or the cap is None). ``temperature``, ``top_p`` and ``top_k`` not in the
+    request are ``defaults``' (the model's generation_config, as vLLM applies it), else OpenAI's."""
     room = context - prompt_tokens
     if room <= 0:
         raise invalid(f"this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} "
@@ -392,9 +401,10 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
         raise invalid(f"this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} "
                       f"tokens and '{name}' asks for {max_tokens} more (at most {room} fit)", name,
                       "context_length_exceeded")
-    temperature = _in_range(field(body, "temperature", "number", default=1.0), "temperature", 0, 2)
-    top_p = _in_range(field(body, "top_p", "number", default=1.0), "top_p", 0, 1, low_open=True)
-    top_k = field(body, "top_k", "integer", default=0)
+    temperature = field(body, "temperature", "number", default=_or(defaults.temperature, 1.0))
+    _in_range(temperature, "temperature", 0, 2 if "temperature" in body else math.inf)  # (OpenAI's range: requests')
+    top_p = _in_range(field(body, "top_p", "number", default=_or(defaults.top_p, 1.0)), "top_p", 0, 1, low_open=True)
+    top_k = field(body, "top_k", "integer", default=_or(defaults.top_k, 0))
     if top_k < -1:
         raise invalid(f"'top_k' must be >= 0 (or -1 for all tokens), got {top_k}", "top_k")
     seed = field(body, "seed", "integer")
@@ -404,14 +414,16 @@ def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: 
                           top_k=max(top_k, 0), seed=seed, stop=stop_strings(body))
 
 
-def penalties(body: dict, params: SamplingParams, vocab_size: int) -> SamplingParams:
+def penalties(body: dict, params: SamplingParams, vocab_size: int,
+              defaults: GenerationDefaults = NO_DEFAULTS) -> SamplingParams:
     """``params`` with the request's repetition control: OpenAI's ``frequency_penalty`` and ``presence_penalty``
-    (-2 .. 2), vLLM's ``repetition_penalty`` (HF transformers', > 0) and OpenAI's ``logit_bias`` (an object of
-    token ids, as strings, to biases in -100 .. 100; at most MAX_LOGIT_BIAS of them)."""
+    (-2 .. 2), vLLM's ``repetition_penalty`` (HF transformers', > 0; not in the request: ``defaults``', the
+    model's, else 1) and OpenAI's ``logit_bias`` (an object of token ids, as strings, to biases in -100 .. 100; at
+    most MAX_LOGIT_BIAS of them)."""
     frequency = _in_range(field(body, "frequency_penalty", "number", default=0.0), "frequency_penalty",
                           *FREQUENCY_RANGE)
     presence = _in_range(field(body, "presence_penalty", "number", default=0.0), "presence_penalty", *PRESENCE_RANGE)
-    repetition = field(body, "repetition_penalty", "number", default=1.0)
+    repetition = field(body, "repetition_penalty", "number", default=_or(defaults.repetition_penalty, 1.0))
     if repetition <= 0:
         raise invalid(f"'repetition_penalty' must be > 0 (1 is off), got {repetition}", "repetition_penalty")
     bias = field(body, "logit_bias", "object", default={})
