@@ -205,12 +205,13 @@ class Server:
     # -- responding ----------------------------------------------------------------------
 
     def submit(self, jobs: list[tuple[list[int], object]], access: access_log.Entry, cache_scope: str = "",
-               n: int = 1, keep_tokens: frozenset[int] = frozenset()) -> AsyncStream:
+               n: int = 1, keep_tokens: frozenset[int] = frozenset(), response_id: str | None = None) -> AsyncStream:
         """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
         prefixes only with requests of the same ``cache_scope``; ``keep_tokens``: special tokens whose text the
-        output keeps; ``access``: the HTTP request's access-log entry, which counts their events. All are queued,
-        or none."""
-        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens, observe=access.observe)
+        output keeps; ``access``: the HTTP request's access-log entry, which counts their events; ``response_id``:
+        the name of their trace files under --trace-dir. All are queued, or none."""
+        stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens, observe=access.observe,
+                             trace_name=response_id)
         try:
             for request in stream.requests:
                 self.engine.submit(request)
@@ -357,7 +358,7 @@ async def _complete(server: Server, request: Request, chat: bool) -> Response:
     shape = schemas.ResponseShape(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                                   server.model_name)
     events = server.submit(jobs, access_log.entry(request.scope), cache_scope=scope, n=n,
-                           keep_tokens=server.tool_markers if tools else frozenset())
+                           keep_tokens=server.tool_markers if tools else frozenset(), response_id=shape.head["id"])
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
     parsers = ToolParsers(server, tools, usage.choices)
     if stream:
@@ -445,7 +446,7 @@ async def _respond(server: Server, request: Request) -> Response:
     params = structured.constrain(body, schemas.speculation(body, params, server.engine), constraint)
     shape = responses.ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
     events = server.submit([(ids, params)], access_log.entry(request.scope),
-                           cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)))
+                           cache_scope=cache_scope(request.state.tenant, schemas.cache_salt(body)), response_id=shape.id)
     if stream:
         return StreamingResponse(_response_events(server, events, shape), media_type="text/event-stream",
                                  headers=SSE_HEADERS)

@@ -63,6 +63,11 @@ def register_serve(subparsers) -> None:
                         "leaves those out)")
     p.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="log lines as text, or as one JSON object each (default text)")
+    p.add_argument("--trace-dir", type=Path, default=None, metavar="DIR",
+                   help="write a Chrome trace of each request to DIR/<response id>.json when it ends (created if "
+                        "missing): its time queued, in prefill, in each decode step (with the step's batch) and "
+                        "detokenizing, with its token counts and finish reason, never its text; open one in "
+                        "https://ui.perfetto.dev (default: no traces)")
     p.add_argument("--max-running", type=int, default=16,
                    help="sequences generated together, every one a token per forward pass (default 16)")
     p.add_argument("--max-batch-tokens", type=int, default=128,
@@ -134,6 +139,7 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
 
     from ..cli import model_dir
     from .kv_memory import parse_size
+    from .tracing import prepare_trace_dir
 
     keys = api_keys(args, os.environ)  # before anything else: an empty key must not start a server without one
     for origin in args.cors_origin:
@@ -146,6 +152,8 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
     check_replica_options(args)
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     speculative_flags.check_arguments(args)
+    if args.trace_dir is not None:  # made and checked now, not after the model loaded; absolute for replicas
+        args.trace_dir = prepare_trace_dir(args.trace_dir)
     return model_dir(args), kv_memory, keys
 
 
@@ -246,7 +254,7 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
-                    speculation=speculation, draft=draft)
+                    speculation=speculation, draft=draft, trace_dir=getattr(args, "trace_dir", None))
     name = args.served_model_name or default_model_name(path, args.model)
     sampling = generation_defaults.NONE if args.generation_config == "none" else None  # None: the model's
     return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,

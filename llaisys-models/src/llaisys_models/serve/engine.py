@@ -22,6 +22,9 @@ seeded request's every choice is reproducible and each differs from the others; 
 ``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for the HTTP
 side. A cancelled request (client gone) leaves at the next step. A request that fails (a bad prompt)
 fails alone; a step that fails fails the requests that were running, and the engine keeps serving.
+
+With ``trace_dir`` each request's spans (queue, prefill, decode steps, detokenizing) are written there as a
+Chrome trace file when it ends (serve/tracing.py); without it the engine checks one attribute per step.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ..speculative.config import check_numerics
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
 from .output import TextStream
+from .tracing import RequestTracer
 
 log = logging.getLogger("llaisys.serve")
 
@@ -99,10 +103,11 @@ class Request:
     """What a caller submits. ``emit(event)`` is called on the engine thread with each ``Delta``, then, for each
     of its ``n`` choices, one ``Finished`` (or one ``Failed`` for the request). ``cache_scope``: whose cached prompt
     prefixes this request may reuse (a server's tenant: requests of different scopes never share KV blocks).
-    ``keep_tokens``: special tokens whose text its output keeps (the tool-call markers of a request with tools)."""
+    ``keep_tokens``: special tokens whose text its output keeps (the tool-call markers of a request with tools).
+    ``trace_name``: its trace file's name under ``--trace-dir`` (the response's id), if the engine traces."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = "", n: int = 1,
-                 keep_tokens: frozenset[int] = frozenset()):
+                 keep_tokens: frozenset[int] = frozenset(), trace_name: str | None = None):
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         if n < 1:
@@ -115,6 +120,8 @@ class Request:
         self.keep_tokens = keep_tokens
         self.arrival = time.perf_counter()
         self.open = n  # choices not ended yet
+        self.trace_name = trace_name
+        self.trace = None  # its tracing.RequestTrace while the engine traces it
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -162,12 +169,13 @@ class Engine:
     default for requests whose ``speculative`` field says nothing (applied by serve/schemas.py; a ``Request``
     is decoded as its ``params.speculation`` says); ``draft``: a draft model's drafter, offered to requests as
     ``"speculative": "draft"`` (prompt lookup, "ngram", is always offered under ``numerics="exact"``).
+    ``trace_dir``: write a Chrome trace per request there (serve/tracing.py; created if missing).
     """
 
     def __init__(self, model, tokenizer, *, max_running: int = 16, max_batch_tokens: int = 128,
                  kv_memory: int | None = None, block_size: int = 16, prefix_reuse: bool = True,
                  max_waiting: int = 256, batched: bool = True, speculation: Speculation | None = None,
-                 draft: Drafter | None = None):
+                 draft: Drafter | None = None, trace_dir=None):
         if max_running < 1 or max_waiting < 1:
             raise ValueError("max_running and max_waiting must be >= 1")
         if speculation is not None or draft is not None:
@@ -185,6 +193,7 @@ class Engine:
         self.scheduler = Scheduler(model, self.pool, max_running=max_running, max_batch_tokens=max_batch_tokens,
                                    batched=batched)
         self.metrics = EngineMetrics()
+        self.tracer = RequestTracer(trace_dir) if trace_dir is not None else None
         self._incoming: collections.deque[Request] = collections.deque()  # guarded by _cv
         self._sequences: list[Sequence] = []  # engine thread only: every request in the scheduler (its tag)
         self._cv = threading.Condition()
@@ -299,6 +308,8 @@ class Engine:
             self._done(seq)
         if not self._sequences:
             return
+        tracer = self.tracer
+        before = tracer.before_step(self._sequences) if tracer is not None else None
         try:
             events = self.scheduler.step()
         except RankFailedError:  # a tensor-parallel group that lost a rank: the engine cannot go on
@@ -309,6 +320,8 @@ class Engine:
             for request in failed.values():
                 self._fail(request, f"{type(e).__name__}: {e}")
             return
+        if tracer is not None:
+            tracer.after_step(before, events)
         last = {seq.id: i for i, (seq, _) in enumerate(events)}  # a verify step gives a sequence several
         ended = set()
         for i, (seq, token) in enumerate(events):
@@ -319,6 +332,7 @@ class Engine:
         """A new token of ``seq`` (``last``: its step's last one): its text (stop strings), and its end if
         this was its last token. Whether the request ended."""
         choice, text_stream = seq.tag, seq.tag.text
+        started = time.perf_counter() if self.tracer is not None else 0.0
         choice.tokens += 1
         if choice.tokens == 1 and choice.index == 0:  # the prompt is read: the request's first token
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
@@ -337,6 +351,8 @@ class Engine:
                 seq.finish_reason = "stop"
         if seq.logprobs is not None:
             choice.logprobs.append(self._logprob_text(token, seq.logprobs[choice.tokens - 1]))
+        if self.tracer is not None:
+            self.tracer.detokenized(seq, started)
         if text or (choice.logprobs and (ending or stopped)):  # the last tokens' log-probabilities, text or not
             choice.request.emit(Delta(text, choice.index, tuple(choice.logprobs), choice.tokens))
             choice.logprobs.clear()
@@ -372,6 +388,11 @@ class Engine:
                 self.metrics.count_finished(event.reason)
         else:
             self.metrics.count_finished("error")
+        if self.tracer is not None:  # (written before the client hears of the end)
+            if isinstance(event, Finished):
+                self.tracer.finished(request, event.index, event.reason, event.usage)
+            else:
+                self.tracer.failed(request)
         request.emit(event)
 
 
@@ -385,15 +406,17 @@ class AsyncStream:
     """
 
     def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1,
-                 keep_tokens: frozenset[int] = frozenset(), observe=None):
+                 keep_tokens: frozenset[int] = frozenset(), observe=None, trace_name: str | None = None):
         """``jobs``: (prompt token ids, its sampling parameters) of each request; ``observe(event)``: called with
-        each event as the iterator yields it (the access log's counts)."""
+        each event as the iterator yields it (the access log's counts); ``trace_name``: the name of their trace
+        files (the response's id; ``<id>-<i>`` for prompt i of several)."""
         self._loop = asyncio.get_running_loop()
         self._observe = observe
         self._queue: asyncio.Queue = asyncio.Queue()
+        names = [trace_name if len(jobs) == 1 or trace_name is None else f"{trace_name}-{i}" for i in range(len(jobs))]
         self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n,
-                                 keep_tokens=keep_tokens)
-                         for i, (prompt, params) in enumerate(jobs)]
+                                 keep_tokens=keep_tokens, trace_name=name)
+                         for i, ((prompt, params), name) in enumerate(zip(jobs, names))]
 
     def _emit(self, base: int, event) -> None:
         if not isinstance(event, Failed):
