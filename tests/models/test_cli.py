@@ -102,11 +102,25 @@ def test_infer_asks_a_model_a_question_by_default(tiny_models, device, capsys):
 
 
 def test_infer_test_without_torch_names_the_cpu_wheels(tiny_models, device, capsys, monkeypatch):
-    monkeypatch.setattr("llaisys_models.cli._has_torch", lambda: False)  # (as where torch is not installed)
+    monkeypatch.setattr("llaisys_models.cli._installed", lambda package: package != "torch")  # (torch missing)
     assert main(["infer", "--model", str(tiny_models.path(F32)), "--device", str(device), "--test",
                  "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert "needs torch" in err and "--index-url https://download.pytorch.org/whl/cpu" in err
+
+
+def test_infer_test_of_a_gguf_file_without_accelerate_says_so(tiny_models, device, capsys, monkeypatch, tmp_path):
+    """transformers reads a GGUF file only with accelerate: a one-line error before anything loads, not its
+    traceback after llaisys' half ran."""
+    from gguf_files import write_tiny_gguf
+
+    monkeypatch.setattr("llaisys_models.cli._installed", lambda package: package != "accelerate")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert main(["infer", "--model", str(path), "--device", str(device), "--test", "--max-new-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == ["llaisys: error: --test has HF transformers read the GGUF file, which it does "
+                                        "only with accelerate installed: pip install accelerate"]
+    assert out == ""  # (nothing ran)
 
 
 def test_bad_model_dir_is_a_clean_error(tmp_path, capsys):

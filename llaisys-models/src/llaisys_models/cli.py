@@ -348,9 +348,14 @@ def run_infer(args) -> int:
     if (args.test or args.strict) and args.quantize:
         raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
                                 f"{args.quantize} departs from by design; run --test without --quantize")
-    if (args.test or args.strict) and not _has_torch():  # said before the model loads
-        print(f"llaisys: error: --test runs HF transformers, which needs torch: {TORCH_CPU_HINT}", file=sys.stderr)
-        return 2
+    if args.test or args.strict:  # what HF transformers needs, said before the model loads
+        if not _installed("torch"):
+            print(f"llaisys: error: --test runs HF transformers, which needs torch: {TORCH_CPU_HINT}", file=sys.stderr)
+            return 2
+        if model_dir(args).is_file() and not _installed("accelerate"):
+            print("llaisys: error: --test has HF transformers read the GGUF file, which it does only with "
+                  "accelerate installed: pip install accelerate", file=sys.stderr)
+            return 2
     if args.test or args.strict:  # HF decodes a GGUF file's blocks into floats: compare like with like
         args.dequantize = True
     model, tokenizer, _ = _load(args)
@@ -390,8 +395,9 @@ def run_infer(args) -> int:
     return 0
 
 
-def _has_torch() -> bool:
-    """Whether torch is installed (HF transformers runs on it; llaisys does not need it)."""
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported (torch, which HF transformers runs on and llaisys does not need; accelerate,
+    without which transformers refuses a GGUF file)."""
     import importlib.util
 
-    return importlib.util.find_spec("torch") is not None
+    return importlib.util.find_spec(package) is not None
