@@ -7,7 +7,7 @@
 For each engine (``llaisys serve`` as it ships, then with ``--no-batching``: one forward per sequence
 and per step, prompts in one piece — the engine before continuous batching) the server runs as a
 subprocess, and for N = 1, 2, 4, 8, 16 clients, N threads of this process each stream one completion at the
-same moment (``openai`` client, a prompt of --prompt-tokens tokens, greedy, --max-tokens new tokens; every
+same moment (``llaisys bench serve``'s client, a prompt of --prompt-tokens tokens, greedy, --max-tokens new tokens; every
 client's prompt is different, so no KV block is shared). Per N: aggregate generated tokens/s (all tokens
 / first request sent -> last token received), time to first token and inter-token latency (the gaps
 between a stream's text chunks, all streams pooled), p50 and p99. The table ends with the targets that
@@ -25,18 +25,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import socket
-import statistics
 import string
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from llaisys_models.bench import serve as bench_serve
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_ttft import write_tokenizer  # noqa: E402
@@ -114,41 +115,20 @@ def one_character_tokens(tokenizer_dir: Path) -> str:
     return "".join(sorted(t for t in tokenizer.get_vocab() if len(t) == 1 and t not in special))
 
 
-def one_stream(client, text: str, max_tokens: int, start: threading.Barrier, out: dict) -> None:
-    start.wait()
-    t0 = time.perf_counter()
-    times = []
-    for chunk in client.completions.create(model="bench", prompt=text, max_tokens=max_tokens, temperature=0,
-                                           stream=True):
-        if chunk.choices and chunk.choices[0].text:
-            times.append(time.perf_counter())
-    out.update(t0=t0, times=times)
-
-
 def load(base: str, n: int, args, seed: int) -> dict:
-    """n simultaneous streams; their timings pooled."""
-    import openai
-
-    clients = [openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0, timeout=3600) for _ in range(n)]
-    results = [{} for _ in range(n)]
-    start = threading.Barrier(n)
-    threads = [threading.Thread(target=one_stream, args=(clients[i], prompt_text(seed + i, args.prompt_tokens,
-                                                                                 args.alphabet),
-                                                         args.max_tokens, start, results[i])) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    results = [r for r in results if r["times"]]  # (a stream whose first token is EOS has no text)
-    tokens = sum(len(r["times"]) for r in results)
-    span = max(r["times"][-1] for r in results) - min(r["t0"] for r in results)
-    ttft = [r["times"][0] - r["t0"] for r in results]
-    itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
-    return {"tokens": tokens, "tok_s": tokens / span, "ttft": ttft, "itl": itl}
-
-
-def pct(values, q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+    """n streams sent at the same moment, through ``llaisys bench serve``'s client (every request at once, n in
+    flight): its summary row (output_throughput, ttft_p50_ms, itl_p99_ms, ...)."""
+    target = bench_serve.Target.parse(base, None)
+    client = bench_serve.Client(target, "/v1/completions", timeout=3600)
+    bodies = [{"model": "bench", "prompt": prompt_text(seed + i, args.prompt_tokens, args.alphabet),
+               "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+               "stream_options": {"include_usage": True}} for i in range(n)]
+    records: list = []
+    duration = bench_serve.run_load(client, bodies, math.inf, n, seed, records)
+    failed = [r.error for r in records if not r.ok]
+    if failed:
+        raise SystemExit(f"{len(failed)} of {n} streams failed: {failed[0]}")
+    return bench_serve.summarize(records, duration, {})
 
 
 def main() -> int:
@@ -181,8 +161,8 @@ def main() -> int:
                 rows[name] = {}
                 for n in args.clients:
                     r = rows[name][n] = load(base, n, args, seed=1000 * n)
-                    print(f"  {n:>2} clients: {r['tok_s']:6.2f} tok/s, TTFT p50 {pct(r['ttft'], 50):.2f}s, "
-                          f"ITL p50 {pct(r['itl'], 50) * 1e3:.0f}ms ({r['tokens']} tokens)", file=sys.stderr, flush=True)
+                    print(f"  {n:>2} clients: {r['output_throughput']:6.2f} tok/s, TTFT p50 {r['ttft_p50_ms'] / 1e3:.2f}s, "
+                          f"ITL p50 {r['itl_p50_ms']:.0f}ms ({r['output_tokens']} tokens)", file=sys.stderr, flush=True)
 
     print(f"\nllaisys serve, {args.model.name} on {args.device} (OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'default')}): N concurrent streams, prompt {args.prompt_tokens} "
@@ -195,16 +175,16 @@ def main() -> int:
         line = f"{n:>7}"
         for name in engines:
             r = rows[name][n]
-            line += (f" | {r['tok_s']:>25.2f} {pct(r['ttft'], 50):>7.2f}/{pct(r['ttft'], 99):<7.2f}"
-                     f" {pct(r['itl'], 50) * 1e3:>7.0f}/{pct(r['itl'], 99) * 1e3:<7.0f}")
+            line += (f" | {r['output_throughput']:>25.2f} {r['ttft_p50_ms'] / 1e3:>7.2f}/{r['ttft_p99_ms'] / 1e3:<7.2f}"
+                     f" {r['itl_p50_ms']:>7.0f}/{r['itl_p99_ms']:<7.0f}")
         if len(engines) == 2:
-            line += f" | {rows[engines[0]][n]['tok_s'] / rows[engines[1]][n]['tok_s']:>8.2f}x"
+            line += f" | {rows[engines[0]][n]['output_throughput'] / rows[engines[1]][n]['output_throughput']:>8.2f}x"
         print(line)
     first = engines[0]
     if 1 in args.clients and 8 in args.clients:
         one, eight = rows[first][1], rows[first][8]
-        speedup = eight["tok_s"] / one["tok_s"]
-        itl = pct(eight["itl"], 50) / pct(one["itl"], 50)
+        speedup = eight["output_throughput"] / one["output_throughput"]
+        itl = eight["itl_p50_ms"] / one["itl_p50_ms"]
         print(f"{first}, 8 streams vs 1: aggregate tok/s {speedup:.2f}x (target >= 4x), "
               f"p50 inter-token latency {itl:.2f}x (target <= 2x)")
     return 0
