@@ -141,6 +141,7 @@ def _write(prof: OpProfile, path, failed: BaseException | None) -> None:
         if hasattr(failed, "add_note"):  # Python 3.11+
             failed.add_note(str(e))
 
+
 def _timed_kernels(prof: OpProfile, reg, shapes: bool):
     """The registry's kernel wrapper: each kernel resolved inside the block, timed (and traced)."""
     tracing = prof._recorder is not None
@@ -156,22 +157,11 @@ def _timed_kernels(prof: OpProfile, reg, shapes: bool):
             if not status and device_type != "cpu":
                 reg.backend(Device(device_type, device_index)).synchronize(device_index)
             seconds = time.perf_counter() - start
-            prof._add(f"{op} {'x'.join(str(args[i]) for i in sizes)}" if sizes else op, seconds)
-            return status
-
-        def run_traced(device_index, *args):
-            # a second closure, so that the untraced path pays nothing for the trace
-            if getattr(_capture, "active", False):
-                return kernel(device_index, *args)
-            start = time.perf_counter()
-            status = kernel(device_index, *args)
-            if not status and device_type != "cpu":
-                reg.backend(Device(device_type, device_index)).synchronize(device_index)
-            seconds = time.perf_counter() - start
             prof._add(f"{op} {'x'.join(str(args[i]) for i in sizes)}" if shapes and sizes else op, seconds)
-            prof._trace(op, "op", start, seconds, f"{device_type}:{device_index}", tuple(args[i] for i in sizes))
+            if tracing:
+                prof._trace(op, "op", start, seconds, f"{device_type}:{device_index}", tuple(args[i] for i in sizes))
             return status
-        return run_traced if tracing else run
+        return run
     return timed
 
 
