@@ -37,7 +37,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from llaisys_models.bench import client as bench_client
 from llaisys_models.bench import serve as bench_serve
+from llaisys_models.bench import stats as bench_stats
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_ttft import write_tokenizer  # noqa: E402
@@ -118,8 +120,8 @@ def one_character_tokens(tokenizer_dir: Path) -> str:
 def load(base: str, n: int, args, seed: int) -> dict:
     """n streams sent at the same moment, through ``llaisys bench serve``'s client (every request at once, n in
     flight): its summary row (output_throughput, ttft_p50_ms, itl_p99_ms, ...)."""
-    target = bench_serve.Target.parse(base, None)
-    client = bench_serve.Client(target, "/v1/completions", timeout=3600)
+    target = bench_client.Target.parse(base, None)
+    client = bench_client.Client(target, "/v1/completions", timeout=3600)
     bodies = [{"model": "bench", "prompt": prompt_text(seed + i, args.prompt_tokens, args.alphabet),
                "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
                "stream_options": {"include_usage": True}} for i in range(n)]
@@ -128,7 +130,7 @@ def load(base: str, n: int, args, seed: int) -> dict:
     failed = [r.error for r in records if not r.ok]
     if failed:
         raise SystemExit(f"{len(failed)} of {n} streams failed: {failed[0]}")
-    return bench_serve.summarize(records, duration, {})
+    return bench_stats.summarize(records, duration, {})
 
 
 def main() -> int:

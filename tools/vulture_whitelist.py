@@ -8,8 +8,9 @@ noxfile.py instead. Add a name here only with the reason; delete dead code inste
 
 import uvicorn
 
-from llaisys import abi, backend, dlpack, tensor
+from llaisys import abi, backend, dlpack, profiler, tensor
 from llaisys_models import causal_lm, cli, config, decode_graph, generation, grammar, parity, text
+from llaisys_models.bench import cli as bench_cli
 from llaisys_models.serve import background, ray_app, shutdown
 from llaisys_models.serve import cli as serve_cli
 from llaisys_models.serve.replicas import deployments, router
@@ -41,6 +42,8 @@ backend.Backend.event_synchronize
 backend.Backend.stream_wait_event
 backend.Backend.event_elapsed_ms
 
+profiler.OpProfile.trace_events  # public: the events profile(trace=...) writes (tests read them)
+
 # Tensor's public surface (DESIGN.md section 2).
 tensor.Tensor.layout
 tensor.Tensor.permute
@@ -50,6 +53,7 @@ tensor.Tensor.debug
 cli.register_generate
 cli.register_infer
 serve_cli.register_serve
+bench_cli.register_bench
 uvicorn.Server.should_exit  # serve/background.py sets it; uvicorn reads it
 shutdown.HTTPServer.capture_signals  # uvicorn.Server.serve calls it
 exc  # noqa: F821 (def __exit__(self, *exc) in progress.py and serve/background.py)

@@ -100,19 +100,19 @@ def test_compare_passes_on_its_own_baseline_and_names_a_planted_slowdown(capsys,
 
 
 def test_compare_judges_each_row_by_its_ratio():
-    from llaisys_models.bench.model import _compare, _key
+    from llaisys_models.bench.compare import compare, row_key
 
     row = {"model": "m", "device": "cpu:0", "dtype": "float32", "quantize": "none", "threads": 4,
            "speculative": "off", "test": "tg128", "tokens_per_s": 100.0}
     other = {**row, "test": "pp512", "tokens_per_s": 1000.0}
     out = io.StringIO()
-    assert _compare([row, other], {_key(r): r for r in (row, other)}, 0.1, out) == 0
+    assert compare([row, other], {row_key(r): r for r in (row, other)}, 0.1, out) == 0
     planted = {**row, "tokens_per_s": 200.0}  # a 2x slowdown of tg128
     out = io.StringIO()
-    assert _compare([row, other], {_key(planted): planted, _key(other): other}, 0.1, out) == 1
+    assert compare([row, other], {row_key(planted): planted, row_key(other): other}, 0.1, out) == 1
     assert "tg128" in out.getvalue().splitlines()[-1] and "0.50x" in out.getvalue()
     near = {**row, "tokens_per_s": 105.0}  # within the tolerance
-    assert _compare([row], {_key(near): near}, 0.1, io.StringIO()) == 0
+    assert compare([row], {row_key(near): near}, 0.1, io.StringIO()) == 0
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -166,7 +166,7 @@ def test_each_threads_value_runs_in_a_process_of_its_own(capsys, tmp_path):
 
 def test_decode_bytes_follow_the_weights_format():
     import llaisys_models
-    from llaisys_models.bench.model import decode_bytes
+    from llaisys_models.bench.bandwidth import decode_bytes
 
     sizes = {q: decode_bytes(llaisys_models.load(llaisys_models.DEMO_MODEL_DIR, device="cpu", dtype="float32",
                                                  quantize=q, progress=False), 4) for q in (None, "int8")}

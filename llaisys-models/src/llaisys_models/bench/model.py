@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from . import report
+from .bandwidth import copy_bandwidth, decode_bytes
+from .compare import compare, read_baseline
 
 DEFAULT_PROMPT_TOKENS = 512  # llama-bench's -p
 DEFAULT_NEW_TOKENS = 128  # llama-bench's -n
 DEFAULT_REPETITIONS = 5  # llama-bench's -r
 PROMPT_SEED = 1234
-PROBE_SHAPE = (1 << 12, 1 << 14)  # float32: 256 MiB, past any cache
 DTYPES = ("float32", "float16", "bfloat16", "f32", "f16", "bf16")
 QUANTIZE = ("none", "int8", "int4")
-AXES = ("model", "device", "dtype", "quantize", "threads", "speculative")  # with "test": what --compare matches on
 ROW_MARK = "@bench-row "  # a child's lines to its parent (anything else it prints is passed on)
 ERROR_MARK = "@bench-error "
 
@@ -170,7 +170,7 @@ def run(args) -> int:
     from llaisys import LlaisysError
 
     plan = _plan(args)
-    baseline = _read_baseline(args.compare) if args.compare is not None else None  # unreadable: fails before work
+    baseline = read_baseline(args.compare) if args.compare is not None else None  # unreadable: fails before work
     final_to_stdout = args.output != "table" and args.output_file is None
     printer = TablePrinter(plan, sys.stderr if final_to_stdout else sys.stdout)
     rows: list[dict] = []
@@ -188,7 +188,7 @@ def run(args) -> int:
         raise failure
     if baseline is None:
         return 0
-    return _compare(rows, baseline, args.tolerance, sys.stderr if final_to_stdout else sys.stdout)
+    return compare(rows, baseline, args.tolerance, sys.stderr if final_to_stdout else sys.stdout)
 
 
 def _all_rows(plan: dict):
@@ -347,49 +347,6 @@ def trace_path(trace: str, row: dict) -> str:
     return str(path.with_name(f"{path.stem}.{name.replace(':', '_')}{path.suffix or '.json'}"))
 
 
-def copy_bandwidth(device) -> float:
-    """Bytes per second that a device-side copy of 256 MiB moves (read + written), best of 5, with the backend's
-    own threads. (benchmarks/e2e.py reads with torch, which llaisys does not depend on: this is the same
-    streaming measurement through llaisys.)"""
-    import llaisys
-
-    src = llaisys.zeros(PROBE_SHAPE, llaisys.float32, device)
-    dst = llaisys.empty(PROBE_SHAPE, llaisys.float32, device)
-    best = float("inf")
-    for _ in range(5):
-        llaisys.synchronize(device)
-        t0 = time.perf_counter()
-        llaisys.ops.rearrange(dst, src)
-        llaisys.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best
-
-
-def decode_bytes(model, new_tokens: int) -> float:
-    """Bytes one decode step of a tgN test reads: every weight matrix (the embedding table only for its one row,
-    left out; a mixture of experts' chosen share of its experts) and the KV cache at its mean length."""
-    w, c = model.weights, model.config
-    total = _nbytes(w.lm_head) + _nbytes(w.norm)
-    for layer in w.layers:
-        for name, value in vars(layer).items():
-            if value is None:
-                continue
-            if name == "experts":
-                share = c.num_experts_per_tok / c.num_experts
-                total += _nbytes(value.router) + share * sum(_nbytes(m) for m in (value.gate, value.up, value.down))
-            else:
-                total += _nbytes(value)
-    mean_positions = 1 + (new_tokens + 1) / 2  # the 1-token prompt, then one more position per step
-    return total + model.kv_shape.bytes_per_token * mean_positions
-
-
-def _nbytes(weight) -> int:
-    """A tensor's bytes, or a quantized weight's (its blocks and scales)."""
-    if hasattr(weight, "scales"):
-        return weight.weight.nbytes + weight.scales.nbytes
-    return weight.nbytes
-
-
 # -- output ----------------------------------------------------------------------------------------------------
 
 class TablePrinter:
@@ -448,50 +405,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# -- --compare -----------------------------------------------------------------------------------------------
-
-def _key(row: dict) -> tuple:
-    return tuple(str(row.get(k)) for k in (*AXES, "test"))
-
-
-def _read_baseline(path: Path) -> dict[tuple, dict]:
-    """The rows of an earlier JSON output, by their axes and test."""
-    from llaisys import LlaisysValueError
-
-    try:
-        rows = json.loads(path.read_text())["rows"]
-        return {_key(row): row for row in rows if isinstance(row.get("tokens_per_s"), (int, float))}
-    except OSError as e:
-        raise LlaisysValueError(f"--compare {path}: {e.strerror or e}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise LlaisysValueError(f"--compare {path}: not the JSON output of llaisys bench ({e})") from None
-
-
-def _compare(rows: list[dict], baseline: dict[tuple, dict], tolerance: float, stream) -> int:
-    """Each row's rate against the baseline's; 1 when any is below 1 - tolerance of it."""
-    current = {_key(row): row for row in rows}
-    table, slower = [], []
-    for key, row in current.items():
-        if key not in baseline:
-            continue
-        ratio = row["tokens_per_s"] / baseline[key]["tokens_per_s"] if baseline[key]["tokens_per_s"] else float("inf")
-        table.append({**{k: row[k] for k in (*AXES, "test")}, "baseline": baseline[key]["tokens_per_s"],
-                      "tokens_per_s": row["tokens_per_s"], "ratio": ratio})
-        if ratio < 1 - tolerance:
-            slower.append(f"{_label(row)} at {ratio:.2f}x")
-    stream.write(f"\ncompared with the baseline (tolerance {tolerance:g}):\n" + report.render(table, "table"))
-    for key in current.keys() - baseline.keys():
-        stream.write(f"not in the baseline: {_label(current[key])}\n")
-    for key in baseline.keys() - current.keys():
-        stream.write(f"not measured now: {_label(baseline[key])}\n")
-    if slower:
-        stream.write(f"regression (below {1 - tolerance:g}x of the baseline): {'; '.join(slower)}\n")
-    stream.flush()
-    return 1 if slower else 0
-
-
-def _label(row: dict) -> str:
-    return f"{row.get('test')} ({', '.join(f'{k}={row.get(k)}' for k in AXES)})"
 
 
 if __name__ == "__main__":
