@@ -24,15 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from chat_server import ChatServer, serve_device
 from child_process import popen
 from models.tiny_models import Spec, make_checkpoint
 from safetensors.torch import load_file, save_file
 from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
-import llaisys
 import llaisys_models
-from helpers import skip_without_kernels
-from llaisys_models.loading import KERNELS
 
 # fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
@@ -56,57 +54,6 @@ def make_chat_checkpoint(directory: Path) -> Path:
             raw["eos_token_id"] = None
             path.write_text(json.dumps(raw, indent=2))
     return directory
-
-
-def serve_device(config) -> str | None:
-    wanted = config.getoption("--backend")
-    if wanted is None:
-        return None
-    devices = [d for d in llaisys.available_devices() if d.type == wanted]
-    if not devices:
-        pytest.skip(f"no '{wanted}' device available")
-    skip_without_kernels(devices[0], KERNELS, "serving a model")
-    return str(devices[0])
-
-
-class ChatServer:
-    """A ``BackgroundServer`` (uvicorn on a thread, a free 127.0.0.1 port) and the tests' handles on it."""
-
-    def __init__(self, server):
-        from llaisys_models.serve.background import BackgroundServer
-
-        self.server = server
-        self.engine = server.engine
-        self.model_name = server.model_name
-        self._background = BackgroundServer(server)
-        self.port = self._background.port
-        self.base_url = self._background.base_url
-
-    def __enter__(self):
-        self._background.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._background.__exit__(*exc)
-
-    def client(self, **kwargs):
-        import openai
-
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
-                             timeout=kwargs.pop("timeout", 60), **kwargs)
-
-    def metrics(self) -> dict[str, float]:
-        """The /metrics samples as {name{labels}: value}."""
-        return parse_metrics(http_request(self.base_url, "GET", "/metrics", timeout=10).text)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ template in the metadata; both with sliding windows) served over the OpenAI API:
 from __future__ import annotations
 
 import pytest
-from conftest import ChatServer, serve_device
+from chat_server import ChatServer, serve_device
 from gguf import GGMLQuantizationType as Q
 from serve_helpers import chat_ids, generate_text, require_serving, user
 

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import ChatServer, serve_device
+from chat_server import ChatServer, serve_device
 from serve_helpers import http_request, require_serving, user
 
 import llaisys_models

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ChatServer, serve_device
+from chat_server import ChatServer, serve_device
 from serve_helpers import CHAT_MODEL, require_serving, user
 
 import llaisys_models
