@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 from llaisys import LlaisysValueError
@@ -101,27 +100,20 @@ def from_gguf(metadata: dict, name: str) -> GenerationDefaults:
 
 
 def _checked(settings: dict, where: str, ignored: tuple[str, ...]) -> GenerationDefaults:
-    """The settings as a GenerationDefaults, each in the range generate() accepts (HF's top_k 0 and 1.0 values
-    included), else a LlaisysValueError naming ``where`` and the setting."""
-    out = {}
-    for name, value in settings.items():
-        if value is None:
-            continue
-        integer = name == "top_k"
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or (integer and value != int(value)) or not math.isfinite(value) or not _in_range(name, value):
-            raise LlaisysValueError(f"{where}: {name} = {value!r} is not a valid setting ({RANGES[name]}); fix the "
-                                    f"file, or turn the model's defaults off (--generation-config none)")
-        out[name] = int(value) if integer else float(value)
+    """The settings as a GenerationDefaults, each checked by the rule ``generate`` applies to it (sampling.py,
+    penalties.py), else a LlaisysValueError naming ``where`` and the setting."""
+    from .penalties import check_repetition_penalty
+    from .sampling import check_sampling
+
+    given = {name: value for name, value in settings.items() if value is not None}
+    for name, value in given.items():
+        try:
+            if name == "repetition_penalty":
+                check_repetition_penalty(value)
+            else:  # (the others at values that pass, so that the message is this setting's)
+                check_sampling(**{"top_k": 0, "top_p": 1.0, "temperature": 1.0, "seed": None, name: value})
+        except LlaisysValueError as e:
+            raise LlaisysValueError(f"{where}: {name} = {value!r} is not a valid setting ({e}); fix the file, or "
+                                    f"turn the model's defaults off (--generation-config none)") from None
+    out = {name: int(value) if name == "top_k" else float(value) for name, value in given.items()}
     return GenerationDefaults(**out, source=where.rsplit("/", 1)[-1], ignored=ignored)
-
-
-RANGES = {"temperature": ">= 0", "top_k": "a whole number >= 0", "top_p": "in (0, 1]", "repetition_penalty": "> 0"}
-
-
-def _in_range(name: str, value: float) -> bool:
-    if name == "top_p":
-        return 0 < value <= 1
-    if name == "repetition_penalty":
-        return value > 0
-    return value >= 0
