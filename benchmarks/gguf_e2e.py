@@ -39,7 +39,7 @@ from gguf_load import status_bytes, write_gguf  # noqa: E402
 def decode_bytes_llaisys(model) -> int:
     """Bytes a llaisys decode step reads: every matrix once (blocks with their scales), not the embedding table
     (one row per token) unless it is also the lm_head."""
-    from llaisys_models.quantize import BlockWeight, Int8Weight
+    from llaisys_models.loading.quantize import BlockWeight, Int8Weight
 
     def nbytes(m) -> int:
         return m.weight.nbytes + m.scales.nbytes if isinstance(m, (BlockWeight, Int8Weight)) else m.nbytes
@@ -54,7 +54,7 @@ def decode_bytes_llaisys(model) -> int:
 
 def decode_bytes_file(path: Path) -> int:
     """Bytes llama.cpp reads per decode step: the file's matrices but the token embedding (unless tied)."""
-    from llaisys_models.gguf.reader import GGUFFile
+    from llaisys_models.loading.gguf.reader import GGUFFile
 
     f = GGUFFile(path)
     tied = "output.weight" not in f.tensors

@@ -64,7 +64,7 @@ HF_FIELDS = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.w
 
 def gguf_name(hf_name: str) -> str:
     """model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight (llaisys' own name table)."""
-    from llaisys_models.gguf.weights import LAYER_NAMES, TOP_NAMES
+    from llaisys_models.loading.gguf.weights import LAYER_NAMES, TOP_NAMES
 
     top = {"model.embed_tokens.weight": "embed_tokens", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
     if hf_name in top:
@@ -92,8 +92,8 @@ def encode(values: np.ndarray, qtype, rng) -> np.ndarray:
 def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
     import gguf
 
-    from llaisys_models.config import ModelConfig
-    from llaisys_models.safetensors import Checkpoint
+    from llaisys_models.families.config import ModelConfig
+    from llaisys_models.loading.safetensors import Checkpoint
 
     qtype = gguf.GGMLQuantizationType[type_name]
     c = ModelConfig.from_file(model_dir)
@@ -143,7 +143,7 @@ def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
 
 def work_load(path: Path, decode_tokens: int) -> dict:
     import llaisys_models
-    from llaisys_models.gguf import quants, reader  # noqa: F401  (imports gguf: not part of the weights' memory)
+    from llaisys_models.loading.gguf import quants, reader  # noqa: F401  (imports gguf: not part of the weights' memory)
 
     decode_time = [0.0]
     decoded_bytes = [0]
@@ -180,8 +180,8 @@ def work_reference(path: Path, layers: int) -> dict:
     import gguf
     import ml_dtypes
 
-    from llaisys_models.gguf import quants
-    from llaisys_models.gguf.reader import GGUFFile
+    from llaisys_models.loading.gguf import quants
+    from llaisys_models.loading.gguf.reader import GGUFFile
 
     f = GGUFFile(path)
     names = [n for n, i in f.tensors.items() if len(i.shape) == 2 and n.startswith(tuple(f"blk.{k}." for k in

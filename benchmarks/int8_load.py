@@ -26,7 +26,7 @@ GB = 1e9
 
 def weight_bytes(model) -> tuple[int, int]:
     """(all weights, the int8 linears' part) in bytes."""
-    from llaisys_models.quantize import Int8Weight
+    from llaisys_models.loading.quantize import Int8Weight
 
     w = model.weights
     parts = [w.embed_tokens, w.norm] + ([w.lm_head] if w.lm_head is not w.embed_tokens else [])

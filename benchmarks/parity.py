@@ -6,7 +6,7 @@
 
 For each model and each of ``--prompts`` prompts, HF generates ``--new-tokens`` greedy
 tokens (EOS ignored, except on the ``demo-eos`` row), and llaisys runs teacher-forced on
-them (``llaisys_models.parity``): a divergence is a step where llaisys' argmax differs from
+them (``llaisys_models.cli.parity``): a divergence is a step where llaisys' argmax differs from
 HF's token, classified against the exact (float64) logits as a near-tie or a mismatch. A
 generation is token-identical when it has no divergence (llaisys' own greedy run follows
 HF's tokens exactly up to the first one).
@@ -123,7 +123,7 @@ class Tally:
 
 def checkpoint(name: str, root: Path) -> Path:
     import llaisys_models
-    from llaisys_models.parity import quiet_transformers
+    from llaisys_models.cli.parity import quiet_transformers
 
     if name == "demo":
         return llaisys_models.DEMO_MODEL_DIR
@@ -136,7 +136,7 @@ def checkpoint(name: str, root: Path) -> Path:
 
 
 def prompts(name: str, path: Path, count: int) -> list[list[int]]:
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     if name == "demo":  # addition problems like the demo's training data: 1-4 digit operands
         rng = np.random.default_rng(1)
@@ -172,7 +172,7 @@ def load(path: Path, dtype, device, mode: str):
 def run(args) -> dict[str, dict[str, Tally | None]]:
     import torch
 
-    from llaisys_models import parity
+    from llaisys_models.cli import parity
 
     results = {}
     for name in args.models:

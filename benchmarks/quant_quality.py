@@ -53,10 +53,10 @@ def affine_int4(w: np.ndarray) -> np.ndarray:
 def quantizer_errors() -> None:
     import llaisys
     import llaisys_models
-    from llaisys_models import quantize as q
-    from llaisys_models.config import ModelConfig
-    from llaisys_models.safetensors import Checkpoint
-    from llaisys_models.weights import plan
+    from llaisys_models.families.config import ModelConfig
+    from llaisys_models.loading import quantize as q
+    from llaisys_models.loading.safetensors import Checkpoint
+    from llaisys_models.loading.weights import plan
 
     config = ModelConfig.from_file(llaisys_models.DEMO_MODEL_DIR)
     checkpoint = Checkpoint(llaisys_models.DEMO_MODEL_DIR, mapped=True)
@@ -100,7 +100,7 @@ def demo_accuracy() -> None:
 
 def gguf_quality(path: Path) -> None:
     import llaisys_models
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     tokenizer = load_tokenizer(path)
     exact = llaisys_models.load(path, device="cpu", dtype="float32", dequantize=True)

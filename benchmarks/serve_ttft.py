@@ -86,7 +86,7 @@ def measure(model, tokenizer_dir: Path, args) -> dict[str, dict]:
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     engine = Engine(model, load_tokenizer(tokenizer_dir))
     rows = {mode: {"ttft": [], "computed": [], "reused": []} for mode in MODES}

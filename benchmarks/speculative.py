@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 import llaisys_models
-from llaisys_models.speculative import Drafter, NgramDrafter, Speculation
+from llaisys_models.engine.speculative import Drafter, NgramDrafter, Speculation
 
 TEXT = ("The city council met on Tuesday evening to discuss the new bicycle lanes on Main Street. Several "
         "residents said the lanes made the street safer for children walking to school, while shop owners "
@@ -200,13 +200,13 @@ def main() -> None:
     if args.step_costs:
         return step_costs(model, args)
     if args.draft:
-        drafter = llaisys_models.speculative.DraftModelDrafter.of(llaisys_models.load(args.draft, device=args.device),
+        drafter = llaisys_models.engine.speculative.DraftModelDrafter.of(llaisys_models.load(args.draft, device=args.device),
                                                                   model)
     else:
         drafter = NgramDrafter()
     eos = () if args.ignore_eos else None
     try:
-        from llaisys_models.tokenizer import encode, load_tokenizer
+        from llaisys_models.text.tokenizer import encode, load_tokenizer
         tokenizer = load_tokenizer(args.model)
         prompts = {name: encode(tokenizer, [{"role": "user", "content": text}]) for name, text in TASKS.items()}
         speculations = {name: Speculation(drafter, args.k) for name in prompts}

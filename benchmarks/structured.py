@@ -27,7 +27,7 @@ from pathlib import Path
 import llaisys
 import llaisys_models
 from llaisys_models import Grammar
-from llaisys_models.grammar import Matcher
+from llaisys_models.engine.grammar import Matcher
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 100000}},
           "required": ["answer"], "additionalProperties": False}

@@ -49,7 +49,7 @@ def run_decode(args) -> dict:
     if args.ranks == 1 and not args.through_communicator:
         model = llaisys_models.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     else:
-        from llaisys_models.tensor_parallel.launch import load_parallel
+        from llaisys_models.parallel.launch import load_parallel
 
         model = load_parallel(args.model, args.ranks, device=args.device, dtype=args.dtype, progress=False)
     load = time.perf_counter() - t0
@@ -71,7 +71,7 @@ def run_collectives(args) -> dict:
     hidden = llaisys.zeros((1, config["hidden_size"]), "bfloat16", device)
     per = -(-config["vocab_size"] // args.ranks)
     logits, gathered = llaisys.zeros((1, per), "bfloat16", device), llaisys.empty((args.ranks, 1, per), "bfloat16", device)
-    from llaisys_models.tensor_parallel.messages import FIRST
+    from llaisys_models.parallel.messages import FIRST
 
     message = llaisys.zeros((FIRST,), "int64", device)  # a decode step's inputs: one broadcast
     steps, layers, times = 200, config["num_hidden_layers"], {}
@@ -183,8 +183,8 @@ def main(argv=None) -> int:
 def largest_split(model: Path, devices: int) -> int:
     """The most ranks, at most ``devices``, that the model splits over evenly."""
     from llaisys_models.errors import ModelLoadError
-    from llaisys_models.tensor_parallel.launch import read_config
-    from llaisys_models.tensor_parallel.layout import Layout
+    from llaisys_models.parallel.launch import read_config
+    from llaisys_models.parallel.layout import Layout
 
     config = read_config(model)
     for ranks in range(devices, 1, -1):

@@ -34,7 +34,7 @@ import llaisys_models  # noqa: E402
 from llaisys_models.serve.app import Server  # noqa: E402
 from llaisys_models.serve.background import BackgroundServer  # noqa: E402
 from llaisys_models.serve.engine import Engine  # noqa: E402
-from llaisys_models.tokenizer import encode, load_tokenizer  # noqa: E402
+from llaisys_models.text.tokenizer import encode, load_tokenizer  # noqa: E402
 
 KEY = "probe-key-7f3a"
 
@@ -116,7 +116,7 @@ def concurrent_disconnects(port, reference, engine) -> bool:
 def preempted_requests(model_dir, reference) -> bool:
     import queue
 
-    from llaisys_models.sampling import SamplingParams
+    from llaisys_models.engine.sampling import SamplingParams
     from llaisys_models.serve.engine import Delta, Finished, Request
 
     model = llaisys_models.load(model_dir, device="cpu")

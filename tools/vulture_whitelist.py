@@ -9,11 +9,15 @@ noxfile.py instead. Add a name here only with the reason; delete dead code inste
 import uvicorn
 
 from llaisys import abi, backend, dlpack, profiler, tensor
-from llaisys_models import causal_lm, cli, config, decode_graph, generation, grammar, parity, text
 from llaisys_models.bench import cli as bench_cli
+from llaisys_models.cli import generate as cli
+from llaisys_models.cli import parity
+from llaisys_models.engine import decode_graph, generation, grammar
+from llaisys_models.families import causal_lm, config
 from llaisys_models.serve import background, ray_app, shutdown
 from llaisys_models.serve import cli as serve_cli
 from llaisys_models.serve.replicas import deployments, router
+from llaisys_models.text import chat as text
 
 # The ABI mirror: every code of backend.h's enums, whether core's Python reads it or not
 # (tests/core/test_abi_header.py checks them against the header).

@@ -31,7 +31,7 @@ def main() -> int:
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     path = llaisys_models.DEMO_MODEL_DIR
     engine = Engine(llaisys_models.load(path), load_tokenizer(path))

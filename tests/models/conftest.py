@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from helpers import skip_without_kernels
-from llaisys_models.loading import KERNELS
+from llaisys_models.loading.loader import KERNELS
 from tiny_models import TinyModels
 
 

@@ -34,7 +34,7 @@ def test_generate_streams_text_and_reports_speed(tiny_models, device, capsys):
                "--max-new-tokens", "12"])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
     tokenizer = load_tokenizer(path)
     ids = encode(tokenizer, "Hi there")
     assert ids[:1] == [ord("<")], "the chat template was not applied"
@@ -102,7 +102,7 @@ def test_infer_asks_a_model_a_question_by_default(tiny_models, device, capsys):
 
 
 def test_infer_test_without_torch_names_the_cpu_wheels(tiny_models, device, capsys, monkeypatch):
-    monkeypatch.setattr("llaisys_models.cli._installed", lambda package: package != "torch")  # (torch missing)
+    monkeypatch.setattr("llaisys_models.cli.generate._installed", lambda package: package != "torch")  # (torch missing)
     assert main(["infer", "--model", str(tiny_models.path(F32)), "--device", str(device), "--test",
                  "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
@@ -114,7 +114,7 @@ def test_infer_test_of_a_gguf_file_without_accelerate_says_so(tiny_models, devic
     traceback after llaisys' half ran."""
     from gguf_files import write_tiny_gguf
 
-    monkeypatch.setattr("llaisys_models.cli._installed", lambda package: package != "accelerate")
+    monkeypatch.setattr("llaisys_models.cli.generate._installed", lambda package: package != "accelerate")
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     assert main(["infer", "--model", str(path), "--device", str(device), "--test", "--max-new-tokens", "2"]) == 2
     out, err = capsys.readouterr()
@@ -196,8 +196,8 @@ def test_chat_drops_the_oldest_exchanges_to_fit(tiny_models, device, monkeypatch
 
 
 def test_chat_history_keeps_room_for_the_reply(tiny_models):
-    from llaisys_models.chat import ChatHistory, TurnTooLong
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.chat_prompt import ChatHistory, TurnTooLong
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_models.path(F32))
     history = ChatHistory(tokenizer, context_length=120, max_new_tokens=20)

@@ -23,7 +23,7 @@ def _commands_installed():
 
 
 def test_generate_applies_the_penalty_flags(tiny_models, device, capsys):
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     path = tiny_models.path(F32)
     rc = main(["generate", "--model", str(path), "--device", str(device), "--prompt", "Hi there",

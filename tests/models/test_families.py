@@ -23,8 +23,8 @@ from test_gguf import hf_reference
 import llaisys_models
 from gguf_files import write_gguf, write_tiny_gguf
 from llaisys_models import ModelLoadError
-from llaisys_models.gguf.config import model_config
-from llaisys_models.gguf.reader import GGUFFile
+from llaisys_models.loading.gguf.config import model_config
+from llaisys_models.loading.gguf.reader import GGUFFile
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 from tiny_models import SPECS, Spec, make_checkpoint, prompt
 

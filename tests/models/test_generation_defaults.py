@@ -15,7 +15,7 @@ import llaisys_models
 from gguf_files import write_gguf
 from llaisys import LlaisysValueError
 from llaisys.cli import main
-from llaisys_models import generation_defaults as gd
+from llaisys_models.text import generation_defaults as gd
 
 F32 = "f32_gqa2_hd32"
 QWEN = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}  # Qwen2.5's

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llaisys_models.sampling import SamplingParams
-from llaisys_models.scheduler import Scheduler
-from llaisys_models.speculative import NgramDrafter, Speculation
+from llaisys_models.engine.sampling import SamplingParams
+from llaisys_models.engine.scheduler import Scheduler
+from llaisys_models.engine.speculative import NgramDrafter, Speculation
 from tiny_models import SPECS, prompt
 
 NAME = "f32_gqa2_hd32"

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as Q
 import llaisys
 import llaisys_models
 from gguf_files import write_gguf
-from llaisys_models.gguf import quants
+from llaisys_models.loading.gguf import quants
 from test_parity import MAX_NEAR_TIE_RATE, check_against_reference
 from tiny_models import EOS_ID, Reference, Spec, make_checkpoint, prompt
 
@@ -130,8 +130,8 @@ def test_int8_from_a_gguf_file(gguf_models, arch, device):
     does (Llama's Q/K rows back in HF order, the tied output its own int8 copy); a Q8_0 file keeps its
     integers and moves each group's f16 scale up to a bfloat16 (quantized from its exact decoded values)."""
     from helpers import skip_without_kernels
-    from llaisys_models.gguf.reader import GGUFFile
-    from llaisys_models.quantize import quantize
+    from llaisys_models.loading.gguf.reader import GGUFFile
+    from llaisys_models.loading.quantize import quantize
 
     skip_without_kernels(device, ["linear_i8"], "quantize='int8'")
     directory, _ = gguf_models.hf(arch)
@@ -201,7 +201,7 @@ def test_stored_blocks_against_the_dequantized_file(gguf_models, arch, qtype, de
 
 
 def gguf_models_raw(gguf_models, qtype):
-    from llaisys_models.gguf.reader import GGUFFile
+    from llaisys_models.loading.gguf.reader import GGUFFile
 
     return GGUFFile(gguf_models.file("qwen2", qtype)).raw("token_embd.weight")
 
@@ -218,7 +218,7 @@ def test_eos_and_config(gguf_models):
 
 
 def test_progress_bar_covers_every_weight(gguf_models, monkeypatch):
-    from llaisys_models.gguf import weights
+    from llaisys_models.loading.gguf import weights
 
     seen = []
 
@@ -250,7 +250,7 @@ TEXTS = ["Hello, world!", "12+34=", "  spaces\tand\nnewlines  ", "ünïcödé �
 def test_tokenizer_matches_transformers_gguf_tokenizer(gguf_models, arch):
     from transformers import AutoTokenizer
 
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     path = gguf_models.file(arch, Q.Q8_0)
     ours = load_tokenizer(path)
@@ -272,7 +272,7 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(gguf_models, arch):
 
 def test_cli_generate_and_infer_test_on_a_gguf_file(gguf_models, capsys):
     from llaisys.cli import main
-    from llaisys_models.tokenizer import encode, load_tokenizer
+    from llaisys_models.text.tokenizer import encode, load_tokenizer
 
     path = gguf_models.file("qwen2", Q.Q8_0)
     assert main(["generate", "--model", str(path), "--device", "cpu", "--prompt", "Hi", "--max-new-tokens", "8"]) == 0

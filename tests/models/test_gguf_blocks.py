@@ -1,4 +1,4 @@
-"""A GGUF file's quantized tensors kept in llaisys' block formats (llaisys_models.gguf.blocks): every value of
+"""A GGUF file's quantized tensors kept in llaisys' block formats (llaisys_models.loading.gguf.blocks): every value of
 every block the stored one, bit for bit.
 
 Blocks are random bytes (every bit pattern a file can hold, test_gguf_quants.random_tensor) with finite f16
@@ -18,9 +18,9 @@ from test_gguf_quants import random_tensor
 
 import llaisys
 from helpers import skip_without_kernels
-from llaisys_models.gguf import blocks
-from llaisys_models.gguf import weights as gguf_weights
-from llaisys_models.gguf.reader import GGUFFile
+from llaisys_models.loading.gguf import blocks
+from llaisys_models.loading.gguf import weights as gguf_weights
+from llaisys_models.loading.gguf.reader import GGUFFile
 
 SHAPES = [(1, 1), (17, 3), (40, 2)]  # (rows, blocks per row): one block of rows, a partial second, three
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import llaisys_models
-from llaisys_models.tokenizer import encode, load_tokenizer
+from llaisys_models.text.tokenizer import encode, load_tokenizer
 from test_parity import check_against_reference
 from tiny_models import Reference
 

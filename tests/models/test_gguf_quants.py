@@ -14,7 +14,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from llaisys_models.gguf import quants
+from llaisys_models.loading.gguf import quants
 
 # byte offsets of each block's f16 fields (scales, mins): set to finite values in random blocks
 HALF_FIELDS = {Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q2_K: (80, 82),

@@ -18,7 +18,7 @@ from gguf import GGUFValueType as V
 import llaisys_models
 from gguf_files import kv_record, metadata_at, patched, tensor_at, with_records, write_gguf, write_tiny_gguf
 from llaisys_models import ModelLoadError
-from llaisys_models.gguf.reader import GGUFFile
+from llaisys_models.loading.gguf.reader import GGUFFile
 
 MODEL = "f32_gqa2_hd32"  # qwen2, hidden 128: rows of legacy (32-value) blocks
 
@@ -176,7 +176,7 @@ def test_unsupported_rope(tiny_models, tmp_path, extra, match):
 def test_missing_tokenizer(tiny_models, tmp_path):
     path = write_gguf(tiny_models.hf(MODEL, "f32"), None, tmp_path / "t.gguf", Q.F32, tokenizer=False)
     llaisys_models.load(path, device="cpu")  # the model needs no tokenizer: token ids in, token ids out
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     with pytest.raises(ModelLoadError, match="has no tokenizer in its metadata") as e:
         load_tokenizer(path)

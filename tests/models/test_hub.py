@@ -21,7 +21,7 @@ from huggingface_hub import constants
 import llaisys_models
 from llaisys.cli import main
 from llaisys_models.errors import ModelLoadError
-from llaisys_models.hub import HubId, parse, pick
+from llaisys_models.loading.hub import HubId, parse, pick
 
 F32 = "f32_gqa2_hd32"
 SHARDED = "bf16_gqa4_hd128_sharded"
@@ -270,7 +270,7 @@ def generate_hit_and_miss() -> None:
 
 
 def test_serve_names_the_model_by_its_hub_id(hub, tiny_models, no_network):
-    from llaisys_models.cli import model_dir
+    from llaisys_models.cli.generate import model_dir
     from llaisys_models.serve.cli import default_model_name
 
     hub.offline()

@@ -11,9 +11,9 @@ from test_quantize import BF16, DTYPES, random_matrix
 import llaisys
 import llaisys_models
 from llaisys_models import ModelLoadError
-from llaisys_models import quantize as quantization
-from llaisys_models.quantize import BlockWeight
-from llaisys_models.weights import LINEARS
+from llaisys_models.loading import quantize as quantization
+from llaisys_models.loading.quantize import BlockWeight
+from llaisys_models.loading.weights import LINEARS
 
 
 def reference(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

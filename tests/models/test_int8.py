@@ -1,4 +1,4 @@
-"""quantize="int8": the test models with their linears' weights in int8 (llaisys_models.quantize, run by
+"""quantize="int8": the test models with their linears' weights in int8 (llaisys_models.loading.quantize, run by
 llaisys.ops.linear_i8): what is quantized, how far the logits move from the bf16 model's, and that every
 path (generate with the KV cache, the batching scheduler, decode graphs, mmap=False) runs the same int8 model."""
 
@@ -11,8 +11,8 @@ import torch
 import llaisys
 import llaisys_models
 from helpers import skip_without_kernels
-from llaisys_models.quantize import Int8Weight
-from llaisys_models.weights import LINEARS
+from llaisys_models.loading.quantize import Int8Weight
+from llaisys_models.loading.weights import LINEARS
 from tiny_models import SPECS, Spec, make_checkpoint, prompt
 
 # Teacher-forced on HF's greedy sequence of each test model (a 64-token prompt and 40 generated tokens: 103
@@ -113,7 +113,7 @@ def test_int8_weights_use_about_half_the_memory_of_bf16(tiny_models, int8_device
 
 def test_progress_bar_counts_each_tensor_read(tiny_models, int8_device, monkeypatch):
     """A tied embedding is read twice (itself, and quantized as the lm_head): the bar counts both reads."""
-    from llaisys_models import weights
+    from llaisys_models.loading import weights
 
     seen = []
 

@@ -1,6 +1,6 @@
 """load(..., numerics="hf"): the model's f16 / bf16 ops round where HF transformers' forward rounds.
 
-Against HF's greedy runs on the tiny bf16 / f16 checkpoints, teacher-forced (llaisys_models.parity):
+Against HF's greedy runs on the tiny bf16 / f16 checkpoints, teacher-forced (llaisys_models.cli.parity):
 many short prompts with few new tokens, so that every attention call has fewer than 16 keys, where the hf
 mode's attention equals torch's sdpa bit for bit (with 16 and more keys torch computes exp with a ~20-bit
 approximation that llaisys does not copy; tests/ops/test_numerics_hf.py). What remains between llaisys
@@ -18,7 +18,8 @@ import torch
 
 import llaisys
 import llaisys_models
-from llaisys_models import ModelLoadError, parity
+from llaisys_models import ModelLoadError
+from llaisys_models.cli import parity
 from tiny_models import SPECS
 
 HALF = [name for name, spec in SPECS.items() if spec.dtype in ("bf16", "f16")]

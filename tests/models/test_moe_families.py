@@ -311,7 +311,7 @@ def test_int8_experts_stay_within_the_int8_error(name, tiny_models, device):
     import torch
     from test_int8 import MEAN_RELATIVE_ERROR, MIN_ARGMAX_AGREEMENT, relative_errors
 
-    from llaisys_models.quantize import Int8Experts, Int8Weight
+    from llaisys_models.loading.quantize import Int8Experts, Int8Weight
 
     skip_without_kernels(device, ["linear_i8", "moe_linear_i8"], "quantize='int8' experts")
     sequence = tiny_models.reference(name, 64).tokens[:-1]
@@ -339,7 +339,7 @@ def test_int8_experts_match_the_quantizer(tiny_models):
     format test_int8 checks against its formula), whichever expert and matrix."""
     from safetensors.torch import load_file
 
-    from llaisys_models.quantize import quantize
+    from llaisys_models.loading.quantize import quantize
 
     name = "qwen3_moe_bf16"
     model = llaisys_models.load(tiny_models.path(name), device="cpu", quantize="int8")

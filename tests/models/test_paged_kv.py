@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import llaisys
-from llaisys_models.kv_blocks import BlockManager
-from llaisys_models.kv_cache import KVPool, KVShape
+from llaisys_models.engine.kv_blocks import BlockManager
+from llaisys_models.engine.kv_cache import KVPool, KVShape
 
 BS = 4  # positions per block
 

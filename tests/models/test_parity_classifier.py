@@ -1,4 +1,4 @@
-"""The divergence classifier of ``llaisys infer --test`` (``llaisys_models.parity``).
+"""The divergence classifier of ``llaisys infer --test`` (``llaisys_models.cli.parity``).
 
 A real bug planted into a loaded llaisys model (its config or weights perturbed in memory,
 the library untouched) must come out as a *mismatch*; a bf16 divergence at a true tie of
@@ -18,7 +18,7 @@ import pytest
 import llaisys
 import llaisys_models
 from llaisys.cli import main
-from llaisys_models import parity
+from llaisys_models.cli import parity
 from tiny_models import SPECS, prompt
 
 NEW_TOKENS = 24

@@ -12,10 +12,10 @@ import torch
 
 import llaisys
 import llaisys_models
-from llaisys_models.penalties import TokenCounts
-from llaisys_models.sampling import SamplingParams
-from llaisys_models.scheduler import Scheduler
-from llaisys_models.speculative import NgramDrafter
+from llaisys_models.engine.penalties import TokenCounts
+from llaisys_models.engine.sampling import SamplingParams
+from llaisys_models.engine.scheduler import Scheduler
+from llaisys_models.engine.speculative import NgramDrafter
 from tiny_models import EOS_ID, SPECS, prompt
 
 F32_MODELS = ["f32_gqa2_hd32", "f32_mha_hd64_tied", "llama_f32_tied"]

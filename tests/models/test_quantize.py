@@ -1,4 +1,4 @@
-"""The int8 quantizer (llaisys_models.quantize) against the contract's formula written out here in plain numpy:
+"""The int8 quantizer (llaisys_models.loading.quantize) against the contract's formula written out here in plain numpy:
 per row and group of 32 along K, scale = max |w| / 127 rounded up to a bfloat16, q = round-half-even(w / scale)
 clipped to [-127, 127]; scales [N, G]; and the blocks the linears store (llaisys.ops.pack_int8)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 import llaisys
 from llaisys_models import ModelLoadError
-from llaisys_models import quantize as quantization
+from llaisys_models.loading import quantize as quantization
 
 BF16 = ml_dtypes.bfloat16
 DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": BF16}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llaisys_models import ModelConfig
-from llaisys_models.rope_scaling import table
+from llaisys_models.families.rope_scaling import table
 
 BASE = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=1000, hidden_size=512,
             intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=131072)

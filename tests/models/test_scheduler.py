@@ -11,8 +11,8 @@ import pytest
 
 import llaisys
 import llaisys_models
-from llaisys_models.sampling import SamplingParams
-from llaisys_models.scheduler import Scheduler
+from llaisys_models.engine.sampling import SamplingParams
+from llaisys_models.engine.scheduler import Scheduler
 from tiny_models import SPECS, prompt
 
 NAMES = ["f32_gqa2_hd32", "bf16_mha_hd64", "f16_gqa3_hd64_legacy"]

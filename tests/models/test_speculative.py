@@ -11,11 +11,11 @@ import pytest
 
 import llaisys
 import llaisys_models
-from llaisys_models.sampling import SamplingParams
-from llaisys_models.scheduler import Scheduler
-from llaisys_models.speculative import Drafter, NgramDrafter, Speculation
-from llaisys_models.speculative.config import next_draft_length
-from llaisys_models.speculative.drafters import ngram_lookup
+from llaisys_models.engine.sampling import SamplingParams
+from llaisys_models.engine.scheduler import Scheduler
+from llaisys_models.engine.speculative import Drafter, NgramDrafter, Speculation
+from llaisys_models.engine.speculative.config import next_draft_length
+from llaisys_models.engine.speculative.drafters import ngram_lookup
 from tiny_models import SPECS, prompt
 
 NEW = 20
@@ -227,12 +227,12 @@ def test_draft_model_greedy_equals_plain(models, tiny_models, device):
     pool = target.new_kv_pool(num_blocks=16, block_size=16)
     scheduler = Scheduler(target, pool)
     twin_seq = scheduler.add(p, SamplingParams(NEW, top_k=1, eos_token_ids=frozenset(),
-                                               speculation=Speculation(llaisys_models.speculative.DraftModelDrafter.of(
+                                               speculation=Speculation(llaisys_models.engine.speculative.DraftModelDrafter.of(
                                                    twin, target), 4)))
     assert run(scheduler, [twin_seq]) == [plain]
     assert twin_seq.accepted_tokens == twin_seq.draft_tokens > 0
     assert scheduler.stats.steps <= 1 + -(-(NEW - 1) // 5)  # 5 tokens per verify step
-    drafter = llaisys_models.speculative.DraftModelDrafter.of(twin, target)
+    drafter = llaisys_models.engine.speculative.DraftModelDrafter.of(twin, target)
     assert drafter.pool.check()["used"] == 0  # released with the sequence
     assert target.generate(p, NEW, eos_token_ids=(), speculative=other, num_speculative_tokens=3) == plain
     assert target.generate_batch([p, p[:7]], NEW, eos_token_ids=(), speculative=twin) == [

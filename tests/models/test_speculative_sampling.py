@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import llaisys
-from llaisys_models.sampling import Sampler, SamplingParams
-from llaisys_models.speculative import Verifier, rejection_step, target_probs
+from llaisys_models.engine.sampling import Sampler, SamplingParams
+from llaisys_models.engine.speculative import Verifier, rejection_step, target_probs
 
 VOCAB = 8
 DRAWS = 6000

@@ -26,9 +26,9 @@ import pytest
 
 import llaisys
 import llaisys_models
+from llaisys_models.cli.parity import teacher_forced_logits
 from llaisys_models.errors import RankFailedError
-from llaisys_models.parity import teacher_forced_logits
-from llaisys_models.quantize import BlockWeight, Int8Weight
+from llaisys_models.loading.quantize import BlockWeight, Int8Weight
 from test_parity import MAX_NEAR_TIE_RATE, tie_tolerance
 from tiny_models import SPECS, prompt
 
@@ -190,7 +190,7 @@ def test_served(split, loaded_models, tiny_models):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     name = "f32_gqa2_hd32"
     tokenizer = load_tokenizer(tiny_models.path(name))
@@ -247,7 +247,7 @@ def test_user_launched_ranks(tiny_models, loaded_models):
 
 def test_one_rank_through_a_communicator(tiny_models, loaded_models):
     """A group of one (what a machine with one GPU can run): every collective through the communicator."""
-    from llaisys_models.tensor_parallel.launch import load_parallel
+    from llaisys_models.parallel.launch import load_parallel
 
     name = "llama_f32_tied"
     model = load_parallel(tiny_models.path(name), 1, device="cpu")
@@ -268,7 +268,7 @@ def test_accelerator_ranks(tiny_models, device):
         pytest.skip("the CPU's ranks are the tests above")
     if device.index != 0:
         pytest.skip(f"a group starts at {device.type}:0")
-    from llaisys_models.tensor_parallel.launch import load_parallel
+    from llaisys_models.parallel.launch import load_parallel
 
     name, ranks = "f32_gqa2_hd32", len([d for d in llaisys.available_devices() if d.type == device.type])
     try:
@@ -285,7 +285,7 @@ def test_accelerator_ranks(tiny_models, device):
 
 
 def test_cli_splits_the_cores(monkeypatch):
-    from llaisys_models.cli import split_cpu_threads
+    from llaisys_models.cli.generate import split_cpu_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "0")  # (so that the environment is restored after the test)
     monkeypatch.delenv("OMP_NUM_THREADS")
@@ -299,10 +299,10 @@ def test_cli_splits_the_cores(monkeypatch):
 def test_vocabulary_rows_padded_and_gathered():
     """A vocabulary that does not divide evenly (7 ids over 2 ranks: 4 + 3, the last padded with a zero row):
     each rank's rows, and the logits put back together in id order without the padding."""
-    from llaisys_models.config import ModelConfig
-    from llaisys_models.tensor_parallel.layout import Layout
-    from llaisys_models.tensor_parallel.shards import part_reader
-    from llaisys_models.tensor_parallel.vocab import gather_vocab
+    from llaisys_models.families.config import ModelConfig
+    from llaisys_models.parallel.layout import Layout
+    from llaisys_models.parallel.shards import part_reader
+    from llaisys_models.parallel.vocab import gather_vocab
 
     config = ModelConfig.from_dict({"hidden_size": 4, "num_attention_heads": 2, "num_hidden_layers": 1,
                                     "intermediate_size": 8, "vocab_size": 7})
@@ -328,7 +328,7 @@ def test_vocabulary_rows_padded_and_gathered():
 def test_cpu_ranks_on_another_host_are_refused():
     """Ranks on the CPU meet in one host's shared memory: two Ray nodes of one host may hold them, two hosts may
     not (the placement check of ray_ranks.py, on the places its actors report)."""
-    from llaisys_models.tensor_parallel.hosts import Place, check_one_host, host_key
+    from llaisys_models.parallel.hosts import Place, check_one_host, host_key
 
     here = host_key()
     assert here == host_key() and "/shm:" in here  # (Linux: boot id, /dev/shm, pid namespace)

@@ -11,7 +11,7 @@ import pytest
 import llaisys_models
 from llaisys import LlaisysValueError
 from llaisys.cli import main
-from llaisys_models.tokenizer import encode, load_tokenizer
+from llaisys_models.text.tokenizer import encode, load_tokenizer
 
 F32 = "f32_gqa2_hd32"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about llamas."}]

@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from gguf import GGUFValueType as V
     import llaisys, llaisys_models
-    from llaisys_models.gguf.reader import GGUFFile
+    from llaisys_models.loading.gguf.reader import GGUFFile
     from gguf_files import write_tiny_gguf
 
     root, huge = Path(sys.argv[1]), int(sys.argv[3])

@@ -19,7 +19,7 @@ MEMORY_CAP = 3 << 30
 CHILD = textwrap.dedent("""
     import sys
     import llaisys_models
-    from llaisys_models.safetensors import SafetensorsFile
+    from llaisys_models.loading.safetensors import SafetensorsFile
     for path in sys.argv[1:]:
         try:
             f = SafetensorsFile(path)

@@ -8,7 +8,7 @@ from serve_helpers import http_request
 
 import llaisys
 from helpers import skip_without_kernels
-from llaisys_models.loading import KERNELS
+from llaisys_models.loading.loader import KERNELS
 
 
 def serve_device(config) -> str | None:

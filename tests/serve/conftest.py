@@ -70,7 +70,7 @@ def chat_reference(chat_model_dir, pytestconfig):
 
 @pytest.fixture(scope="session")
 def tokenizer(chat_model_dir):
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     return load_tokenizer(chat_model_dir)
 
@@ -79,7 +79,7 @@ def tokenizer(chat_model_dir):
 def chat_server(chat_model_dir, pytestconfig):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
     engine = Engine(model, load_tokenizer(chat_model_dir), max_running=8, kv_memory=64 << 20)
@@ -104,7 +104,7 @@ def tool_server(tool_model_dir):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(tool_model_dir)
     engine = Engine(model, load_tokenizer(tool_model_dir), max_running=4, kv_memory=8 << 20)

@@ -18,9 +18,9 @@ from serve_helpers import TIMEOUT, require_serving
 require_serving()
 
 import llaisys_models  # noqa: E402
-from llaisys_models.sampling import SamplingParams  # noqa: E402
+from llaisys_models.engine.sampling import SamplingParams  # noqa: E402
 from llaisys_models.serve.engine import Delta, Engine, Finished, Request  # noqa: E402
-from llaisys_models.tokenizer import load_tokenizer  # noqa: E402
+from llaisys_models.text.tokenizer import load_tokenizer  # noqa: E402
 
 KNOWN = "my door code is "  # what the attacker knows of the victim's message
 SECRET = "4821 93"

@@ -21,7 +21,7 @@ from serve_helpers import (
 
 import llaisys_models
 from llaisys_models.serve.engine import Delta, Engine, Finished
-from llaisys_models.tokenizer import load_tokenizer
+from llaisys_models.text.tokenizer import load_tokenizer
 
 require_serving()
 

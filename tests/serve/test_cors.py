@@ -20,7 +20,7 @@ def cors_server(chat_model_dir):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     engine = Engine(llaisys_models.load(chat_model_dir), load_tokenizer(chat_model_dir), max_running=2,
                     kv_memory=8 << 20)

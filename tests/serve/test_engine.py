@@ -10,7 +10,7 @@ from serve_helpers import TIMEOUT, chat_ids, events_until_done, generate_text, s
 
 import llaisys_models
 from llaisys_models.serve.engine import Delta, Engine, EngineUnavailable, Failed, Finished
-from llaisys_models.tokenizer import load_tokenizer
+from llaisys_models.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ def test_greedy_chat_is_generate(tmp_path, pytestconfig, name, gguf):
 
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     directory = tmp_path / name
     directory.mkdir()

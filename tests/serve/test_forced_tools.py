@@ -137,7 +137,7 @@ def test_forcing_conflicts_are_400s_naming_their_param(tool_server, body, param)
 
 @pytest.mark.parametrize("fmt", [HERMES, LLAMA3, MISTRAL], ids=lambda f: f.name)
 def test_each_syntax_parses_back_into_valid_calls(fmt, tool_model_dir):
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tool_model_dir)
     model = llaisys_models.load(tool_model_dir)
@@ -163,9 +163,9 @@ def test_a_special_token_marker_is_that_token_and_kept_in_the_text(tool_model_di
     characters, and the detokenizer of a request with tools keeps its text (the parser's opener)."""
     from tokenizers import AddedToken
 
-    from llaisys_models.serve.output import TextStream
     from llaisys_models.serve.tool_calls import special_openers
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.stream import TextStream
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tool_model_dir)
     tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken("[TOOL_CALLS]", special=True)]})

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llaisys_models.serve.output import StopMatcher, TextStream
+from llaisys_models.text.stream import StopMatcher, TextStream
 
 TEXT = "héllo, 世界! 🙂 done"
 
@@ -15,7 +15,7 @@ TEXT = "héllo, 世界! 🙂 done"
 def byte_tokenizer(tmp_path_factory):
     from models.tiny_models import write_tokenizer
 
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     directory = tmp_path_factory.mktemp("byte_tokenizer")
     write_tokenizer(directory)

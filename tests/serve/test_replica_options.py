@@ -65,7 +65,7 @@ def test_a_tensor_parallel_replica_reserves_a_bundle_per_rank():
 
 
 def test_ranks_on_ray_without_replicas():
-    from llaisys_models.cli import tensor_parallel_options
+    from llaisys_models.cli.generate import tensor_parallel_options
 
     args = parse("--tensor-parallel", "2", "--distributed-executor", "ray", "--ray-address", "auto")
     check_replica_options(args)  # (--ray-address: the ranks' cluster)

@@ -31,7 +31,7 @@ def sampling_model_dir(chat_model_dir, tmp_path_factory):
 def server(sampling_model_dir, pytestconfig):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(sampling_model_dir, device=serve_device(pytestconfig))
     engine = Engine(model, load_tokenizer(sampling_model_dir), max_running=4, kv_memory=16 << 20)

@@ -16,7 +16,7 @@ require_serving()
 
 import llaisys_models  # noqa: E402
 from llaisys_models.serve import app as app_module  # noqa: E402
-from llaisys_models.tokenizer import PromptTooLongError, encode, longest_token  # noqa: E402
+from llaisys_models.text.tokenizer import PromptTooLongError, encode, longest_token  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 KEY_A, KEY_B = "tenant-a-key", "tenant-b-key"
@@ -150,7 +150,7 @@ def keyed_server(chat_server, chat_model_dir):
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=str(chat_server.engine.model.device))
     engine = Engine(model, load_tokenizer(chat_model_dir), max_running=2, kv_memory=16 << 20)

@@ -12,10 +12,10 @@ from serve_helpers import CHAT_MODEL, chat_ids, events_until_done, http_request,
 
 import llaisys
 import llaisys_models
+from llaisys_models.engine.speculative import NgramDrafter, Speculation
+from llaisys_models.engine.speculative.flags import from_arguments as speculative_options
 from llaisys_models.serve.engine import Delta, Engine, Finished
-from llaisys_models.speculative import NgramDrafter, Speculation
-from llaisys_models.speculative.flags import from_arguments as speculative_options
-from llaisys_models.tokenizer import load_tokenizer
+from llaisys_models.text.tokenizer import load_tokenizer
 
 require_serving()
 
@@ -109,7 +109,7 @@ def test_serve_flags(spec_model):
 
 
 def test_the_server_default_applies_unless_a_request_says_otherwise():
-    from llaisys_models.sampling import SamplingParams
+    from llaisys_models.engine.sampling import SamplingParams
     from llaisys_models.serve import schemas
 
     ngram = NgramDrafter()

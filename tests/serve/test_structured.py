@@ -154,7 +154,7 @@ def test_grammar_view_is_built_at_start_up_and_only_constrained_requests_wait(ch
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     started, gate = threading.Event(), threading.Event()
     build = llguidance.LLTokenizer

@@ -26,7 +26,7 @@ def traced(chat_model_dir, pytestconfig, tmp_path_factory):
     """(server, trace dir): the chat model served with --trace-dir (a folder that does not exist yet)."""
     from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
-    from llaisys_models.tokenizer import load_tokenizer
+    from llaisys_models.text.tokenizer import load_tokenizer
 
     trace_dir = tmp_path_factory.mktemp("traced") / "traces" / "new"
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))

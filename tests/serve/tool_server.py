@@ -34,7 +34,7 @@ class ScriptedEngine:
 
     def submit(self, request):
         from llaisys_models.serve.engine import Delta, Finished, Usage
-        from llaisys_models.serve.output import TextStream
+        from llaisys_models.text.stream import TextStream
 
         self.prompts.append(request.prompt)
         if self.reply is None:  # the model itself answers

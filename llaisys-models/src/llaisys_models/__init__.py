@@ -13,20 +13,21 @@ import importlib.util
 import os
 from pathlib import Path
 
-from . import gguf, loading
 from ._version import __version__
-from .causal_lm import CausalLM, Session
-from .config import ModelConfig
+from .engine.generation import GenerationStats
+from .engine.grammar import Grammar, GrammarError
+from .engine.kv_blocks import BlockManager, SequenceKV
+from .engine.kv_cache import KVPool, KVShape
+from .engine.sampling import SamplingParams
 from .errors import ModelBusyError, ModelLoadError
-from .generation import GenerationStats
-from .grammar import Grammar, GrammarError
-from .kv_blocks import BlockManager, SequenceKV
-from .kv_cache import KVPool, KVShape
-from .qwen2 import Llama, Phi3, Qwen2, Qwen3
-from .registry import MODEL_CLASSES
-from .safetensors import Checkpoint, SafetensorsFile
-from .sampling import SamplingParams
-from .tokenizer import load_tokenizer
+from .families.causal_lm import CausalLM, Session
+from .families.config import ModelConfig
+from .families.qwen2 import Llama, Phi3, Qwen2, Qwen3
+from .families.registry import MODEL_CLASSES
+from .loading import gguf
+from .loading import loader as loading
+from .loading.safetensors import Checkpoint, SafetensorsFile
+from .text.tokenizer import load_tokenizer
 
 if importlib.util.find_spec("torch") is None:
     # llaisys needs transformers only for tokenizers, which work without torch: keep its "PyTorch was
@@ -41,7 +42,7 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
          numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
          tensor_parallel: int | None = None, distributed_executor: str | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
-    its config names (``llaisys_models.registry``).
+    its config names (``llaisys_models.families.registry``).
 
     ``device`` None picks the best available device; ``dtype`` None keeps the stored dtype.
     ``mmap`` True maps the safetensors files (zero copy on CPU, instant load: but a file truncated or
@@ -49,22 +50,22 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     memory; None (the default) reads them on the CPU (into huge pages: decoding streams them ~10% faster
     than through the mapping's 4 KiB pages) and maps them for other devices (copied there once) and for
     ``quantize="int8"`` (quantized from the mapping a chunk at a time, into memory).
-    ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.numerics``;
+    ``numerics`` "exact" (default) or "hf": where f16 / bf16 ops round (see ``llaisys_models.families.numerics``;
     None reads ``$LLAISYS_NUMERICS``).
     ``quantize`` None keeps the linears' weights as stored; "int8" quantizes them at load time (symmetric int8
-    per group of 32 inputs with bfloat16 scales; see ``llaisys_models.quantize``): about half of bf16's memory
+    per group of 32 inputs with bfloat16 scales; see ``llaisys_models.loading.quantize``): about half of bf16's memory
     and bytes read per token, on devices whose backend has the ``linear_i8`` kernel; "int4" into 4-bit blocks
     (q4_0, the lm_head in int8): about a quarter, where the backend has ``linear_q``.
-    A GGUF file (llama.cpp's format) is read by ``llaisys_models.gguf`` instead: its quantized matrices stay
+    A GGUF file (llama.cpp's format) is read by ``llaisys_models.loading.gguf`` instead: its quantized matrices stay
     in their blocks unless ``dequantize`` is True (decoded into ``dtype``, as HF transformers reads them).
     ``tensor_parallel`` N > 1 splits the model over N ranks, one device each (``device="cuda"``: cuda:0 ..
     cuda:N-1; the CPU: N processes sharing its cores), this process rank 0: the returned model runs the
-    engine and drives the others (``llaisys_models.tensor_parallel``); ``model.close()`` ends them. (A split
+    engine and drives the others (``llaisys_models.parallel``); ``model.close()`` ends them. (A split
     GGUF file's quantized matrices are decoded: each rank's part is cut from the decoded rows.)
     ``distributed_executor`` "local" (default) starts those ranks as processes of this host; "ray" as Ray actors
     in a placement group, one bundle per rank, on any node of the Ray cluster this process is in (or RAY_ADDRESS
     names, else one started here): GPUs anywhere, CPU ranks on rank 0's host (their collectives are shared
-    memory) (``llaisys_models.tensor_parallel.ray_ranks``; the ``ray`` extra).
+    memory) (``llaisys_models.parallel.ray_ranks``; the ``ray`` extra).
     """
     return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
                         dequantize=dequantize, tensor_parallel=tensor_parallel,

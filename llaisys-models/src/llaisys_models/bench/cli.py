@@ -5,7 +5,7 @@ Registering imports nothing heavy: each mode's module adds its own arguments and
 
 from __future__ import annotations
 
-from ..cli import _command
+from ..cli.generate import _command
 from . import model, serve
 
 

@@ -50,7 +50,7 @@ ERROR_MARK = "@bench-error "
 # -- arguments -----------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
-    from ..cli import MODEL_HELP
+    from ..cli.generate import MODEL_HELP
 
     parser.add_argument("--model", type=Path, default=None, metavar="PATH|ID", help=MODEL_HELP)
     parser.add_argument("--prompt-tokens", default=None, metavar="N[,N...]",
@@ -122,7 +122,7 @@ def _plan(args) -> dict:
     process gets it as is."""
     from llaisys import LlaisysValueError
 
-    from ..cli import model_dir
+    from ..cli.generate import model_dir
 
     if args.repetitions < 1:
         raise LlaisysValueError(f"--repetitions {args.repetitions}: must be at least 1")
@@ -305,7 +305,7 @@ def _check_fits(model, test: str, n: int) -> None:
 def _speculation(method: str, model):
     import argparse
 
-    from ..speculative import flags
+    from ..engine.speculative import flags
 
     return flags.from_arguments(argparse.Namespace(speculative=method, num_speculative_tokens=None), model)[0]
 

@@ -1,6 +1,6 @@
 """``llaisys serve``: an OpenAI-compatible HTTP server and web chat page over one llaisys model.
 
-    engine.py       the engine thread: owns the model, batches sequences (llaisys_models.scheduler), streams tokens
+    engine.py       the engine thread: owns the model, batches sequences (llaisys_models.engine.scheduler), streams tokens
     kv_memory.py    the KV cache's memory budget (--kv-memory sizes, the default)
     output.py       per-sequence text: incremental detokenization and stop strings
     schemas.py      request validation (OpenAI's parameters) and response/chunk bodies

@@ -41,8 +41,8 @@ from starlette.requests import ClientDisconnect
 
 from llaisys import LlaisysValueError
 
-from ..generation_defaults import GenerationDefaults
-from ..tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
+from ..text.generation_defaults import GenerationDefaults
+from ..text.tokenizer import EmptyPromptError, PromptTooLongError, encode, longest_token
 from . import access_log, metrics, responses, schemas, structured
 from .defaults import DEFAULT_MAX_TOKENS
 from .engine import AsyncStream, Delta, Engine, EngineBusy, EngineUnavailable, Failed, Finished, Usage

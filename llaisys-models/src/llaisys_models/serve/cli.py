@@ -11,8 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from .. import numerics, quantize
-from ..cli import (
+from ..cli.generate import (
     MODEL_HELP,
     _command,
     add_generation_config_argument,
@@ -20,7 +19,9 @@ from ..cli import (
     split_cpu_threads,
     tensor_parallel_options,
 )
-from ..speculative import flags as speculative_flags
+from ..engine.speculative import flags as speculative_flags
+from ..families import numerics
+from ..loading import quantize
 from .defaults import DEFAULT_MAX_TOKENS
 
 LOOPBACK = "127.0.0.1"
@@ -137,7 +138,7 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
     memory in bytes or None, the API keys)."""
     from llaisys import LlaisysValueError
 
-    from ..cli import model_dir
+    from ..cli.generate import model_dir
     from .kv_memory import parse_size
     from .tracing import prepare_trace_dir
 
@@ -219,7 +220,7 @@ def check_origin(origin: str) -> None:
 def _read_key_file(path: Path) -> list[tuple[str, str]]:
     from llaisys import LlaisysValueError
 
-    from ..files import check_regular
+    from ..loading.files import check_regular
 
     try:
         check_regular(path)
@@ -237,8 +238,9 @@ def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
     """The ``Server`` the options ``args`` describe: the model at ``path`` loaded, its engine (not started), the
     ``tenants`` (``app.Tenants``) and the address clients reach it at (``args.host``, ``port``). One per process of
     ``llaisys serve``, or one per replica on Ray (serve/replicas)."""
-    from .. import generation_defaults, load
-    from ..tokenizer import load_tokenizer
+    from .. import load
+    from ..text import generation_defaults
+    from ..text.tokenizer import load_tokenizer
     from .access_log import configure
     from .app import Server
     from .engine import Engine
@@ -323,7 +325,7 @@ def default_model_name(path: Path, spec=None) -> str:
     """The model id clients name: the demo's, the Hub id ``spec`` (--model) resolved to ``path``, or the
     model directory's name."""
     from .. import DEMO_MODEL_DIR
-    from ..hub import parse
+    from ..loading.hub import parse
 
     if spec is not None and Path(spec) != Path(path) and parse(spec) is not None:
         return str(parse(spec))

@@ -3,7 +3,7 @@
 HTTP handlers (or any other caller) build a ``Request`` (prompt token ids, ``SamplingParams``,
 an ``emit`` callback) and ``submit`` it; they never touch the model. The engine thread loops:
 
-    admit      new requests go to the scheduler (continuous batching, ``llaisys_models.scheduler``),
+    admit      new requests go to the scheduler (continuous batching, ``llaisys_models.engine.scheduler``),
                which starts them in arrival order as KV blocks allow
     step       one forward for every running sequence: each decoding sequence's next token plus chunks
                of prompts being read, so a long prompt holds the others up by one chunk at most
@@ -37,14 +37,14 @@ import logging
 import threading
 import time
 
+from ..engine.sampling import MASK64, SamplingParams, step_seed
+from ..engine.scheduler import Scheduler, Sequence
+from ..engine.speculative import Drafter, NgramDrafter, Speculation
+from ..engine.speculative.config import check_numerics
 from ..errors import RankFailedError
-from ..sampling import MASK64, SamplingParams, step_seed
-from ..scheduler import Scheduler, Sequence
-from ..speculative import Drafter, NgramDrafter, Speculation
-from ..speculative.config import check_numerics
+from ..text.stream import TextStream
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
-from .output import TextStream
 from .tracing import RequestTracer
 
 log = logging.getLogger("llaisys.serve")

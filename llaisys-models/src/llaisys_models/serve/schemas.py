@@ -15,11 +15,11 @@ import re
 
 from llaisys import LlaisysValueError
 
-from ..generation_defaults import NONE as NO_DEFAULTS
-from ..generation_defaults import GenerationDefaults
-from ..penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
-from ..speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
-from ..tokenizer import check_text
+from ..engine.penalties import BIAS_RANGE, FREQUENCY_RANGE, PRESENCE_RANGE
+from ..engine.speculative import DEFAULT_NUM_TOKENS, MAX_NUM_TOKENS, Speculation
+from ..text.generation_defaults import NONE as NO_DEFAULTS
+from ..text.generation_defaults import GenerationDefaults
+from ..text.tokenizer import check_text
 from .engine import SamplingParams, Usage
 from .errors import invalid
 

@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 
-from ..grammar import Grammar, GrammarError, grammar_tokenizer
+from ..engine.grammar import Grammar, GrammarError, grammar_tokenizer
 from .engine import SamplingParams
 from .errors import invalid
 from .forced_calls import grammar_source

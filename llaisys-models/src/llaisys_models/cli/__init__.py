@@ -1,0 +1,1 @@
+"""The ``llaisys`` subcommands this package adds: ``generate`` and ``infer``."""

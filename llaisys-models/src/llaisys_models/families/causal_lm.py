@@ -1,0 +1,292 @@
+"""What every model family shares around its math: construction, forward passes over a paged KV pool,
+work buffers, decode graphs, and generation (generation.py).
+
+A family (qwen2.py) subclasses ``CausalLM`` with two things: ``activations()`` (the shapes of the
+buffers one token row needs) and ``_run_step(pool, step)`` (every layer over one step's inputs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+import llaisys
+from llaisys.dtype import as_dtype
+
+from ..engine.decode_graph import DecodeGraphs
+from ..engine.generation import GenerationMixin
+from ..engine.kv_cache import KVPool, KVShape
+from ..engine.step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
+from ..loading import quantize as quantization
+from ..loading.loader import KERNELS
+from ..loading.weights import Weights
+from ..parallel.vocab import gather_vocab
+from ..text.chat import TextMixin
+from . import rope_scaling
+from .config import ModelConfig
+from .numerics import resolve as resolve_numerics
+
+MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
+
+
+class Workspace:
+    """Activations for a forward pass over ``n`` token rows: views of one buffer per name, kept between forwards."""
+
+    def __init__(self, shapes: dict[str, tuple], n: int, dtype, device, base: Workspace | None = None):
+        self.n = n
+        for name, shape in shapes.items():
+            # (a shape may start with its own dtype, e.g. int64 expert ids; else the model's)
+            own, shape = (shape[0], shape[1:]) if shape and isinstance(shape[0], llaisys.DType) else (dtype, shape)
+            t = llaisys.empty((n, *shape), own, device) if base is None else getattr(base, name).slice(0, 0, n)
+            setattr(self, name, t)
+
+
+class CausalLM(GenerationMixin, TextMixin):
+    """A decoder-only language model on one llaisys device.
+
+    ``Family(path, device=None, dtype=None)`` loads a HuggingFace directory (``llaisys_models.load`` picks
+    the family from config.json, and reads GGUF files too): ``device`` None picks the best available device;
+    ``dtype`` None computes in the dtype the weights are stored in; ``numerics`` "exact" or "hf" says where
+    f16 / bf16 ops round (``llaisys_models.families.numerics``; None: ``$LLAISYS_NUMERICS``); ``mmap`` and
+    ``quantize`` as ``llaisys_models.load`` says.
+
+    ``generate`` / ``stream_generate`` run one sequence at a time (calls from several threads take turns);
+    ``generate_batch`` runs several together. To serve many users at once, use ``llaisys serve``'s engine.
+    ``chat`` / ``complete`` take and return text (text.py), through ``tokenizer`` (loaded on first use).
+    """
+
+    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
+                 numerics: str | None = None, quantize: str | None = None):
+        from ..loading.loader import read_directory
+
+        parts = read_directory(path, device, dtype, progress=progress, mmap=mmap, quantize=quantize)
+        self._setup(**parts, numerics=numerics)
+
+    @classmethod
+    def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
+                     dtype: llaisys.DType, eos_token_ids, source=None, numerics: str | None = None,
+                     quantize: str | None = None, group: llaisys.distributed.Group | None = None) -> CausalLM:
+        """A model over weights already placed on ``device`` in ``dtype`` (its linears quantized as
+        ``quantize`` says), read by a loader (a HuggingFace directory, a GGUF file); ``source`` stays alive
+        as long as the model (the memory maps its weights may point into). ``group``: the ranks of a
+        tensor-parallel model (``config`` and ``weights`` are then this rank's part, tensor_parallel/)."""
+        model = cls.__new__(cls)
+        model._setup(path, config, weights, device, as_dtype(dtype), eos_token_ids, source, quantize, numerics, group)
+        return model
+
+    def _setup(self, path, config, weights, device, dtype, eos_token_ids, source, quantize, numerics,
+               group=None) -> None:
+        self.path, self.config, self.weights, self.device, self.dtype = Path(path), config, weights, device, dtype
+        # the ranks this model is split over (their partial sums are all-reduced, their logits gathered): one
+        # rank, costing nothing, unless loaded with tensor_parallel
+        self.group = group if group is not None else llaisys.distributed.local_group(device)
+        self.followers = None  # rank 0 of a tensor-parallel group: the other ranks (tensor_parallel/followers.py)
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.checkpoint = source
+        self.quantize = quantization.resolve(quantize)
+        self.weight_formats = quantization.weight_formats(weights)  # ("q4_k", "q6_k"), ("int8",), () for floats
+        self.numerics = resolve_numerics(numerics)
+        self._step_lock = threading.Lock()  # one forward at a time: the work buffers are shared
+        self._workspace_base: Workspace | None = None
+        self._workspaces: dict[int, Workspace] = {}
+        self._decode_graphs = DecodeGraphs(self)
+        self.set_rope()
+
+    def set_rope(self) -> None:
+        """The rope table (rope_scaling.py) of ``self.config`` on the device, with its cos/sin scale; and where
+        the sliding layers have a rope base of their own (Gemma 3), their plain table ``local_rope_inv_freq``."""
+        c = self.config
+        inv_freq, self.rope_scale = rope_scaling.table(c.head_dim, c.rope_theta, c.rope_scaling,
+                                                       c.max_position_embeddings)
+        self.rope_inv_freq = llaisys.from_numpy(inv_freq, self.device)
+        self.local_rope_inv_freq = None if c.rope_local_theta is None else llaisys.from_numpy(
+            llaisys.ops.rope_inv_freq(c.head_dim, c.rope_local_theta), self.device)
+
+    def __repr__(self) -> str:
+        c = self.config
+        quantized = (f", quantize={self.quantize!r}" if self.quantize else
+                     f", weights={'/'.join(self.weight_formats)}" if self.weight_formats else "")
+        if self.group.world_size > 1:
+            quantized += f", tensor_parallel={self.group.world_size}"
+        return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}{quantized}, "
+                f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
+
+    # -- what the family provides ------------------------------------------------------
+
+    KERNELS = KERNELS  # the ops its forward calls (loading.py refuses a device whose backend lacks one)
+
+    def activations(self) -> dict[str, tuple]:
+        """Name -> shape (after the row dimension) of each work buffer ``_run_step`` uses."""
+        raise NotImplementedError
+
+    def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
+        """Every layer over one step's inputs (device tensors only: what a decode graph captures); the logits
+        of the rows ``step.logit_rows`` names (every row when None)."""
+        raise NotImplementedError
+
+    def _logits(self, x: llaisys.Tensor, step: StepInputs) -> llaisys.Tensor:
+        """The logits of the rows of the residual stream x that ``step.logit_rows`` names (every row when None):
+        the final RMSNorm, then the lm_head."""
+        if step.logit_rows is not None:
+            last = llaisys.empty((step.logit_rows.shape[0], self.config.hidden_size), self.dtype, self.device)
+            llaisys.ops.embedding(last, step.logit_rows, x)  # gathers the rows
+            x = last
+        c, n = self.config, x.shape[0]
+        normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
+        llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
+        logits = llaisys.empty((n, self.weights.lm_head.shape[0]), self.dtype, self.device)  # this rank's vocab rows
+        quantization.linear(logits, normed, self.weights.lm_head)
+        return gather_vocab(logits, c.vocab_size, self.group)
+
+    # -- limits and inputs ------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        """The most positions (prompt + new tokens) one sequence may take."""
+        return self.config.max_position_embeddings
+
+    def check_length(self, total: int) -> None:
+        limit = self.config.max_position_embeddings
+        if total > limit:
+            raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
+                                            f"max_position_embeddings = {limit}")
+
+    def check_input_ids(self, input_ids) -> list[int]:
+        """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""
+        if isinstance(input_ids, llaisys.Tensor):
+            input_ids = input_ids.numpy()
+        if isinstance(input_ids, np.ndarray):
+            if input_ids.ndim != 1 or input_ids.dtype.kind not in "iu":
+                raise llaisys.LlaisysValueError(f"input_ids must be a 1-D integer array, got shape "
+                                                f"{input_ids.shape} of {input_ids.dtype}")
+            input_ids = input_ids.tolist()
+        if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+            raise llaisys.LlaisysValueError(f"input_ids must be a sequence of token ids, got "
+                                            f"{type(input_ids).__name__} (tokenize text first)")
+        ids = list(input_ids)
+        if not ids:
+            raise llaisys.LlaisysValueError("input_ids is empty: the prompt needs at least one token")
+        vocab = self.config.vocab_size
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+                raise llaisys.LlaisysValueError(f"input_ids[{i}] = {t!r} is not a token id in [0, {vocab})")
+        return [int(t) for t in ids]
+
+    # -- the KV cache -------------------------------------------------------------------
+
+    @property
+    def kv_shape(self) -> KVShape:
+        c = self.config
+        return KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
+                    prefix_caching: bool = True) -> KVPool:
+        """A paged KV cache for this model: ``num_blocks`` blocks of ``block_size`` positions, or as many as
+        ``memory`` bytes hold. Sequences in it (``pool.sequence()``) are what ``forward_batch`` extends."""
+        if (num_blocks is None) == (memory is None):
+            raise llaisys.LlaisysValueError("give the KV pool's size as num_blocks or as memory, not both")
+        if num_blocks is None:
+            num_blocks = memory // (block_size * self.kv_shape.bytes_per_token)
+            if num_blocks < 1:
+                raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
+                                                f"positions ({block_size * self.kv_shape.bytes_per_token} bytes)")
+        pool = KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+        if self.followers is not None:  # the other ranks hold their kv heads of it
+            self.followers.new_pool(pool)
+        return pool
+
+    def release_kv_pool(self, pool: KVPool) -> None:
+        """Drop what the model keeps for ``pool`` (its captured decode steps), when its owner is done with it."""
+        with self._step_lock:
+            self._decode_graphs.release(pool)
+
+    # -- forward passes -------------------------------------------------------------------
+
+    def forward_batch(self, pool: KVPool, batch: Batch, logits_of: list[int] | None = None) -> llaisys.Tensor:
+        """One forward for several sequences of ``pool``: ``batch`` pairs a sequence (blocks reserved for its
+        new length) with its new token ids. Appends them and returns the logits of the last ``logits_of[i]``
+        new rows of each sequence i (true: its last row; a verify step of speculative decoding asks for
+        several), [R, vocab] in batch order, or of every row when ``logits_of`` is None."""
+        host = host_step(batch, logits_of)
+        with self._step_lock:
+            if self.followers is not None:  # every rank runs the step (rank 0 sends it first)
+                logits = self.followers.run_step(pool, host, self._forward)
+            else:
+                logits = self._forward(pool, host)
+        for seq, ids in batch:
+            seq.commit(ids)
+        return logits
+
+    def _forward(self, pool: KVPool, host: HostStep) -> llaisys.Tensor:
+        """One step on this model's device (and, in a tensor-parallel group, on every rank: the others run
+        what rank 0 sends them, tensor_parallel/); the caller holds the step lock."""
+        logits = self._decode_graphs.run(pool, host)  # a decode step, replayed from its graph
+        if logits is None:
+            logits = self._run_step(pool, step_inputs(host, self.device))
+        return logits
+
+    def session(self) -> Session:
+        """One sequence fed by hand (teacher forcing, step-by-step checks), in a KV pool of its own."""
+        return Session(self)
+
+    def logits(self, input_ids) -> np.ndarray:
+        """Float32 logits [n, vocab] of every position of ``input_ids``, computed from scratch."""
+        return self.session().forward(input_ids, all_logits=True).numpy().astype(np.float32)
+
+    def clear_decode_graphs(self) -> None:
+        """Drop the captured decode steps (decode_graph.py) and the memory they hold; later decode steps
+        capture again."""
+        with self._step_lock:
+            self._decode_graphs.clear()
+            if self.followers is not None:
+                self.followers.clear_graphs()
+
+    def close(self) -> None:
+        """End what the model holds beyond memory: a tensor-parallel model's other ranks leave and exit (they
+        also do when this process ends)."""
+        if self.followers is not None:
+            self.followers.close()
+
+    def _workspace(self, n: int) -> Workspace:
+        """Row views of one buffer, grown (never shrunk) to the largest forward so far."""
+        ws = self._workspaces.get(n)
+        if ws is None:
+            shapes = self.activations()
+            if self._workspace_base is None or self._workspace_base.n < n:
+                self._workspace_base = Workspace(shapes, n, self.dtype, self.device)
+                self._workspaces.clear()
+            if len(self._workspaces) >= MAX_WORKSPACES:
+                self._workspaces.clear()
+            ws = self._workspaces[n] = Workspace(shapes, n, self.dtype, self.device, self._workspace_base)
+        return ws
+
+
+class Session:
+    """A sequence fed by hand: ``forward(ids)`` runs ``ids`` at the positions after the cached ones and
+    appends them; ``truncate(n)`` keeps the first ``n``. Its KV pool (no prefix caching) grows as needed."""
+
+    def __init__(self, model: CausalLM, block_size: int = 16):
+        self.model = model
+        self.pool = model.new_kv_pool(num_blocks=1, block_size=block_size, prefix_caching=False)
+        self.kv = self.pool.sequence()
+
+    def __len__(self) -> int:
+        return len(self.kv)
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self.kv.tokens)
+
+    def forward(self, input_ids, all_logits: bool = False) -> llaisys.Tensor:
+        """The logits of the last new position ([1, vocab]), or of every new position ([n, vocab])."""
+        ids = self.model.check_input_ids(input_ids)
+        length = len(self.kv) + len(ids)
+        self.model.check_length(length)
+        self.pool.reserve_growing(self.kv, length)
+        return self.model.forward_batch(self.pool, [(self.kv, ids)], None if all_logits else [True])
+
+    def truncate(self, length: int) -> None:
+        self.kv.truncate(length)

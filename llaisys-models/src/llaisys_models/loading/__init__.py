@@ -1,0 +1,1 @@
+"""From a path to a model on a device: model files, safetensors, GGUF, the Hub, quantization."""

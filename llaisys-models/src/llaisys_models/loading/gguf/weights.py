@@ -1,0 +1,344 @@
+"""The decoder's weights from a GGUF file: named as llama.cpp names them, checked, converted, placed.
+
+The plan (which weights, their shapes) is the HuggingFace loader's; only the names differ
+(``blk.{i}.attn_q.weight`` for ``model.layers.{i}.self_attn.q_proj.weight``). Every tensor
+is checked (presence, shape, a type llaisys decodes) before any is read. Each is then converted
+straight into the buffer that becomes the weight, one tensor (or chunk of rows) at a time, and its
+mapped pages are dropped, so the load peaks at the converted weights plus one chunk's stored bytes.
+
+What each tensor becomes (``kind_of``), by default ("as stored", where the device has the kernels):
+- Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices (the linears, the lm_head and the token embedding) stay in their
+  blocks (gguf/blocks.py: llaisys' formats of the same names hold exactly the stored values);
+- Q5_0, Q5_1, Q5_K linears become int8 (decoded to float32, then quantized as ``quantize="int8"`` does:
+  not exact; README gives the error), the rest (F32 / F16 / BF16, Q2_K, Q3_K, Q5_* tables, norms, biases)
+  is decoded into the compute dtype.
+``dequantize=True`` decodes everything into the compute dtype (the values exactly in float32: what HF
+transformers computes with); ``quantize="int8"`` / ``"int4"`` requantize the linears (int4 keeps the 4-bit
+blocks as they are, and the lm_head at 6 bits or more: its blocks, or q8_0).
+
+llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
+head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
+those rows back in HF order. Qwen2 files are written unpermuted. Gemma 3's norms are stored as
+1 + w (the converter adds the 1), which is what the model wants, in float32 (weights.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+import llaisys
+
+from ...errors import ModelLoadError
+from ...parallel import shards
+from ...parallel.layout import DROP
+from ..host_memory import host_buffer
+from ..progress import Progress
+from ..quantize import (
+    BLOCK_KERNELS,
+    Arena,
+    BlockWeight,
+    Int8Experts,
+    Int8Weight,
+    block_buffers,
+    block_bytes,
+    int8_experts,
+    linear_mode,
+    quantized_weight,
+)
+from ..weights import EXPERTS, LINEARS, NORMS, Weights, layer_weights, plan
+from . import blocks, quants
+from .reader import GGUFFile
+
+TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
+LAYER_NAMES = {
+    "input_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight",
+    "q_proj": "attn_q.weight", "k_proj": "attn_k.weight", "v_proj": "attn_v.weight", "o_proj": "attn_output.weight",
+    "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
+    "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
+    "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post_ffw_norm.weight",  # Gemma
+    # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
+    "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
+    "experts_down": "ffn_down_exps.weight",
+}
+# Phi-3's fused tensors (weights.plan's parts): q/k/v are rows of attn_qkv, gate/up of ffn_up (gate first)
+FUSED_NAMES = {"q_proj": "attn_qkv.weight", "k_proj": "attn_qkv.weight", "v_proj": "attn_qkv.weight",
+               "gate_proj": "ffn_up.weight", "up_proj": "ffn_up.weight"}
+PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
+_LAYER = re.compile(r"blk\.([0-9]+)\.")
+
+
+def check_layer_count(f: GGUFFile, layers: int) -> None:
+    """The metadata's layer count against the layers the file holds tensors for, before anything per layer is
+    built (a corrupt count would otherwise cost time and memory in proportion to it)."""
+    present = {int(m.group(1)) for name in f.tensors if (m := _LAYER.match(name))}
+    missing = next((i for i in range(layers) if i not in present), None)  # stops by len(present)
+    if missing is not None:
+        have = f"layers 0..{max(present)}" if present else "no decoder layers"
+        raise ModelLoadError(f"{f.path}: the metadata says {layers} layers (block_count), but the file holds tensors "
+                             f"of {have} ({len(present)} layers; layer {missing} is missing)")
+
+
+def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
+    """{field: (GGUF name, shape)} for the top-level weights and for each layer, once every one
+    of them is checked to be in the file, with its shape and a type llaisys can decode."""
+    check_layer_count(f, config.num_hidden_layers)
+    top, layers = plan(config)
+    top = {field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()}
+    layers = [{field: (f"blk.{i}.{(FUSED_NAMES if len(spec) == 3 else LAYER_NAMES)[field]}", *spec[1:])
+               for field, spec in layer.items()} for i, layer in enumerate(layers)]
+    supported = ", ".join(t.name for t in quants.SUPPORTED)
+    for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
+        info = f.tensors.get(name)
+        if info is None:
+            dense = name.endswith(".ffn_gate_inp.weight") and name.replace("_inp", "") in f.tensors
+            hint = " (that layer's MLP is dense, but llama.cpp runs every layer of this architecture as a mixture " \
+                   "of experts)" if dense else ""
+            raise ModelLoadError(f"{f.path}: tensor {name!r} is missing{hint}")
+        if info.shape != shape:
+            raise ModelLoadError(f"{f.path}: tensor {name!r} has shape {info.shape}, but the metadata implies {shape}")
+        if info.type not in quants.SUPPORTED:
+            raise ModelLoadError(f"{f.path}: tensor {name!r} is stored as {info.type.name}, which llaisys cannot "
+                                 f"dequantize (supported: {supported})")
+    return top, layers
+
+
+def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
+    """The dtype the matrices are stored in when they are floats of one type; float32 for quantized files.
+
+    float32 holds every dequantized weight exactly and computes with f32 activations, as llama.cpp does
+    with these files: bf16 rounds both (8 mantissa bits), which is enough to turn a near-tie at the first
+    step of SmolLM2-135M-Instruct Q4_1's "What is the capital of France?" into a wrong answer. It costs
+    4 bytes per weight in memory (and per weight read in a decode step); dtype=bfloat16 halves that,
+    quantize="int8" takes about a quarter."""
+    Q = quants.Q
+    types = {f.tensors[spec[0]].type for group in [top, *layers] for spec in group.values() if len(spec[1]) >= 2}
+    if types <= {Q.F32}:
+        return llaisys.float32
+    if types <= {Q.F32, Q.F16}:
+        return llaisys.float16
+    if types <= {Q.F32, Q.BF16}:
+        return llaisys.bfloat16
+    return llaisys.float32
+
+
+def llama_row_order(rows: int, heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K permutation: HF row (head, half, j) is stored at (head, j, half).
+
+    Within each head of ``d`` rows, HF keeps the rotary pairs half-split (j, j + d/2), llama.cpp
+    interleaves them (2j, 2j + 1). Returns the stored row of every HF row.
+    """
+    if rows % (2 * heads):
+        raise ModelLoadError(f"cannot undo the Q/K permutation: {rows} rows are not {heads} heads of even size")
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def materialize(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: llaisys.DType, device: llaisys.Device,
+                rows: np.ndarray | slice | None = None) -> llaisys.Tensor:
+    """One tensor of the file as ``dtype`` on ``device``, rows reordered by ``rows`` if given (a slice: the
+    rows of a part of a fused tensor).
+
+    A tensor (or part) already stored in ``dtype`` and order is used in place on the CPU (zero copy). Any
+    other is decoded into a fresh buffer, which on the CPU becomes the weight itself.
+    """
+    info = f.tensors[name]
+    on_cpu = device.type == "cpu"
+    first = rows.start if isinstance(rows, slice) else 0
+    if on_cpu and not isinstance(rows, np.ndarray) and quants.FLOATS.get(info.type) == dtype:
+        return llaisys.from_buffer(f.mapping, dtype, shape, offset=info.offset + first * info.row_bytes)
+    raw = f.raw(name)
+    if isinstance(rows, slice):
+        raw, rows = raw[rows], None
+    if len(shape) == 1 and rows is not None:  # a permuted bias: its values are the rows
+        if info.type not in quants.FLOATS:
+            raise ModelLoadError(f"{f.path}: tensor {name!r} is a {info.type.name} vector; only float vectors can be "
+                                 f"reordered")
+        raw = raw.reshape(shape[0], -1)
+    host = host_buffer(math.prod(shape) * dtype.itemsize)
+    quants.dequantize(raw, info.type, host.view(dtype.numpy).reshape(raw.shape[0], -1), rows)
+    f.release(name)
+    if on_cpu:
+        return llaisys.from_buffer(host, dtype, shape)
+    return llaisys.from_numpy(host.view(dtype.numpy).reshape(shape), device)
+
+
+def quantized(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
+              rows: np.ndarray | slice | None = None, quantize: str = "int8") -> Int8Weight | BlockWeight:
+    """One matrix of the file in int8, int4 (q4_0) or q8_0 on ``device``, rows reordered by ``rows`` if given:
+    decoded to float32 a chunk of rows at a time and quantized from there.
+
+    Q8_0 (and Q4_0, Q5_0) are already int8 per group of 32 with an f16 scale ``d``; their decoded values
+    ``d * q`` are exact float32 values, so int8 re-expresses each group's scale as the next bfloat16 up and
+    requantizes its integers against it: the error added is what that scale rounding changes.
+    """
+    weight = quantized_weight(quantize, row_reader(f, name, shape, rows), shape, device, name)
+    f.release(name)
+    return weight
+
+
+CHUNK_BYTES = 8 << 20  # stored bytes converted per step of block_weight (their pages are then dropped)
+
+
+def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
+                 rows: np.ndarray | slice | None = None, arena: Arena | None = None) -> BlockWeight:
+    """One matrix of the file kept in its blocks (gguf/blocks.py: the llaisys format of its type) on ``device``
+    (from ``arena`` if given), rows reordered by ``rows`` if given; converted a chunk of rows at a time, each
+    chunk's mapped pages dropped as soon as it is done."""
+    info = f.tensors[name]
+    fmt, raw, first = blocks.FORMATS[info.type], f.raw(name), 0
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, first, rows = raw[rows], rows.start, None
+    buffers = block_buffers(fmt, shape, device, arena)
+    weight, scales = buffers.arrays
+    n = shape[0]
+    step = max(1, CHUNK_BYTES // max(info.row_bytes, 1) // 16) * 16
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        if rows is None:
+            f.populate(name, (first + start, first + end))
+        part = raw[start:end] if rows is None else raw[rows[start:end]]
+        b0, b1 = start // 16, -(-end // 16)
+        blocks.convert_rows(part, info.type, weight[b0:b1], scales[b0:b1])
+        if rows is None:
+            f.release(name, (first + start, first + end))
+    f.release(name)
+    return BlockWeight(*buffers.placed(), fmt, shape)
+
+
+INT8_TYPES = (quants.Q.Q5_0, quants.Q.Q5_1, quants.Q.Q5_K)  # no llaisys format yet: their linears go to int8
+FOUR_BIT = (quants.Q.Q4_0, quants.Q.Q4_1, quants.Q.Q4_K)
+
+
+def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
+    """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4", "q8_0" or "float" (this
+    module's docstring); ``blocks_ok``: the device has the block kernels."""
+    kept = blocks_ok and qtype in blocks.FORMATS
+    if field == "embed_tokens":
+        return "blocks" if kept and not dequantize else "float"
+    if field not in LINEARS:
+        return "float"
+    if quantize == "int8":
+        return "int8"
+    if quantize == "int4":
+        if field == "lm_head":
+            return "blocks" if kept else "q8_0"
+        return "blocks" if kept and qtype in FOUR_BIT else "int4"
+    if dequantize or not blocks_ok:
+        return "float"
+    return "blocks" if kept else "int8" if qtype in INT8_TYPES else "float"
+
+
+def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device) -> Int8Experts:
+    """A stacked expert tensor [E, N, K] of the file as int8 experts (``quantize="int8"``) on ``device``: each
+    expert's rows decoded to float32 a chunk at a time and quantized from there, expert by expert, the mapped
+    pages of the experts before dropped (so a load holds the int8 result and about one expert's pages)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    experts, n, k = shape
+
+    def reader(e: int):
+        def read(start: int, end: int) -> np.ndarray:
+            if start == 0 and e:  # the experts before are quantized: their pages need not stay resident
+                f.release(name, (0, e * n))
+            return quants.dequantize(raw[e * n + start:e * n + end], qtype, np.empty((end - start, k), np.float32))
+        return read
+
+    weight = int8_experts([reader(e) for e in range(experts)], (n, k), device,
+                          [f"{name} (expert {e})" for e in range(experts)])
+    f.release(name)
+    return weight
+
+
+def _part_shape(spec: tuple) -> tuple[int, ...]:
+    """The shape of the weight a plan entry makes: its tensor's, or that of its rows of a fused tensor."""
+    if len(spec) < 3:
+        return spec[1]
+    (start, stop), shape = spec[2], spec[1]
+    return (stop - start, *shape[1:])
+
+
+def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray | slice | None) -> shards.Reader:
+    """Rows [start, stop) of a weight of ``shape`` (rows reordered or cut by ``rows``) decoded to float32, a
+    chunk at a time (a vector: its elements, decoded once)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    if isinstance(rows, slice):  # a part of a fused tensor
+        raw, rows = raw[rows], None
+    if len(shape) == 1:
+        if rows is not None:  # a permuted bias: its values are the rows
+            values = quants.dequantize(raw.reshape(shape[0], -1), qtype, np.empty((shape[0], 1), np.float32), rows)
+        else:
+            values = quants.dequantize(raw, qtype, np.empty((1, shape[0]), np.float32))
+        values = values.reshape(-1)
+        return lambda start, stop: values[start:stop]
+    return lambda start, stop: quants.dequantize(raw[start:stop] if rows is None else raw[rows[start:stop]], qtype,
+                                                 np.empty((stop - start, shape[1]), np.float32))
+
+
+def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
+                 device: llaisys.Device, arch: str, progress: bool | None = None,
+                 quantize: str | None = None, dequantize: bool = False, layout=None) -> Weights:
+    """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
+    quantized, or decoded into ``dtype``; with ``layout`` (tensor_parallel.Layout), only this rank's part of
+    each (decoded, then cut: a rank's part is not kept in the file's blocks)."""
+    heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
+    blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
+    i8_ok = llaisys.ops.implemented("linear_i8", device)
+
+    def kind(field: str, spec: tuple) -> str:
+        return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok)
+
+    # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
+    # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
+    kept = [(f.tensors[spec[0]].type, _part_shape(spec)) for group in [top, *layers] for field, spec in group.items()
+            if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
+    arena = None
+    if device.type == "cpu" and kept:
+        arena = Arena(sum(block_bytes(blocks.FORMATS[qtype], shape) for qtype, shape in kept), device)
+    total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
+    if layout is not None and layout.world > 1:
+        total //= layout.world
+    with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
+        def get(field, spec):
+            name, shape, rows = spec[0], _part_shape(spec), None
+            if len(spec) == 3:  # rows of a fused tensor (Phi-3)
+                rows = slice(*spec[2])
+            elif arch == "llama" and field in PERMUTED:
+                rows = llama_row_order(shape[0], heads[PERMUTED[field]])
+            part = layout.part(field, config) if layout is not None else None
+            if part == DROP:
+                return None
+            if part is not None:
+                mode = linear_mode(quantize, field) if field in LINEARS else None
+                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
+                f.release(name)
+                bar.update(math.prod(part.shape(shape)) * dtype.itemsize)
+                return tensor
+            how = kind(field, spec)
+            if how == "int8" and not i8_ok:
+                how = "float"
+            if how == "blocks":
+                tensor = block_weight(f, name, shape, device, rows, arena)
+            elif how in ("int8", "int4", "q8_0"):
+                tensor = quantized(f, name, shape, device, rows, how)
+            elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
+                tensor = materialize(f, name, shape, llaisys.float32, device, rows)
+            elif quantize is not None and field in EXPERTS:  # (int8 for int4 too: quantize.py)
+                tensor = quantized_experts(f, name, shape, device)
+            else:
+                tensor = materialize(f, name, shape, dtype, device, rows)
+            bar.update(math.prod(shape) * dtype.itemsize)
+            return tensor
+
+        embed = get("embed_tokens", top["embed_tokens"])
+        layer_list = [layer_weights({field: get(field, spec) for field, spec in layer.items()}) for layer in layers]
+        norm = get("norm", top["norm"])
+        if "lm_head" in top:
+            lm_head = get("lm_head", top["lm_head"])
+        else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy (or this rank's rows)
+            split = layout is not None and layout.world > 1
+            same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
+            lm_head = embed if same and not split else get("lm_head", top["embed_tokens"])
+    return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

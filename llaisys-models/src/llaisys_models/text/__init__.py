@@ -1,0 +1,1 @@
+"""Text in, text out: tokenizers, chat prompts, streamed detokenization and the model's chat() / complete()."""
