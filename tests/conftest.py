@@ -26,8 +26,9 @@ def pytest_generate_tests(metafunc):
 
 # Settings a user may export that change what the tests expect (the numerics mode of every model, an API key
 # that the CLI's server would then require): the suite runs with the defaults whatever the runner's
-# environment holds; tests that need a setting set it themselves (monkeypatch, or a child's env).
-RUNNER_SETTINGS = ("LLAISYS_NUMERICS", "LLAISYS_API_KEY")
+# environment holds; tests that need a setting set it themselves (monkeypatch, or a child's env). (LLAISYS_FALLBACK=0
+# would turn the ops a test backend lacks into errors: tests/core/test_fallback.py sets it where it tests that.)
+RUNNER_SETTINGS = ("LLAISYS_NUMERICS", "LLAISYS_API_KEY", "LLAISYS_FALLBACK")
 
 
 def pytest_configure(config):
@@ -41,7 +42,7 @@ def pytest_configure(config):
 def ray_cluster():
     """``ray_cluster.SHARED``: ``.start()`` gives the two-node Ray cluster on 127.0.0.1, this process its driver
     (started once for a run of modules that use it; stopped after the last of them: below)."""
-    from ray_cluster import SHARED
+    from helpers.ray_cluster import SHARED
 
     yield SHARED
     SHARED.stop()
@@ -50,7 +51,7 @@ def ray_cluster():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield  # (after the item's fixtures are torn down: at a module's end, its module-scoped ones too)
-    from ray_cluster import SHARED
+    from helpers.ray_cluster import SHARED
 
     next_module = getattr(nextitem, "module", None)
     if SHARED.cluster is not None and (nextitem is None or (next_module is not getattr(item, "module", None)

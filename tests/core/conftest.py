@@ -21,22 +21,24 @@ def c_compiler():
 
 @pytest.fixture(scope="session")
 def fake_library(c_compiler, tmp_path_factory):
-    """build(devices=2, peer=False, mem_info=False, omit_memcpy=False) -> path of
+    """build(devices=2, peer=False, mem_info=False, omit_memcpy=False, api_version=None) -> path of
     tests/fake_backends/native/fake_backend.c built with prefix llaisys_fake (the required slots, the optional
-    ones asked for, no operators)."""
+    ones asked for, no operators; api_version: what its api_version() returns instead of the header's)."""
     folder = tmp_path_factory.mktemp("fake_native")
     built = {}
 
-    def build(devices: int = 2, peer: bool = False, mem_info: bool = False, omit_memcpy: bool = False) -> Path:
-        key = (devices, peer, mem_info, omit_memcpy)
+    def build(devices: int = 2, peer: bool = False, mem_info: bool = False, omit_memcpy: bool = False,
+              api_version: int | None = None) -> Path:
+        key = (devices, peer, mem_info, omit_memcpy, api_version)
         if key not in built:
             flags = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-DLLAISYS_PREFIX=llaisys_fake",
                      f"-DFAKE_DEVICES={devices}"]
             flags += ["-DFAKE_PEER"] if peer else []
             flags += ["-DFAKE_MEM_INFO"] if mem_info else []
             flags += ["-DFAKE_OMIT_MEMCPY"] if omit_memcpy else []
+            flags += [] if api_version is None else [f"-DFAKE_API_VERSION={api_version}"]
             name = (f"libfake_{devices}{'_peer' if peer else ''}{'_meminfo' if mem_info else ''}"
-                    f"{'_nomemcpy' if omit_memcpy else ''}.so")
+                    f"{'_nomemcpy' if omit_memcpy else ''}{'' if api_version is None else f'_v{api_version}'}.so")
             built[key] = compile_shared(c_compiler, FAKE_BACKEND_SOURCE, folder / name, flags)
         return built[key]
     return build

@@ -82,8 +82,54 @@ def python_slots() -> dict[str, tuple[str, object, list]]:
 
 
 def test_api_version_matches():
-    version = int(re.search(r"#define LLAISYS_API_VERSION (\d+)", HEADER.read_text()).group(1))
-    assert version == abi.API_VERSION == llaisys.API_VERSION
+    text = HEADER.read_text()
+    major = int(re.search(r"#define LLAISYS_API_VERSION_MAJOR (\d+)", text).group(1))
+    minor = int(re.search(r"#define LLAISYS_API_VERSION_MINOR (\d+)", text).group(1))
+    assert "#define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)" in text
+    assert (major, minor) == (abi.API_MAJOR, abi.API_MINOR) and minor < 1000
+    assert abi.API_VERSION == llaisys.API_VERSION == major * 1000 + minor
+    assert abi.split_version(abi.API_VERSION) == (major, minor) and abi.version_text(abi.API_VERSION) == f"{major}.{minor}"
+    assert abi.split_version(6) == (6, 0), "a library from before minors returns its plain major"
+
+
+def parse_slot_since(text: str) -> dict[str, int]:
+    """The header's list of slots added in a minor version ("  <major>.<minor>: slot, slot" lines)."""
+    block = text[text.index("Slots added in a minor version"):]
+    block = block[:block.index("*/")]
+    since = {}
+    for major, minor, names in re.findall(r"^\s*\*\s+(\d+)\.(\d+): ([\w, ]+)$", block, flags=re.M):
+        assert int(major) == abi.API_MAJOR, f"the list holds slots of another major ({major}.{minor})"
+        since.update({name.strip(): int(minor) for name in names.split(",")})
+    return since
+
+
+def test_slot_since_matches():
+    """Which minor added each slot is recorded in the header and in llaisys.abi alike; only optional and op
+    slots can be added in a minor version (a new required slot breaks older libraries: a major bump)."""
+    listed = f"Slots added in a minor version:\n *   {abi.API_MAJOR}.1: foo, bar\n *   {abi.API_MAJOR}.2: baz\n */"
+    assert parse_slot_since(listed) == {"foo": 1, "bar": 1, "baz": 2}  # (the parser reads such lines)
+    since = parse_slot_since(HEADER.read_text())
+    assert since == abi.SLOT_SINCE
+    kinds = python_slots()
+    for name, minor in since.items():
+        assert name in kinds and kinds[name][0] in ("optional", "op"), f"{name} cannot be added in a minor version"
+        assert 0 < minor <= abi.API_MINOR, f"{name}: since {abi.API_MAJOR}.{minor}, beyond the header's minor"
+
+
+def test_fallback_copies_back_exactly_the_buffers_the_header_lets_an_op_write():
+    """An op's ``void*`` buffers (not ``const void*``) are those llaisys.buffers says it writes, and it gives
+    the bytes of every pointer argument."""
+    from llaisys import buffers
+
+    declarations = header_text()[header_text().index("#ifdef LLAISYS_PREFIX"):]
+    for op in abi.OP_SLOTS:
+        args = re.search(rf"LLAISYS_FN\({op}\)\s*\((.*?)\)\s*;", declarations, flags=re.S).group(1)
+        pointers = [a for a in (" ".join(a.split()) for a in args.split(",")[2:]) if re.match(r"(const )?void\* ", a)]
+        assert len(pointers) == len(buffers.POINTERS[op]), op
+        writes = {i for i, a in enumerate(pointers) if not a.startswith("const ")}
+        assert writes == buffers.WRITES[op], f"{op}: the header writes {sorted(writes)}"
+        arity = buffers._EXTENTS[op].__code__.co_argcount
+        assert arity == len(abi.OP_SLOTS[op]), f"{op}: its extents take {arity} arguments"
 
 
 def test_unique_id_size_matches():

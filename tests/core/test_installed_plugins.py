@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from child_process import run_in_child
+
+from helpers.child_process import run_in_child
 
 FAKE = Path(__file__).parent.parent / "fake_backends" / "llaisys-backend-broken"
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 import enum
 from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-API_VERSION = 6  # LLAISYS_API_VERSION
+# The ABI's version, major.minor (backend.h explains the policy). A library's api_version() is
+# major * 1000 + minor; one built before minors existed returns its plain major (< 1000), read as major.0.
+API_MAJOR = 6  # LLAISYS_API_VERSION_MAJOR: bumped by a breaking change; another major is refused
+API_MINOR = 0  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
+API_VERSION = API_MAJOR * 1000 + API_MINOR  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
 
@@ -204,6 +208,26 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "collectives": ("comm_unique_id", "comm_create", "comm_destroy", "comm_abort", "comm_all_reduce",
                     "comm_all_gather", "comm_broadcast"),
 }
+
+# The minor version of API_MAJOR that added a slot, for the slots added after API_MAJOR.0 (backend.h lists the
+# same). A library built for an older minor lacks them: core treats them as missing even if it exports the name.
+SLOT_SINCE: dict[str, int] = {}
+
+
+def split_version(version: int) -> tuple[int, int]:
+    """(major, minor) of an ``api_version()`` value (a plain major below 1000 is major.0)."""
+    return (version // 1000, version % 1000) if version >= 1000 else (version, 0)
+
+
+def version_text(version: int) -> str:
+    """``api_version()`` as people read it: "6.0"."""
+    return "{}.{}".format(*split_version(version))
+
+
+def slot_in(slot: str, version: int) -> bool:
+    """Whether ``slot`` exists in the ABI a library of ``version`` (of core's major) was built for."""
+    return SLOT_SINCE.get(slot, 0) <= split_version(version)[1]
+
 
 INT64_MAX = (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1

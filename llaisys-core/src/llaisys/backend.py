@@ -22,8 +22,8 @@ class Backend:
     is the default stream. ``kernel(op)`` returns a callable with the op's C ABI signature
     (``llaisys.abi.OP_SLOTS``): ``fn(device_index, stream, *c_args) -> status``, where the op
     arguments are what the ``llaisys.ops`` frontend has validated and packed (dtype codes, sizes,
-    data pointers); or None when the backend does not implement ``op``. A non-zero status is
-    turned into an exception by ``raise_status``.
+    data pointers); or None when the backend does not implement ``op`` (core then runs it with the CPU
+    backend's kernel: ``llaisys.fallback``). A non-zero status is turned into an exception by ``raise_status``.
 
     Optional capabilities (``llaisys.abi.CAPABILITIES``: events, graphs, collectives, pinned host memory,
     peer copy, memory info, device attributes, ...) are reported by ``supports(name)``; the

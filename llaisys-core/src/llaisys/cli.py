@@ -38,6 +38,31 @@ def format_devices(records) -> str:
     return "\n".join(lines)
 
 
+def format_op_sources(reg) -> str:
+    """Per loaded backend, where its ops run (``llaisys.capabilities``): one short line for a backend with every
+    op native, else the native count and the ops that fall back to the cpu backend (or are unavailable)."""
+    from .abi import OP_SLOTS
+    from .plugins import FALLBACK, NATIVE, OVERRIDE, UNAVAILABLE
+
+    lines = []
+    for name in sorted(reg.backends, key=lambda n: (n == "cpu", n)):
+        try:
+            sources = reg.capabilities(name)
+        except Exception as e:  # a listing must not fail because one backend cannot say
+            lines.append(f"  {name}: (cannot tell: {e})")
+            continue
+        by = {kind: [op for op, where in sources.items() if where == kind]
+              for kind in (NATIVE, OVERRIDE, FALLBACK, UNAVAILABLE)}
+        if len(by[NATIVE]) == len(OP_SLOTS):
+            lines.append(f"  {name}: all {len(OP_SLOTS)} ops native")
+            continue
+        parts = [f"native: {len(by[NATIVE])} ops"]
+        parts += [f"{label}: {', '.join(by[kind])}" for kind, label in
+                  ((OVERRIDE, "overridden"), (FALLBACK, "falls back to cpu"), (UNAVAILABLE, "unavailable")) if by[kind]]
+        lines.append(f"  {name}: {'; '.join(parts)}")
+    return "\n".join(lines)
+
+
 def format_versions() -> str:
     """llaisys-core's version, then every other installed llaisys distribution's (name order), one per line."""
     from ._version import __version__
@@ -50,13 +75,14 @@ def format_versions() -> str:
 
 
 def _devices(args) -> int:
-    from .plugins import available_devices, backend_report
+    from .plugins import available_devices, backend_report, registry
     records = backend_report()
     print(format_backend_report(records))
     devices = available_devices()
     print(f"\navailable devices: {', '.join(map(str, devices)) or 'none'}")
     if devices:
         print(format_devices(records))
+        print(f"\nops:\n{format_op_sources(registry())}")
     return 0
 
 
@@ -67,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     devices = sub.add_parser("devices", help="list backend plugins and their devices")
     devices.set_defaults(func=_devices)
+    importlib.import_module(".new_backend", __package__).register(sub)  # llaisys new-backend NAME
+    importlib.import_module(".check_backend", __package__).register(sub)  # llaisys check-backend NAME
     for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
         try:
             ep.load()(sub)

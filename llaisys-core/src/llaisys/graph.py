@@ -12,30 +12,53 @@ reserved for this graph while it lives (``allocator.GraphPool``), so no one else
 replay writes. The capturing thread may not allocate from the backend, free, synchronize or copy
 synchronously (GPU rules; the CPU backend enforces them too): run the step once eagerly first, so that
 the allocator's cache already holds what the capture asks for.
+
+Ops that a device's backend lacks run on the CPU backend (``llaisys.fallback``), which synchronizes and
+copies on the host: they cannot be captured. ``why_no_graphs(device, ops)`` says so before a capture (graphs
+are off for a step that needs them); a capture that meets one fails with NotSupportedError naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 
 from .device import as_device
 from .errors import NotSupportedError
-from .plugins import registry
+from .plugins import FALLBACK, registry
 from .stream import Stream, stream
 from .transfer import capture as _transfer_capture
 
 GRAPHS_ENV = "LLAISYS_GRAPHS"
 
 
-def graphs_supported(device) -> bool:
-    """Whether ``device``'s backend can capture and replay graphs, and neither LLAISYS_GRAPHS nor the
-    device type's own switch (LLAISYS_CUDA_GRAPHS, LLAISYS_CPU_GRAPHS, ...) is 0."""
+def why_no_graphs(device, ops: Iterable[str] = ()) -> str:
+    """Why ops cannot be captured into graphs on ``device`` ("" if they can): LLAISYS_GRAPHS or the device
+    type's own switch (LLAISYS_CUDA_GRAPHS, LLAISYS_CPU_GRAPHS, ...) is 0, the backend cannot capture graphs,
+    or one of ``ops`` (op slot names: those the caller will capture) runs on the CPU backend because the
+    device's backend lacks it (``llaisys.capabilities``): a fallback synchronizes and copies on the host, which
+    a graph cannot record, so graphs are off for such a step rather than captured half."""
     device = as_device(device)
     for name in (GRAPHS_ENV, f"LLAISYS_{device.type.upper()}_GRAPHS"):
         if os.environ.get(name, "").strip() == "0":
-            return False
-    return registry().backend(device).supports("graphs")
+            return f"{name}=0"
+    reg = registry()
+    backend = reg.backend(device)
+    if not backend.supports("graphs"):
+        return f"the '{backend.name}' backend cannot capture graphs"
+    fallbacks = [op for op in ops if reg.op_source(op, device.type) == FALLBACK]
+    if fallbacks:
+        return (f"the '{backend.name}' backend lacks {', '.join(fallbacks)}, which run on the cpu backend "
+                f"(a fallback a graph cannot capture)")
+    return ""
+
+
+def graphs_supported(device, ops: Iterable[str] = ()) -> bool:
+    """Whether ``device`` can capture and replay graphs of ``ops`` (op slot names; none: whether the backend
+    can capture at all): ``why_no_graphs`` is empty. Without ``ops``, a capture that meets an op run on the
+    CPU backend still fails, with NotSupportedError naming it (and nothing of it is kept)."""
+    return not why_no_graphs(device, ops)
 
 
 class Graph:

@@ -3,7 +3,9 @@
 A backend library exports ``<prefix>_<slot>`` for the slots of ``llaisys/backend.h`` (the C
 header core ships: ``get_include()``). Required slots must all be there or the library does
 not load; a missing optional slot makes its capability "not supported"; a missing operator
-is reported as not implemented when it is first used.
+runs on the CPU backend (``llaisys.fallback``) or is reported as not implemented when first used.
+A library built for another major version of the ABI is refused (``ApiVersionError``); one built
+for an older minor loads, without the slots added since (``llaisys.abi.SLOT_SINCE``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import ctypes
 from ctypes import c_int, c_int64, c_size_t, c_void_p
 from pathlib import Path
 
+from . import abi
+from ._version import __version__ as CORE_VERSION
 from .abi import (
     CAPABILITIES,
     OP_LEADING_ARGS,
@@ -25,7 +29,7 @@ from .abi import (
     Status,
 )
 from .backend import DLPACK_CUDA, Backend
-from .errors import LlaisysError, LlaisysValueError, NotSupportedError, OutOfMemoryError
+from .errors import ApiVersionError, LlaisysError, LlaisysValueError, NotSupportedError, OutOfMemoryError
 
 __all__ = ["MemcpyKind", "NativeBackend", "NativeLibrary", "Numerics", "Status", "get_include"]
 
@@ -49,15 +53,28 @@ class NativeLibrary:
             self._lib = ctypes.CDLL(self.path)
         except OSError as e:
             raise LlaisysError(f"cannot load native library {self.path}: {e}") from e
+        version = self._bind("api_version", c_int, [])
+        # the version first: a library of another major may lack (or misname) required slots
+        self.api_version = version() if version is not None else abi.API_VERSION
+        if version is not None and abi.split_version(self.api_version)[0] != abi.API_MAJOR:
+            raise ApiVersionError(
+                f"{self.path} was built for llaisys backend API {abi.version_text(self.api_version)}, but "
+                f"llaisys-core {CORE_VERSION} speaks API {abi.version_text(abi.API_VERSION)} (another major "
+                f"version: incompatible); rebuild it against this llaisys-core's llaisys/backend.h "
+                f"(llaisys.get_include()), or use a llaisys-core of API {abi.split_version(self.api_version)[0]}.x",
+                self.api_version)
         self.slots = {name: self._bind(name, restype, argtypes) for name, (_, restype, argtypes) in RUNTIME_SLOTS.items()}
         missing = [f"{prefix}_{name}" for name, (kind, _, _) in RUNTIME_SLOTS.items()
                    if kind is REQUIRED and self.slots[name] is None]
         if missing:
             raise LlaisysError(f"{self.path} does not export the required slot(s) {', '.join(missing)} "
                                f"of llaisys/backend.h (built for another llaisys API version or another prefix?)")
-        self.api_version = self.slots["api_version"]()
 
     def _bind(self, name: str, restype, argtypes):
+        """The export of slot ``name`` with its types set; None if missing, or if the slot is newer than the minor
+        version the library was built for (a function of that name is then not the slot: backend.h)."""
+        if name != "api_version" and not abi.slot_in(name, self.api_version):
+            return None
         fn = getattr(self._lib, f"{self.prefix}_{name}", None)
         if fn is not None:
             fn.restype = restype

@@ -1,7 +1,13 @@
 """Backend discovery: entry points -> pluggy hooks -> one Backend per device type.
 
 Hooks are called once per process. Each entry point is loaded and called on its own,
-so one broken plugin is recorded in ``backend_report()`` while every other loads.
+so one broken plugin is recorded in ``backend_report()`` while every other loads. A plugin
+built for another major version of the backend ABI is refused, the reason naming both
+versions and what to rebuild (backend.h: the versioning policy).
+
+Kernels are resolved once per (op, device type): a plugin's override, else the backend's
+own, else (a partial backend) the CPU backend's through ``llaisys.fallback``;
+``capabilities(device)`` says which for every op slot.
 """
 
 from __future__ import annotations
@@ -15,17 +21,28 @@ from collections.abc import Callable
 
 import pluggy
 
+from . import abi
 from ._version import __version__ as CORE_VERSION
-from .abi import API_VERSION
+from .abi import API_VERSION, OP_SLOTS, split_version, version_text
 from .backend import Backend
 from .device import Device, as_device
-from .errors import BackendUnavailableError, LlaisysError, LlaisysWarning
+from .errors import (
+    ApiVersionError,
+    BackendUnavailableError,
+    LlaisysError,
+    LlaisysValueError,
+    LlaisysWarning,
+    NotSupportedError,
+)
 
 PROJECT = "llaisys"
 ENTRY_POINT_GROUP = "llaisys.backends"
 ENV_FILTER = "LLAISYS_BACKENDS"
 # Device types with a llaisys backend package (installed from its folder of the llaisys source tree)
 KNOWN_PACKAGES = {"cpu": "llaisys-backend-cpu", "cuda": "llaisys-backend-cuda", "iluvatar": "llaisys-backend-iluvatar"}
+
+# Where an op runs on a device (Registry.op_source, llaisys.capabilities)
+NATIVE, OVERRIDE, FALLBACK, UNAVAILABLE = "native", "override", "fallback", "unavailable"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -128,6 +145,12 @@ class Registry:
             plugin = ep.load()
             self.plugin_manager.register(plugin, name=f"{package}:{ep.name}")
             specs = self._call_hook(plugin, "llaisys_backends") or []
+            for spec in specs:  # a plugin's mistake is its own failure, in one line, never discovery's
+                if not isinstance(spec, BackendSpec):
+                    raise TypeError(f"its llaisys_backends hook returned {_short(spec)} in its list, not a "
+                                    f"llaisys.BackendSpec")
+                if not isinstance(spec.name, str) or not spec.name.isidentifier():
+                    raise ValueError(f"its BackendSpec names the device type {spec.name!r}, which is not an identifier")
             for override in self._call_hook(plugin, "llaisys_kernels") or []:
                 key = (override.op, override.device_type)
                 if key not in self._overrides or override.priority > self._overrides[key].priority:
@@ -145,24 +168,28 @@ class Registry:
         results: list = []
         for impl in getattr(self.plugin_manager.hook, hook_name).get_hookimpls():
             if impl.plugin is plugin:
-                results.extend(impl.function() or [])
+                returned = impl.function() or []
+                if not isinstance(returned, (list, tuple)):
+                    raise TypeError(f"its {hook_name} hook returned {_short(returned)}, not a list")
+                results.extend(returned)
         return results
 
     def _load_spec(self, spec: BackendSpec, package: str, version: str):
         record = BackendRecord(spec.name, package, version, "failed", priority=spec.priority)
         self.records.append(record)
-        if spec.api_version != API_VERSION:
-            record.reason = (f"backend API version {spec.api_version}, but llaisys-core {CORE_VERSION} "
-                             f"speaks version {API_VERSION}; install matching versions of llaisys-core and {package}")
+        record.reason = _version_refusal(spec.api_version, package, version)
+        if record.reason:
             return
         try:
             backend = spec.load()
-            native_version = getattr(backend, "api_version", API_VERSION)
-            if native_version != API_VERSION:
-                record.reason = (f"native library speaks API version {native_version}, core expects "
-                                 f"{API_VERSION}; reinstall {package}")
+            native_version = getattr(backend, "api_version", abi.API_VERSION)  # a compiled library's own
+            record.reason = _version_refusal(native_version, package, version)
+            if record.reason:
                 return
             record.devices = backend.device_count()
+        except ApiVersionError as e:  # NativeLibrary refuses another major before binding anything
+            record.reason = _version_refusal(e.version, package, version)
+            return
         except Exception as e:
             record.reason = f"{_describe(e)}; reinstall with 'pip install --force-reinstall {package}' " \
                             f"or check the device driver"
@@ -174,6 +201,9 @@ class Registry:
             record.reason = f"the runtime reports 0 devices: {why}" if why else "the runtime reports 0 devices"
             return
         record.status = "loaded"
+        if split_version(native_version)[1] < abi.API_MINOR:
+            record.reason = (f"built for API {version_text(native_version)} (core: "
+                             f"{version_text(abi.API_VERSION)}): the slots added since are missing")
         current = self.backends.get(spec.name)
         if current is not None and current.priority >= spec.priority:
             record.status, record.reason = "shadowed", f"{current.package} has priority {current.priority}"
@@ -235,29 +265,75 @@ class Registry:
         return self.backend(device).host_addressable(device.index)
 
     def kernel(self, op: str, device_type: str):
-        """The kernel for (op, device type): a plugin's override, else the backend's; resolved once."""
+        """The kernel for (op, device type): a plugin's override, else the backend's, else the CPU fallback's."""
         return self.launcher(op, device_type)[0]
 
     def launcher(self, op: str, device_type: str) -> tuple[Callable, Callable]:
         """(kernel, fail): ``kernel(device_index, stream, *c_args) -> status`` and ``fail(status)``, which
-        raises the error for a non-zero status. Resolved once per (op, device type): the one kernel cache."""
+        raises the error for a non-zero status. Resolved once per (op, device type): the one kernel cache.
+        An op the device's backend lacks runs on the CPU backend (``llaisys.fallback``); where it cannot
+        (LLAISYS_FALLBACK=0, no CPU backend), NotSupportedError says why."""
         key = (op, device_type)
         found = self._kernels.get(key)
         if found is None:
-            override = self._overrides.get(key)
-            if override is not None:
-                found = (override.kernel, _override_failure(op, device_type))
-            else:
-                backend = self.backend(Device(device_type))
-                fn = backend.kernel(op)
-                if fn is None:
-                    raise LlaisysError(f"op '{op}' is not implemented by the '{device_type}' backend "
-                                       f"({self.backends[device_type].package})")
-                found = (fn, _backend_failure(backend, op))
-            if self.kernel_wrapper is not None:
-                found = (self.kernel_wrapper(op, device_type, found[0]), found[1])
+            found = self._resolve(op, device_type)
             self._kernels[key] = found
         return found
+
+    def _resolve(self, op: str, device_type: str) -> tuple[Callable, Callable]:
+        wrap = self.kernel_wrapper
+        found = self._own_kernel(op, device_type)
+        if found is not None:
+            return found if wrap is None else (wrap(op, device_type, found[0]), found[1])
+        refusal = self._no_fallback(op, device_type)
+        if refusal:
+            raise NotSupportedError(refusal)
+        from . import fallback
+
+        cpu = self._own_kernel(op, "cpu")
+        assert cpu is not None  # (_no_fallback checked it)
+        return fallback.launcher(self.backend(Device(device_type)), op, device_type, cpu[0], cpu[1], wrap)
+
+    def _own_kernel(self, op: str, device_type: str) -> tuple[Callable, Callable] | None:
+        """(kernel, fail) of a plugin's override of op on device_type, else of its backend; None if neither."""
+        override = self._overrides.get((op, device_type))
+        if override is not None:
+            return override.kernel, _override_failure(op, device_type)
+        backend = self.backend(Device(device_type))
+        fn = backend.kernel(op)
+        return None if fn is None else (fn, _backend_failure(backend, op))
+
+    def _no_fallback(self, op: str, device_type: str) -> str:
+        """Why op, which device_type's backend lacks, cannot run on the CPU backend instead ("" if it can)."""
+        from . import fallback
+
+        missing = f"op '{op}' is not implemented by the '{device_type}' backend ({self.backends[device_type].package})"
+        if device_type == "cpu":
+            return missing
+        if not fallback.enabled():
+            return f"{missing}, and {fallback.ENV}=0 forbids running it on the cpu backend"
+        if "cpu" not in self.backends:
+            return f"{missing}, and no cpu backend is loaded to run it instead ({self._why_missing('cpu')})"
+        if self._own_kernel(op, "cpu") is None:
+            return f"{missing}, nor by the cpu backend"
+        return ""
+
+    def op_source(self, op: str, device_type: str) -> str:
+        """Where op runs on device_type: "native", "override" (a plugin's kernel), "fallback" (the CPU
+        backend's kernel) or "unavailable"."""
+        if op not in OP_SLOTS:
+            raise LlaisysValueError(f"unknown op {op!r}; the op slots are {', '.join(OP_SLOTS)}")
+        if (op, device_type) in self._overrides:
+            return OVERRIDE
+        if self.backend(Device(device_type)).kernel(op) is not None:
+            return NATIVE
+        return UNAVAILABLE if self._no_fallback(op, device_type) else FALLBACK
+
+    def capabilities(self, device) -> dict[str, str]:
+        """Per op slot of llaisys.abi.OP_SLOTS, where it runs on ``device`` (``op_source``)."""
+        device = as_device(device)
+        self.backend(device)  # raises, saying why, for a device that is not there
+        return {op: self.op_source(op, device.type) for op in OP_SLOTS}
 
     def clear_kernels(self) -> None:
         """Forget the resolved kernels (``llaisys.ops`` drops its plans too: ``llaisys.ops.clear_plans``)."""
@@ -282,8 +358,34 @@ def _distribution_of(ep) -> tuple[str, str]:
     return dist.metadata["Name"], dist.version
 
 
+def _short(value) -> str:
+    """A value a plugin returned, as an error names it: its repr (cut short) and type."""
+    text = repr(value)
+    return f"{text[:40]}{'...' if len(text) > 40 else ''} (a {type(value).__name__})"
+
+
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
+
+
+def _version_refusal(found, package: str, version: str) -> str:
+    """Why a backend built for the backend API ``found`` (an ``api_version()`` value) cannot load ("" if it
+    can: the same major version), in one line naming both versions and what to rebuild."""
+    if isinstance(found, bool) or not isinstance(found, int):
+        return f"{package} {version} declares the backend API version {found!r}, not an int (llaisys.API_VERSION)"
+    major = split_version(found)[0]
+    if major == abi.API_MAJOR:
+        return ""
+    ours = version_text(abi.API_VERSION)
+    if major > abi.API_MAJOR:
+        remedy = (f"upgrade llaisys-core to a release that speaks API {major}.x, or install a {package} built for "
+                  f"API {abi.API_MAJOR}.x")
+    elif package in KNOWN_PACKAGES.values():
+        remedy = f"rebuild it against this llaisys-core: pip install --force-reinstall ./{package} (llaisys source tree)"
+    else:
+        remedy = f"rebuild {package} against llaisys-core {CORE_VERSION} (API {ours}) and reinstall it"
+    return (f"{package} {version} was built for the llaisys backend API {version_text(found)}, but llaisys-core "
+            f"{CORE_VERSION} speaks API {ours} (another major version: incompatible); {remedy}")
 
 
 def _no_device_reason(backend: Backend) -> str:
@@ -327,6 +429,13 @@ def available_devices() -> list[Device]:
 def why_no_device() -> str:
     """Why no device is available, in one line naming each plugin's state (for a "no device" error)."""
     return registry().why_no_device()
+
+
+def capabilities(device) -> dict[str, str]:
+    """Per op slot, where it runs on ``device``: "native" (its backend's kernel), "override" (a plugin's
+    kernel), "fallback" (the CPU backend's kernel: ``llaisys.fallback``) or "unavailable" (neither:
+    LLAISYS_FALLBACK=0, or no CPU backend)."""
+    return registry().capabilities(device)
 
 
 def backend_report() -> list[BackendRecord]:

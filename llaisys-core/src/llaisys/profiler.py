@@ -15,6 +15,10 @@ path is untouched: the profiler swaps timed kernels into the kernel cache on ent
 Calls made while a graph is being captured are not timed (they do not run then); replaying a graph is one
 call the profiler does not see (profile eagerly, e.g. with ``LLAISYS_GRAPHS=0``).
 
+An op that the device's backend lacks and the CPU backend runs instead (``llaisys.fallback``) shows as
+``<op> (cpu fallback)``, and the copies it makes where the host cannot address the device's memory as the
+rows ``fallback copy to host`` and ``fallback copy to device`` (each call's copies: one timed call).
+
 ``profile(trace="run.json")`` also records each call as an event of the Chrome Trace Event Format (open the
 file in https://ui.perfetto.dev or chrome://tracing) and writes them when the block ends; see ``llaisys.trace``.
 """
@@ -146,8 +150,10 @@ def _timed_kernels(prof: OpProfile, reg, shapes: bool):
     """The registry's kernel wrapper: each kernel resolved inside the block, timed (and traced)."""
     tracing = prof._recorder is not None
 
-    def timed(op: str, device_type: str, kernel):
+    def timed(op: str, device_type: str, kernel, row: str | None = None):
+        """``kernel`` timed under ``row`` (default: the op's name; the CPU fallback's parts have their own)."""
         sizes = _size_positions(op) if shapes or tracing else ()
+        name = row or op
 
         def run(device_index, *args):
             if getattr(_capture, "active", False):  # recorded into a graph, not run now
@@ -157,9 +163,9 @@ def _timed_kernels(prof: OpProfile, reg, shapes: bool):
             if not status and device_type != "cpu":
                 reg.backend(Device(device_type, device_index)).synchronize(device_index)
             seconds = time.perf_counter() - start
-            prof._add(f"{op} {'x'.join(str(args[i]) for i in sizes)}" if shapes and sizes else op, seconds)
+            prof._add(f"{name} {'x'.join(str(args[i]) for i in sizes)}" if shapes and sizes else name, seconds)
             if tracing:
-                prof._trace(op, "op", start, seconds, f"{device_type}:{device_index}", tuple(args[i] for i in sizes))
+                prof._trace(name, "op", start, seconds, f"{device_type}:{device_index}", tuple(args[i] for i in sizes))
             return status
         return run
     return timed

@@ -1,11 +1,12 @@
 /*
  * A minimal backend library for core's tests, built against llaisys/backend.h by the tests:
  *   cc -shared -fPIC -DLLAISYS_PREFIX=llaisys_fake -DFAKE_DEVICES=N [-DFAKE_PEER] [-DFAKE_MEM_INFO]
- *      [-DFAKE_OMIT_MEMCPY]
+ *      [-DFAKE_OMIT_MEMCPY] [-DFAKE_API_VERSION=V]
  * It exports only the required slots (plus memcpy_peer with FAKE_PEER, mem_info with FAKE_MEM_INFO:
  * a GPU-like 60 GiB free of 80 GiB; minus memcpy with FAKE_OMIT_MEMCPY) and no operator. Its "devices" keep their memory on the host but do not
  * say they are host-addressable, so core must move data through memcpy / memcpy_peer; each
- * copy is counted (fake_copies) so a test can see which path core took.
+ * copy is counted (fake_copies) so a test can see which path core took. FAKE_API_VERSION makes api_version()
+ * return V instead of the header's LLAISYS_API_VERSION: a library built for another version of the ABI.
  */
 #include <llaisys/backend.h>
 #include <stdlib.h>
@@ -13,6 +14,9 @@
 
 #ifndef FAKE_DEVICES
 #define FAKE_DEVICES 2
+#endif
+#ifndef FAKE_API_VERSION
+#define FAKE_API_VERSION LLAISYS_API_VERSION
 #endif
 
 static const char* g_last_error = "";
@@ -28,7 +32,7 @@ static int bad_device(int device) { return device < 0 || device >= FAKE_DEVICES;
 /* Not a slot: how many copies of `kind` (0..3) or peer copies (4) core asked for. */
 LLAISYS_VISIBLE long long fake_copies(int kind) { return g_copies[kind]; }
 
-int LLAISYS_FN(api_version)(void) { return LLAISYS_API_VERSION; }
+int LLAISYS_FN(api_version)(void) { return FAKE_API_VERSION; }
 const char* LLAISYS_FN(last_error)(void) { return g_last_error; }
 
 int LLAISYS_FN(device_count)(int* count) {

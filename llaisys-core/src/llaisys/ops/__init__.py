@@ -1,6 +1,6 @@
 """Operators: output first, validated here, executed by the tensor's backend."""
 
-from ._dispatch import implemented
+from ._dispatch import clear_plans, implemented
 from .elementwise import add, geglu_tanh, rearrange, scale, swiglu
 from .int8 import INT8_BLOCK_ROWS, INT8_GROUP, int8_shapes, pack_int8, unpack_int8
 from .masking import mask_logits
@@ -11,8 +11,8 @@ from .quant import QUANT_BLOCK_ROWS, QUANT_FORMATS, QUANT_GROUP, dequantize_quan
 from .sampling import LOGPROBS_MAX_K, argmax, logprobs, penalize_logits, sample
 
 __all__ = ["INT8_BLOCK_ROWS", "INT8_GROUP", "LOGPROBS_MAX_K", "QUANT_BLOCK_ROWS", "QUANT_FORMATS", "QUANT_GROUP", "add",
-           "argmax", "dequantize_quant", "embedding", "embedding_q", "geglu_tanh", "implemented", "int8_shapes",
-           "linear", "linear_i8", "linear_q", "logprobs", "mask_logits", "moe_combine", "moe_linear", "moe_linear_i8",
-           "moe_router", "pack_int8", "pack_quant", "paged_attention", "paged_kv_write", "penalize_logits",
-           "quant_shapes", "rearrange", "rms_norm", "rope", "rope_inv_freq", "sample", "scale", "self_attention",
-           "swiglu", "unpack_int8", "unpack_quant"]
+           "argmax", "clear_plans", "dequantize_quant", "embedding", "embedding_q", "geglu_tanh", "implemented",
+           "int8_shapes", "linear", "linear_i8", "linear_q", "logprobs", "mask_logits", "moe_combine", "moe_linear",
+           "moe_linear_i8", "moe_router", "pack_int8", "pack_quant", "paged_attention", "paged_kv_write",
+           "penalize_logits", "quant_shapes", "rearrange", "rms_norm", "rope", "rope_inv_freq", "sample", "scale",
+           "self_attention", "swiglu", "unpack_int8", "unpack_quant"]

@@ -6,13 +6,14 @@ hashes identities) and remembers the result as a *plan*: the kernel, its failure
 device and the C arguments that follow from the layouts (dtype code, sizes). A later call
 with the same layouts looks the plan up, checks what differs per call (pointer overlap,
 scalars) and calls the kernel. Kernels come from the registry, resolved once per (op,
-device type): the one kernel cache.
+device type): the one kernel cache. An op the device's backend lacks resolves to the CPU
+fallback (``llaisys.fallback``), so the frontends never tell the two apart.
 """
 
 from __future__ import annotations
 
 from ..device import as_device
-from ..errors import LlaisysError
+from ..errors import BackendUnavailableError, NotSupportedError
 from ..plugins import registry
 from ..stream import current_stream_handle
 
@@ -48,17 +49,20 @@ def _nothing(*args) -> int:
 
 
 def clear_plans() -> None:
-    """Forget every plan and resolved kernel (after kernels were replaced, e.g. in a benchmark's stubs)."""
+    """Forget every plan and resolved kernel (after kernels were replaced, e.g. in a benchmark's stubs, or
+    LLAISYS_FALLBACK changed)."""
     registry().clear_kernels()
     for plans in _all_plans:
         plans.clear()
 
 
 def implemented(op: str, device) -> bool:
-    """Whether ``device``'s backend has a kernel for ``op`` (so a caller can refuse, or choose another
-    device, before a model runs instead of failing at its first call)."""
+    """Whether ``op`` runs on ``device``: its backend's kernel, a plugin's override, or the CPU backend's
+    kernel where the backend lacks it (``llaisys.fallback``; not with LLAISYS_FALLBACK=0). A caller can
+    refuse, or choose another device, before a model runs instead of failing at its first call;
+    ``llaisys.capabilities(device)`` tells which of the three it is."""
     try:
         registry().launcher(op, as_device(device).type)
-    except LlaisysError:
+    except (NotSupportedError, BackendUnavailableError):  # (a bad LLAISYS_FALLBACK value still raises)
         return False
     return True

@@ -27,8 +27,8 @@
  *   - [required] slots must be exported, or the library fails to load.
  *     [optional] slots may be missing: core reports the capability as "not
  *     supported" and never fails to load because of it.
- *     [op] slots are operators: a missing one is reported as "op not implemented by
- *     this backend" when first used.
+ *     [op] slots are operators: a missing one runs on the CPU backend (see "Partial backends"
+ *     below), or is reported as "op not implemented by this backend" when first used where it cannot.
  *   - Operators: core has validated every argument (devices, dtypes, shapes,
  *     contiguity, aliasing, sizes that fit the buffers) before the call; kernels trust
  *     them and do no per-call re-validation. The one exception is data that only the
@@ -45,8 +45,35 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Bumped on any incompatible change to a slot, a code or a signature below. */
-#define LLAISYS_API_VERSION 6
+/* ABI version, major.minor. A library's api_version() returns LLAISYS_API_VERSION, major * 1000 + minor, of
+ * the header it was compiled with (a library built before minors existed returns its plain major, e.g. 6,
+ * which core reads as 6.0). Core loads a library of its own major, whatever its minor:
+ *   - built for an older minor, the library lacks the slots added since: core treats every slot added after
+ *     the library's minor as missing, even where the library exports a function of that name (an [optional]
+ *     capability is "not supported"; an [op] runs on the CPU backend, see "Partial backends" below);
+ *   - built for a newer minor, it may export slots this core does not know: core ignores them.
+ * A library of another major is refused with a one-line reason naming both versions and what to rebuild.
+ *
+ * Compatible changes: bump LLAISYS_API_VERSION_MINOR and list the slot below (and in llaisys.abi.SLOT_SINCE):
+ *   - a new [optional] or [op] slot (slots are exported by name: where it is declared does not matter);
+ *   - a new value at the end of an enum whose unknown values a library refuses (dtype, qformat, device
+ *     attribute codes: LLAISYS_NOT_SUPPORTED), so an older library reports it instead of misreading it.
+ * Breaking changes: bump LLAISYS_API_VERSION_MAJOR, set the minor to 0 and empty the list below:
+ *   - a changed signature of a slot, or a changed meaning, layout or contract of an argument or a result
+ *     (e.g. 5 -> 6: the q6_k blocks of linear_q reordered);
+ *   - a removed or renamed slot, a removed or renumbered code;
+ *   - a new [required] slot, or an [optional] / [op] slot made required.
+ *
+ * Slots added in a minor version of this major (each line "  <major>.<minor>: slot, slot"):
+ *   (none yet: every slot below exists since 6.0)
+ *
+ * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
+ * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
+ * (LLAISYS_ATTR_HOST_ADDRESSABLE, after synchronizing the op's stream), else on host copies of its buffers
+ * (memcpy D2H, the CPU kernel, memcpy H2D of the buffers it writes). LLAISYS_FALLBACK=0 makes it an error. */
+#define LLAISYS_API_VERSION_MAJOR 6
+#define LLAISYS_API_VERSION_MINOR 0
+#define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
 #define LLAISYS_UNIQUE_ID_BYTES 128
@@ -132,7 +159,7 @@ typedef enum llaisys_device_attr {
 
 /* ---- identity ------------------------------------------------------------------------------ */
 
-/* [required] LLAISYS_API_VERSION as compiled into the library; core refuses a mismatch. */
+/* [required] LLAISYS_API_VERSION as compiled into the library; core refuses another major (see above). */
 LLAISYS_REQUIRED int LLAISYS_FN(api_version)(void);
 
 /* [required] The message of this thread's last failed call ("" if none). Valid until the next call. */
@@ -277,7 +304,9 @@ LLAISYS_OPTIONAL int LLAISYS_FN(comm_broadcast)(int device, void* stream, void* 
 
 /* ---- operators ------------------------------------------------------------------------------ */
 /* Every operator: int <prefix>_<op>(int device, void* stream, ...). Tensors are contiguous unless a
- * stride argument says otherwise; [a, b] is a shape; `dtype` is the dtype of the floating tensors. */
+ * stride argument says otherwise; [a, b] is a shape; `dtype` is the dtype of the floating tensors.
+ * A `void*` buffer is one the op may write, a `const void*` one it only reads: core's CPU fallback copies
+ * back the former only (llaisys.buffers gives each buffer's bytes from the other arguments). */
 
 /* [op] c = a + b over n elements. c may be a or b (exactly); no other overlap. */
 LLAISYS_OP int LLAISYS_FN(add)(int device, void* stream, int dtype, int64_t n, void* c, const void* a,
