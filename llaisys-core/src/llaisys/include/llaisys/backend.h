@@ -538,7 +538,9 @@ LLAISYS_OP int LLAISYS_FN(linear_q)(int device, void* stream, int dtype, int fmt
 /* [op] Embedding from block-quantized weights: out [n, dim] (`dtype`) row i = row index[i] (int64) of the
  * [vocab, dim] matrix in format `fmt` (blocks as for linear_q, K = dim), each weight computed in f32 as the
  * format's formula says (as ggml's dequantize_row_* computes it) and rounded once. An index outside [0, vocab)
- * is LLAISYS_INVALID_ARGUMENT naming it, and nothing is written. out shares no memory with the other buffers. */
+ * is LLAISYS_INVALID_ARGUMENT naming it, never a read outside weight; as for embedding, the rows of the valid
+ * indices may have been written (an accelerator finds the bad index while it writes the others, and reports it
+ * at the next synchronizing call). out shares no memory with the other buffers. */
 LLAISYS_OP int LLAISYS_FN(embedding_q)(int device, void* stream, int dtype, int fmt, int64_t n_index, int64_t dim,
                                        int64_t vocab, void* out, const void* index, const void* weight,
                                        const void* scales);
