@@ -4,10 +4,10 @@ SIMD path of the CPU backend."""
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 SHAPES = [(1,), (3,), (17,), (4097,), (2, 3, 5), (1, 1536), (512, 1536)]
 SMALL_SHAPES = [(1,), (3,), (17,), (4097,), (7, 1536)]

@@ -3,10 +3,10 @@
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, to_torch
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 SIZES = [1, 3, 17, 31, 32, 33, 4097, 151936]
 NAN, INF = float("nan"), float("inf")

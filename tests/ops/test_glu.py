@@ -5,10 +5,11 @@ import math
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers.references.glu import gelu_tanh
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 SHAPES = [(1,), (3,), (17,), (4097,), (1, 8960), (64, 8960)]
 SMALL_SHAPES = [(1,), (3,), (17,), (4097,), (2, 8960)]
@@ -16,13 +17,6 @@ SMALL_SHAPES = [(1,), (3,), (17,), (4097,), (2, 8960)]
 
 def silu(gate):
     return gate / (1 + torch.exp(-gate))
-
-
-def gelu_tanh(gate):
-    """torch's F.gelu(approximate="tanh"), gate / 2 * (1 + tanh(z)) with z = sqrt(2 / pi) (gate + 0.044715 gate^3),
-    in float64 as gate * sigmoid(2 z): the same function, without 1 + tanh(z)'s cancellation (in float64 it is 0
-    from z < -19 on, where the value is still ~1e-16 of the gate)."""
-    return gate * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3))
 
 
 GLUS = {"swiglu": silu, "geglu_tanh": gelu_tanh}

@@ -11,10 +11,10 @@ Every output is computed in one fixed order, so a row's result never depends on 
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_in_child, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers.simd_paths import LEVELS, run_in_child, skip_unless_level_available
 
 # (M, N, K): odd sizes 1, 3, 17, 4097 on every axis (not every combination), M past the tiles' rows and the
 # chunks of x rows that stay in cache (2 MiB of x: K = 40000 makes chunks of 12 rows of f32, 24 of bf16);

@@ -8,20 +8,17 @@ the batch). moe_combine: the weighted sum of the k expert outputs of a row.
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_in_child, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers.references.moe import bits, random_experts
+from helpers.simd_paths import LEVELS, run_in_child, skip_unless_level_available
 
 # (M, E, k): Mixtral's 8 / top 2, Qwen3-MoE's 128 / top 8, 64 / top 8, k = E, k = 1, odd sizes
 ROUTER_SHAPES = [(1, 8, 2), (17, 8, 2), (5, 128, 8), (64, 64, 8), (3, 3, 3), (4, 17, 1), (1, 1, 1)]
 # (M, k, E, N, K): odd sizes, rows past the tiles (rows per expert > 4), long K, many experts few selected
 LINEAR_SHAPES = [(1, 2, 8, 17, 33), (1, 8, 64, 40, 300), (5, 2, 8, 64, 100), (17, 2, 4, 33, 129),
                  (3, 1, 3, 1, 1), (9, 4, 6, 70, 4097), (40, 8, 16, 24, 64), (2, 3, 5, 4097, 17)]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 def router_reference(logits: torch.Tensor, k: int, normalize: bool):
@@ -46,11 +43,6 @@ def check_router(shape, dtype, normalize, device="cpu", seed=0):
     want_experts, want_weights = router_reference(ref, k, normalize)
     assert torch.equal(experts, want_experts), f"{shape}: experts {experts.tolist()} != {want_experts.tolist()}"
     assert_close(weights, want_weights)
-
-
-def random_experts(m: int, k: int, e: int, g: torch.Generator) -> torch.Tensor:
-    """k distinct experts per row (as a router picks them), in random order."""
-    return torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(m)]) if m else torch.zeros(0, k).long()
 
 
 def check_linear(shape, dtype, per_slot, device="cpu", seed=0):

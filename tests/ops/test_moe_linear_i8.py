@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_linear_i8 import check_int8_outputs, quantize_weight
-from test_moe import bits, random_experts
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, from_torch, nan_filled, skip_without_kernels, to_torch
+from helpers.references.int8 import check_int8_outputs, quantize_weight
+from helpers.references.moe import bits, random_experts
 
 # tests that run on a device whose backend lacks the kernel (CUDA so far)
 WITHOUT_THE_KERNEL = {"test_moe_linear_i8_is_refused_where_not_implemented", "test_moe_linear_i8_rejects_bad_arguments"}

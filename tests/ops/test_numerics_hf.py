@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import llaisys
 from helpers import TORCH_DTYPES, from_torch, nan_filled, rope_table, to_torch
+from helpers.references.numerics_hf import hf_rope
 
 HALF_DTYPES = [llaisys.float16, llaisys.bfloat16]
 MANTISSA_BITS = {llaisys.float16: 10, llaisys.bfloat16: 7}
@@ -48,20 +49,6 @@ def rand(shape, dtype, gen, scale=1.0):
 
 
 # ---- rope ---------------------------------------------------------------------------------------------
-
-def hf_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """HF's Qwen2RotaryEmbedding + apply_rotary_pos_emb on x [seq, heads, d] in x's dtype."""
-    from transformers import Qwen2Config
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
-
-    seq, heads, d = x.shape
-    config = Qwen2Config(hidden_size=d * heads, num_attention_heads=heads, head_dim=d, rope_theta=theta,
-                         max_position_embeddings=1 << 20)
-    rotary = Qwen2RotaryEmbedding(config)
-    xt = x.permute(1, 0, 2)[None]  # [1, heads, seq, d], HF's layout
-    cos, sin = rotary(xt, pos[None])
-    out, _ = apply_rotary_pos_emb(xt, xt, cos, sin)
-    return out[0].permute(1, 0, 2).contiguous()
 
 
 ROPE_CASES = [  # (seq, heads, head_dim, theta, largest position)

@@ -16,12 +16,12 @@ import re
 import numpy as np
 import pytest
 import torch
-from child_process import run_in_child
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
-from test_self_attention import reference  # float64 causal GQA attention
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, skip_without_kernels, to_torch
+from helpers.child_process import run_in_child
+from helpers.references.attention import reference  # float64 causal GQA attention
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 
 @pytest.fixture(autouse=True)

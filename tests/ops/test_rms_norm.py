@@ -4,10 +4,10 @@ an f32 weight for f16 / bf16 x) HF's Gemma3RMSNorm."""
 
 import pytest
 import torch
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 SHAPES = [(1, 1), (3, 3), (1, 17), (2, 4097), (1, 1536), (4, 1536), (2, 5, 64)]
 SMALL_SHAPES = [(1, 1), (3, 3), (2, 17), (1, 4097), (3, 1536)]

@@ -13,39 +13,20 @@ positions near 1e5 use 2e-2, as DESIGN §6 says.
 import numpy as np
 import pytest
 import torch
-from simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 import llaisys
 from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, rope_table, to_torch
+from helpers.references.rope import hf_angles, rotate
+from helpers.simd_paths import LEVELS, run_under_simd, skip_unless_level_available
 
 EXACT_TOL = {llaisys.float32: 1e-4, llaisys.float16: 1e-3, llaisys.bfloat16: 1e-2}  # small positions
 # (seq, heads, head_dim): odd sizes (half = 1, 3, 17, 2049 exercise the vector tails) and Qwen2 heads
 SHAPES = [(1, 1, 2), (3, 1, 6), (17, 3, 34), (3, 1, 4098), (1, 12, 128), (1, 2, 128), (33, 2, 128), (5, 4, 64)]
 
 
-def inv_freq_f32(head_dim: int, theta: float) -> np.ndarray:
-    """HF: 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)), each step rounded to f32."""
-    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-    power = np.power(np.float64(np.float32(theta)), exponent.astype(np.float64)).astype(np.float32)
-    return np.float32(1.0) / power
-
-
-def rotate(x, angles):
-    """x [seq, heads, d] (float64) rotated by angles [seq, d/2] (float64), half-split layout."""
-    half = x.shape[-1] // 2
-    c, s = angles.cos()[:, None, :], angles.sin()[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
-
-
 def exact_angles(pos, head_dim, theta):
     j = torch.arange(head_dim // 2, dtype=torch.float64)
     return pos.to(torch.float64)[:, None] / theta ** (2 * j / head_dim)
-
-
-def hf_angles(pos, head_dim, theta):
-    inv = torch.from_numpy(inv_freq_f32(head_dim, theta))
-    return (pos.to(torch.float32)[:, None] * inv[None, :]).to(torch.float64)
 
 
 def run_rope(x, pos, theta, dtype, device, out=None):

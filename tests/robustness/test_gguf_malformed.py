@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 MEMORY_CAP = 3 << 30  # address space of the child: far above what a tiny model needs, far below a runaway plan
-MODELS_TESTS = Path(__file__).resolve().parent.parent / "models"  # gguf_files.py
+TESTS = Path(__file__).resolve().parent.parent  # helpers/gguf_files.py is under it
 HUGE = 2 ** 40
 
 CHILD = textwrap.dedent("""
@@ -27,7 +27,7 @@ CHILD = textwrap.dedent("""
     from gguf import GGUFValueType as V
     import llaisys, llaisys_models
     from llaisys_models.loading.gguf.reader import GGUFFile
-    from gguf_files import write_tiny_gguf
+    from helpers.gguf_files import write_tiny_gguf
 
     root, huge = Path(sys.argv[1]), int(sys.argv[3])
 
@@ -74,7 +74,7 @@ def cap_memory():
 
 
 def test_hostile_sizes_and_header_fuzz(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(MODELS_TESTS), str(HUGE)],
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(TESTS), str(HUGE)],
                           capture_output=True, text=True, timeout=600, preexec_fn=cap_memory)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, f"the child died ({proc.returncode}) after {lines[-1:]}: {proc.stderr[-3000:]}"

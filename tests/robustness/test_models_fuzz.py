@@ -15,10 +15,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from child_process import run_in_child
 
 import llaisys
 import llaisys_models
+from helpers.child_process import run_in_child
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 MEMORY_CAP = 3 << 30  # address space of the child: far above what the demo needs, far below a runaway plan

@@ -13,9 +13,9 @@ import shutil
 import signal
 
 import pytest
-from child_process import run_in_child
 
 import llaisys_models
+from helpers.child_process import run_in_child
 
 DEMO = llaisys_models.DEMO_MODEL_DIR
 

@@ -4,7 +4,8 @@ import os
 import subprocess
 
 import pytest
-from child_process import run_in_child
+
+from helpers.child_process import run_in_child
 
 llaisys_backend_cpu = pytest.importorskip("llaisys_backend_cpu")
 

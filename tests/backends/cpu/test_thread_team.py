@@ -14,10 +14,10 @@ import os
 import queue as queues
 
 import numpy as np
-from child_process import run_in_child
 
 import llaisys
 from helpers import run_in_threads
+from helpers.child_process import run_in_child
 
 # large enough that every kernel below runs on the team (linear: M*N*K >= 2^16; argmax: >= 1M elements;
 # rms_norm: rows * dim >= 2^15)

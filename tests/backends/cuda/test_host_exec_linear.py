@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice
-from ops.test_linear_i8 import quantize_weight, quantize_x
-from simd_paths import cpu_simd_level
-from test_host_exec_ops import CODE, DTYPES, check, dtype_ids, randn
 
 import llaisys
 from helpers import from_torch, to_torch
+from helpers.host_exec_ops import CODE, DTYPES, check, dtype_ids, randn
+from helpers.references.int8 import quantize_weight, quantize_x
+from helpers.simd_paths import cpu_simd_level
 
 pytestmark = pytest.mark.slow
 HALF_DTYPES = [torch.float16, torch.bfloat16]

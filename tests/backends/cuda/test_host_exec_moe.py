@@ -7,7 +7,8 @@ the weighted combine, and an expert id out of range reported at the next synchro
 import pytest
 import torch
 from host_exec.device import SlotError
-from test_host_exec_ops import CODE, DTYPES, check, dtype_ids, randn
+
+from helpers.host_exec_ops import CODE, DTYPES, check, dtype_ids, randn
 
 pytestmark = pytest.mark.slow
 

@@ -13,38 +13,19 @@ import numpy as np
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
-from ops.test_glu import gelu_tanh
-from ops.test_logprobs import reference as logprobs_reference
-from ops.test_numerics_hf import hf_rope
-from ops.test_penalize_logits import entries
-from ops.test_penalize_logits import reference as penalty_reference
-from ops.test_rope import hf_angles, rotate
-from ops.test_sample import reference_token
-from ops.test_self_attention import reference as attention_reference
 
 import llaisys
+from helpers.host_exec_ops import CODE, DTYPES, check, dtype_ids, randn
+from helpers.references.attention import reference as attention_reference
+from helpers.references.glu import gelu_tanh
+from helpers.references.logprobs import reference as logprobs_reference
+from helpers.references.numerics_hf import hf_rope
+from helpers.references.penalize_logits import entries
+from helpers.references.penalize_logits import reference as penalty_reference
+from helpers.references.rope import hf_angles, rotate
+from helpers.references.sample import reference_token
 
 pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
-CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-dtype_ids = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-
-
-def check(got: torch.Tensor, want: torch.Tensor, dtype, tol=None):
-    """|got - want| <= tol (1 + |want|), want (float64) rounded to dtype first."""
-    tol = TOL[dtype] if tol is None else tol
-    got = got.to(torch.float64)
-    want = want.to(dtype).to(torch.float64)
-    assert got.shape == want.shape
-    assert not torch.isnan(got).any() or torch.isnan(want).any(), "NaN in the output (unwritten elements?)"
-    bad = (got - want).abs() > tol + tol * want.abs()
-    assert not bad.any(), f"{int(bad.sum())}/{bad.numel()} differ; max err {(got - want).abs().max():.3g}"
-
-
-def randn(shape, dtype, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
 # ---- element-wise ------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ per group of 32, exact integer dots, f32 scales) and ggml's values (dequantize_q
 import numpy as np
 import pytest
 import torch
-from ops.test_linear_q import K_FORMATS, contract_reference, random_blocks
 
 import llaisys
+from helpers.references.linear_q import K_FORMATS, contract_reference, random_blocks
 
 pytestmark = pytest.mark.slow  # compiles the CUDA sources under ASan for host execution (cached; minutes of CPU)
 CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -13,10 +13,10 @@ test_host_exec_ops.py, capture and replay in test_host_exec_runtime.py.
 import pytest
 import torch
 from host_exec.device import HostExecDevice, SlotError
-from test_host_exec_ops import CODE
 
 import llaisys
 from helpers import from_torch
+from helpers.host_exec_ops import CODE
 
 pytestmark = pytest.mark.slow
 VOCAB = 151936

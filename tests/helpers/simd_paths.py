@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent.parent  # tests/ (this file is in tests/helpers/)
+
 LEVELS = ["portable", "avx2", "avx512"]
 
 
@@ -34,8 +36,8 @@ def run_in_child(module_name: str, env_extra: dict, call: str, expect_level: str
     module_file = Path(sys.modules[module_name].__file__)
     here = module_file.parent
     env = {**os.environ, **env_extra,
-           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    check = (f"from simd_paths import cpu_simd_level as level; assert level() == {expect_level!r}, level(); "
+           "PYTHONPATH": os.pathsep.join([str(here), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    check = (f"from helpers.simd_paths import cpu_simd_level as level; assert level() == {expect_level!r}, level(); "
              if expect_level else "")
     code = f"import {module_file.stem} as t; {check}{call}"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

@@ -2,7 +2,7 @@
 however the test runner itself was started.
 
 ``run_in_child(function, *args)`` runs a module-level function of a test module in a new Python process
-(``python -m child_process MODULE FUNCTION ARGS...``): for what must not share the runner's process (a crash,
+(``python tests/helpers/child_process.py MODULE FUNCTION ARGS...``): for what must not share the runner's process (a crash,
 a memory cap, environment read at import, a thread count fixed at start-up). The child's code is an ordinary
 function, which ruff reads and a reader can follow, instead of a string of code.
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent  # tests/ (this file is in tests/helpers/)
 SIGNALS_SENT = (signal.SIGINT, signal.SIGTERM)  # what tests send to their children
 
 
@@ -43,7 +43,8 @@ def run_in_child(function, *args, env: dict | None = None, **kwargs) -> subproce
     module = sys.modules[function.__module__]
     path = [str(TESTS), str(Path(module.__file__).resolve().parent), (env or os.environ).get("PYTHONPATH", "")]
     environ = {**(os.environ if env is None else env), "PYTHONPATH": os.pathsep.join(filter(None, path))}
-    command = [sys.executable, "-m", "child_process", module.__name__, function.__name__, *map(str, args)]
+    # run as a script, not ``-m helpers.child_process``: importing the helpers package would import torch first
+    command = [sys.executable, str(Path(__file__).resolve()), module.__name__, function.__name__, *map(str, args)]
     return subprocess.run(command, env=environ, capture_output=True, text=True, **kwargs)
 
 
