@@ -203,7 +203,9 @@ def test_llaisys_devices_lists_the_ops_that_fall_back(partial, capsys):
 def test_every_op_test_passes_through_the_fallback(c_compiler, host):
     """tests/ops on the partial device: every op but add and embedding through the fallback, against the same
     references (outputs start as NaN, so a buffer copied back short shows; the device-memory build refuses
-    a copy past an allocation, so one copied long fails)."""
+    a copy past an allocation, so one copied long fails). The command docs/backends.md shows (the device-memory
+    build): PYTHONPATH=tests/core LLAISYS_PARTIAL_HOST=0 python -m pytest -p partial_backend tests/ops
+    --backend=partial"""
     env = {**os.environ, "LLAISYS_PARTIAL_HOST": host, "LLAISYS_FALLBACK": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "partial_backend", "tests/ops", "--backend=partial",

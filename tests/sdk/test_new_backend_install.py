@@ -1,20 +1,26 @@
 """End to end: a backend made by `llaisys new-backend`, installed by pip, found by llaisys, running the demo model
 and passing the conformance suite for its native ops.
 
-Every shell command that docs/backends.md and the generated README.md show is in DOC_COMMANDS (a fast test
-below checks that the two lists agree), and each test runs its command from there: the doc's words, with the
-device type demo_dev where the doc says mydev, plus only what keeps the test apart from the environment it
-runs in. That is the install: `pip install` gets `--no-deps --target SITE`, a folder of its own that the child
-processes have on PYTHONPATH, instead of the shared virtual environment, where demo_dev would become every
-other test process's best device while it is there (and would stay if this process died).
+Every shell command of the blocks of docs/backends.md marked `<!-- run by tests/sdk/test_new_backend_install.py -->`
+and of the generated README.md is in DOC_COMMANDS (a fast test below checks that the two agree, reading the
+fenced blocks with the docs test's parser, tests/helpers/doc_blocks.py), and each test runs its command from
+there: the doc's words, with the device type demo_dev where the doc says mydev, plus only what keeps the test
+apart from the environment it runs in. That is the install: `pip install` gets `--no-deps --target SITE`, a
+folder of its own that the child processes have on PYTHONPATH, instead of the shared virtual environment, where
+demo_dev would become every other test process's best device while it is there (and would stay if this process
+died).
 
     llaisys new-backend mydev                                              the package fixture
     python -m pip install --no-build-isolation ./llaisys-backend-mydev     the env fixture (+ --no-deps --target)
     llaisys devices                                                        test_llaisys_devices_lists_it
     llaisys check-backend mydev                                            test_check_backend_passes_its_native_ops
     llaisys generate --device mydev --prompt "1234+5678="                  test_the_demo_model_runs_on_it
+    LLAISYS_FALLBACK=0 llaisys generate ...                                test_the_demo_model_needs_the_fallback
     cd llaisys-backend-mydev; python -m pytest tests                       test_the_generated_tests_pass
     python -m pip wheel ... ; auditwheel repair ...                        test_the_wheel_builds_and_repairs
+
+The doc's one Python block marked for this test is the generated tests/test_conformance.py (the fast test checks
+that too), which test_the_generated_tests_pass runs.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.doc_blocks import Block, blocks
+from helpers.doc_runner import SHELL_LANGS, raw_commands, split_env
 from llaisys import new_backend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,29 +47,38 @@ OPS_SHOWN = (*NATIVE_OPS, "rope", "embedding")  # the rows of check-backend's ta
 BIN = Path(sys.executable).parent  # the environment's python, llaisys and (in nox sessions) auditwheel
 WHEEL = "llaisys_backend_mydev-0.1.0-py3-none-linux_x86_64.whl"
 
-# The shell commands of docs/backends.md and of the generated README.md, as they write them.
+THIS = Path(__file__).resolve().relative_to(REPO).as_posix()  # what the doc's `run by` markers name
+
+# The shell commands of docs/backends.md (its blocks run by this test) and of the generated README.md, as they
+# write them.
 DOC_COMMANDS = [
     "llaisys new-backend mydev",
     "python -m pip install --no-build-isolation ./llaisys-backend-mydev",
     "llaisys devices",
     "llaisys check-backend mydev",
     'llaisys generate --device mydev --prompt "1234+5678="',
+    'LLAISYS_FALLBACK=0 llaisys generate --device mydev --prompt "1234+5678="',
     "cd llaisys-backend-mydev",
     "python -m pytest tests",
     "python -m pip wheel --no-build-isolation --no-deps --wheel-dir dist ./llaisys-backend-mydev",
     f"auditwheel repair --wheel-dir wheelhouse dist/{WHEEL}",
 ]
-# A line of a code block that is a command: programs a reader would type, after any VAR=value settings
-SHELL_LINE = re.compile(r"(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:llaisys|python3?|pip|cd|auditwheel|nox|pytest|export)\s")
 
 
 def doc_command(text: str) -> list[str]:
-    """A command of DOC_COMMANDS as this test runs it: for demo_dev, with this environment's executables."""
+    """A command of DOC_COMMANDS as this test runs it: for demo_dev, with this environment's executables (the
+    VAR=value settings before it: ``doc_env``)."""
     assert text in DOC_COMMANDS, text
-    words = shlex.split(text.replace("mydev", NAME))
+    words = split_env(shlex.split(text.replace("mydev", NAME)))[1]
     if words[0] == "python":
         return [sys.executable, *words[1:]]
     return [str(BIN / words[0]) if (BIN / words[0]).exists() else words[0], *words[1:]]
+
+
+def doc_env(text: str) -> dict[str, str]:
+    """The VAR=value settings a command of DOC_COMMANDS starts with."""
+    assert text in DOC_COMMANDS, text
+    return split_env(shlex.split(text))[0]
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -73,22 +90,32 @@ def ok(result: subprocess.CompletedProcess) -> str:
     return result.stdout
 
 
-def shown_commands(markdown: str) -> set[str]:
-    """The shell commands of a markdown text's indented code blocks (without trailing # comments)."""
-    found = set()
-    for line in markdown.splitlines():
-        if line.startswith("    ") and SHELL_LINE.match(line.strip()):
-            found.add(re.sub(r"\s+#.*$", "", line.strip()))
-    return found
+def shown_commands(found: list[Block]) -> set[str]:
+    """The commands of the shell blocks among ``found``, as written (without trailing # comments)."""
+    return {command for block in found if block.lang in SHELL_LANGS for command in raw_commands(block.text)}
 
 
-def test_every_command_the_docs_show_is_run_here():
-    """docs/backends.md and the README that new-backend writes (for mydev) show exactly DOC_COMMANDS (fast)."""
-    doc = shown_commands((REPO / "docs" / "backends.md").read_text())
-    readme_template = (new_backend.TEMPLATE / "README.md.tmpl").read_text()
-    readme = shown_commands(new_backend.render(readme_template, new_backend.substitutions("mydev")))
-    assert doc | readme == set(DOC_COMMANDS), (sorted((doc | readme) - set(DOC_COMMANDS)),
-                                                sorted(set(DOC_COMMANDS) - (doc | readme)))
+def rendered(template: str, tmp_path: Path) -> Path:
+    """A file of the package new-backend writes for mydev, rendered from its template into ``tmp_path``."""
+    path = tmp_path / template.removesuffix(".tmpl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new_backend.render((new_backend.TEMPLATE / template).read_text(),
+                                       new_backend.substitutions("mydev")))
+    return path
+
+
+def test_every_command_the_docs_show_is_run_here(tmp_path):
+    """The blocks of docs/backends.md marked `run by` this test and the README that new-backend writes (for mydev)
+    show exactly DOC_COMMANDS; the doc's Python block marked so is the generated tests/test_conformance.py (fast)."""
+    ours = [b for b in blocks(REPO / "docs" / "backends.md")[0] if b.run_by == THIS]
+    readme = blocks(rendered("README.md.tmpl", tmp_path))[0]
+    assert readme and all(b.lang in SHELL_LANGS for b in readme), [(b.where, b.lang) for b in readme]
+    shown = shown_commands(ours) | shown_commands(readme)
+    assert shown == set(DOC_COMMANDS), (sorted(shown - set(DOC_COMMANDS)), sorted(set(DOC_COMMANDS) - shown))
+    python = [b for b in ours if b.lang == "python"]
+    assert len(python) == 1 and len(ours) == len(python) + len([b for b in ours if b.lang in SHELL_LANGS]), \
+        [(b.where, b.lang) for b in ours]
+    assert python[0].text in rendered("tests/test_conformance.py.tmpl", tmp_path).read_text()
 
 
 # -- the run (slow) ----------------------------------------------------------------------------------------
@@ -158,8 +185,8 @@ def test_the_demo_model_runs_on_it(env, work):
 def test_the_demo_model_needs_the_fallback(env, work):
     """The run above went through demo_dev: without the CPU fallback (LLAISYS_FALLBACK=0) it is refused in one
     line that names ops the template lacks, and none of the three it has."""
-    result = run(doc_command('llaisys generate --device mydev --prompt "1234+5678="'), work,
-                 {**env, "LLAISYS_FALLBACK": "0"})
+    command = 'LLAISYS_FALLBACK=0 llaisys generate --device mydev --prompt "1234+5678="'
+    result = run(doc_command(command), work, {**env, **doc_env(command)})
     err = result.stderr
     assert result.returncode != 0 and err.startswith("llaisys: error:") and err.count("\n") == 1, err
     assert "'demo_dev'" in err and "embedding" in err, err
