@@ -64,7 +64,8 @@ HF_FIELDS = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.w
 
 def gguf_name(hf_name: str) -> str:
     """model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight (llaisys' own name table)."""
-    from llaisys_models.loading.gguf.weights import LAYER_NAMES, TOP_NAMES
+    from llaisys_models.families.family import GGUF_TOP as TOP_NAMES
+    from llaisys_models.families.family import LLAMA_CPP_TENSORS as LAYER_NAMES
 
     top = {"model.embed_tokens.weight": "embed_tokens", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
     if hf_name in top:
@@ -92,11 +93,11 @@ def encode(values: np.ndarray, qtype, rng) -> np.ndarray:
 def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
     import gguf
 
-    from llaisys_models.families.config import ModelConfig
+    from llaisys_models.loading.loader import config_file
     from llaisys_models.loading.safetensors import Checkpoint
 
     qtype = gguf.GGMLQuantizationType[type_name]
-    c = ModelConfig.from_file(model_dir)
+    c = config_file(model_dir)
     ckpt = Checkpoint(model_dir)
     writer = gguf.GGUFWriter(path, "qwen2")
     writer.add_name(f"{model_dir.name} ({type_name})")

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "models"), str(ROOT / "tests" / "demo"), str(ROOT / "tests")]
 
 from test_demo_model import addition_problems, answer  # noqa: E402
-
 from tiny_models import SPECS, TinyModels  # noqa: E402
 
 

@@ -53,14 +53,15 @@ def affine_int4(w: np.ndarray) -> np.ndarray:
 def quantizer_errors() -> None:
     import llaisys
     import llaisys_models
-    from llaisys_models.families.config import ModelConfig
+    from llaisys_models.families.registry import FAMILIES
     from llaisys_models.loading import quantize as q
+    from llaisys_models.loading.loader import config_file
     from llaisys_models.loading.safetensors import Checkpoint
     from llaisys_models.loading.weights import plan
 
-    config = ModelConfig.from_file(llaisys_models.DEMO_MODEL_DIR)
+    config = config_file(llaisys_models.DEMO_MODEL_DIR)
     checkpoint = Checkpoint(llaisys_models.DEMO_MODEL_DIR, mapped=True)
-    _, layers = plan(config)
+    _, layers = plan(config, FAMILIES[config.architecture])
     rows = {"q4_0 (sym, 4.5 bits)": [], "q4_1-style affine (5 bits)": [], "int8 (8.5 bits)": []}
     for layer in layers:
         for field in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from helpers import skip_without_kernels
-from llaisys_models.loading.loader import KERNELS
-from tiny_models import TinyModels
+from helpers.tiny_models import TinyModels
+from llaisys_models.families.family import KERNELS
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""llaisys_models: Qwen2 (and Llama-architecture) inference on any llaisys backend.
+"""llaisys_models: LLM inference (Qwen2/2.5/3, Llama, Mistral, Phi-3, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE: the
+families of ``families/registry.py``) on any llaisys backend.
 
     import llaisys_models
     model = llaisys_models.load("path/to/hf-model-dir")          # best device, stored dtype
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._version import __version__
 from .engine.generation import GenerationStats
@@ -22,12 +24,17 @@ from .engine.sampling import SamplingParams
 from .errors import ModelBusyError, ModelLoadError
 from .families.causal_lm import CausalLM, Session
 from .families.config import ModelConfig
-from .families.qwen2 import Llama, Phi3, Qwen2, Qwen3
+from .families.llama import Llama
+from .families.phi3 import Phi3
+from .families.qwen2 import Qwen2
+from .families.qwen3 import Qwen3
 from .families.registry import MODEL_CLASSES
-from .loading import gguf
-from .loading import loader as loading
+from .loading import gguf, loader
 from .loading.safetensors import Checkpoint, SafetensorsFile
 from .text.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    import llaisys
 
 if importlib.util.find_spec("torch") is None:
     # llaisys needs transformers only for tokenizers, which work without torch: keep its "PyTorch was
@@ -38,9 +45,10 @@ if importlib.util.find_spec("torch") is None:
 DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 
 
-def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-         numerics: str | None = None, quantize: str | None = None, dequantize: bool = False,
-         tensor_parallel: int | None = None, distributed_executor: str | None = None) -> CausalLM:
+def load(path: str | Path, device: str | llaisys.Device | None = None, dtype: str | llaisys.DType | None = None, *,
+         progress: bool | None = None, mmap: bool | None = None, numerics: str | None = None,
+         quantize: str | None = None, dequantize: bool = False, tensor_parallel: int | None = None,
+         distributed_executor: str | None = None) -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.families.registry``).
 
@@ -67,9 +75,13 @@ def load(path, device=None, dtype=None, *, progress: bool | None = None, mmap: b
     names, else one started here): GPUs anywhere, CPU ranks on rank 0's host (their collectives are shared
     memory) (``llaisys_models.parallel.ray_ranks``; the ``ray`` extra).
     """
-    return loading.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
-                        dequantize=dequantize, tensor_parallel=tensor_parallel,
-                        distributed_executor=distributed_executor)
+    if tensor_parallel is None and distributed_executor is None:
+        return loader.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
+                           dequantize=dequantize)
+    from .parallel import launch  # (start-up: the ranks' machinery, for tensor_parallel alone)
+
+    return launch.load(path, device, dtype, tensor_parallel=tensor_parallel, distributed_executor=distributed_executor,
+                       progress=progress, mmap=mmap, numerics=numerics, quantize=quantize, dequantize=dequantize)
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

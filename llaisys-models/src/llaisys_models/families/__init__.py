@@ -1,1 +1,1 @@
-"""Model families: each file the math of one family (or its declared variations), and the registry that names them."""
+"""Model families: each file one family, its forward and its declaration (family.py), and the registry that names them."""

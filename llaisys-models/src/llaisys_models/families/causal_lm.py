@@ -8,8 +8,9 @@ buffers one token row needs) and ``_run_step(pool, step)`` (every layer over one
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,29 +20,48 @@ from llaisys.dtype import as_dtype
 from ..engine.decode_graph import DecodeGraphs
 from ..engine.generation import GenerationMixin
 from ..engine.kv_cache import KVPool, KVShape
+from ..engine.runner import ModelRunner
 from ..engine.step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
-from ..loading import quantize as quantization
-from ..loading.loader import KERNELS
-from ..loading.weights import Weights
 from ..parallel.vocab import gather_vocab
 from ..text.chat import TextMixin
 from . import rope_scaling
 from .config import ModelConfig
 from .numerics import resolve as resolve_numerics
+from .weights import Weights, linear, weight_formats
+
+if TYPE_CHECKING:
+    from ..parallel.followers import Followers
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
+
+# How a path becomes a model's parts: the loader's read_directory (loading/loader.py). The loader sits above the
+# families, so it hands its reader down when it is imported (``import llaisys_models`` imports it): then
+# ``Qwen2(path)`` reads a directory as ``llaisys_models.load(path)`` does.
+_read_directory: Callable[..., dict] | None = None
+
+
+def set_directory_reader(read_directory: Callable[..., dict]) -> None:
+    """Make ``read_directory(path, device, dtype, *, progress, mmap, quantize)`` -> keyword arguments of
+    ``CausalLM.from_weights`` what ``CausalLM(path, ...)`` loads with."""
+    global _read_directory
+    _read_directory = read_directory
 
 
 class Workspace:
     """Activations for a forward pass over ``n`` token rows: views of one buffer per name, kept between forwards."""
 
-    def __init__(self, shapes: dict[str, tuple], n: int, dtype, device, base: Workspace | None = None):
+    def __init__(self, shapes: dict[str, tuple], n: int, dtype: llaisys.DType, device: llaisys.Device,
+                 base: Workspace | None = None) -> None:
         self.n = n
         for name, shape in shapes.items():
             # (a shape may start with its own dtype, e.g. int64 expert ids; else the model's)
             own, shape = (shape[0], shape[1:]) if shape and isinstance(shape[0], llaisys.DType) else (dtype, shape)
             t = llaisys.empty((n, *shape), own, device) if base is None else getattr(base, name).slice(0, 0, n)
             setattr(self, name, t)
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> llaisys.Tensor:  # (the buffers activations() names)
+            ...
 
 
 class CausalLM(GenerationMixin, TextMixin):
@@ -58,36 +78,39 @@ class CausalLM(GenerationMixin, TextMixin):
     ``chat`` / ``complete`` take and return text (text.py), through ``tokenizer`` (loaded on first use).
     """
 
-    def __init__(self, path, device=None, dtype=None, *, progress: bool | None = None, mmap: bool | None = None,
-                 numerics: str | None = None, quantize: str | None = None):
-        from ..loading.loader import read_directory
-
-        parts = read_directory(path, device, dtype, progress=progress, mmap=mmap, quantize=quantize)
+    def __init__(self, path: str | Path, device: str | llaisys.Device | None = None,
+                 dtype: str | llaisys.DType | None = None, *, progress: bool | None = None, mmap: bool | None = None,
+                 numerics: str | None = None, quantize: str | None = None) -> None:
+        if _read_directory is None:
+            raise RuntimeError("no loader: import llaisys_models (its loader reads model directories)")
+        parts = _read_directory(path, device, dtype, progress=progress, mmap=mmap, quantize=quantize)
         self._setup(**parts, numerics=numerics)
 
     @classmethod
-    def from_weights(cls, path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
-                     dtype: llaisys.DType, eos_token_ids, source=None, numerics: str | None = None,
-                     quantize: str | None = None, group: llaisys.distributed.Group | None = None) -> CausalLM:
+    def from_weights(cls, path: str | Path, config: ModelConfig, weights: Weights, *, device: llaisys.Device,
+                     dtype: str | llaisys.DType, eos_token_ids: Sequence[int], source: object = None,
+                     numerics: str | None = None, quantize: str | None = None,
+                     group: llaisys.distributed.Group | None = None) -> CausalLM:
         """A model over weights already placed on ``device`` in ``dtype`` (its linears quantized as
-        ``quantize`` says), read by a loader (a HuggingFace directory, a GGUF file); ``source`` stays alive
-        as long as the model (the memory maps its weights may point into). ``group``: the ranks of a
-        tensor-parallel model (``config`` and ``weights`` are then this rank's part, tensor_parallel/)."""
+        ``quantize`` says: "int8", "int4" or None), read by a loader (a HuggingFace directory, a GGUF file);
+        ``source`` stays alive as long as the model (the memory maps its weights may point into). ``group``:
+        the ranks of a tensor-parallel model (``config`` and ``weights`` are then this rank's part, parallel/)."""
         model = cls.__new__(cls)
         model._setup(path, config, weights, device, as_dtype(dtype), eos_token_ids, source, quantize, numerics, group)
         return model
 
-    def _setup(self, path, config, weights, device, dtype, eos_token_ids, source, quantize, numerics,
-               group=None) -> None:
+    def _setup(self, path: str | Path, config: ModelConfig, weights: Weights, device: llaisys.Device,
+               dtype: llaisys.DType, eos_token_ids: Sequence[int], source: object, quantize: str | None,
+               numerics: str | None, group: llaisys.distributed.Group | None = None) -> None:
         self.path, self.config, self.weights, self.device, self.dtype = Path(path), config, weights, device, dtype
         # the ranks this model is split over (their partial sums are all-reduced, their logits gathered): one
         # rank, costing nothing, unless loaded with tensor_parallel
         self.group = group if group is not None else llaisys.distributed.local_group(device)
-        self.followers = None  # rank 0 of a tensor-parallel group: the other ranks (tensor_parallel/followers.py)
+        self.followers: Followers | None = None  # rank 0 of a tensor-parallel group: the other ranks (parallel/followers.py)
         self.eos_token_ids = tuple(eos_token_ids)
         self.checkpoint = source
-        self.quantize = quantization.resolve(quantize)
-        self.weight_formats = quantization.weight_formats(weights)  # ("q4_k", "q6_k"), ("int8",), () for floats
+        self.quantize = quantize  # as the loader checked it
+        self.weight_formats = weight_formats(weights)  # ("q4_k", "q6_k"), ("int8",), () for floats
         self.numerics = resolve_numerics(numerics)
         self._step_lock = threading.Lock()  # one forward at a time: the work buffers are shared
         self._workspace_base: Workspace | None = None
@@ -114,9 +137,7 @@ class CausalLM(GenerationMixin, TextMixin):
         return (f"{type(self).__name__}({str(self.path)!r}, device={self.device}, dtype={self.dtype.name}{quantized}, "
                 f"numerics={self.numerics}, layers={c.num_hidden_layers}, hidden={c.hidden_size}, vocab={c.vocab_size})")
 
-    # -- what the family provides ------------------------------------------------------
-
-    KERNELS = KERNELS  # the ops its forward calls (loading.py refuses a device whose backend lacks one)
+    # -- what the family provides (the ops its forward calls are its family's kernels: family.py) ----------------
 
     def activations(self) -> dict[str, tuple]:
         """Name -> shape (after the row dimension) of each work buffer ``_run_step`` uses."""
@@ -138,7 +159,7 @@ class CausalLM(GenerationMixin, TextMixin):
         normed = llaisys.empty((n, c.hidden_size), self.dtype, self.device)
         llaisys.ops.rms_norm(normed, x, self.weights.norm, c.rms_norm_eps, self.numerics)
         logits = llaisys.empty((n, self.weights.lm_head.shape[0]), self.dtype, self.device)  # this rank's vocab rows
-        quantization.linear(logits, normed, self.weights.lm_head)
+        linear(logits, normed, self.weights.lm_head)
         return gather_vocab(logits, c.vocab_size, self.group)
 
     # -- limits and inputs ------------------------------------------------------------
@@ -154,7 +175,7 @@ class CausalLM(GenerationMixin, TextMixin):
             raise llaisys.LlaisysValueError(f"prompt + max_new_tokens = {total} positions exceed the model's "
                                             f"max_position_embeddings = {limit}")
 
-    def check_input_ids(self, input_ids) -> list[int]:
+    def check_input_ids(self, input_ids: object) -> list[int]:
         """The prompt as a list of ints, each a valid token id (else a LlaisysValueError naming it)."""
         if isinstance(input_ids, llaisys.Tensor):
             input_ids = input_ids.numpy()
@@ -189,6 +210,7 @@ class CausalLM(GenerationMixin, TextMixin):
         if (num_blocks is None) == (memory is None):
             raise llaisys.LlaisysValueError("give the KV pool's size as num_blocks or as memory, not both")
         if num_blocks is None:
+            assert memory is not None  # (one of the two is given: checked above)
             num_blocks = memory // (block_size * self.kv_shape.bytes_per_token)
             if num_blocks < 1:
                 raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
@@ -266,12 +288,14 @@ class CausalLM(GenerationMixin, TextMixin):
 
 class Session:
     """A sequence fed by hand: ``forward(ids)`` runs ``ids`` at the positions after the cached ones and
-    appends them; ``truncate(n)`` keeps the first ``n``. Its KV pool (no prefix caching) grows as needed."""
+    appends them; ``truncate(n)`` keeps the first ``n``. Its KV pool (no prefix caching) grows as needed; its
+    forwards go through a model runner of that pool (engine/runner.py), as the scheduler's do."""
 
-    def __init__(self, model: CausalLM, block_size: int = 16):
+    def __init__(self, model: CausalLM, block_size: int = 16) -> None:
         self.model = model
         self.pool = model.new_kv_pool(num_blocks=1, block_size=block_size, prefix_caching=False)
         self.kv = self.pool.sequence()
+        self.runner = ModelRunner(model, self.pool)
 
     def __len__(self) -> int:
         return len(self.kv)
@@ -280,13 +304,13 @@ class Session:
     def tokens(self) -> list[int]:
         return list(self.kv.tokens)
 
-    def forward(self, input_ids, all_logits: bool = False) -> llaisys.Tensor:
+    def forward(self, input_ids: object, all_logits: bool = False) -> llaisys.Tensor:
         """The logits of the last new position ([1, vocab]), or of every new position ([n, vocab])."""
         ids = self.model.check_input_ids(input_ids)
         length = len(self.kv) + len(ids)
         self.model.check_length(length)
         self.pool.reserve_growing(self.kv, length)
-        return self.model.forward_batch(self.pool, [(self.kv, ids)], None if all_logits else [True])
+        return self.runner.forward([(self.kv, ids)], None if all_logits else [True])
 
     def truncate(self, length: int) -> None:
         self.kv.truncate(length)

@@ -1,25 +1,58 @@
-"""The model's shape and hyper-parameters, read from a HuggingFace ``config.json``.
+"""The model's shape and hyper-parameters (``ModelConfig``), read from a HuggingFace ``config.json``.
 
 Writers differ: transformers >= 5 nests ``rope_theta`` under ``rope_parameters``
 (sometimes once more per layer type), older files keep ``rope_theta`` (and
 ``rope_scaling``) at top level; ``head_dim`` and ``num_key_value_heads`` may be
 absent; ``eos_token_id`` may be an int, a list or missing. Every form is read here,
 and anything the forward pass cannot honour is refused with a message naming it.
+
+What a family's own configuration class adds (Qwen2's biases, Gemma 3's norms and windows, the experts of a
+mixture) is the family's ``ConfigRules``, declared in its file (qwen2.py, gemma3.py, ...) from the readers
+below; ``registry.read_config`` finds a config's family by its architecture. ``ModelConfig.from_dict(raw)``
+alone reads the fields every decoder has, as Llama's configuration reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
+from collections.abc import Callable, Mapping
 
 from ..errors import ModelLoadError, shown
-from ..loading.files import read_json_object
 from .rope_scaling import SUPPORTED as ROPE_TYPES
 from .rope_scaling import RopeScaling
 
 DEFAULT_ROPE_THETA = 10000.0
 MAX_LAYERS = 1 << 20  # a bound for corrupt counts (the largest models have ~130 layers)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def check_silu(raw: dict) -> None:
+    """The MLP gate's activation of the Llama-style decoder: SiLU (SwiGLU), as config.json's hidden_act says."""
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
+
+
+def _no_fields(raw: dict, layers: int) -> dict:
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigRules:
+    """How a family's HF configuration class reads config.json beyond the fields every decoder has."""
+
+    model_type: str  # config.json's model_type (it names the architecture where "architectures" is absent)
+    # config.json (and its layer count) -> the ModelConfig fields the family sets: its biases, sliding windows,
+    # norms, experts... (over the decoder's defaults: Llama's attention_bias / mlp_bias, no window)
+    fields: Callable[[dict, int], dict] = _no_fields
+    # the configuration class's defaults where config.json is silent and they differ from Llama's: any of
+    # rope_theta, rms_norm_eps, max_position_embeddings, tie_word_embeddings
+    defaults: Mapping[str, float | int | bool] = dataclasses.field(default_factory=dict)
+    activation: Callable[[dict], None] = check_silu  # refuses an MLP activation the family's forward does not compute
+
+
+DECODER = ConfigRules("")  # the fields every decoder has, read as Llama's configuration reads them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +82,14 @@ class ModelConfig:
     rope_scaling: RopeScaling = RopeScaling()  # rope_scaling.py: the frequency table's variant
     rope_local_theta: float | None = None  # Gemma 3: the plain rope base of the sliding layers (None: rope_theta's)
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and of k, before rope
-    fused_projections: bool = False  # Phi-3: q/k/v in one qkv_proj, gate/up in one gate_up_proj (weights.py)
+    qk_norm_all_heads: bool = False  # OLMo 2: ... one RMSNorm over all of q's heads (k's) at once, weights [q_size]
+    fused_projections: bool = False  # Phi-3: q/k/v in one qkv_proj, gate/up in one gate_up_proj (its tensors)
     query_pre_attn_scalar: float | None = None  # Gemma: attention scores times query_pre_attn_scalar^-1/2
-    sandwich_norms: bool = False  # Gemma: RMSNorms of the attention's and the MLP's outputs too (weights.py)
-    norm_offset: float = 0.0  # Gemma: every RMSNorm multiplies by norm_offset + w (1 + w; weights.py keeps it f32)
+    sandwich_norms: bool = False  # Gemma, OLMo 2: RMSNorms of the attention's and the MLP's outputs (Gemma: too)
+    norm_offset: float = 0.0  # Gemma: every RMSNorm multiplies by norm_offset + w (1 + w, kept in f32)
+    # Gemma, OLMo 2: the RMSNorm weights are kept in float32 (the loaders add norm_offset): the norm then computes
+    # x * r * w in f32 and rounds once, as HF's Gemma3RMSNorm / Olmo2RMSNorm do
+    norms_in_f32: bool = False
     dtype_name: str | None = None  # "bfloat16", ... as the writer declared it (informative)
     # mixture of experts (Mixtral, Qwen3-MoE; 0 experts: a dense model): the layers whose MLP is num_experts
     # experts of moe_intermediate_size of which a router picks num_experts_per_tok per token, their weights
@@ -64,86 +101,60 @@ class ModelConfig:
     sparse_layers: tuple[int, ...] = ()
 
     @classmethod
-    def from_file(cls, path, supported=None) -> "ModelConfig":
-        """The config.json of a directory (or that file); with ``supported`` (architecture names), a config of
-        any other architecture is refused as such before its fields are read (GPT-2 has none of Llama's)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
-            ggufs = sorted(p.name for p in path.parent.glob("*.gguf"))
-            hint = f"; it holds a GGUF file: pass the file, {path.parent / ggufs[0]}" if len(ggufs) == 1 else (
-                f"; it holds GGUF files: pass one of them ({', '.join(ggufs)})" if ggufs else "")
-            raise ModelLoadError(f"{path} does not exist: a model directory needs a HuggingFace config.json{hint}")
-        raw = read_json_object(path)
-        try:
-            if supported is not None and (arch := architecture(raw)) not in supported:
-                if arch in REFUSED:
-                    raise ModelLoadError(f"architecture {arch!r} {REFUSED[arch]}")
-                named = repr(arch) if arch else f"(none; model_type {shown(raw.get('model_type'))})"
-                raise ModelLoadError(f"architecture {named} is not supported; llaisys_models runs "
-                                     f"{', '.join(sorted(supported))}")
-            return cls.from_dict(raw)
-        except ModelLoadError as e:
-            raise ModelLoadError(f"{path}: {e}") from None
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "ModelConfig":
+    def from_dict(cls, raw: dict, rules: ConfigRules = DECODER, architecture: str | None = None) -> ModelConfig:
+        """The config of ``raw`` (config.json's object) as the family of ``rules`` reads it (default: the fields
+        every decoder has, as Llama's configuration reads them); ``architecture`` (default: the first of
+        "architectures", else "") names its class."""
         model_type = raw.get("model_type", "")
-        architecture_name = architecture(raw)
+        names = architectures(raw)
+        architecture = (names[0] if names else "") if architecture is None else architecture
+        defaults = rules.defaults
 
-        hidden = _int(raw, "hidden_size")
-        heads = _int(raw, "num_attention_heads")
-        kv_heads = _int(raw, "num_key_value_heads", heads)
+        hidden = integer(raw, "hidden_size")
+        heads = integer(raw, "num_attention_heads")
+        kv_heads = integer(raw, "num_key_value_heads", heads)
         head_dim = raw.get("head_dim")
         if head_dim is None:
             if hidden % heads:
                 raise ModelLoadError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                                      f"and head_dim is not given")
             head_dim = hidden // heads
-        head_dim = _positive("head_dim", head_dim)
+        head_dim = positive("head_dim", head_dim)
         if heads % kv_heads:
             raise ModelLoadError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
         if head_dim % 2:
             raise ModelLoadError(f"head_dim {head_dim} must be even for rotary embeddings")
-        gemma = model_type == "gemma3_text"
-        rope_theta, rope_scaling = _rope(raw, DEFAULT_GEMMA_ROPE_THETA if gemma else DEFAULT_ROPE_THETA)
-        is_qwen2 = model_type == "qwen2" or architecture_name.startswith("Qwen2")
-        layers = _int(raw, "num_hidden_layers")
+        rope_theta, rope_scaling = _rope(raw, float(defaults.get("rope_theta", DEFAULT_ROPE_THETA)))
+        layers = integer(raw, "num_hidden_layers")
         if layers > MAX_LAYERS:  # (the per-layer lists below would be built before the checkpoint is counted)
             raise ModelLoadError(f"config field 'num_hidden_layers' = {layers} is more than llaisys runs ({MAX_LAYERS})")
-        window, sliding_layers = _sliding_window(raw, model_type, layers)
-        _check_activation(raw, model_type)
-        attention_bias = _bool(raw, "attention_bias")
-        return cls(
-            architecture=architecture_name,
+        rules.activation(raw)
+        attention_bias = flag(raw, "attention_bias")
+        fields = dict(
+            architecture=architecture,
             model_type=model_type,
-            vocab_size=_int(raw, "vocab_size"),
+            vocab_size=integer(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=_int(raw, "intermediate_size"),
+            intermediate_size=integer(raw, "intermediate_size"),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
+            rms_norm_eps=number(raw, "rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=_int(raw, "max_position_embeddings", 131072 if gemma else 32768),
-            tie_word_embeddings=_bool(raw, "tie_word_embeddings", gemma),
+            max_position_embeddings=integer(raw, "max_position_embeddings",
+                                            defaults.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=flag(raw, "tie_word_embeddings", bool(defaults.get("tie_word_embeddings", False))),
             eos_token_ids=token_ids(raw.get("eos_token_id"), "eos_token_id"),
             bos_token_id=(token_ids(raw.get("bos_token_id"), "bos_token_id") or (None,))[0],
-            # Qwen2 always has q/k/v biases and no o_proj bias; Llama has all four or none.
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=not is_qwen2 and attention_bias,
-            mlp_bias=_bool(raw, "mlp_bias"),
-            sliding_window=window,
-            sliding_layers=sliding_layers,
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
-            fused_projections=model_type == "phi3",
-            **(_gemma3(raw) if gemma else {}),
+            qkv_bias=attention_bias,  # (Llama: all four attention biases or none)
+            o_bias=attention_bias,
+            mlp_bias=flag(raw, "mlp_bias"),
             dtype_name=next((d for d in (raw.get("dtype"), raw.get("torch_dtype")) if isinstance(d, str)), None),
-            **_experts(raw, model_type, layers),
         )
+        fields.update(rules.fields(raw, layers))
+        return cls(**fields)
 
     @property
     def q_size(self) -> int:
@@ -156,38 +167,29 @@ class ModelConfig:
 
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window: it sees its last ``window`` positions (0: all of them)."""
-        return self.sliding_window if layer in self.sliding_layers else 0
+        return self.sliding_window if layer in self.sliding_layers and self.sliding_window else 0
 
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
 
-# architectures of a known family that llaisys does not run, and why
-REFUSED = {"Gemma3ForConditionalGeneration": "(Gemma 3 with its vision tower) is not supported: llaisys runs Gemma 3's "
-                                           "text model, Gemma3ForCausalLM (gemma-3-1b and the text-only checkpoints)"}
-
-_DEFAULT_ARCH = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
-
-
-def architecture(raw: dict) -> str:
-    """The class name a config.json names (the first of ``architectures``, else the one its ``model_type``
-    implies; "" for neither)."""
-    architectures = raw.get("architectures")
-    if architectures is None:
-        architectures = []
-    elif isinstance(architectures, str):
-        architectures = [architectures]
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise ModelLoadError(f"config field 'architectures' must be a list of class names, got {shown(architectures)}")
+def architectures(raw: dict) -> list[str]:
+    """The class names config.json's "architectures" lists (checked, as is its model_type: a string)."""
+    names = raw.get("architectures")
+    if names is None:
+        names = []
+    elif isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+        raise ModelLoadError(f"config field 'architectures' must be a list of class names, got {shown(names)}")
     model_type = raw.get("model_type", "")
     if not isinstance(model_type, str):
         raise ModelLoadError(f"config field 'model_type' must be a string, got {shown(model_type)}")
-    return architectures[0] if architectures else _DEFAULT_ARCH.get(model_type, "")
+    return names
 
 
-def token_ids(value, name: str) -> tuple[int, ...]:
+def token_ids(value: object, name: str) -> tuple[int, ...]:
     """An id, a list of ids or None -> a tuple of ids."""
     if value is None:
         return ()
@@ -198,32 +200,36 @@ def token_ids(value, name: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _int(raw: dict, key: str, default=None) -> int:
+# -- readers of one field (a family's rules read theirs with these) -----------------------------------------
+
+def integer(raw: dict, key: str, default: object = None) -> int:
+    """A positive integer field (``default`` where it is absent; missing and no default: an error)."""
     value = raw.get(key, default)
     if value is None:
         raise ModelLoadError(f"config field {key!r} is missing")
-    return _positive(key, value)
+    return positive(key, value)
 
 
-def _positive(key: str, value) -> int:
+def positive(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ModelLoadError(f"config field {key!r} must be a positive integer, got {shown(value)}")
     return value
 
 
-def _float(raw: dict, key: str, default: float) -> float:
+def number(raw: dict, key: str, default: object) -> float:
+    """A finite non-negative number field."""
     value = raw.get(key, default)
-    if not _finite(value) or value < 0:
+    if not finite(value) or value < 0:
         raise ModelLoadError(f"config field {key!r} must be a finite non-negative number, got {shown(value)}")
     return float(value)
 
 
-def _finite(value) -> bool:
+def finite(value: object) -> bool:
     """A JSON number that is finite (JSON files may hold Infinity and NaN; json reads them)."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _bool(raw: dict, key: str, default: bool = False) -> bool:
+def flag(raw: dict, key: str, default: bool = False) -> bool:
     """A true/false field; a string such as "false" is refused rather than read as true."""
     value = raw.get(key, default)
     if value is None:
@@ -233,7 +239,45 @@ def _bool(raw: dict, key: str, default: bool = False) -> bool:
     return value
 
 
-def _rope(raw: dict, default_theta: float = DEFAULT_ROPE_THETA) -> tuple[float, RopeScaling]:
+# -- sliding windows, as families' HF modeling code picks the layers that slide ---------------------------------
+# A layer i that slides sees keys j with i - window < j <= i (transformers' masking_utils.sliding_window_overlay).
+
+def every_layer_window(raw: dict, layers: int) -> dict:
+    """Every layer slides when config.json sets a sliding_window (Mistral, Mixtral, Phi-3; layer_types is
+    ignored, as HF ignores it)."""
+    window = raw.get("sliding_window")
+    if window is None:
+        return {}
+    return dict(sliding_window=positive("sliding_window", window), sliding_layers=tuple(range(layers)))
+
+
+def layer_windows(raw: dict, layers: int, window: object, derived: Callable[[], list[str]], why: str) -> dict:
+    """The layers config.json's layer_types make sliding_attention (checked: one known kind per layer), else
+    those of ``derived()`` (the family's own rule), each seeing its last ``window`` positions; ``why`` says why
+    ``window`` may be None (named when a layer slides without one)."""
+    kinds = raw.get("layer_types")
+    if kinds is None:
+        kinds = derived()
+    elif not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise ModelLoadError(f"config field 'layer_types' must be a list of layer kinds, got {shown(kinds)}")
+    elif len(kinds) != layers:
+        raise ModelLoadError(f"config field 'layer_types' names {len(kinds)} layers, but num_hidden_layers is {layers}")
+    for i, kind in enumerate(kinds):
+        if kind not in LAYER_TYPES:
+            raise ModelLoadError(f"config field 'layer_types[{i}]' is {shown(kind)}; llaisys runs "
+                                 f"{' and '.join(LAYER_TYPES)} layers")
+    sliding = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+    if not sliding:
+        return {}
+    if window is None:
+        raise ModelLoadError(f"config field 'layer_types' makes layer {sliding[0]} a sliding_attention layer, but "
+                             f"{why}: there is no window for it")
+    return dict(sliding_window=positive("sliding_window", window), sliding_layers=sliding)
+
+
+# -- rope ------------------------------------------------------------------------------------------------------
+
+def _rope(raw: dict, default_theta: float) -> tuple[float, RopeScaling]:
     """rope_theta and the rope's scaling, from ``rope_parameters`` (transformers >= 5: one object with the
     type, theta and the type's parameters, or one per layer type: the full-attention layers' here) or the top
     level (older writers: ``rope_theta`` and a ``rope_scaling`` object with ``type`` / ``rope_type``)."""
@@ -255,7 +299,7 @@ def _rope(raw: dict, default_theta: float = DEFAULT_ROPE_THETA) -> tuple[float, 
     if partial not in (None, 1, 1.0):
         raise ModelLoadError(f"partial_rotary_factor {shown(partial)} is not supported")
     theta = params.get("rope_theta", raw.get("rope_theta", default_theta))
-    if not _finite(theta) or theta <= 0:
+    if not finite(theta) or theta <= 0:
         raise ModelLoadError(f"config field 'rope_theta' must be a finite positive number, got {shown(theta)}")
     return float(theta), _rope_scaling(source, name, raw)
 
@@ -271,166 +315,42 @@ def _rope_scaling(source: dict, name: str, raw: dict) -> RopeScaling:
         raise ModelLoadError(f"rope scaling of type {shown(kind)} ({name}.rope_type) is not supported (llaisys runs "
                              f"{', '.join(ROPE_TYPES)})")
 
-    def number(key: str, required: bool = True, positive: bool = True):
+    def optional(key: str, above_zero: bool = True) -> float | None:
         value = source.get(key)
         if value is None:
-            if required:
-                raise ModelLoadError(f"config field '{name}.{key}' is missing (rope type {kind!r} needs it)")
             return None
-        if not _finite(value) or (value <= 0 if positive else value < 0):
+        if not finite(value) or (value <= 0 if above_zero else value < 0):
             raise ModelLoadError(f"config field '{name}.{key}' must be a finite positive number, got {shown(value)}")
         return float(value)
+
+    def parameter(key: str) -> float:
+        value = optional(key)
+        if value is None:
+            raise ModelLoadError(f"config field '{name}.{key}' is missing (rope type {kind!r} needs it)")
+        return value
 
     def original() -> int:
         value = source.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
         if value is None:
             raise ModelLoadError(f"config field '{name}.original_max_position_embeddings' is missing (rope type "
                                  f"{kind!r} needs it)")
-        return _positive(f"{name}.original_max_position_embeddings", value)
+        return positive(f"{name}.original_max_position_embeddings", value)
 
     if kind == "default":
         return RopeScaling()
     if kind == "linear":
-        return RopeScaling("linear", factor=number("factor"))
+        return RopeScaling("linear", factor=parameter("factor"))
     if kind == "llama3":
-        low, high = number("low_freq_factor"), number("high_freq_factor")
+        low, high = parameter("low_freq_factor"), parameter("high_freq_factor")
         if high <= low:
             raise ModelLoadError(f"config field '{name}.high_freq_factor' ({high:g}) must exceed "
                                  f"'{name}.low_freq_factor' ({low:g})")
-        return RopeScaling("llama3", factor=number("factor"), low_freq_factor=low, high_freq_factor=high,
+        return RopeScaling("llama3", factor=parameter("factor"), low_freq_factor=low, high_freq_factor=high,
                            original_max_position_embeddings=original())
     truncate = source.get("truncate", True)
     if not isinstance(truncate, bool):
         raise ModelLoadError(f"config field '{name}.truncate' must be true or false, got {shown(truncate)}")
-    return RopeScaling("yarn", factor=number("factor", required=False), original_max_position_embeddings=original(),
-                       beta_fast=number("beta_fast", required=False), beta_slow=number("beta_slow", required=False),
-                       attention_factor=number("attention_factor", required=False),
-                       mscale=number("mscale", required=False, positive=False),
-                       mscale_all_dim=number("mscale_all_dim", required=False, positive=False), truncate=truncate)
-
-
-def _experts(raw: dict, model_type: str, layers: int) -> dict:
-    """The mixture-of-experts fields of Mixtral (every layer sparse, weights renormalised) and Qwen3-MoE
-    (``decoder_sparse_step``, ``mlp_only_layers``, ``norm_topk_prob``); nothing for a dense family."""
-    if model_type not in ("mixtral", "qwen3_moe"):
-        return {}
-    count = "num_local_experts" if model_type == "mixtral" or "num_experts" not in raw else "num_experts"
-    experts, per_token = _int(raw, count), _int(raw, "num_experts_per_tok")
-    if per_token > experts:
-        raise ModelLoadError(f"config field 'num_experts_per_tok' = {per_token} exceeds {count} = {experts}")
-    if model_type == "mixtral":
-        return dict(num_experts=experts, num_experts_per_tok=per_token, norm_topk_prob=True,
-                    moe_intermediate_size=_int(raw, "intermediate_size"), sparse_layers=tuple(range(layers)))
-    step = _int(raw, "decoder_sparse_step", 1)
-    dense = raw.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-        raise ModelLoadError(f"config field 'mlp_only_layers' must be a list of layer indices, got {shown(dense)}")
-    return dict(num_experts=experts, num_experts_per_tok=per_token, norm_topk_prob=_bool(raw, "norm_topk_prob"),
-                moe_intermediate_size=_int(raw, "moe_intermediate_size"),
-                sparse_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
-
-
-# How each family's HF modeling code picks its sliding-window layers (transformers 5):
-#   mistral, mixtral, phi3, qwen3_moe   every layer, when sliding_window is set (qwen3_moe: and use_sliding_window);
-#                                       layer_types is ignored (Mistral warns about it)
-#   qwen2, qwen3                        layer_types, else the layers from max_window_layers on, when
-#                                       use_sliding_window (else there is no window at all)
-#   gemma3_text                         layer_types, else every layer but each sliding_window_pattern-th (6)
-#   llama                               none
-# A layer i that slides sees keys j with i - window < j <= i (masking_utils.sliding_window_overlay).
-LAYER_TYPES = ("full_attention", "sliding_attention")
-DEFAULT_GEMMA_ROPE_THETA, DEFAULT_GEMMA_LOCAL_THETA = 1_000_000.0, 10_000.0  # Gemma3TextConfig.default_theta
-
-
-def _sliding_window(raw: dict, model_type: str, layers: int) -> tuple[int | None, tuple[int, ...]]:
-    """(window, the layers that slide) as the family's HF code decides them (above); every field checked."""
-    window = raw.get("sliding_window", 4096 if model_type == "gemma3_text" else None)
-    if model_type in ("mistral", "mixtral", "phi3", "qwen3_moe"):
-        if model_type == "qwen3_moe" and not _bool(raw, "use_sliding_window"):
-            return None, ()
-        return (None, ()) if window is None else (_positive("sliding_window", window), tuple(range(layers)))
-    if model_type not in ("qwen2", "qwen3", "gemma3_text"):
-        return None, ()
-    if model_type != "gemma3_text" and not _bool(raw, "use_sliding_window"):
-        window = None  # (Qwen2Config: sliding_window = sliding_window if use_sliding_window else None)
-        if raw.get("layer_types") is None:
-            return None, ()
-    sliding = tuple(i for i, kind in enumerate(_layer_types(raw, model_type, layers, window))
-                    if kind == "sliding_attention")
-    if sliding and window is None:
-        why = "use_sliding_window is false" if model_type != "gemma3_text" else "sliding_window is null"
-        raise ModelLoadError(f"config field 'layer_types' makes layer {sliding[0]} a sliding_attention layer, but "
-                             f"{why}: there is no window for it")
-    return (_positive("sliding_window", window), sliding) if sliding else (None, ())
-
-
-def _layer_types(raw: dict, model_type: str, layers: int, window) -> list[str]:
-    """config.json's layer_types (checked: one known kind per layer), else what the family's config derives."""
-    kinds = raw.get("layer_types")
-    if kinds is None:
-        if model_type == "gemma3_text":
-            pattern = _int(raw, "sliding_window_pattern", raw.get("_sliding_window_pattern", 6))
-            return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-        first = raw.get("max_window_layers", 28)
-        if isinstance(first, bool) or not isinstance(first, int):
-            raise ModelLoadError(f"config field 'max_window_layers' must be an integer, got {shown(first)}")
-        return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
-    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-        raise ModelLoadError(f"config field 'layer_types' must be a list of layer kinds, got {shown(kinds)}")
-    if len(kinds) != layers:
-        raise ModelLoadError(f"config field 'layer_types' names {len(kinds)} layers, but num_hidden_layers is {layers}")
-    for i, kind in enumerate(kinds):
-        if kind not in LAYER_TYPES:
-            raise ModelLoadError(f"config field 'layer_types[{i}]' is {shown(kind)}; llaisys runs "
-                                 f"{' and '.join(LAYER_TYPES)} layers")
-    return kinds
-
-
-def _check_activation(raw: dict, model_type: str) -> None:
-    """The MLP gate's activation the family's model file computes: SiLU (hidden_act), or for Gemma 3 the tanh
-    GELU (hidden_activation)."""
-    if model_type == "gemma3_text":
-        act = raw.get("hidden_activation", raw.get("hidden_act", "gelu_pytorch_tanh"))
-        if act != "gelu_pytorch_tanh":
-            raise ModelLoadError(f"config field 'hidden_activation' is {shown(act)}; Gemma 3 runs gelu_pytorch_tanh "
-                                 f"(a GeGLU MLP with the tanh GELU)")
-        return
-    act = raw.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ModelLoadError(f"hidden_act {shown(act)} is not supported (only silu / SwiGLU MLPs)")
-
-
-def _gemma3(raw: dict) -> dict:
-    """Gemma 3's own fields: the attention scale, the sliding layers' rope base; what it must not set."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if raw.get(key) is not None:
-            raise ModelLoadError(f"config field {key!r} is {shown(raw[key])}: logit soft-capping (Gemma 2) is not "
-                                 f"implemented; Gemma 3 sets it to null")
-    if _bool(raw, "use_bidirectional_attention"):
-        raise ModelLoadError("config field 'use_bidirectional_attention' is true (an embedding model, EmbeddingGemma): "
-                             "llaisys runs causal language models")
-    scalar = raw.get("query_pre_attn_scalar", 256)
-    if not _finite(scalar) or scalar <= 0:
-        raise ModelLoadError(f"config field 'query_pre_attn_scalar' must be a finite positive number, got {shown(scalar)}")
-    return dict(query_pre_attn_scalar=float(scalar), rope_local_theta=_local_rope_theta(raw), sandwich_norms=True,
-                norm_offset=1.0)
-
-
-def _local_rope_theta(raw: dict) -> float:
-    """The sliding layers' rope base: rope_parameters.sliding_attention (transformers >= 5, a plain rope), else
-    rope_local_base_freq (older writers), else 10000."""
-    params = raw.get("rope_parameters")
-    local = params.get("sliding_attention") if isinstance(params, dict) else None
-    if local is not None:
-        if not isinstance(local, dict):
-            raise ModelLoadError(f"config field 'rope_parameters.sliding_attention' must be an object, got {shown(local)}")
-        kind = local.get("rope_type", "default")
-        if kind not in (None, "default"):
-            raise ModelLoadError(f"rope scaling of type {shown(kind)} (rope_parameters.sliding_attention.rope_type) "
-                                 f"is not supported on the sliding layers (Gemma 3 scales the global layers' rope only)")
-        theta, name = local.get("rope_theta", DEFAULT_GEMMA_LOCAL_THETA), "rope_parameters.sliding_attention.rope_theta"
-    else:
-        theta, name = raw.get("rope_local_base_freq", DEFAULT_GEMMA_LOCAL_THETA), "rope_local_base_freq"
-    if not _finite(theta) or theta <= 0:
-        raise ModelLoadError(f"config field {name!r} must be a finite positive number, got {shown(theta)}")
-    return float(theta)
+    return RopeScaling("yarn", factor=optional("factor"), original_max_position_embeddings=original(),
+                       beta_fast=optional("beta_fast"), beta_slow=optional("beta_slow"),
+                       attention_factor=optional("attention_factor"), mscale=optional("mscale", above_zero=False),
+                       mscale_all_dim=optional("mscale_all_dim", above_zero=False), truncate=truncate)

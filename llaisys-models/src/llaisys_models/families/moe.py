@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders (Mixtral, Qwen3-MoE): the attention of their dense kin, and in the sparse
+"""Mixture-of-experts decoders (mixtral.py, qwen3_moe.py): the attention of their dense kin, and in the sparse
 layers an MLP that is a weighted sum of the k experts (of E) a router picks per token:
 
     h = rms_norm(x)
@@ -8,23 +8,24 @@ layers an MLP that is a weighted sum of the k experts (of E) a router picks per 
 
 moe_linear groups a step's rows by expert, so each expert a row chose is read once for all of them and the
 others not at all: a decode step reads the active parameters only. With quantize="int8" the experts are int8
-(quantize.moe_linear runs moe_linear_i8 on them, as quantize.linear runs linear_i8 on an Int8Weight).
+(weights.moe_linear runs moe_linear_i8 on them, as weights.linear runs linear_i8 on an Int8Weight).
 """
 
 from __future__ import annotations
 
 import llaisys
 
-from ..loading.loader import KERNELS, MOE_KERNELS
-from ..loading.quantize import moe_linear
-from ..loading.weights import LayerWeights
-from .qwen2 import Llama, Qwen2, Qwen3
+from ..errors import ModelLoadError
+from .causal_lm import Workspace
+from .config import integer
+from .family import GGUFMetadata
+from .qwen2 import Qwen2
+from .weights import LayerWeights, moe_linear
 
 
 class SparseMlp(Qwen2):
-    """A decoder whose layers in ``config.sparse_layers`` have a mixture-of-experts MLP (``w.experts``)."""
-
-    KERNELS = (*KERNELS, *MOE_KERNELS)
+    """A decoder whose layers in ``config.sparse_layers`` have a mixture-of-experts MLP (``w.experts``); its
+    family's kernels add family.MOE_KERNELS."""
 
     def activations(self) -> dict[str, tuple]:
         c = self.config
@@ -40,7 +41,7 @@ class SparseMlp(Qwen2):
             "expert_out": (k, c.hidden_size),  # each chosen expert's output, before the weighted sum
         }
 
-    def _mlp(self, w: LayerWeights, ws) -> None:
+    def _mlp(self, w: LayerWeights, ws: Workspace) -> None:
         if w.experts is None:  # a dense layer (Qwen3-MoE's mlp_only_layers, decoder_sparse_step)
             return super()._mlp(w, ws)
         c, ops, e = self.config, llaisys.ops, w.experts
@@ -55,10 +56,15 @@ class SparseMlp(Qwen2):
         ops.add(ws.x, ws.x, ws.out)
 
 
-class Mixtral(SparseMlp, Llama):
-    """Mixtral: Llama attention, every layer's MLP 8 experts of which the router picks 2 (renormalised)."""
+def expert_counts(raw: dict, count: str) -> tuple[int, int]:
+    """(experts per sparse layer, experts per token) of config.json, its count of experts named ``count``."""
+    experts, per_token = integer(raw, count), integer(raw, "num_experts_per_tok")
+    if per_token > experts:
+        raise ModelLoadError(f"config field 'num_experts_per_tok' = {per_token} exceeds {count} = {experts}")
+    return experts, per_token
 
 
-class Qwen3Moe(SparseMlp, Qwen3):
-    """Qwen3-MoE: Qwen3 attention (q_norm / k_norm per head, explicit head_dim, no bias); the layers of
-    ``decoder_sparse_step`` not in ``mlp_only_layers`` sparse, their weights renormalised if norm_topk_prob."""
+def gguf_experts_per_token(meta: GGUFMetadata, raw: dict) -> None:
+    """llama.cpp's expert_used_count: the experts the router picks per token (num_experts_per_tok)."""
+    if meta.get("expert_used_count") is not None:
+        raw["num_experts_per_tok"] = meta.size("expert_used_count")

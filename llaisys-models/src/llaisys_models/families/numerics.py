@@ -11,6 +11,7 @@ In float32 the two modes are the same. ``LLAISYS_NUMERICS`` sets the default for
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from ..errors import ModelLoadError
@@ -29,7 +30,7 @@ def resolve(numerics: str | None) -> str:
     return numerics.lower()
 
 
-def add_argument(parser) -> None:
+def add_argument(parser: argparse.ArgumentParser) -> None:
     """``--numerics exact|hf`` on a CLI command that loads a model."""
     parser.add_argument("--numerics", default=None, choices=MODES,
                         help=f"where f16 / bf16 ops round: exact (f32 inside, one rounding; the default) or hf "

@@ -1,4 +1,5 @@
-"""Qwen2 and the families that are its declared variations, written only with ``llaisys.ops``.
+"""Qwen2, the decoder that Llama, Mistral, Qwen3 and Phi-3 are declared variations of (llama.py, ...), written
+only with ``llaisys.ops``.
 
     x = embed(ids)
     for each layer:
@@ -9,7 +10,7 @@
         h = rms_norm(x);  x += (silu(h Wgate) * h Wup) Wdown
     logits = rms_norm(x[last]) Wlm
 
-Split over the ranks of a tensor-parallel group (tensor_parallel/), each rank holds some heads and some of
+Split over the ranks of a tensor-parallel group (parallel/), each rank holds some heads and some of
 the MLP's width: the o_proj and down_proj outputs are partial sums, all-reduced, and the logits of each
 rank's rows of the vocabulary are gathered. With one rank both cost nothing.
 
@@ -18,7 +19,7 @@ Sliding windows (Mistral, Mixtral, Phi-3: every layer; Qwen2 / Qwen3 with use_sl
 layer_types / max_window_layers) are the config's per layer.
 The other variations live in the config and the weights: biases (Qwen2: q/k/v; Llama, Mistral, Qwen3:
 ``attention_bias`` / ``mlp_bias``), an explicit head_dim, Phi-3's fused qkv / gate_up weights (read as
-row views, weights.py).
+row views: phi3.py's ``fused``).
 
 One forward runs any number of sequences at once (continuous batching): their new tokens are stacked
 into the rows of x, every matmul reads each weight once for all of them, and attention reads each
@@ -31,9 +32,11 @@ import llaisys
 
 from ..engine.kv_cache import KVPool
 from ..engine.step_inputs import StepInputs
-from ..loading.quantize import embedding, linear
-from ..loading.weights import LayerWeights
-from .causal_lm import CausalLM
+from ..errors import ModelLoadError, shown
+from .causal_lm import CausalLM, Workspace
+from .config import ConfigRules, flag, layer_windows
+from .family import Family
+from .weights import LayerWeights, embedding, linear
 
 
 class Qwen2(CausalLM):
@@ -60,7 +63,8 @@ class Qwen2(CausalLM):
             self._mlp(layer, ws)
         return self._logits(ws.x, step)
 
-    def _attention(self, w: LayerWeights, ws, keys, values, step: StepInputs, window: int) -> None:
+    def _attention(self, w: LayerWeights, ws: Workspace, keys: llaisys.Tensor, values: llaisys.Tensor, step: StepInputs,
+                   window: int) -> None:
         c, ops, n, numerics = self.config, llaisys.ops, ws.n, self.numerics
         ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
@@ -79,9 +83,11 @@ class Qwen2(CausalLM):
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)
         ops.add(ws.x, ws.x, ws.out)
 
-    def _mlp(self, w: LayerWeights, ws) -> None:
+    def _mlp(self, w: LayerWeights, ws: Workspace) -> None:
         c, ops, numerics = self.config, llaisys.ops, self.numerics
         ops.rms_norm(ws.h, ws.x, w.mlp_norm, c.rms_norm_eps, numerics)
+        # a dense layer: its MLP has these three (a mixture-of-experts layer has experts instead: moe.py)
+        assert w.gate_proj is not None and w.up_proj is not None and w.down_proj is not None
         linear(ws.gate, ws.h, w.gate_proj, w.gate_bias)
         linear(ws.up, ws.h, w.up_proj, w.up_bias)
         ops.swiglu(ws.gate, ws.gate, ws.up, numerics)
@@ -90,14 +96,27 @@ class Qwen2(CausalLM):
         ops.add(ws.x, ws.x, ws.out)
 
 
-class Llama(Qwen2):
-    """Llama-architecture checkpoints (Llama 2, 3.x, and Mistral: Llama with an explicit head_dim): the same
-    decoder, biases as ``attention_bias`` / ``mlp_bias`` say."""
+def windows(raw: dict, layers: int) -> dict:
+    """Qwen2Config's sliding windows (Qwen3's too): none unless use_sliding_window; then the layers of
+    layer_types, else those from max_window_layers (default 28) on."""
+    window = raw.get("sliding_window")
+    if not flag(raw, "use_sliding_window"):
+        window = None  # (Qwen2Config: sliding_window = sliding_window if use_sliding_window else None)
+        if raw.get("layer_types") is None:
+            return {}
+
+    def from_max_window_layers() -> list[str]:
+        first = raw.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise ModelLoadError(f"config field 'max_window_layers' must be an integer, got {shown(first)}")
+        return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
+
+    return layer_windows(raw, layers, window, from_max_window_layers, "use_sliding_window is false")
 
 
-class Qwen3(Qwen2):
-    """Qwen3: q_norm / k_norm on each head before rope, an explicit head_dim, no q/k/v bias."""
+def config(raw: dict, layers: int) -> dict:
+    """Qwen2Config: q/k/v always biased, o_proj never (attention_bias does not apply); its sliding windows."""
+    return dict(qkv_bias=True, o_bias=False, **windows(raw, layers))
 
 
-class Phi3(Qwen2):
-    """Phi-3: the Llama decoder with fused qkv_proj / gate_up_proj weights (split into row views at load)."""
+FAMILY = Family(model=Qwen2, config=ConfigRules("qwen2", config))

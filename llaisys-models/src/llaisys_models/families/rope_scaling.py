@@ -64,12 +64,14 @@ def table(head_dim: int, theta: float, rope: RopeScaling, max_position_embedding
 
 def _llama3(inv: np.ndarray, rope: RopeScaling) -> np.ndarray:
     """HF's _compute_llama3_parameters, in its f32 order of operations."""
-    factor, low = f32(rope.factor), f32(rope.low_freq_factor)
-    old = rope.original_max_position_embeddings
-    low_wavelen, high_wavelen = f32(old / rope.low_freq_factor), f32(old / rope.high_freq_factor)
+    low_freq, high_freq, old = rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position_embeddings
+    # (config.py reads each of them for a llama3 rope, and refuses a config without one)
+    assert rope.factor is not None and low_freq is not None and high_freq is not None and old is not None
+    factor, low = f32(rope.factor), f32(low_freq)
+    low_wavelen, high_wavelen = f32(old / low_freq), f32(old / high_freq)
     wavelen = f32(2 * math.pi) / inv
     scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
-    smooth = (f32(old) / wavelen - low) / f32(rope.high_freq_factor - rope.low_freq_factor)
+    smooth = (f32(old) / wavelen - low) / f32(high_freq - low_freq)
     smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
@@ -78,9 +80,10 @@ def _llama3(inv: np.ndarray, rope: RopeScaling) -> np.ndarray:
 def _yarn(head_dim: int, theta: float, rope: RopeScaling, max_position_embeddings: int) -> tuple[np.ndarray, float]:
     """HF's _compute_yarn_parameters: the table in its f32 order of operations, the attention factor in double."""
     original = rope.original_max_position_embeddings
+    assert original is not None  # (config.py refuses a yarn rope without it)
     factor = rope.factor if rope.factor is not None else max_position_embeddings / original
 
-    def get_mscale(scale, mscale=1.0):
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
     attention = rope.attention_factor
@@ -91,7 +94,7 @@ def _yarn(head_dim: int, theta: float, rope: RopeScaling, max_position_embedding
             attention = get_mscale(factor)
     beta_fast, beta_slow = rope.beta_fast or 32, rope.beta_slow or 1
 
-    def correction_dim(rotations):
+    def correction_dim(rotations: float) -> float:
         return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)

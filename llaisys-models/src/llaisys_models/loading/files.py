@@ -9,13 +9,24 @@ exhaust the recursion limit and integers beyond Python's digit limit become a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 from ..errors import ModelLoadError
+
+PathArg = str | os.PathLike[str]  # a file or directory given by the caller: a str or a Path
+
+# The files a HuggingFace tokenizer's vocabulary comes from (one of them must be there: given only
+# tokenizer_config.json, transformers quietly builds a tokenizer with an empty vocabulary).
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model")
+# Everything AutoTokenizer may open: each must be a regular file, or the load could block on a FIFO.
+TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -26,7 +37,7 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def model_directory(path) -> Path:
+def model_directory(path: PathArg) -> Path:
     """``path`` as a model directory, or a ModelLoadError saying what it is instead."""
     path = Path(path)
     if path.is_dir():
@@ -43,7 +54,7 @@ def model_directory(path) -> Path:
 GGUF_MAGIC = b"GGUF"
 
 
-def is_gguf(path) -> bool:
+def is_gguf(path: PathArg) -> bool:
     """Whether ``path`` names a GGUF file: by its suffix, else by its first four bytes, sniffing only regular
     files (a FIFO must not block the look at its first bytes)."""
     path = Path(path)
@@ -58,7 +69,7 @@ def is_gguf(path) -> bool:
         return False
 
 
-def check_regular(path) -> None:
+def check_regular(path: PathArg) -> None:
     """Raise a ModelLoadError unless ``path`` exists and is a regular file (symlinks followed)."""
     try:
         mode = os.stat(path).st_mode
@@ -70,7 +81,7 @@ def check_regular(path) -> None:
         raise ModelLoadError(f"{path} is {file_kind(mode)}, not a regular file; llaisys reads only regular files")
 
 
-def open_regular(path) -> BinaryIO:
+def open_regular(path: PathArg) -> io.BufferedReader:
     """``open(path, "rb")`` for a regular file; anything else is refused without blocking."""
     check_regular(path)
     try:  # O_NONBLOCK: should the path have become a FIFO since the stat, the open still returns
@@ -85,7 +96,7 @@ def open_regular(path) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def parse_json(data: bytes | str, where: str):
+def parse_json(data: bytes | str, where: str) -> Any:
     """``json.loads(data)``, with every way untrusted JSON can fail as a ModelLoadError naming ``where``."""
     try:
         return json.loads(data)
@@ -97,7 +108,7 @@ def parse_json(data: bytes | str, where: str):
         raise ModelLoadError(f"{where} is not valid JSON: {e}") from None
 
 
-def read_json(path):
+def read_json(path: PathArg) -> Any:
     """The JSON value in the regular file ``path``."""
     with open_regular(path) as f:
         try:
@@ -107,7 +118,7 @@ def read_json(path):
     return parse_json(data, str(path))
 
 
-def read_json_object(path) -> dict:
+def read_json_object(path: PathArg) -> dict[str, Any]:
     """The JSON object in ``path`` (a ModelLoadError for any other JSON value)."""
     value = read_json(path)
     if not isinstance(value, dict):

@@ -20,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import ParamSpec, TypeVar
 
 from ..errors import ModelLoadError
-from ..text.tokenizer import TOKENIZER_FILES, VOCABULARY_FILES
+from .files import TOKENIZER_FILES, VOCABULARY_FILES, PathArg
+from .safetensors import _weight_map
 
 INDEX_FILE = "model.safetensors.index.json"
 # What a safetensors model is read from, beside its weights (each fetched when the repo has it)
@@ -43,7 +46,7 @@ class HubId:
         return self.repo + (f"@{self.revision}" if self.revision else "") + (f":{self.file}" if self.file else "")
 
 
-def parse(spec) -> HubId | None:
+def parse(spec: PathArg) -> HubId | None:
     """The Hub id ``spec`` spells, or None when it cannot be one (then it is only a path)."""
     match = _ID.fullmatch(str(spec))
     if match is None or ".." in match["repo"] or "--" in match["repo"]:  # the Hub allows neither
@@ -53,7 +56,7 @@ def parse(spec) -> HubId | None:
     return HubId(match["repo"], match["revision"], match["file"])
 
 
-def resolve(spec) -> Path:
+def resolve(spec: PathArg) -> Path:
     """The local path of the model ``spec`` names: ``spec`` itself when it exists or is no Hub id, else the
     model's directory (or .gguf file) in the Hub cache, downloaded there first when it is missing."""
     path = Path(spec)
@@ -151,8 +154,6 @@ def _choices(files: list[str]) -> str:
 
 def shards(index: Path) -> list[str]:
     """The shard files a safetensors index names."""
-    from .safetensors import _weight_map
-
     return sorted(set(_weight_map(index).values()))
 
 
@@ -182,7 +183,11 @@ def download(hub_id: HubId, missing: str) -> Path:
     return Path(snapshot) / found
 
 
-def _hub_call(hub_id: HubId, where: str, function, *args, **kwargs):
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _hub_call(hub_id: HubId, where: str, function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """``function(*args, **kwargs)`` of huggingface_hub, each way it can fail as a one-line ModelLoadError."""
     from huggingface_hub import constants
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError

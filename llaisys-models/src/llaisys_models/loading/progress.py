@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
 
 
 class Progress:
@@ -13,7 +14,7 @@ class Progress:
     """
 
     def __init__(self, total: int, label: str, enabled: bool | None = None, delay: float = 0.5,
-                 stream=None):
+                 stream: TextIO | None = None) -> None:
         self.total = max(int(total), 1)
         self.label = label
         self.stream = stream or sys.stderr
@@ -53,5 +54,5 @@ class Progress:
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

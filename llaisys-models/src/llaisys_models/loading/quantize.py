@@ -1,5 +1,8 @@
 """Quantized weights: ``llaisys_models.load(..., quantize="int8" | "int4")``, and the block weights of GGUF files.
 
+What the forward reads (``Int8Weight``, ``BlockWeight``, ``Int8Experts``, and the ops that run each) is
+families/weights.py's; how they are made at load time is here.
+
 int8: every linear of the decoder (q/k/v/o, gate/up/down) and the lm_head is stored as symmetric int8 in
 groups of 32 consecutive inputs of a row, one bfloat16 scale per group; ``llaisys.ops.linear_i8``
 quantizes the activations per row and group on the fly and runs integer dot products. So are the experts
@@ -19,9 +22,10 @@ round-half-to-even(w / d) + 8 clipped to [0, 15]: m itself is exact (u = 0) up t
 other value within half a step |d| / 2, but for values of the other sign beyond 7.5 |d| (they clip at 7 steps:
 within |d|). Symmetric, as llama.cpp's
 Q4_0: a min per group (q4_1, 5 bits per weight) measured 4-6% less RMS error per weight on the demo and
-SmolLM2 weights (README) for 11% more bytes per token.
+SmolLM2 weights (benchmarks/RESULTS.md) for 11% more bytes per token.
 
-The format (docs/architecture.md; ``llaisys.ops.int8`` holds the layout, the ``linear_i8`` kernels read it):
+The format (docs/quantization.md, docs/design/operators.md#quantized-weights; ``llaisys.ops.int8`` holds the layout,
+the ``linear_i8`` kernels read it):
 
     q       int8 [N, K], in [-127, 127]
     scales  bfloat16 [N, G], G = ceil(K / 32): one per row and group of 32 consecutive k
@@ -41,15 +45,16 @@ and one chunk; a layer's experts are quantized expert by expert into their stack
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 import llaisys
 
 from ..errors import ModelLoadError, shown
+from ..families.weights import BlockWeight, Int8Experts, Int8Weight
 from .host_memory import bytes_of, host_buffer, populate
 
 MODES = ("int8", "int4")
@@ -58,8 +63,8 @@ BLOCK_ROWS = llaisys.ops.INT8_BLOCK_ROWS  # rows per block of the stored layout
 INT4_FORMAT = "q4_0"  # quantize="int4"'s block format (its lm_head: "q8_0")
 # the ops a quantized model needs beyond the float model's: its linears', and its experts' (a mixture of experts;
 # int4 keeps them in int8: there is no 4-bit expert kernel)
-KERNELS = {"int8": ("linear_i8",), "int4": ("linear_q",)}
-EXPERT_KERNELS = {"int8": ("moe_linear_i8",), "int4": ("moe_linear_i8",)}
+KERNELS: dict[str, tuple[str, ...]] = {"int8": ("linear_i8",), "int4": ("linear_q",)}
+EXPERT_KERNELS: dict[str, tuple[str, ...]] = {"int8": ("moe_linear_i8",), "int4": ("moe_linear_i8",)}
 BLOCK_KERNELS = ("linear_q", "embedding_q")  # what weights kept in a GGUF file's blocks need
 CHUNK_VALUES = 1 << 18  # values quantized per numpy pass: the f32 temporaries stay in L2
 
@@ -76,6 +81,8 @@ def resolve(quantize: str | None) -> str | None:
 def missing_kernels(device: llaisys.Device, quantize: str | None, experts: bool = False) -> list[str]:
     """The ops ``quantize``'s linears (and experts, for a mixture-of-experts model) need that ``device``'s
     backend does not implement."""
+    if quantize is None:
+        return []
     ops = KERNELS.get(quantize, ()) + (EXPERT_KERNELS.get(quantize, ()) if experts else ())
     return [op for op in ops if not llaisys.ops.implemented(op, device)]
 
@@ -90,81 +97,6 @@ def check_device(device: llaisys.Device, quantize: str | None, experts: bool = F
             f"quantize={quantize!r} needs the {', '.join(missing)} {kernels}, which the '{device.type}' backend "
             f"({device}) does not implement; load the model on a device that has it (device='cpu', --device cpu) "
             f"or without quantize")
-
-
-@dataclasses.dataclass(frozen=True)
-class Int8Weight:
-    """A linear's [N, K] weight in the int8 format: the blocks ``weight`` and ``scales`` (llaisys.ops.int8)."""
-
-    weight: llaisys.Tensor
-    scales: llaisys.Tensor
-    shape: tuple[int, int]  # [N, K]
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockWeight:
-    """An [N, K] matrix in one of llaisys.ops.quant's block formats (``fmt``: q8_0, q4_0, q4_1, q4_k, q6_k): the
-    uint8 blocks ``weight`` and ``scales``. A linear's weight, or an embedding table (embedding_q reads it)."""
-
-    weight: llaisys.Tensor
-    scales: llaisys.Tensor
-    fmt: str
-    shape: tuple[int, int]  # [N, K]
-
-
-@dataclasses.dataclass(frozen=True)
-class Int8Experts:
-    """A mixture-of-experts layer's stacked expert matrices [E, N, K] in the int8 format: expert e's blocks at
-    ``weight[e]`` and ``scales[e]`` (``llaisys.ops.moe_linear_i8``)."""
-
-    weight: llaisys.Tensor  # int8 [E, ceil(N / 16), ceil(K / 32), 8, 16, 4]
-    scales: llaisys.Tensor  # bf16 [E, ceil(N / 16), ceil(K / 32), 16]
-    shape: tuple[int, int, int]  # [E, N, K]
-
-
-def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Weight | BlockWeight,
-           bias: llaisys.Tensor | None = None) -> None:
-    """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, int8 or blocks."""
-    if isinstance(weight, BlockWeight):
-        llaisys.ops.linear_q(out, x, weight.weight, weight.scales, weight.fmt, bias)
-    elif isinstance(weight, Int8Weight):
-        llaisys.ops.linear_i8(out, x, weight.weight, weight.scales, bias)
-    else:
-        llaisys.ops.linear(out, x, weight, bias)
-
-
-def weight_formats(weights) -> tuple[str, ...]:
-    """The quantized formats a model's matrices are held in ("int8", "q4_k", ...; none for float weights)."""
-    matrices = [weights.embed_tokens, weights.lm_head]
-    for layer in weights.layers:
-        matrices += [getattr(layer, field, None) for field in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                "up_proj", "down_proj")]
-    for layer in weights.layers:
-        experts = getattr(layer, "experts", None)  # a mixture-of-experts layer's ExpertWeights
-        if experts is not None:
-            matrices += [experts.gate, experts.up, experts.down]
-    kinds = {m.fmt if isinstance(m, BlockWeight) else "int8" for m in matrices
-             if isinstance(m, (BlockWeight, Int8Weight, Int8Experts))}
-    return tuple(sorted(kinds))
-
-
-def embedding(out: llaisys.Tensor, index: llaisys.Tensor, table: llaisys.Tensor | BlockWeight) -> None:
-    """out[i] = table[index[i]], whichever kind the table is: a tensor in the model dtype, or blocks (only the
-    rows read are decoded)."""
-    if isinstance(table, BlockWeight):
-        llaisys.ops.embedding_q(out, index, table.weight, table.scales, table.fmt, table.shape[0])
-    else:
-        llaisys.ops.embedding(out, index, table)
-
-
-def moe_linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: llaisys.Tensor | Int8Experts,
-               experts: llaisys.Tensor) -> None:
-    """out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T, whichever kind the stacked experts are: a tensor
-    [E, N, K] in the model dtype, or int8."""
-    if isinstance(weight, Int8Experts):
-        llaisys.ops.moe_linear_i8(out, x, weight.weight, weight.scales, experts)
-    else:
-        llaisys.ops.moe_linear(out, x, weight, experts)
 
 
 # -- the quantizer ----------------------------------------------------------------------------------------
@@ -262,8 +194,11 @@ def quantize_rows_q8_0(rows: np.ndarray, work: np.ndarray, name: str) -> tuple[n
     return x[:, :k].astype(np.int8), d
 
 
+RowQuantizer = Callable[[np.ndarray, np.ndarray, str], tuple[np.ndarray, np.ndarray]]  # quantize_rows' signature
+
+
 def quantized_chunks(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], name: str = "weight",
-                     quantize_rows=quantize_rows):
+                     quantize_rows: RowQuantizer = quantize_rows) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """Quantize the [N, K] matrix whose rows ``read(start, end)`` returns a chunk of rows at a time (whole
     blocks of INT8_BLOCK_ROWS, the last one aside): yields (start, end, *quantize_rows' results for those rows:
     int8 q [end - start, G * 32] (zeros past K) and bfloat16 scales [end - start, G] by default)."""
@@ -325,6 +260,7 @@ class BlockBuffers:
     def __init__(self, specs: list[tuple[tuple[int, ...], llaisys.DType]], device: llaisys.Device,
                  arena: Arena | None = None):
         self.specs, self.device = specs, device
+        self.tensors: list[llaisys.Tensor] | None  # None: host buffers (raw), copied to the device by placed()
         if device.type == "cpu":
             if arena is not None:
                 self.tensors = [arena.take(shape) for shape, _ in specs]
@@ -354,8 +290,10 @@ def int8_weight(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], 
     n, k = shape
     weight_shape, scales_shape = llaisys.ops.int8_shapes(n, k)
     buffers = BlockBuffers([(weight_shape, llaisys.int8), (scales_shape, llaisys.bfloat16)], device)
-    _quantize_into(read, shape, *buffers.arrays, name)
-    return Int8Weight(*buffers.placed(), (n, k))
+    blocks, block_scales = buffers.arrays
+    _quantize_into(read, shape, blocks, block_scales, name)
+    weight, scales = buffers.placed()
+    return Int8Weight(weight, scales, (n, k))
 
 
 def int8_experts(reads: list[Callable[[int, int], np.ndarray]], shape: tuple[int, int], device: llaisys.Device,
@@ -370,7 +308,8 @@ def int8_experts(reads: list[Callable[[int, int], np.ndarray]], shape: tuple[int
     blocks, block_scales = buffers.arrays
     for e, read in enumerate(reads):
         _quantize_into(read, shape, blocks[e], block_scales[e], names[e])
-    return Int8Experts(*buffers.placed(), (experts, *shape))
+    weight, scales = buffers.placed()
+    return Int8Experts(weight, scales, (experts, *shape))
 
 
 def _quantize_into(read: Callable[[int, int], np.ndarray], shape: tuple[int, int], blocks: np.ndarray,
@@ -392,7 +331,8 @@ def block_bytes(fmt: str, shape: tuple[int, int]) -> int:
     return sum(Arena.size_of(s) for s in llaisys.ops.quant_shapes(fmt, *shape))
 
 
-QUANTIZERS = {"q4_0": quantize_rows_int4, "q8_0": quantize_rows_q8_0}  # the formats quantized from floats
+# the formats quantized from floats
+QUANTIZERS: dict[str, RowQuantizer] = {"q4_0": quantize_rows_int4, "q8_0": quantize_rows_q8_0}
 
 
 def quantized_blocks(fmt: str, read: Callable[[int, int], np.ndarray], shape: tuple[int, int],
@@ -404,7 +344,8 @@ def quantized_blocks(fmt: str, read: Callable[[int, int], np.ndarray], shape: tu
     for start, end, codes, d in quantized_chunks(read, shape, name, QUANTIZERS[fmt]):
         first, last = start // BLOCK_ROWS, -(-end // BLOCK_ROWS)
         llaisys.ops.pack_quant(fmt, codes, d, out_weight=blocks[first:last], out_scales=block_scales[first:last])
-    return BlockWeight(*buffers.placed(), fmt, shape)
+    weight, scales = buffers.placed()
+    return BlockWeight(weight, scales, fmt, shape)
 
 
 def quantized_weight(quantize: str, read: Callable[[int, int], np.ndarray], shape: tuple[int, int],
@@ -422,7 +363,7 @@ def linear_mode(quantize: str | None, field: str) -> str | None:
     return "q8_0" if quantize == "int4" and field == "lm_head" else quantize
 
 
-def add_argument(parser) -> None:
+def add_argument(parser: argparse.ArgumentParser) -> None:
     """``--quantize int8|int4`` and ``--dequantize`` on a CLI command that loads a model."""
     parser.add_argument("--dequantize", action="store_true",
                         help="GGUF files: decode the quantized tensors into the compute dtype at load (exactly the "

@@ -23,7 +23,7 @@ import numpy as np
 import llaisys
 
 from ..errors import ModelLoadError, shown
-from .files import check_regular, open_regular, parse_json, read_json_object
+from .files import PathArg, check_regular, open_regular, parse_json, read_json_object
 
 DTYPES = {"F32": llaisys.float32, "F16": llaisys.float16, "BF16": llaisys.bfloat16, "F64": llaisys.float64,
           "I64": llaisys.int64, "I32": llaisys.int32, "I8": llaisys.int8, "U8": llaisys.uint8,
@@ -47,7 +47,7 @@ class SafetensorsFile:
     """One ``.safetensors`` file: ``infos`` from the header; tensors zero-copy from a memory map, or,
     with ``mapped=False``, read into memory when asked for (the file is not kept open)."""
 
-    def __init__(self, path, mapped: bool = True):
+    def __init__(self, path: PathArg, mapped: bool = True) -> None:
         self.path = Path(path)
         self.mapped = mapped
         self._map: mmap.mmap | None = None
@@ -76,7 +76,7 @@ class SafetensorsFile:
         for name, entry in header.items():
             self.infos[name] = self._parse(name, entry, data_start, data_size)
 
-    def _parse(self, name, entry, data_start, data_size) -> TensorInfo:
+    def _parse(self, name: str, entry: object, data_start: int, data_size: int) -> TensorInfo:
         where = f"{self.path}: tensor {shown(name)}"
         if not isinstance(entry, dict):
             raise ModelLoadError(f"{where} has a corrupt header entry")
@@ -103,31 +103,31 @@ class SafetensorsFile:
 
     def tensor(self, name: str) -> llaisys.Tensor:
         """A read-only CPU tensor pointing into the mapping (no copy); a copy when not mapped."""
-        info = self._known(name)
+        info, dtype = self._known(name)
         if self._map is None:
             return llaisys.from_numpy(self.array(info))
-        return llaisys.from_buffer(self._map, info.dtype, info.shape, offset=info.offset)
+        return llaisys.from_buffer(self._map, dtype, info.shape, offset=info.offset)
 
     def array(self, info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
         """The stored values of ``info`` as a host numpy array: a read-only view of the mapping, or
         the bytes read from the file now (into ``out``, a writable C-contiguous array of the tensor's
         bytes, when given: one copy, straight from the file)."""
-        info = self._known(info.name)
+        info, dtype = self._known(info.name)
         count = math.prod(info.shape)
         if self._map is not None:
-            return np.frombuffer(self._map, dtype=info.dtype.numpy, count=count, offset=info.offset).reshape(info.shape)
+            return np.frombuffer(self._map, dtype=dtype.numpy, count=count, offset=info.offset).reshape(info.shape)
         data = np.empty(info.nbytes, dtype=np.uint8) if out is None else out.reshape(-1).view(np.uint8)
         self.read_into(info, data)
-        return data.view(info.dtype.numpy).reshape(info.shape)
+        return data.view(dtype.numpy).reshape(info.shape)
 
     def read_into(self, info: TensorInfo, data: np.ndarray) -> None:
         """Read the stored bytes of ``info`` from the file into ``data`` (a writable uint8 array of
         exactly its bytes); needs no numpy dtype for the values (bf16's would import ml_dtypes)."""
-        info = self._known(info.name)
+        info, _ = self._known(info.name)
         with open_regular(self.path) as f:
             try:
                 f.seek(info.offset)
-                got = f.readinto(memoryview(data))
+                got = f.readinto(data.data)
             except OSError as e:
                 raise ModelLoadError(f"cannot read {self.path}: {e}") from None
         if got != info.nbytes:
@@ -139,21 +139,23 @@ class SafetensorsFile:
         """The file's memory map (None when loaded with ``mapped=False``)."""
         return self._map
 
-    def _known(self, name: str) -> TensorInfo:
+    def _known(self, name: str) -> tuple[TensorInfo, llaisys.DType]:
+        """The info of tensor ``name`` and its dtype (a ModelLoadError for a dtype llaisys has no type for)."""
         info = self.infos[name]
         if info.dtype is None:
             raise ModelLoadError(f"{self.path}: tensor {shown(name)} has dtype {shown(info.dtype_name)}, which llaisys "
                                  f"does not support")
-        return info
+        return info, info.dtype
 
     def release_pages(self, offset: int, nbytes: int) -> None:
         """Drop the pages of [offset, offset + nbytes) from this process's resident set once their
         bytes were copied elsewhere (the file stays in the page cache; a later read faults it back)."""
-        advise = getattr(self._map, "madvise", None)
-        if advise is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+        mapping = self._map
+        advise = getattr(mapping, "madvise", None)
+        if mapping is None or advise is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
             return
         start = offset - offset % mmap.PAGESIZE
-        end = min(offset + nbytes, len(self._map))
+        end = min(offset + nbytes, len(mapping))
         if end > start:
             advise(mmap.MADV_DONTNEED, start, end - start)
 
@@ -171,7 +173,7 @@ class Checkpoint:
     ``mapped=False`` reads tensors into memory instead of mapping the files (see SafetensorsFile).
     """
 
-    def __init__(self, directory, mapped: bool = True):
+    def __init__(self, directory: PathArg, mapped: bool = True) -> None:
         self.directory = Path(directory)
         index_path = self.directory / INDEX_FILE
         self.files: list[SafetensorsFile] = []

@@ -7,16 +7,19 @@ once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="
 linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
 in q8_0), and so are the experts' matrices (EXPERTS; in int8 for both: there is no 4-bit expert kernel).
 
-Gemma's RMSNorms multiply by 1 + w (``config.norm_offset``): the norm weights (NORMS) are then loaded as
-f32(w) + 1 in float32, whatever the model dtype, which is what HF computes (``1.0 + self.weight.float()``):
-the rms_norm op takes an f32 weight for f16 / bf16 activations as Gemma's norm (rounded once), so f32 models
-are bit-exact and bf16 ones round where HF does. (Folding 1 + w into a bf16 weight would move it by up to
-half a bf16 ulp of 1 + w, 2^-9, more than the activations' rounding.)
+Which tensors, under which names, is the family's declaration (``plan``: its ``tensors``, ``fused`` and
+``experts``, families/family.py); the shapes are the config's.
+
+Gemma's and OLMo 2's RMSNorms multiply by their weight in f32 (``config.norms_in_f32``; Gemma's by 1 + w,
+``config.norm_offset``): the norm weights (NORMS) are then loaded as f32(w) + offset in float32, whatever the
+model dtype, which is what HF computes (``1.0 + self.weight.float()``): the rms_norm op takes an f32 weight
+for f16 / bf16 activations as such a norm (rounded once), so f32 models are bit-exact and bf16 ones round
+where HF does. (Folding 1 + w into a bf16 weight would move it by up to half a bf16 ulp of 1 + w, 2^-9, more
+than the activations' rounding.)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 
@@ -26,11 +29,23 @@ import llaisys
 
 from ..errors import ModelLoadError
 from ..families.config import ModelConfig
+from ..families.family import HF_LAYER, HF_TOP, Family
+from ..families.weights import (
+    BlockWeight,
+    Experts,
+    Int8Experts,
+    Int8Weight,
+    LayerWeights,
+    Linear,
+    Weight,
+    Weights,
+    layer_weights,
+)
 from ..parallel import shards
-from ..parallel.layout import DROP
+from ..parallel.layout import DROP, Layout, Part
 from .host_memory import bytes_of
 from .progress import Progress
-from .quantize import BlockWeight, Int8Experts, Int8Weight, int8_experts, linear_mode, quantized_weight
+from .quantize import int8_experts, linear_mode, quantized_weight
 from .safetensors import Checkpoint, TensorInfo
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
@@ -42,55 +57,7 @@ NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k
 # ... and a sparse layer's stacked expert matrices (the router stays in the model dtype: quantize.py)
 EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
-# a linear's weight: in the model dtype, int8, or blocks (quantize.py: int4, and a GGUF file's quantized tensors)
-Linear = llaisys.Tensor | Int8Weight | BlockWeight
-Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
-
-
-@dataclasses.dataclass
-class ExpertWeights:
-    """A mixture-of-experts MLP: the router and every expert's matrices, stacked (expert e at [e])."""
-    router: llaisys.Tensor  # [E, hidden]
-    gate: Experts  # [E, moe_intermediate, hidden]
-    up: Experts  # [E, moe_intermediate, hidden]
-    down: Experts  # [E, hidden, moe_intermediate]
-
-
-@dataclasses.dataclass
-class LayerWeights:
-    input_norm: llaisys.Tensor  # of the attention's input
-    q_proj: Linear
-    k_proj: Linear
-    v_proj: Linear
-    o_proj: Linear
-    mlp_norm: llaisys.Tensor  # of the MLP's input (HF: post_attention_layernorm; Gemma: pre_feedforward_layernorm)
-    gate_proj: Linear | None = None  # (None in a mixture-of-experts layer: its MLP is `experts`)
-    up_proj: Linear | None = None
-    down_proj: Linear | None = None
-    experts: ExpertWeights | None = None
-    q_norm: llaisys.Tensor | None = None  # Qwen3, Gemma 3: RMSNorm weights [head_dim] of each q head, each k head
-    k_norm: llaisys.Tensor | None = None
-    attn_out_norm: llaisys.Tensor | None = None  # Gemma: of the attention's output (post_attention_layernorm)
-    mlp_out_norm: llaisys.Tensor | None = None  # Gemma: of the MLP's output (post_feedforward_layernorm)
-    q_bias: llaisys.Tensor | None = None
-    k_bias: llaisys.Tensor | None = None
-    v_bias: llaisys.Tensor | None = None
-    o_bias: llaisys.Tensor | None = None
-    gate_bias: llaisys.Tensor | None = None
-    up_bias: llaisys.Tensor | None = None
-    down_bias: llaisys.Tensor | None = None
-
-
-@dataclasses.dataclass
-class Weights:
-    embed_tokens: llaisys.Tensor | BlockWeight  # blocks: a GGUF file's quantized table, decoded per row read
-    layers: list[LayerWeights]
-    norm: llaisys.Tensor
-    lm_head: Linear  # the embedding itself when tie_word_embeddings (its own int8 copy when quantized; the same
-    # blocks when the embedding is a GGUF file's quantized table)
-
-
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_LAYER = re.compile(re.escape(HF_LAYER.split("{}")[0]) + r"(\d+)\.")  # a layer's name: model.layers.{i}.
 
 
 def check_layer_count(checkpoint: Checkpoint, config: ModelConfig) -> None:
@@ -105,78 +72,92 @@ def check_layer_count(checkpoint: Checkpoint, config: ModelConfig) -> None:
                              f"checkpoint has {have} ({len(present)} layers; layer {missing} is missing)")
 
 
-def plan(config: ModelConfig) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
-    """{field: (checkpoint name, shape)} for the top-level weights and for each layer; a field that is rows
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj", "gate_bias", "up_bias", "down_bias")  # (a sparse layer has none)
+
+
+def shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each weight a layer may have (a ``LayerWeights`` field), as the config sizes it."""
+    h, q, kv, inter, d = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size, c.head_dim
+    norm = (h,)
+    return {
+        "input_norm": norm, "mlp_norm": norm, "attn_out_norm": norm, "mlp_out_norm": norm,
+        "q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+        "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter),
+        "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "o_bias": (h,),
+        "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (h,),
+        "q_norm": (q,) if c.qk_norm_all_heads else (d,), "k_norm": (kv,) if c.qk_norm_all_heads else (d,),
+    }
+
+
+def has(field: str, c: ModelConfig) -> bool:
+    """Whether a layer of ``c`` has the weight ``field``, of those its family names: the config says which
+    biases, q/k norms and output norms it has (Llama: attention_bias)."""
+    if field in ("q_bias", "k_bias", "v_bias"):
+        return c.qkv_bias
+    if field == "o_bias":
+        return c.o_bias
+    if field in ("gate_bias", "up_bias", "down_bias"):
+        return c.mlp_bias
+    if field in ("q_norm", "k_norm"):
+        return c.qk_norm
+    if field in ("attn_out_norm", "mlp_out_norm"):
+        return c.sandwich_norms
+    return True
+
+
+def plan(config: ModelConfig, family: Family) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
+    """{field: (checkpoint name, shape)} for the top-level weights and for each layer: the weights ``family``
+    names that the config says a layer has (``has``), named as the family declares them; a field that is rows
     [start, stop) of a fused checkpoint tensor (Phi-3's qkv_proj, gate_up_proj) is (name, shape, (start, stop)),
-    with the fused tensor's shape: the decoder reads the rows as a matrix of their own (a view, no copy)."""
+    with the fused tensor's shape: the decoder reads the rows as a matrix of their own (a view, no copy); a
+    sparse layer's experts are (Stack of names, stacked shape)."""
     c = config
-    top = {"embed_tokens": ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),
-           "norm": ("model.norm.weight", (c.hidden_size,))}
+    top = {"embed_tokens": (HF_TOP["embed_tokens"], (c.vocab_size, c.hidden_size)),
+           "norm": (HF_TOP["norm"], (c.hidden_size,))}
     if not c.tie_word_embeddings:
-        top["lm_head"] = ("lm_head.weight", (c.vocab_size, c.hidden_size))
+        top["lm_head"] = (HF_TOP["lm_head"], (c.vocab_size, c.hidden_size))
+    sizes = shapes(c)
+    fused = {field: (name, fields) for name, fields in family.fused.items() for field in fields
+             if c.fused_projections}
     layers = []
     for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        layer = {
-            "input_norm": (p + "input_layernorm.weight", (c.hidden_size,)),
-            "q_proj": (p + "self_attn.q_proj.weight", (c.q_size, c.hidden_size)),
-            "k_proj": (p + "self_attn.k_proj.weight", (c.kv_size, c.hidden_size)),
-            "v_proj": (p + "self_attn.v_proj.weight", (c.kv_size, c.hidden_size)),
-            "o_proj": (p + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),
-            "mlp_norm": (p + "post_attention_layernorm.weight", (c.hidden_size,)),
-            "gate_proj": (p + "mlp.gate_proj.weight", (c.intermediate_size, c.hidden_size)),
-            "up_proj": (p + "mlp.up_proj.weight", (c.intermediate_size, c.hidden_size)),
-            "down_proj": (p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),
-        }
-        if c.sandwich_norms:  # Gemma: a norm after the attention and after the MLP too
-            layer["mlp_norm"] = (p + "pre_feedforward_layernorm.weight", (c.hidden_size,))
-            layer["attn_out_norm"] = (p + "post_attention_layernorm.weight", (c.hidden_size,))
-            layer["mlp_out_norm"] = (p + "post_feedforward_layernorm.weight", (c.hidden_size,))
-        if i in c.sparse_layers:
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                del layer[name]
-            layer.update(expert_plan(c, p))
-        if c.qkv_bias:
-            layer["q_bias"] = (p + "self_attn.q_proj.bias", (c.q_size,))
-            layer["k_bias"] = (p + "self_attn.k_proj.bias", (c.kv_size,))
-            layer["v_bias"] = (p + "self_attn.v_proj.bias", (c.kv_size,))
-        if c.o_bias:
-            layer["o_bias"] = (p + "self_attn.o_proj.bias", (c.hidden_size,))
-        if c.mlp_bias:
-            layer["gate_bias"] = (p + "mlp.gate_proj.bias", (c.intermediate_size,))
-            layer["up_bias"] = (p + "mlp.up_proj.bias", (c.intermediate_size,))
-            layer["down_bias"] = (p + "mlp.down_proj.bias", (c.hidden_size,))
-        if c.qk_norm:
-            layer["q_norm"] = (p + "self_attn.q_norm.weight", (c.head_dim,))
-            layer["k_norm"] = (p + "self_attn.k_norm.weight", (c.head_dim,))
-        if c.fused_projections:
-            _fuse(layer, p, c)
+        p = HF_LAYER.format(i)
+        sparse = i in c.sparse_layers
+        layer = {}
+        for field, name in {**family.tensors, **{f: n for f, (n, _) in fused.items()}}.items():
+            if not has(field, c) or (sparse and field in DENSE_MLP):
+                continue
+            if field in fused:
+                layer[field] = _rows(p + name, fused[field][1], field, sizes)
+            else:
+                layer[field] = (p + name, sizes[field])
+        if sparse:
+            layer.update(expert_plan(c, family, p))
         layers.append(layer)
     return top, layers
+
+
+def _rows(name: str, fields: tuple[str, ...], field: str, sizes: dict[str, tuple[int, ...]]) -> tuple:
+    """(name, the fused tensor's shape, (start, stop)): ``field``'s rows of the tensor that stacks ``fields``."""
+    start = sum(sizes[f][0] for f in fields[:fields.index(field)])
+    rows = sum(sizes[f][0] for f in fields)
+    return name, (rows, *sizes[field][1:]), (start, start + sizes[field][0])
 
 
 class Stack(tuple):
     """The checkpoint names of the matrices one stacked weight holds (an expert each), in order."""
 
 
-# a sparse layer's experts as HF checkpoints store them: {stacked field: (this layer's name of expert e's matrix)}
-_EXPERT_NAMES = {
-    "mixtral": ("block_sparse_moe.gate.weight",
-                {"gate": "block_sparse_moe.experts.{}.w1.weight", "up": "block_sparse_moe.experts.{}.w3.weight",
-                 "down": "block_sparse_moe.experts.{}.w2.weight"}),
-    "qwen3_moe": ("mlp.gate.weight",
-                  {"gate": "mlp.experts.{}.gate_proj.weight", "up": "mlp.experts.{}.up_proj.weight",
-                   "down": "mlp.experts.{}.down_proj.weight"}),
-}
-
-
-def expert_plan(c: ModelConfig, prefix: str) -> dict[str, tuple]:
+def expert_plan(c: ModelConfig, family: Family, prefix: str) -> dict[str, tuple]:
     """{field: (checkpoint name or Stack of names, shape)} of a sparse layer's router and experts."""
-    router, experts = _EXPERT_NAMES[c.model_type]
+    names = family.experts
+    if names is None:
+        raise ModelLoadError(f"internal: {c.architecture} has sparse layers but its family names no experts")
     e, inter, hidden = c.num_experts, c.moe_intermediate_size, c.hidden_size
     shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
-    plan = {"router": (prefix + router, (e, hidden))}
-    for field, name in experts.items():
+    plan: dict[str, tuple] = {"router": (prefix + names.router, (e, hidden))}
+    for field in ("gate", "up", "down"):
+        name = getattr(names, field)
         plan["experts_" + field] = (Stack(prefix + name.format(i) for i in range(e)), (e, *shapes[field]))
     return plan
 
@@ -197,24 +178,6 @@ def materialize_stack(infos: list[TensorInfo], dtype: llaisys.DType, device: lla
     return stacked
 
 
-def layer_weights(fields: dict) -> LayerWeights:
-    """A layer from its plan's fields (a sparse layer's router and experts_* fields become its ExpertWeights)."""
-    if "router" in fields:
-        fields = dict(fields)
-        fields["experts"] = ExpertWeights(fields.pop("router"),
-                                          *(fields.pop("experts_" + f) for f in ("gate", "up", "down")))
-    return LayerWeights(**fields)
-
-
-def _fuse(layer: dict, prefix: str, c: ModelConfig) -> None:
-    """Phi-3's fused projections: q, k, v are rows of self_attn.qkv_proj, gate and up of mlp.gate_up_proj."""
-    qkv = (prefix + "self_attn.qkv_proj.weight", (c.q_size + 2 * c.kv_size, c.hidden_size))
-    gate_up = (prefix + "mlp.gate_up_proj.weight", (2 * c.intermediate_size, c.hidden_size))
-    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
-    layer["q_proj"], layer["k_proj"], layer["v_proj"] = (*qkv, (0, q)), (*qkv, (q, q + kv)), (*qkv, (q + kv, q + 2 * kv))
-    layer["gate_proj"], layer["up_proj"] = (*gate_up, (0, inter)), (*gate_up, (inter, 2 * inter))
-
-
 def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, TensorInfo]:
     """Every needed tensor exists with its shape and a floating dtype; returns name -> info."""
     infos = {}
@@ -232,7 +195,7 @@ def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, Te
 
 def default_dtype(checkpoint: Checkpoint, config: ModelConfig) -> llaisys.DType:
     """The dtype the weights are stored in (that of the embedding), so CPU loads need no copy."""
-    info = checkpoint.info("model.embed_tokens.weight")
+    info = checkpoint.info(HF_TOP["embed_tokens"])
     if info.dtype in FLOAT_WEIGHTS:
         return info.dtype
     return llaisys.bfloat16
@@ -290,7 +253,8 @@ def quantized(info: TensorInfo, device: llaisys.Device, rows: tuple[int, int] | 
 def quantized_experts(infos: list[TensorInfo], device: llaisys.Device) -> Int8Experts:
     """The experts' checkpoint matrices (all of one shape) as stacked int8 experts on ``device``, quantized
     expert by expert from their stored values (each one's pages dropped as it is read)."""
-    experts = int8_experts([_row_reader(info) for info in infos], infos[0].shape, device, [i.name for i in infos])
+    n, k = infos[0].shape  # (each expert a matrix: check() matched their shapes to the plan's)
+    experts = int8_experts([_row_reader(info) for info in infos], (n, k), device, [i.name for i in infos])
     for info in infos:
         info.file.release_pages(info.offset, info.nbytes)
     return experts
@@ -304,13 +268,14 @@ def _part_bytes(info: TensorInfo, spec: tuple) -> int:
     return info.nbytes * (stop - start) // max(info.shape[0], 1)
 
 
-def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device,
-                 progress: bool | None = None, quantize: str | None = None, layout=None) -> Weights:
-    """The weights ``config`` names, checked, then placed on ``device`` in ``dtype`` (the linears in int8 with
-    ``quantize``). ``layout`` (tensor_parallel.Layout): only this rank's part of each weight (the checkpoint
-    must then be mapped: each part is read from the mapping)."""
+def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dtype: llaisys.DType,
+                 device: llaisys.Device, progress: bool | None = None, quantize: str | None = None,
+                 layout: Layout | None = None) -> Weights:
+    """The weights ``config`` sizes and ``family`` names, checked, then placed on ``device`` in ``dtype`` (the
+    linears in int8 with ``quantize``). ``layout`` (parallel.layout.Layout): only this rank's part of each weight
+    (the checkpoint must then be mapped: each part is read from the mapping)."""
     check_layer_count(checkpoint, config)
-    top, layers = plan(config)
+    top, layers = plan(config, family)
     infos = check(checkpoint, top, layers)
     tied_copy = quantize is not None and "lm_head" not in top  # the embedding read a second time, quantized
     total = sum(i.nbytes for i in infos.values()) + (infos[top["embed_tokens"][0]].nbytes if tied_copy else 0)
@@ -318,7 +283,7 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
         total //= layout.world
     cache: dict[str, llaisys.Tensor] = {}
     with Progress(total, f"loading {checkpoint.directory.name}", enabled=progress) as bar:
-        def get(spec):
+        def get(spec: tuple) -> llaisys.Tensor:
             name = spec[0]
             if isinstance(name, Stack):
                 stacked = materialize_stack([infos[n] for n in name], dtype, device)
@@ -331,27 +296,27 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
                 return cache[name].slice(0, *spec[2])
             return cache[name]
 
-        def get_linear(spec, mode):
+        def get_linear(spec: tuple, mode: str | None) -> Linear:
             if mode is None:
                 return get(spec)
             weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None, mode)
             bar.update(_part_bytes(infos[spec[0]], spec))
             return weight
 
-        def get_norm(spec):  # Gemma: 1 + w in f32 (see the top)
+        def get_norm(spec: tuple) -> llaisys.Tensor:  # Gemma, OLMo 2: w + norm_offset in f32 (see the top)
             info = infos[spec[0]]
             weight = info.file.array(info).astype(np.float32) + np.float32(config.norm_offset)
             bar.update(info.nbytes)
             return llaisys.from_numpy(weight, device)
 
-        def getter(field):
+        def getter(field: str) -> Callable[[tuple], Weight]:
             if field in LINEARS:
                 return lambda spec: get_linear(spec, linear_mode(quantize, field))
             if field in EXPERTS:
                 return get_experts
-            return get_norm if field in NORMS and config.norm_offset else get
+            return get_norm if field in NORMS and config.norms_in_f32 else get
 
-        def get_experts(spec):
+        def get_experts(spec: tuple) -> Experts:
             if quantize is None:
                 return get(spec)
             infos_of_stack = [infos[name] for name in spec[0]]
@@ -359,15 +324,17 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             bar.update(sum(info.nbytes for info in infos_of_stack))
             return experts
 
-        def get_field(field, spec):
+        def get_field(field: str, spec: tuple) -> Weight | None:
             part = layout.part(field, config) if layout is not None else None
             if part is None:
                 return getter(field)(spec)
             if part == DROP:
                 return None
+            assert isinstance(part, Part)  # (Layout.part: a Part, DROP or None)
             return get_part(field, spec, part)
 
-        def get_part(field, spec, part):
+        def get_part(field: str, spec: tuple, part: Part) -> Linear:
+            assert layout is not None  # (the part is the layout's)
             info = infos[spec[0]]
             first, stop = spec[2] if len(spec) == 3 else (0, info.shape[0])  # (a part of a fused tensor)
             whole = not (quantize and field in LINEARS) and part.dim == 0 and part.rows in (None, part.stop - part.start)
@@ -381,11 +348,13 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, dtype: llaisys.DTy
             bar.update(_part_bytes(info, spec) // layout.world)
             return weight
 
-        def get_layer(layer):
+        def get_layer(layer: dict[str, tuple]) -> LayerWeights:
             return layer_weights({field: get_field(field, spec) for field, spec in layer.items()})
 
         embed = get(top["embed_tokens"])
         layer_list = [get_layer(layer) for layer in layers]
         norm = getter("norm")(top["norm"])
         lm_head = get_field("lm_head", top.get("lm_head", top["embed_tokens"]))
+    # (the final norm is a tensor, in the model dtype or float32; the lm_head a linear: every rank holds its rows)
+    assert isinstance(norm, llaisys.Tensor) and isinstance(lm_head, (llaisys.Tensor, Int8Weight, BlockWeight))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)

@@ -48,7 +48,7 @@ class ConnectedRanks:
             self._live.clear()
             return []
         failures = []
-        for conn in ready:
+        for conn in [c for c in self._live if c in ready]:  # (wait() returns them as its wider type)
             rank = self._rank_of[conn]
             try:
                 message = json.loads(conn.recv_bytes())

@@ -27,16 +27,20 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
 import llaisys
 
+from ..engine.kv_cache import KVPool
+from ..engine.step_inputs import HostStep
 from ..errors import RankFailedError
 from .messages import Channel, Op, command, step_command
 
 STEP_TIMEOUTS = 3  # an accelerator step running this many group timeouts is taken as a hung rank
+Forward = Callable[[KVPool, HostStep], llaisys.Tensor]  # rank 0's model's step (CausalLM._forward)
 
 
 class Ranks(Protocol):
@@ -66,7 +70,7 @@ class Followers:
         self.group, self.ranks = group, ranks
         self.channel = Channel(group)
         self.failure: str | None = None
-        self.on_failure: list = []  # callbacks(message), run once when the group fails
+        self.on_failure: list[Callable[[str], object]] = []  # callbacks(message), run once when the group fails
         self._pending: deque[np.ndarray] = deque()  # commands for the next message (appends are thread-safe)
         self._pool_ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -80,26 +84,26 @@ class Followers:
 
     # -- what rank 0's model tells the others -------------------------------------------------------
 
-    def new_pool(self, pool) -> None:
+    def new_pool(self, pool: KVPool) -> None:
         pool.followers, pool.follower_id = self, next(self._pool_ids)
         self._pending.append(command(Op.NEW_POOL, pool.follower_id, pool.num_blocks, pool.block_size))
         weakref.finalize(pool, self._pending.append, command(Op.DROP, pool.follower_id))
 
-    def grow(self, pool, num_blocks: int) -> None:
+    def grow(self, pool: KVPool, num_blocks: int) -> None:
         self._pending.append(command(Op.GROW, pool.follower_id, num_blocks))
 
-    def copy_block(self, pool, dst: int, src: int) -> None:
+    def copy_block(self, pool: KVPool, dst: int, src: int) -> None:
         self._pending.append(command(Op.COPY, pool.follower_id, dst, src))
 
     def clear_graphs(self) -> None:
         self._pending.append(command(Op.CLEAR))
 
-    def run_step(self, pool, host, forward) -> llaisys.Tensor:
+    def run_step(self, pool: KVPool, host: HostStep, forward: Forward) -> llaisys.Tensor:
         """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
         with self._sending:
             return self._run_step(pool, host, forward)
 
-    def _run_step(self, pool, host, forward) -> llaisys.Tensor:
+    def _run_step(self, pool: KVPool, host: HostStep, forward: Forward) -> llaisys.Tensor:
         self.check()
         words = [self._pending.popleft() for _ in range(len(self._pending))]
         self._step_started = time.monotonic()

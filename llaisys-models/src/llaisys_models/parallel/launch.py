@@ -26,16 +26,28 @@ import os
 import secrets
 import sys
 import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llaisys
 
 from ..errors import ModelLoadError
+from ..families.causal_lm import CausalLM
+from ..families.config import ModelConfig
+from ..loading import loader
+from ..loading.device import pick_device
+from ..loading.hub import resolve
+from ..loading.quantize import resolve as resolve_quantize
 from . import store, worker
 from .connected import ConnectedRanks
-from .followers import Followers
+from .followers import Followers, Ranks
 from .launcher import LocalProcesses, RankLauncher, RankSpec, exit_description
 from .layout import Layout
 from .options import LoadOptions
+
+if TYPE_CHECKING:  # (imported when asked for: it imports Ray)
+    from .ray_ranks import RayRanks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +60,7 @@ class ExternalRank:
     local_rank: int
 
     @classmethod
-    def from_environment(cls, environ=os.environ) -> ExternalRank | None:
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> ExternalRank | None:
         if "RANK" not in environ or "WORLD_SIZE" not in environ:
             return None
         try:
@@ -62,32 +74,41 @@ class ExternalRank:
         return cls(rank, world, environ.get("MASTER_ADDR", "127.0.0.1"), port, local)
 
 
-def read_config(path):
+def read_config(path: str | Path) -> ModelConfig:
     """The ModelConfig of a HuggingFace directory or GGUF file (to check the split before starting anything)."""
-    from ..families.config import ModelConfig
-    from ..families.registry import MODEL_CLASSES
-    from ..loading.files import is_gguf, model_directory
-
-    if is_gguf(path):
-        from ..loading.gguf.config import model_config
-        from ..loading.gguf.reader import GGUFFile
-
-        return model_config(GGUFFile(path))
-    return ModelConfig.from_file(model_directory(path), supported=MODEL_CLASSES)
+    return loader.model_config(path)
 
 
 EXECUTORS = ("local", "ray")  # who starts ranks 1 .. N-1: processes of this host (the default), or Ray
 
 
-def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: bool | None = None,
+def load(path: str | Path, device: str | llaisys.Device | None = None, dtype: str | llaisys.DType | None = None, *,
+         tensor_parallel: int | None = None, distributed_executor: str | None = None, progress: bool | None = None,
+         mmap: bool | None = None, numerics: str | None = None, quantize: str | None = None,
+         dequantize: bool = False) -> CausalLM:
+    """``llaisys_models.load`` given ``tensor_parallel`` or ``distributed_executor``: both checked; N > 1 ranks
+    started (this process rank 0: ``load_parallel``), else this process's model alone (loading/loader.py)."""
+    if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int)
+                                        or tensor_parallel < 1):
+        raise ModelLoadError(f"tensor_parallel must be a number of ranks >= 1, got {tensor_parallel!r}")
+    if check_executor(distributed_executor) == "ray" and tensor_parallel in (None, 1):
+        raise ModelLoadError("distributed_executor='ray' places tensor-parallel ranks: give tensor_parallel=N (N > 1)")
+    if tensor_parallel in (None, 1):
+        return loader.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
+                           dequantize=dequantize)
+    if mmap is False:
+        raise ModelLoadError("tensor_parallel needs the checkpoint mapped (each rank reads its part from the "
+                             "mapping): leave mmap unset")
+    return load_parallel(path, tensor_parallel, device, dtype, progress=progress, numerics=numerics, quantize=quantize,
+                         distributed_executor=distributed_executor)
+
+
+def load_parallel(path: str | Path, world_size: int, device: str | llaisys.Device | None = None,
+                  dtype: str | llaisys.DType | None = None, *, progress: bool | None = None,
                   numerics: str | None = None, quantize: str | None = None, launcher: RankLauncher | None = None,
-                  distributed_executor: str | None = None):
+                  distributed_executor: str | None = None) -> CausalLM:
     """Rank 0's model of a group of ``world_size`` ranks (see the module docstring); ``distributed_executor``
     "ray": ranks 1 .. N-1 are Ray actors (ray_ranks.py)."""
-    from ..loading.hub import resolve
-    from ..loading.loader import pick_device
-    from ..loading.quantize import resolve as resolve_quantize
-
     executor = check_executor(distributed_executor)
     external = ExternalRank.from_environment()
     if external is not None and external.world_size != world_size:
@@ -120,7 +141,8 @@ def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: b
         for rank in range(1 if ray_ranks else world_size):
             llaisys.empty((0,), llaisys.float32, options.device(rank))
 
-    ranks, group = ray_ranks, None
+    ranks: Ranks | None = ray_ranks
+    group = None
     try:
         unique_id = llaisys.distributed.unique_id(first)
         if ray_ranks is not None:
@@ -129,6 +151,7 @@ def load_parallel(path, world_size: int, device=None, dtype=None, *, progress: b
             ranks = _connect(world_size, unique_id, options, external, launcher, authkey, threads)
         group = llaisys.distributed.Group(unique_id, 0, world_size, options.device(0))
         model = options.load(Layout(0, world_size), group, progress)
+        assert ranks is not None  # Ray's, or those just connected
         ranks.wait_ready()
     except BaseException:
         if ranks is not None:
@@ -150,7 +173,7 @@ def check_executor(name: str | None) -> str:
     return name
 
 
-def _ray_ranks():
+def _ray_ranks() -> type[RayRanks]:
     if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
         # the cluster ray_ranks.connect() may start is this machine's, for this process alone: no usage reports,
         # and its ports on 127.0.0.1 (read when Ray is imported; else Ray takes the machine's outward address)

@@ -26,7 +26,7 @@ from typing import Protocol
 class RankSpec:
     rank: int
     world_size: int
-    unique_id: bytes  # the group's communicator (llaisys.distributed.unique_id on rank 0)
+    unique_id: bytes | None  # the group's communicator (llaisys.distributed.unique_id on rank 0); None: the store's
     host: str  # rank 0's control store (store.py): hello, ready, errors, liveness
     port: int
     authkey: bytes | None  # the store's shared secret (None: none, for ranks the user starts)
@@ -73,8 +73,8 @@ class RankLauncher(Protocol):
 class LocalProcesses:
     """Workers as child processes of this one, on this host."""
 
-    def __init__(self):
-        self.processes: dict[int, subprocess.Popen] = {}
+    def __init__(self) -> None:
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, specs: list[RankSpec]) -> None:
         for spec in specs:
@@ -83,6 +83,7 @@ class LocalProcesses:
                 env["OMP_NUM_THREADS"] = str(spec.threads)
             process = subprocess.Popen([sys.executable, "-m", "llaisys_models.parallel.worker"],
                                        stdin=subprocess.PIPE, env=env, start_new_session=True)
+            assert process.stdin is not None  # (stdin=PIPE)
             process.stdin.write(spec.to_json().encode())
             process.stdin.close()
             self.processes[spec.rank] = process

@@ -6,6 +6,7 @@
     MLP         gate/up: rows [r I/N, (r+1) I/N); down_proj: those columns, all-reduced
     lm_head     rows of the vocabulary [r V', (r+1) V'), V' = ceil(V / N) (the last padded with zero rows),
                 the logits all-gathered; the embedding, the norms and q/k norms are whole on every rank
+                (per-head q/k norms only: OLMo 2's, over all heads, are not split)
     biases      split with their rows; o_proj's and down_proj's (added once to the sum) on rank 0 alone
 
 Splitting the lm_head (rather than replicating it) takes V' x hidden of each rank's memory and reads per
@@ -61,6 +62,9 @@ class Layout:
             return
         if c.num_experts:
             raise ModelLoadError(f"tensor parallelism does not split mixture-of-experts models ({c.architecture}) yet")
+        if c.qk_norm_all_heads:  # (each rank would need the sums of squares of every rank's heads)
+            raise ModelLoadError(f"tensor parallelism does not split an RMSNorm over all heads ({c.architecture}'s "
+                                 f"q/k norms) yet")
         problems = []
         if c.num_attention_heads % world:
             problems.append(f"num_attention_heads = {c.num_attention_heads}")

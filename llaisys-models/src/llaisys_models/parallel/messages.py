@@ -21,6 +21,8 @@ the device).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -62,8 +64,8 @@ def step_command(pool: int, host: HostStep) -> np.ndarray:
     return np.concatenate([np.asarray(p, np.int64) for p in parts])
 
 
-def decode(words: np.ndarray):
-    """The commands of a message: (Op, args tuple) or (Op.STEP, (pool, HostStep))."""
+def decode(words: np.ndarray) -> Iterator[tuple[Op, tuple[Any, ...]]]:
+    """The commands of a message: (Op, args tuple of ints) or (Op.STEP, (pool, HostStep))."""
     at = 0
     while at < len(words):
         op = Op(int(words[at]))
@@ -75,7 +77,7 @@ def decode(words: np.ndarray):
         pool, t, s, w, r, has_logits_of = (int(v) for v in words[at + 1:at + 7])
         at += 7
 
-        def take(n: int, dtype=np.int64) -> np.ndarray:
+        def take(n: int, dtype: type[np.integer[Any]] = np.int64) -> np.ndarray:
             nonlocal at
             out = words[at:at + n].astype(dtype)
             at += n

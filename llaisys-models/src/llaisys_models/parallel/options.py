@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import llaisys
+
+from ..families.causal_lm import CausalLM
+from ..loading import loader
+from .layout import Layout
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadOptions:
@@ -17,10 +23,9 @@ class LoadOptions:
     def device(self, rank: int) -> str:
         return "cpu" if self.device_type == "cpu" else f"{self.device_type}:{self.first_index + rank}"
 
-    def load(self, layout, group, progress: bool | None = False, device: str | None = None):
+    def load(self, layout: Layout, group: llaisys.distributed.Group, progress: bool | None = False,
+             device: str | None = None) -> CausalLM:
         """This rank's model: its part of the weights (``layout``), its collectives through ``group``, on
         ``device`` (default: ``self.device(layout.rank)``)."""
-        from ..loading.loader import load
-
-        return load(self.path, device or self.device(layout.rank), self.dtype, progress=progress,
-                    numerics=self.numerics, quantize=self.quantize, layout=layout, group=group)
+        return loader.load(self.path, device or self.device(layout.rank), self.dtype, progress=progress,
+                           numerics=self.numerics, quantize=self.quantize, layout=layout, group=group)

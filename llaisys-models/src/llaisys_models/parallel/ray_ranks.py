@@ -28,10 +28,11 @@ import dataclasses
 import logging
 import os
 import re
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import get_current_placement_group, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, get_current_placement_group, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import llaisys
@@ -52,11 +53,11 @@ class TensorParallelRank:
         return Place(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), host_key(),
                      os.getpid())
 
-    def load(self, rank: int, world_size: int, unique_id: bytes, options: dict) -> None:
-        options = LoadOptions(**options)
+    def load(self, rank: int, world_size: int, unique_id: bytes, options: dict[str, Any]) -> None:
+        load_options = LoadOptions(**options)
         # (on accelerators Ray shows the actor the GPU of its bundle alone: device 0)
-        device = "cpu" if options.device_type == "cpu" else f"{options.device_type}:0"
-        self.model, self.group = worker.join(rank, world_size, unique_id, options, device)
+        device = "cpu" if load_options.device_type == "cpu" else f"{load_options.device_type}:0"
+        self.model, self.group = worker.join(rank, world_size, unique_id, load_options, device)
 
     def follow(self) -> None:
         worker.follow_to_the_end(self.model, self.group)
@@ -66,7 +67,7 @@ class Seat:
     """Holds bundle 0 of a group made by a driver on accelerators (rank 0 is the driver, which Ray does not
     place) and says which GPU Ray reserved there."""
 
-    def gpu_ids(self) -> list:
+    def gpu_ids(self) -> list[int] | list[str]:
         return ray.get_gpu_ids()
 
 
@@ -81,7 +82,7 @@ def connect() -> None:
         ray.init(include_dashboard=False, logging_level=logging.WARNING)
 
 
-def bundles(world_size: int, device_type: str, threads: int) -> list[dict]:
+def bundles(world_size: int, device_type: str, threads: int) -> list[dict[str, float]]:
     """One bundle per rank: its cores on the CPU, its GPU (and a core to drive it) on accelerators."""
     one = {"CPU": float(threads)} if device_type == "cpu" else {"CPU": 1.0, "GPU": 1.0}
     return [dict(one) for _ in range(world_size)]
@@ -91,12 +92,13 @@ class RayRanks:
     """``followers.Ranks`` on Ray: ``place`` (the placement group and the actors, started and checked), then
     ``hand_out`` (the unique id and what to load)."""
 
-    def __init__(self, world_size: int, device: llaisys.Device, group, own_group: bool):
+    def __init__(self, world_size: int, device: llaisys.Device, group: PlacementGroup, own_group: bool) -> None:
         self.world_size, self.rank_0_device = world_size, device
         self.placement, self._own_placement = group, own_group
-        self.actors: dict[int, ray.actor.ActorHandle] = {}
+        # actor handles: Any, as Ray's own types cannot call their methods (ActorProxy: a handle or the class)
+        self.actors: dict[int, Any] = {}
         self.places: dict[int, Place] = {}
-        self._seat = None
+        self._seat: Any = None
         self._loads: dict[ray.ObjectRef, int] = {}
         self._follows: dict[ray.ObjectRef, int] = {}
         self._stopped = False
@@ -229,7 +231,7 @@ class RayRanks:
 
     # -- one-line descriptions ------------------------------------------------------------------------
 
-    def _end_of(self, rank: int, call) -> str:
+    def _end_of(self, rank: int, call: ray.ObjectRef) -> str:
         try:
             ray.get(call)
         except RayActorError as e:
@@ -260,7 +262,7 @@ def _omp_threads() -> int:
     return max(1, int(match[1])) if match else 1
 
 
-def visible_index(gpu_id) -> int:
+def visible_index(gpu_id: int | str) -> int:
     """The index in this process of the GPU Ray calls ``gpu_id`` (CUDA_VISIBLE_DEVICES renumbers them)."""
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if not visible:

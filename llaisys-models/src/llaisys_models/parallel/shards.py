@@ -32,9 +32,9 @@ def part_reader(read: Reader, shape: tuple[int, ...], part: Part) -> tuple[Reade
     real = part.stop - part.start  # rows past it (up to part.rows) are zeros
 
     def rows(start: int, stop: int) -> np.ndarray:
-        have = read(part.start + start, part.start + min(stop, real)) if start < real else None
         if stop <= real:
-            return have
+            return read(part.start + start, part.start + stop)
+        have = read(part.start + start, part.start + real) if start < real else None
         pad = np.zeros((stop - max(start, real), *shape[1:]), np.float32 if have is None else have.dtype)
         return pad if have is None else np.concatenate([have, pad])
 

@@ -17,18 +17,20 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
+from typing import Any
 
 from llaisys import LlaisysError
 
 STARTUP_TIMEOUT = 120.0  # seconds for every rank to say hello (interpreters start slowly on a busy machine)
 
 
-def send(conn: Connection, message: dict) -> None:
+def send(conn: Connection, message: dict[str, Any]) -> None:
     conn.send_bytes(json.dumps(message).encode())
 
 
-def receive(conn: Connection, timeout: float | None = None) -> dict:
+def receive(conn: Connection, timeout: float | None = None) -> dict[str, Any]:
     """The next message; EOFError when the other side has gone, TimeoutError after ``timeout`` seconds."""
     if timeout is not None and not conn.poll(max(0.0, timeout)):
         raise TimeoutError(f"no answer within {timeout:.0f} s")
@@ -47,7 +49,7 @@ class Store:
         except OSError as e:
             raise LlaisysError(f"the tensor-parallel control store cannot listen on {host}:{port}: {e}") from None
         self.address: tuple[str, int] = self._listener.address
-        self._hellos: queue.Queue = queue.Queue()
+        self._hellos: queue.Queue[Connection] = queue.Queue()
         self._accepting = threading.Thread(target=self._accept, name="llaisys-tp-store", daemon=True)
         self._accepting.start()
 
@@ -61,7 +63,8 @@ class Store:
                 continue
             self._hellos.put(conn)
 
-    def gather(self, world_size: int, unique_id: bytes, load: dict, timeout: float, alive=None) -> dict[int, Connection]:
+    def gather(self, world_size: int, unique_id: bytes, load: dict[str, Any], timeout: float,
+               alive: Callable[[], str | None] | None = None) -> dict[int, Connection]:
         """The control connections of ranks 1 .. world_size-1, each answered with the unique id and ``load``;
         waits at most ``timeout`` seconds, and stops early when ``alive()`` (the launcher's view) says a rank
         has already ended (returns a message)."""
@@ -90,11 +93,12 @@ class Store:
                         problem = f"rank {rank!r} is not in [1, {world_size})"
                     elif rank in ranks:
                         problem = f"rank {rank} connected twice"
+                    else:
+                        ranks[rank] = conn
                     if problem:
                         send(conn, {"error": problem})
                         conn.close()
                         raise LlaisysError(f"a tensor-parallel rank said hello wrongly: {problem}")
-                    ranks[rank] = conn
                 except (EOFError, OSError, TimeoutError, ValueError):
                     conn.close()
             for conn in ranks.values():  # all at once: the ranks then join the group within moments of each other

@@ -16,9 +16,12 @@ import base64
 import contextlib
 import sys
 import threading
+from multiprocessing.connection import Connection
 
 import llaisys
 
+from ..engine.kv_cache import KVPool
+from ..families.causal_lm import CausalLM
 from . import store
 from .launcher import RankSpec
 from .layout import Layout
@@ -56,7 +59,8 @@ def run(spec: RankSpec) -> None:
         conn.close()
 
 
-def join(rank: int, world_size: int, unique_id: bytes, options: LoadOptions, device: str | None = None):
+def join(rank: int, world_size: int, unique_id: bytes, options: LoadOptions,
+         device: str | None = None) -> tuple[CausalLM, llaisys.distributed.Group]:
     """(this rank's model, its group): the group joined (every rank within the group's timeout), then this
     rank's part loaded on ``device`` (default: ``options.device(rank)``)."""
     device = device or options.device(rank)
@@ -70,7 +74,7 @@ def join(rank: int, world_size: int, unique_id: bytes, options: LoadOptions, dev
         raise
 
 
-def follow_to_the_end(model, group) -> None:
+def follow_to_the_end(model: CausalLM, group: llaisys.distributed.Group) -> None:
     """``follow`` until rank 0 says stop; a failure aborts the group first (so that no rank waits for this one)
     and is raised. The group is left either way."""
     try:
@@ -83,12 +87,12 @@ def follow_to_the_end(model, group) -> None:
         group.destroy()
 
 
-def _report(conn, error: Exception) -> None:
+def _report(conn: Connection, error: Exception) -> None:
     with contextlib.suppress(OSError):
         store.send(conn, {"error": f"{type(error).__name__}: {error}".splitlines()[0]})
 
 
-def _watch_rank_0(conn, group) -> None:
+def _watch_rank_0(conn: Connection, group: llaisys.distributed.Group) -> None:
     """Rank 0's end (its connection closes) aborts the group: this rank's wait for its next step fails."""
     try:
         while True:
@@ -98,9 +102,10 @@ def _watch_rank_0(conn, group) -> None:
             group.abort("rank 0 has gone")
 
 
-def follow(model, group) -> None:
+def follow(model: CausalLM, group: llaisys.distributed.Group) -> None:
     """Apply rank 0's messages (messages.py) to ``model`` until STOP."""
-    channel, pools = Channel(group), {}
+    channel = Channel(group)
+    pools: dict[int, KVPool] = {}  # rank 0's pool ids -> this rank's pools
     while True:
         for op, args in decode(channel.receive()):
             if op == Op.STOP:

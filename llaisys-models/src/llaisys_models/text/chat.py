@@ -7,25 +7,31 @@
     model.complete("The capital of France is")                                     # no chat template
 
 The prompt is built as the CLI's and the server's are (tokenizer.encode: the model's chat template
-with the generation prompt), the reply decoded as the server decodes it (serve/output.TextStream:
+with the generation prompt), the reply decoded as the server decodes it (text/stream.TextStream:
 incremental detokenization that never splits a character, stop strings left out of the text). The
 model's tokenizer loads on first use (``model.tokenizer``, which may also be assigned).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llaisys import LlaisysValueError
 
 if TYPE_CHECKING:
+    from .generation_defaults import GenerationDefaults
     from .stream import TextStream
+    from .tokenizer import Tokenizer
+
+Messages = str | Sequence[dict[str, Any]]  # chat()'s messages: one user message, or {"role", "content"} dicts
 
 DEFAULT_NEW_TOKENS = 128  # a reply's budget when none is given, shrunk to what the model's context leaves
 
 
-def sampling_args(top_k=None, top_p=None, temperature=None, seed=None) -> dict:
+def sampling_args(top_k: int | None = None, top_p: float | None = None, temperature: float | None = None,
+                  seed: int | None = None) -> dict[str, Any]:
     """``generate``'s sampling arguments from those given: greedy unless ``temperature`` or ``top_p`` asks for
     sampling, when ``top_k`` defaults to 0 (every token) instead of 1."""
     sampling = temperature not in (None, 0.0) or top_p not in (None, 1.0)
@@ -52,10 +58,20 @@ def reply_budget(requested: int | None, prompt_tokens: int, context: int, name: 
 class TextMixin:
     """``chat`` / ``stream_chat`` / ``complete`` / ``stream_complete`` for a model (causal_lm.CausalLM)."""
 
-    _tokenizer = None
+    if TYPE_CHECKING:  # what the model (causal_lm.CausalLM, generation.GenerationMixin) provides
+        path: Path
+        checkpoint: object
+        eos_token_ids: tuple[int, ...]
+
+        @property
+        def context_length(self) -> int: ...
+
+        def stream_generate(self, *args: Any, **kwargs: Any) -> Generator[int, None, None]: ...
+
+    _tokenizer: Tokenizer = None
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         """The model's tokenizer (transformers), loaded from its directory or GGUF file on first use."""
         if self._tokenizer is None:
             from .tokenizer import load_tokenizer
@@ -64,13 +80,13 @@ class TextMixin:
         return self._tokenizer
 
     @tokenizer.setter
-    def tokenizer(self, tokenizer) -> None:
+    def tokenizer(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
 
-    _generation_defaults = None
+    _generation_defaults: GenerationDefaults | None = None
 
     @property
-    def generation_defaults(self):
+    def generation_defaults(self) -> GenerationDefaults:
         """The sampling settings the model ships (generation_defaults.py), read on first use: ``chat``,
         ``complete``, the CLI and the server take each one the caller leaves unset. Assign
         ``generation_defaults.NONE`` for llaisys' own (greedy)."""
@@ -88,11 +104,12 @@ class TextMixin:
         return self._generation_defaults
 
     @generation_defaults.setter
-    def generation_defaults(self, defaults) -> None:
+    def generation_defaults(self, defaults: GenerationDefaults) -> None:
         self._generation_defaults = defaults
 
-    def chat(self, messages, *, stream: bool = False, max_new_tokens: int | None = None, temperature=None,
-             top_p=None, top_k=None, seed=None, stop=(), **generate_args):
+    def chat(self, messages: Messages, *, stream: bool = False, max_new_tokens: int | None = None,
+             temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+             seed: int | None = None, stop: str | Sequence[str] = (), **generate_args: Any) -> str | Iterator[str]:
         """The reply to ``messages`` (a list of {"role", "content"} dicts, or one user message as a str),
         through the model's chat template; with ``stream=True``, an iterator of its pieces instead.
 
@@ -106,12 +123,15 @@ class TextMixin:
                              stop, generate_args)
         return tokens if stream else "".join(tokens)
 
-    def stream_chat(self, messages, **kwargs) -> Iterator[str]:
+    def stream_chat(self, messages: Messages, **kwargs: Any) -> Iterator[str]:
         """``chat(messages, stream=True, **kwargs)``: the reply's text pieces as they are generated."""
-        return self.chat(messages, stream=True, **kwargs)
+        pieces = self.chat(messages, stream=True, **kwargs)
+        assert not isinstance(pieces, str)  # (stream=True)
+        return pieces
 
-    def complete(self, prompt: str, *, stream: bool = False, max_new_tokens: int | None = None, temperature=None,
-                 top_p=None, top_k=None, seed=None, stop=(), **generate_args):
+    def complete(self, prompt: str, *, stream: bool = False, max_new_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                 seed: int | None = None, stop: str | Sequence[str] = (), **generate_args: Any) -> str | Iterator[str]:
         """The text that follows ``prompt`` (no chat template), as ``chat`` generates and ends it."""
         from .tokenizer import encode
 
@@ -122,11 +142,13 @@ class TextMixin:
                              seed, stop, generate_args)
         return tokens if stream else "".join(tokens)
 
-    def stream_complete(self, prompt: str, **kwargs) -> Iterator[str]:
+    def stream_complete(self, prompt: str, **kwargs: Any) -> Iterator[str]:
         """``complete(prompt, stream=True, **kwargs)``."""
-        return self.complete(prompt, stream=True, **kwargs)
+        pieces = self.complete(prompt, stream=True, **kwargs)
+        assert not isinstance(pieces, str)  # (stream=True)
+        return pieces
 
-    def _chat_prompt(self, messages) -> list[int]:
+    def _chat_prompt(self, messages: Messages) -> list[int]:
         """Token ids of ``messages`` in the chat template, with the assistant's turn begun."""
         from .tokenizer import encode
 
@@ -149,7 +171,9 @@ class TextMixin:
         except Exception as e:  # a template that rejects these messages (their roles, their order)
             raise LlaisysValueError(f"the chat template cannot render these messages: {type(e).__name__}: {e}") from None
 
-    def _reply(self, ids, max_new_tokens, temperature, top_p, top_k, seed, stop, generate_args) -> Iterator[str]:
+    def _reply(self, ids: list[int], max_new_tokens: int | None, temperature: float | None, top_p: float | None,
+               top_k: int | None, seed: int | None, stop: str | Sequence[str] | None,
+               generate_args: dict[str, Any]) -> Iterator[str]:
         """Check everything, then return the generator of the reply's text (nothing runs until it is read)."""
         from .stream import TextStream
 
@@ -168,7 +192,7 @@ class TextMixin:
         return _text(tokens, TextStream(self.tokenizer, stops), eos)
 
 
-def _text(tokens, text: TextStream, eos: frozenset[int]) -> Iterator[str]:
+def _text(tokens: Generator[int, None, None], text: TextStream, eos: frozenset[int]) -> Iterator[str]:
     """The non-empty text pieces of ``tokens``, up to an EOS token or a stop string."""
     try:
         for token in tokens:

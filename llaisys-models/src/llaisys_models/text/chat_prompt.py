@@ -14,7 +14,7 @@ import dataclasses
 
 from llaisys import LlaisysValueError
 
-from .tokenizer import encode
+from .tokenizer import Tokenizer, encode
 
 
 class TurnTooLong(LlaisysValueError):
@@ -29,7 +29,7 @@ class Turn:
 
 
 class ChatHistory:
-    def __init__(self, tokenizer, context_length: int, max_new_tokens: int):
+    def __init__(self, tokenizer: Tokenizer, context_length: int, max_new_tokens: int) -> None:
         if max_new_tokens < 1:
             raise LlaisysValueError(f"a chat needs max_new_tokens >= 1 to answer, got {max_new_tokens}")
         self.tokenizer = tokenizer
@@ -56,8 +56,8 @@ class ChatHistory:
         self.exchanges = self.exchanges[turn.dropped:] + [(message, reply)]
 
     @staticmethod
-    def _messages(exchanges, message: str) -> list[dict]:
-        messages = []
+    def _messages(exchanges: list[tuple[str, str]], message: str) -> list[dict]:
+        messages: list[dict] = []
         for user, reply in exchanges:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
         return messages + [{"role": "user", "content": message}]

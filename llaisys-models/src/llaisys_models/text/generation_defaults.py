@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import TypedDict
 
 from llaisys import LlaisysValueError
 
@@ -32,6 +33,14 @@ GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "
 # what some files carry that llaisys does not sample with (said by describe(), not silently dropped)
 HF_UNSUPPORTED = ("min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "no_repeat_ngram_size")
 GGUF_UNSUPPORTED = ("general.sampling.min_p", "general.sampling.xtc_probability", "general.sampling.mirostat")
+
+
+class Settings(TypedDict):
+    """The sampling settings ``GenerationDefaults.fill`` returns (None: neither the caller nor the model gives one)."""
+    top_k: int | None
+    top_p: float | None
+    temperature: float | None
+    repetition_penalty: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +58,13 @@ class GenerationDefaults:
         return {f: getattr(self, f) for f in ("temperature", "top_k", "top_p", "repetition_penalty")
                 if getattr(self, f) is not None}
 
-    def fill(self, **given) -> dict:
-        """``given`` (name -> value or None) with each None taken from the model where it has one."""
-        ours = self.settings()
-        return {name: ours.get(name) if value is None else value for name, value in given.items()}
+    def fill(self, *, top_k: int | None = None, top_p: float | None = None, temperature: float | None = None,
+             repetition_penalty: float | None = None) -> Settings:
+        """The settings given (value or None), each None taken from the model where it has one."""
+        return Settings(top_k=self.top_k if top_k is None else top_k, top_p=self.top_p if top_p is None else top_p,
+                        temperature=self.temperature if temperature is None else temperature,
+                        repetition_penalty=self.repetition_penalty if repetition_penalty is None
+                        else repetition_penalty)
 
     def describe(self) -> str:
         """'temperature 0.7, top_k 20 (generation_config.json)', or '' when the model gives nothing."""
@@ -115,5 +127,10 @@ def _checked(settings: dict, where: str, ignored: tuple[str, ...]) -> Generation
         except LlaisysValueError as e:
             raise LlaisysValueError(f"{where}: {name} = {value!r} is not a valid setting ({e}); fix the file, or "
                                     f"turn the model's defaults off (--generation-config none)") from None
-    out = {name: int(value) if name == "top_k" else float(value) for name, value in given.items()}
-    return GenerationDefaults(**out, source=where.rsplit("/", 1)[-1], ignored=ignored)
+    def number(name: str) -> float | None:
+        return None if name not in given else float(given[name])
+
+    top_k = None if "top_k" not in given else int(given["top_k"])
+    return GenerationDefaults(temperature=number("temperature"), top_k=top_k, top_p=number("top_p"),
+                              repetition_penalty=number("repetition_penalty"), source=where.rsplit("/", 1)[-1],
+                              ignored=ignored)

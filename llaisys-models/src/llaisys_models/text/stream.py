@@ -6,7 +6,9 @@ sees the start of a stop string that later completes (OpenAI leaves the stop str
 
 from __future__ import annotations
 
-from .tokenizer import IncrementalDecoder
+from collections.abc import Iterable
+
+from .tokenizer import IncrementalDecoder, Tokenizer
 
 
 class StopMatcher:
@@ -18,7 +20,7 @@ class StopMatcher:
     against the text's end at each token, which cost the square of a stop string's length per token.
     """
 
-    def __init__(self, stops):
+    def __init__(self, stops: Iterable[str]) -> None:
         self._automata = [_StopAutomaton(s) for s in stops if s]
         self._held = ""  # text not released yet: the longest suffix that is a prefix of some stop string
 
@@ -58,7 +60,7 @@ class _StopAutomaton:
     string costs nothing up front, and each character fed costs O(1) amortized.
     """
 
-    def __init__(self, stop: str):
+    def __init__(self, stop: str) -> None:
         self.stop = stop
         self.matched = 0
         self._borders = [0]  # _borders[i]: the longest proper prefix of stop[:i + 1] that is also its suffix
@@ -90,7 +92,7 @@ class TextStream:
     """Token ids in, released text out: ``push(token)`` and, at the end, ``finish()``, each returning
     (text, whether a stop string was hit). ``keep``: special tokens whose text is kept (tool-call markers)."""
 
-    def __init__(self, tokenizer, stops=(), keep: frozenset[int] = frozenset()):
+    def __init__(self, tokenizer: Tokenizer, stops: Iterable[str] = (), keep: frozenset[int] = frozenset()) -> None:
         self.decoder = IncrementalDecoder(tokenizer, keep)
         self.stops = StopMatcher(stops)
 

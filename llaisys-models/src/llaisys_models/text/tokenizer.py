@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 from llaisys import LlaisysValueError
 
 from ..errors import ModelLoadError
-from ..loading.files import check_regular, is_gguf
+from ..loading import gguf
+from ..loading.files import TOKENIZER_FILES, VOCABULARY_FILES, PathArg, check_regular, is_gguf
+from ..loading.hub import resolve
 
-# The files a HuggingFace tokenizer's vocabulary comes from (one of them must be there: given only
-# tokenizer_config.json, transformers quietly builds a tokenizer with an empty vocabulary).
-VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                    "sentencepiece.bpe.model")
-# Everything AutoTokenizer may open: each must be a regular file, or the load could block on a FIFO.
-TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "chat_template.jinja", "chat_template.json")
+# A transformers tokenizer (PreTrainedTokenizerBase: AutoTokenizer's, or gguf.load_tokenizer's), or a stand-in with
+# the methods used here. Its methods' declared returns are unions over their call forms (decode: str | list[str],
+# apply_chat_template: str | list[int] | ... | BatchEncoding), which the form called here does not narrow: typed Any.
+Tokenizer: TypeAlias = Any
 
 
-def load_tokenizer(path):
+def load_tokenizer(path: PathArg) -> Tokenizer:
     """``transformers.AutoTokenizer`` from the model directory (or the metadata of a GGUF file; a Hub id
     names its copy in the Hub cache, see hub.py)."""
-    from ..loading import gguf
-    from ..loading.hub import resolve
-
     path = resolve(path)
     if is_gguf(path):  # its tokenizer and chat template come from the file's metadata
         return gguf.load_tokenizer(path)
@@ -52,7 +50,7 @@ def check_text(text: str, what: str = "the prompt") -> None:
         raise LlaisysValueError(f"{what} is not valid UTF-8 text: {byte} at character {e.start}") from None
 
 
-def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None = None,
+def encode(tokenizer: Tokenizer, messages_or_text: str | list[dict], chat: bool = True, max_chars: int | None = None,
            tools: list[dict] | None = None) -> list[int]:
     """Token ids of a prompt: a list of chat messages, or a text wrapped as one user message when
     ``chat`` and the tokenizer has a chat template (else the bare text). A prompt that is not valid
@@ -77,7 +75,7 @@ def encode(tokenizer, messages_or_text, chat: bool = True, max_chars: int | None
     return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)
 
 
-def longest_token(tokenizer) -> int:
+def longest_token(tokenizer: Tokenizer) -> int:
     """The most characters of text one token of ``tokenizer`` can stand for: its longest vocabulary
     entry. A byte-level token's entry has one character per byte, and text has at least one byte per
     character, so a text of more than ``n * longest_token(tokenizer)`` characters has more than ``n``
@@ -89,7 +87,7 @@ def longest_token(tokenizer) -> int:
 class PromptTooLongError(LlaisysValueError):
     """A prompt of more characters than the caller's bound (``chars`` of at most ``max_chars``)."""
 
-    def __init__(self, chars: int, max_chars: int):
+    def __init__(self, chars: int, max_chars: int) -> None:
         super().__init__(f"the prompt has {chars} characters, more than the {max_chars} allowed")
         self.chars = chars
         self.max_chars = max_chars
@@ -104,7 +102,7 @@ class EmptyPromptError(LlaisysValueError):
     """A prompt that gives no tokens: an empty text, or one whose every character the tokenizer drops."""
 
 
-def _nonempty(ids: list[int], text: str, tokenizer) -> list[int]:
+def _nonempty(ids: list[int], text: str, tokenizer: Tokenizer) -> list[int]:
     if not ids and not text:
         raise EmptyPromptError("the prompt is empty: it needs at least one token")
     if not ids:
@@ -123,14 +121,14 @@ class IncrementalDecoder:
     Special tokens have no text, but those in ``keep`` (a tool-call marker the reader parses): their own.
     """
 
-    def __init__(self, tokenizer, keep: frozenset[int] = frozenset()):
+    def __init__(self, tokenizer: Tokenizer, keep: frozenset[int] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.keep = keep
         self.tokens: list[int] = []
         self._prefix = 0  # window start: context whose text was already printed
         self._read = 0  # tokens before this index are printed
 
-    def _decode(self, tokens) -> str:
+    def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def push(self, token: int) -> str:

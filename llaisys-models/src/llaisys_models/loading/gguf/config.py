@@ -6,6 +6,10 @@ names, so ``ModelConfig.from_dict`` checks them exactly as it checks a HuggingFa
 directory; what a GGUF file says through its tensors instead (tied output, biases) is read
 from the tensor table. Every size is bounded first (as llama.cpp bounds them), so a hostile
 value costs nothing before the tensors are checked against it.
+
+The keys every architecture has (block_count, rope.freq_base, ...) are read here; what a family's keys mean
+(Gemma 3's rope.freq_base_swa, the experts of a mixture) is its GGUF rules' (``Family.gguf.config``), and
+which family a file is, the registry's row of its general.architecture.
 """
 
 from __future__ import annotations
@@ -13,17 +17,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from gguf import LlamaFileType
 
 from ...errors import ModelLoadError, shown
 from ...families.config import ModelConfig
-from ...families.registry import FAMILIES
+from ...families.registry import GGUF_ARCHITECTURES, Row, gguf_row
 from ...families.rope_scaling import RopeScaling
 from .reader import GGUFFile
-
-# GGUF architecture -> the HuggingFace architecture of the same family (registry.py), and config.json's
-# model_type where it is not the GGUF name
-ARCHITECTURES = {gguf_name: hf_name for hf_name, gguf_name, _ in FAMILIES if gguf_name is not None}
-MODEL_TYPES = {"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 
 # config.json field <- GGUF key (after "{arch}."), and whether the file must have it
 HYPERPARAMETERS = {
@@ -42,22 +42,37 @@ MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
 MAX_SIZE = 2 ** 32 - 1  # llama.cpp holds every size hyper-parameter in a uint32_t
 
 
-def architecture(f: GGUFFile) -> str:
-    """The file's ``general.architecture``, if llaisys runs it (else a ModelLoadError naming it)."""
+class Metadata:
+    """A GGUF file's metadata as a family's GGUF rules read it (families.family.GGUFMetadata): the keys of its
+    general.architecture."""
+
+    def __init__(self, f: GGUFFile, architecture: str) -> None:
+        self.file, self.path, self.architecture = f, f.path, architecture
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.file.metadata.get(f"{self.architecture}.{key}", default)
+
+    def size(self, key: str) -> int:
+        return _size(self.file, f"{self.architecture}.{key}", self.get(key))
+
+
+def family_row(f: GGUFFile) -> Row:
+    """The registry's row of the file's ``general.architecture``, if llaisys runs it (else a ModelLoadError
+    naming it)."""
     arch = f.architecture
-    if arch not in ARCHITECTURES:
+    row = gguf_row(Metadata(f, arch)) if isinstance(arch, str) else None
+    if row is None:
         found = shown(arch) if arch is not None else "no general.architecture"
         raise ModelLoadError(f"{f.path}: GGUF architecture {found} is not supported; llaisys runs "
-                             f"{', '.join(sorted(ARCHITECTURES))}")
-    return arch
+                             f"{', '.join(GGUF_ARCHITECTURES)}")
+    return row
 
 
 def model_config(f: GGUFFile) -> ModelConfig:
-    arch = architecture(f)
-    meta = f.metadata
-    raw: dict = {"architectures": [ARCHITECTURES[arch]], "model_type": MODEL_TYPES.get(arch, arch), "hidden_act": "silu"}
-    if arch == "gemma3":
-        raw.update(hidden_activation="gelu_pytorch_tanh")
+    row = family_row(f)
+    family, rules, arch, meta = row.family, row.family.gguf, row.gguf, f.metadata
+    assert rules is not None and arch is not None  # (gguf_row's rows have both)
+    raw: dict = {"architectures": [row.architecture], "model_type": family.config.model_type, "hidden_act": "silu"}
     for field, (key, required) in HYPERPARAMETERS.items():
         value = meta.get(f"{arch}.{key}")
         if value is None:
@@ -67,9 +82,7 @@ def model_config(f: GGUFFile) -> ModelConfig:
         limit = MAX_LAYERS if field == "num_hidden_layers" else MAX_SIZE
         raw[field] = value if field in FLOAT_FIELDS else _size(f, f"{arch}.{key}", value, limit)
     _check_attention_and_rope(f, arch, raw)
-    _experts(f, arch, raw)
-    if arch == "gemma3":
-        _gemma3(f, raw)
+    rules.config(Metadata(f, arch), raw)
 
     embed = f.tensors.get("token_embd.weight")
     if embed is None:
@@ -79,12 +92,12 @@ def model_config(f: GGUFFile) -> ModelConfig:
     raw["eos_token_id"] = eos_token_ids(f)
     raw["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
     try:
-        config = ModelConfig.from_dict(raw)
+        config = family.read_config(raw, row.architecture)
     except ModelLoadError as e:
         raise ModelLoadError(f"{f.path}: {e}") from None
     if "rope_freqs.weight" in f.tensors:
         config = dataclasses.replace(config, rope_scaling=_freq_factors(f, config.head_dim))
-    window, sliding = _sliding_window(f, arch, config.num_hidden_layers)
+    window, sliding = _sliding_window(f, arch, config.num_hidden_layers, rules.window_pattern)
     config = dataclasses.replace(config, sliding_window=window, sliding_layers=sliding)
     # biases are whatever tensors the file has (the layer-0 set is required of every layer)
     return dataclasses.replace(
@@ -96,12 +109,12 @@ def model_config(f: GGUFFile) -> ModelConfig:
     )
 
 
-def _sliding_window(f: GGUFFile, arch: str, layers: int) -> tuple[int | None, tuple[int, ...]]:
+def _sliding_window(f: GGUFFile, arch: str, layers: int, default_pattern: int) -> tuple[int | None, tuple[int, ...]]:
     """The window of {arch}.attention.sliding_window (0 or absent: none) and the layers it applies to, as
     llama.cpp reads them: {arch}.attention.sliding_window_pattern, a bool per layer or an int n (layer i slides
-    unless i % n == n - 1; n = 0: every layer), by default 6 for gemma3 (its converter writes no pattern) and
-    every layer for the others (Phi-3, and Mistral as "llama": HF windows their every layer; llama.cpp turns
-    Phi-3's window off, see the README)."""
+    unless i % n == n - 1; n = 0: every layer), by default the family's (gemma3: 6, its converter writes no
+    pattern) and every layer for the others (Phi-3, and Mistral as "llama": HF windows their every layer;
+    llama.cpp turns Phi-3's window off, see docs/design/loading.md)."""
     meta = f.metadata
     key = f"{arch}.attention.sliding_window"
     window = meta.get(key, 0)
@@ -109,7 +122,7 @@ def _sliding_window(f: GGUFFile, arch: str, layers: int) -> tuple[int | None, tu
         return None, ()
     window = _size(f, key, window)
     key = f"{arch}.attention.sliding_window_pattern"
-    pattern = meta.get(key, 6 if arch == "gemma3" else 0)
+    pattern = meta.get(key, default_pattern)
     if isinstance(pattern, list):
         if len(pattern) != layers or not all(isinstance(p, bool) for p in pattern):
             raise ModelLoadError(f"{f.path}: metadata key {key} must hold one true/false per layer ({layers}), got "
@@ -121,53 +134,7 @@ def _sliding_window(f: GGUFFile, arch: str, layers: int) -> tuple[int | None, tu
     return window, tuple(i for i in range(layers) if pattern == 0 or i % pattern < pattern - 1)
 
 
-def _gemma3(f: GGUFFile, raw: dict) -> None:
-    """Gemma 3's fields as llama.cpp reads them: the sliding layers' rope base ({arch}.rope.freq_base_swa, else
-    10000), the attention scale (not in the file: 1 / sqrt(head_dim), or 1 / sqrt(hidden / heads) for the
-    62-layer 27B, whose query_pre_attn_scalar that is), a final logit soft-capping (refused by config.py)."""
-    meta = f.metadata
-    raw.setdefault("rope_theta", 10000.0)  # (llama.cpp's default, where HF's is 1e6; converters write it)
-    raw["rope_local_base_freq"] = meta.get("gemma3.rope.freq_base_swa", 10000.0)
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
-    raw["query_pre_attn_scalar"] = (raw["hidden_size"] // raw["num_attention_heads"]
-                                    if raw["num_hidden_layers"] == 62 else head_dim)
-    raw["final_logit_softcapping"] = meta.get("gemma3.final_logit_softcapping")
-    raw["sliding_window"] = None  # (the file's window is _sliding_window's)
-    raw["layer_types"] = ["full_attention"] * raw["num_hidden_layers"]
-
-
-def _experts(f: GGUFFile, arch: str, raw: dict) -> None:
-    """The experts, as llama.cpp reads them: a Llama file with experts (llama.expert_count) is Mixtral, as its
-    converter writes it; qwen3moe is Qwen3-MoE with every layer sparse (llama.cpp makes every layer a MoE
-    layer, so the converter's files of checkpoints with mlp_only_layers do not load there either) and the
-    top-k weights always renormalised (llama.cpp passes norm_w = true, whatever norm_topk_prob was; transformers'
-    GGUF loader sets norm_topk_prob so too)."""
-    meta = f.metadata
-    count = meta.get(f"{arch}.expert_count")
-    if arch == "llama" and count:
-        raw.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
-                   num_local_experts=_size(f, f"{arch}.expert_count", count))
-    elif arch == "qwen3moe":
-        if count is None:
-            raise ModelLoadError(f"{f.path}: metadata key {arch}.expert_count (num_experts) is missing")
-        raw.update(num_experts=_size(f, f"{arch}.expert_count", count), norm_topk_prob=True)
-        width = meta.get(f"{arch}.expert_feed_forward_length")  # (absent: llama.cpp takes n_ff / n_expert_used)
-        if width is not None:
-            raw["moe_intermediate_size"] = _size(f, f"{arch}.expert_feed_forward_length", width)
-        scale = meta.get(f"{arch}.expert_weights_scale", 0.0)
-        if scale not in (0.0, 1.0):  # llama.cpp scales the top-k weights by it (converters write it for others)
-            raise ModelLoadError(f"{f.path}: {arch}.expert_weights_scale = {shown(scale)} (a factor on the expert "
-                                 f"weights) is not supported")
-    else:
-        return
-    used = meta.get(f"{arch}.expert_used_count")
-    if used is not None:
-        raw["num_experts_per_tok"] = _size(f, f"{arch}.expert_used_count", used)
-    if arch == "qwen3moe" and "moe_intermediate_size" not in raw and "num_experts_per_tok" in raw:
-        raw["moe_intermediate_size"] = raw["intermediate_size"] // raw["num_experts_per_tok"]
-
-
-def _size(f: GGUFFile, key: str, value, limit: int = MAX_SIZE) -> int:
+def _size(f: GGUFFile, key: str, value: object, limit: int = MAX_SIZE) -> int:
     """A size hyper-parameter: an integer in [1, limit]."""
     if isinstance(value, list):
         raise ModelLoadError(f"{f.path}: {key} varies per layer ({shown(value)}), which llaisys does not support")
@@ -233,11 +200,9 @@ def eos_token_ids(f: GGUFFile) -> list[int]:
     return ids
 
 
-def _file_type(value) -> str | None:
+def _file_type(value: object) -> str | None:
     """general.file_type as llama.cpp names it ("MOSTLY_Q4_K_M", ...), for information."""
-    from gguf import LlamaFileType
-
-    try:
-        return LlamaFileType(value).name if value is not None else None
-    except ValueError:
-        return shown(value)
+    if value is None:
+        return None
+    name = next((t.name for t in LlamaFileType if t.value == value), None)  # (as LlamaFileType(value) finds it)
+    return name if name is not None else shown(value)

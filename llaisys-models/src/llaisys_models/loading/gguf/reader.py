@@ -25,12 +25,14 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
 from ...errors import ModelLoadError, shown
-from . import MAGIC
+from ..files import GGUF_MAGIC as MAGIC
+from ..files import PathArg
 
 VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -43,10 +45,11 @@ MIN_ALIGNMENT = 8  # the GGUF specification: general.alignment "must be a multip
 # the fewest bytes one record takes: a count the rest of the file cannot hold is refused before any loop
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
 MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, ggml type, offset
-MIN_ITEM_BYTES = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 4 + 8}  # a length; an item type and a count
+# a string: its length; an array: its item type and count
+MIN_ITEM_BYTES: dict[GGUFValueType, int] = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 4 + 8}
 
 # fixed-size metadata value types -> numpy dtype (little-endian)
-_SCALARS = {
+_SCALARS: dict[GGUFValueType, np.dtype[Any]] = {
     GGUFValueType.UINT8: np.dtype("<u1"), GGUFValueType.INT8: np.dtype("<i1"),
     GGUFValueType.UINT16: np.dtype("<u2"), GGUFValueType.INT16: np.dtype("<i2"),
     GGUFValueType.UINT32: np.dtype("<u4"), GGUFValueType.INT32: np.dtype("<i4"),
@@ -98,7 +101,7 @@ class _Cursor:
         self.pos += n
         return start
 
-    def unpack(self, fmt: str):
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
         return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))
 
     def u32(self) -> int:
@@ -118,7 +121,7 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ModelLoadError(f"{what} at byte {at} is not valid UTF-8 ({e.reason})") from None
 
-    def value(self, kind: int):
+    def value(self, kind: int) -> object:
         """A metadata value of type ``kind`` (the u32 just read)."""
         kind = _value_type(kind, self.pos - 4)
         if kind == GGUFValueType.STRING:
@@ -128,7 +131,7 @@ class _Cursor:
         dtype = _SCALARS[kind]
         return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize))[0].item()
 
-    def array(self, depth: int) -> list:
+    def array(self, depth: int) -> list[Any]:
         """An array's item type, count and items; ``depth``: 1 for a key's value, 2 for an array in it, ..."""
         at = self.pos
         item, count = _value_type(self.u32(), at), self.u64()
@@ -155,10 +158,10 @@ def _value_type(kind: int, pos: int) -> GGUFValueType:
         raise ModelLoadError(f"unknown metadata value type {kind} at byte {pos}: the file is corrupt") from None
 
 
-def _alignment(kind: int, value) -> int:
+def _alignment(kind: int, value: object) -> int:
     """general.alignment: a UINT32 (as llama.cpp requires), a power of two and a multiple of 8 (as the
     GGUF specification does: every tensor then starts on a boundary its element type can be read from)."""
-    if kind != GGUFValueType.UINT32 or value < MIN_ALIGNMENT or value & (value - 1):
+    if kind != GGUFValueType.UINT32 or not isinstance(value, int) or value < MIN_ALIGNMENT or value & (value - 1):
         shown_value = shown(value) if kind == GGUFValueType.UINT32 else f"a {GGUFValueType(kind).name}"
         raise ModelLoadError(f"general.alignment must be a UINT32 power of two of at least {MIN_ALIGNMENT}, "
                              f"got {shown_value}")
@@ -168,7 +171,7 @@ def _alignment(kind: int, value) -> int:
 class GGUFFile:
     """One GGUF file: ``metadata`` (key -> value), ``tensors`` (name -> TensorInfo), ``raw(name)``."""
 
-    def __init__(self, path):
+    def __init__(self, path: PathArg) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             what = "is a directory, not a GGUF file" if self.path.is_dir() else "does not exist"
@@ -244,7 +247,8 @@ class GGUFFile:
                 raise ModelLoadError(f"tensor {name!r} appears twice")
             self.tensors[name] = self._tensor_info(name, dims, type_id, offset, data_start, alignment)
 
-    def _tensor_info(self, name: str, dims, type_id: int, offset: int, data_start: int, alignment: int) -> TensorInfo:
+    def _tensor_info(self, name: str, dims: tuple[int, ...], type_id: int, offset: int, data_start: int,
+                     alignment: int) -> TensorInfo:
         """The tensor's entry, once its type, size and place (``offset`` into the data section) are checked."""
         try:
             qtype = GGMLQuantizationType(type_id)

@@ -9,33 +9,39 @@ its converter, which needs only the ``tokenizers`` library.
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ModelLoadError, shown
 from .reader import GGUFFile
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
                   "pad_token": "padding_token_id"}
 
 
-def _string(v) -> bool:
+def _string(v: object) -> bool:
     return isinstance(v, str)
 
 
-def _flag(v) -> bool:
+def _flag(v: object) -> bool:
     return isinstance(v, bool)
 
 
-def _integer(v) -> bool:
+def _integer(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _number(v) -> bool:
+def _number(v: object) -> bool:
     return _integer(v) or isinstance(v, float)
 
 
-def _token_id(v) -> bool:
-    return _integer(v) and v >= 0
+def _token_id(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 # the keys the converter reads, with what each must be: {key: (test, description)}
@@ -71,9 +77,12 @@ def check_tokenizer_metadata(f: GGUFFile) -> None:
             raise ModelLoadError(f"{f.path}: metadata key {key} must be an array of {what}, but item {bad} is "
                                  f"{shown(value[bad])}")
     for key in PER_TOKEN:
-        if key in meta and len(meta[key]) != len(meta["tokenizer.ggml.tokens"]):
-            raise ModelLoadError(f"{f.path}: metadata key {key} has {len(meta[key])} entries for "
-                                 f"{len(meta['tokenizer.ggml.tokens'])} tokens")
+        if key in meta:
+            entries, tokens = meta[key], meta["tokenizer.ggml.tokens"]
+            assert isinstance(entries, list) and isinstance(tokens, list)  # arrays, as the loop above checked
+            if len(entries) != len(tokens):
+                raise ModelLoadError(f"{f.path}: metadata key {key} has {len(entries)} entries for {len(tokens)} "
+                                     f"tokens")
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -81,20 +90,21 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _converter():
+def _converter() -> tuple[dict[str, dict[str, str]], Callable[[str, dict[str, Any]], tuple[Any, dict[str, Any]]]]:
     """(GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer) from wherever this transformers keeps them."""
     try:  # transformers >= 5.x
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
     except ImportError:
-        try:  # transformers 4.x
-            from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-        except ImportError as e:
+        try:  # transformers 4.x (imported by name: type checkers see the 5.x installed, which moved both)
+            ggml = importlib.import_module("transformers.integrations.ggml")
+            return ggml.GGUF_TOKENIZER_MAPPING, ggml.convert_gguf_tokenizer
+        except (ImportError, AttributeError) as e:
             raise ModelLoadError(f"this transformers cannot build tokenizers from GGUF metadata ({e}); "
                                  f"pip install -U transformers") from None
     return GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
 
-def load_gguf_tokenizer(f: GGUFFile):
+def load_gguf_tokenizer(f: GGUFFile) -> PreTrainedTokenizerFast:
     """A ``PreTrainedTokenizerFast`` with the file's vocabulary, special tokens and chat template."""
     meta = f.metadata
     missing = [k for k in ("tokenizer.ggml.model", "tokenizer.ggml.tokens") if k not in meta]
@@ -114,6 +124,7 @@ def load_gguf_tokenizer(f: GGUFFile):
     if tokenizer_dict.get("tokenizer_type") == "llama":
         config.setdefault("add_bos_token", True)  # llama.cpp adds BOS for sentencepiece unless told not to
     tokens = tokenizer_dict["tokens"]
+    assert isinstance(tokens, list)  # tokenizer.ggml.tokens: there, and an array (checked above)
     for name, key in SPECIAL_TOKENS.items():
         token_id = meta.get(f"tokenizer.ggml.{key}")
         if isinstance(token_id, int) and 0 <= token_id < len(tokens):

@@ -1,7 +1,8 @@
 """The decoder's weights from a GGUF file: named as llama.cpp names them, checked, converted, placed.
 
 The plan (which weights, their shapes) is the HuggingFace loader's; only the names differ
-(``blk.{i}.attn_q.weight`` for ``model.layers.{i}.self_attn.q_proj.weight``). Every tensor
+(``blk.{i}.attn_q.weight`` for ``model.layers.{i}.self_attn.q_proj.weight``): llama.cpp's, as the family's GGUF
+rules give them (families/family.py: LLAMA_CPP_TENSORS, and its fused tensors). Every tensor
 is checked (presence, shape, a type llaisys decodes) before any is read. Each is then converted
 straight into the buffer that becomes the weight, one tensor (or chunk of rows) at a time, and its
 mapped pages are dropped, so the load peaks at the converted weights plus one chunk's stored bytes.
@@ -10,16 +11,17 @@ What each tensor becomes (``kind_of``), by default ("as stored", where the devic
 - Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices (the linears, the lm_head and the token embedding) stay in their
   blocks (gguf/blocks.py: llaisys' formats of the same names hold exactly the stored values);
 - Q5_0, Q5_1, Q5_K linears become int8 (decoded to float32, then quantized as ``quantize="int8"`` does:
-  not exact; README gives the error), the rest (F32 / F16 / BF16, Q2_K, Q3_K, Q5_* tables, norms, biases)
+  not exact; docs/quantization.md gives the error), the rest (F32 / F16 / BF16, Q2_K, Q3_K, Q5_* tables, norms, biases)
   is decoded into the compute dtype.
 ``dequantize=True`` decodes everything into the compute dtype (the values exactly in float32: what HF
 transformers computes with); ``quantize="int8"`` / ``"int4"`` requantize the linears (int4 keeps the 4-bit
 blocks as they are, and the lm_head at 6 bits or more: its blocks, or q8_0).
 
 llama.cpp's converter reorders the rows of Llama-architecture Q and K projections (within each
-head, rows go from HF's half-split rotary layout to ggml's interleaved pairs); the loader reads
-those rows back in HF order. Qwen2 files are written unpermuted. Gemma 3's norms are stored as
-1 + w (the converter adds the 1), which is what the model wants, in float32 (weights.py).
+head, rows go from HF's half-split rotary layout to ggml's interleaved pairs: the family's GGUF rules
+say ``permuted_qk``); the loader reads those rows back in HF order. Qwen2 files are written unpermuted.
+Gemma 3's norms are stored as 1 + w (the converter adds the 1), which is what the model wants, in float32
+(``config.norms_in_f32``, as OLMo 2's: weights.py).
 """
 
 from __future__ import annotations
@@ -32,42 +34,18 @@ import numpy as np
 import llaisys
 
 from ...errors import ModelLoadError
+from ...families.config import ModelConfig
+from ...families.family import GGUF_TOP, Family
+from ...families.weights import BlockWeight, Int8Experts, Int8Weight, Weight, Weights, layer_weights
 from ...parallel import shards
-from ...parallel.layout import DROP
+from ...parallel.layout import DROP, Layout, Part
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import (
-    BLOCK_KERNELS,
-    Arena,
-    BlockWeight,
-    Int8Experts,
-    Int8Weight,
-    block_buffers,
-    block_bytes,
-    int8_experts,
-    linear_mode,
-    quantized_weight,
-)
-from ..weights import EXPERTS, LINEARS, NORMS, Weights, layer_weights, plan
+from ..quantize import BLOCK_KERNELS, Arena, block_buffers, block_bytes, int8_experts, linear_mode, quantized_weight
+from ..weights import EXPERTS, LINEARS, NORMS, plan
 from . import blocks, quants
 from .reader import GGUFFile
 
-TOP_NAMES = {"embed_tokens": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
-LAYER_NAMES = {
-    "input_norm": "attn_norm.weight", "mlp_norm": "ffn_norm.weight",
-    "q_proj": "attn_q.weight", "k_proj": "attn_k.weight", "v_proj": "attn_v.weight", "o_proj": "attn_output.weight",
-    "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o_bias": "attn_output.bias",
-    "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight", "down_proj": "ffn_down.weight",
-    "gate_bias": "ffn_gate.bias", "up_bias": "ffn_up.bias", "down_bias": "ffn_down.bias",
-    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-    "attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post_ffw_norm.weight",  # Gemma
-    # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
-    "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
-    "experts_down": "ffn_down_exps.weight",
-}
-# Phi-3's fused tensors (weights.plan's parts): q/k/v are rows of attn_qkv, gate/up of ffn_up (gate first)
-FUSED_NAMES = {"q_proj": "attn_qkv.weight", "k_proj": "attn_qkv.weight", "v_proj": "attn_qkv.weight",
-               "gate_proj": "ffn_up.weight", "up_proj": "ffn_up.weight"}
 PERMUTED = {"q_proj": "q", "q_bias": "q", "k_proj": "kv", "k_bias": "kv"}  # llama.cpp's Llama Q/K reordering
 _LAYER = re.compile(r"blk\.([0-9]+)\.")
 
@@ -83,13 +61,18 @@ def check_layer_count(f: GGUFFile, layers: int) -> None:
                              f"of {have} ({len(present)} layers; layer {missing} is missing)")
 
 
-def tensor_plan(f: GGUFFile, config) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
-    """{field: (GGUF name, shape)} for the top-level weights and for each layer, once every one
-    of them is checked to be in the file, with its shape and a type llaisys can decode."""
+def tensor_plan(f: GGUFFile, config: ModelConfig, family: Family) -> tuple[dict[str, tuple], list[dict[str, tuple]]]:
+    """{field: (GGUF name, shape)} for the top-level weights and for each layer (the HF plan, named as the
+    family's GGUF rules name them), once every one of them is checked to be in the file, with its shape and a
+    type llaisys can decode."""
     check_layer_count(f, config.num_hidden_layers)
-    top, layers = plan(config)
-    top = {field: (TOP_NAMES[field], shape) for field, (_, shape) in top.items()}
-    layers = [{field: (f"blk.{i}.{(FUSED_NAMES if len(spec) == 3 else LAYER_NAMES)[field]}", *spec[1:])
+    top, layers = plan(config, family)
+    rules = family.gguf
+    if rules is None:
+        raise ModelLoadError(f"internal: {config.architecture} has no GGUF rules")
+    fused = {field: name for name, fields in rules.fused.items() for field in fields}
+    top = {field: (GGUF_TOP[field], shape) for field, (_, shape) in top.items()}
+    layers = [{field: (f"blk.{i}.{(fused if len(spec) == 3 else rules.tensors)[field]}", *spec[1:])
                for field, spec in layer.items()} for i, layer in enumerate(layers)]
     supported = ", ".join(t.name for t in quants.SUPPORTED)
     for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
@@ -206,14 +189,15 @@ def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys
         if rows is None:
             f.release(name, (first + start, first + end))
     f.release(name)
-    return BlockWeight(*buffers.placed(), fmt, shape)
+    placed_weight, placed_scales = buffers.placed()
+    return BlockWeight(placed_weight, placed_scales, fmt, shape)
 
 
 INT8_TYPES = (quants.Q.Q5_0, quants.Q.Q5_1, quants.Q.Q5_K)  # no llaisys format yet: their linears go to int8
 FOUR_BIT = (quants.Q.Q4_0, quants.Q.Q4_1, quants.Q.Q4_K)
 
 
-def kind_of(field: str, qtype, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
+def kind_of(field: str, qtype: quants.Q, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
     """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4", "q8_0" or "float" (this
     module's docstring); ``blocks_ok``: the device has the block kernels."""
     kept = blocks_ok and qtype in blocks.FORMATS
@@ -239,7 +223,7 @@ def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], devic
     qtype, raw = f.tensors[name].type, f.raw(name)
     experts, n, k = shape
 
-    def reader(e: int):
+    def reader(e: int) -> shards.Reader:
         def read(start: int, end: int) -> np.ndarray:
             if start == 0 and e:  # the experts before are quantized: their pages need not stay resident
                 f.release(name, (0, e * n))
@@ -260,6 +244,19 @@ def _part_shape(spec: tuple) -> tuple[int, ...]:
     return (stop - start, *shape[1:])
 
 
+def _matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+    """``shape`` as an [N, K] matrix's (a linear, an lm_head, an embedding table: what may be kept in blocks or
+    quantized)."""
+    n, k = shape
+    return n, k
+
+
+def _stack(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``shape`` as stacked experts' [E, N, K]."""
+    e, n, k = shape
+    return e, n, k
+
+
 def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray | slice | None) -> shards.Reader:
     """Rows [start, stop) of a weight of ``shape`` (rows reordered or cut by ``rows``) decoded to float32, a
     chunk at a time (a vector: its elements, decoded once)."""
@@ -277,13 +274,14 @@ def row_reader(f: GGUFFile, name: str, shape: tuple[int, ...], rows: np.ndarray 
                                                  np.empty((stop - start, shape[1]), np.float32))
 
 
-def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llaisys.DType,
-                 device: llaisys.Device, arch: str, progress: bool | None = None,
-                 quantize: str | None = None, dequantize: bool = False, layout=None) -> Weights:
+def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, layers: list[dict],
+                 dtype: llaisys.DType, device: llaisys.Device, progress: bool | None = None,
+                 quantize: str | None = None, dequantize: bool = False, layout: Layout | None = None) -> Weights:
     """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
-    quantized, or decoded into ``dtype``; with ``layout`` (tensor_parallel.Layout), only this rank's part of
+    quantized, or decoded into ``dtype``; with ``layout`` (parallel.layout.Layout), only this rank's part of
     each (decoded, then cut: a rank's part is not kept in the file's blocks)."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
+    permuted = family.gguf is not None and family.gguf.permuted_qk
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
     i8_ok = llaisys.ops.implemented("linear_i8", device)
 
@@ -292,7 +290,8 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
 
     # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
     # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
-    kept = [(f.tensors[spec[0]].type, _part_shape(spec)) for group in [top, *layers] for field, spec in group.items()
+    kept = [(f.tensors[spec[0]].type, _matrix(_part_shape(spec))) for group in [top, *layers]
+            for field, spec in group.items()
             if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
     arena = None
     if device.type == "cpu" and kept:
@@ -301,32 +300,34 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
     if layout is not None and layout.world > 1:
         total //= layout.world
     with Progress(total, f"loading {f.path.name}", enabled=progress) as bar:
-        def get(field, spec):
-            name, shape, rows = spec[0], _part_shape(spec), None
+        def get(field: str, spec: tuple) -> Weight | None:
+            name, shape = spec[0], _part_shape(spec)
+            rows: np.ndarray | slice | None = None
             if len(spec) == 3:  # rows of a fused tensor (Phi-3)
                 rows = slice(*spec[2])
-            elif arch == "llama" and field in PERMUTED:
+            elif permuted and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
             part = layout.part(field, config) if layout is not None else None
             if part == DROP:
                 return None
-            if part is not None:
+            if isinstance(part, Part):  # (else None: the whole tensor)
                 mode = linear_mode(quantize, field) if field in LINEARS else None
-                tensor = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
+                piece = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
                 f.release(name)
                 bar.update(math.prod(part.shape(shape)) * dtype.itemsize)
-                return tensor
+                return piece
             how = kind(field, spec)
             if how == "int8" and not i8_ok:
                 how = "float"
+            tensor: Weight
             if how == "blocks":
-                tensor = block_weight(f, name, shape, device, rows, arena)
+                tensor = block_weight(f, name, _matrix(shape), device, rows, arena)
             elif how in ("int8", "int4", "q8_0"):
-                tensor = quantized(f, name, shape, device, rows, how)
-            elif field in NORMS and config.norm_offset:  # Gemma: 1 + w as the file holds it, in float32
+                tensor = quantized(f, name, _matrix(shape), device, rows, how)
+            elif field in NORMS and config.norms_in_f32:  # Gemma (1 + w as the file holds it), OLMo 2: in float32
                 tensor = materialize(f, name, shape, llaisys.float32, device, rows)
             elif quantize is not None and field in EXPERTS:  # (int8 for int4 too: quantize.py)
-                tensor = quantized_experts(f, name, shape, device)
+                tensor = quantized_experts(f, name, _stack(shape), device)
             else:
                 tensor = materialize(f, name, shape, dtype, device, rows)
             bar.update(math.prod(shape) * dtype.itemsize)
@@ -341,4 +342,7 @@ def load_weights(f: GGUFFile, config, top: dict, layers: list[dict], dtype: llai
             split = layout is not None and layout.world > 1
             same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
             lm_head = embed if same and not split else get("lm_head", top["embed_tokens"])
+    # (the embedding a table, the final norm a tensor, the lm_head a linear: none is dropped on any rank)
+    assert isinstance(embed, (llaisys.Tensor, BlockWeight)) and isinstance(norm, llaisys.Tensor)
+    assert isinstance(lm_head, (llaisys.Tensor, Int8Weight, BlockWeight))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)
