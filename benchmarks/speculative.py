@@ -145,7 +145,7 @@ def step_costs(model, args) -> None:
         ids = rng.integers(0, vocab, m).tolist()
         session.pool.reserve_growing(session.kv, base + m)
         c0, t0 = time.process_time(), time.perf_counter()
-        model.forward_batch(session.pool, [(session.kv, ids)], [m])  # every row's logits: a verify step
+        session.runner.forward([(session.kv, ids)], [m])  # every row's logits: a verify step
         elapsed = time.perf_counter() - t0, time.process_time() - c0
         session.truncate(base)
         return elapsed

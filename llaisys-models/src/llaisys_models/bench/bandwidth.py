@@ -5,10 +5,17 @@ bandwidth / bytes)."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (llaisys and the model's classes are imported when measuring)
+    import llaisys
+
+    from ..families.causal_lm import CausalLM
+    from ..families.weights import Int8Experts, Linear
 
 PROBE_SHAPE = (1 << 12, 1 << 14)  # float32: 256 MiB, past any cache
 
-def copy_bandwidth(device) -> float:
+def copy_bandwidth(device: llaisys.Device) -> float:
     """Bytes per second that a device-side copy of 256 MiB moves (read + written), best of 5, with the backend's
     own threads. (benchmarks/e2e.py reads with torch, which llaisys does not depend on: this is the same
     streaming measurement through llaisys.)"""
@@ -25,11 +32,11 @@ def copy_bandwidth(device) -> float:
         best = min(best, time.perf_counter() - t0)
     return 2 * src.nbytes / best
 
-def decode_bytes(model, new_tokens: int) -> float:
+def decode_bytes(model: CausalLM, new_tokens: int) -> float:
     """Bytes one decode step of a tgN test reads: every weight matrix (the embedding table only for its one row,
     left out; a mixture of experts' chosen share of its experts) and the KV cache at its mean length."""
     w, c = model.weights, model.config
-    total = _nbytes(w.lm_head) + _nbytes(w.norm)
+    total: float = _nbytes(w.lm_head) + _nbytes(w.norm)
     for layer in w.layers:
         for name, value in vars(layer).items():
             if value is None:
@@ -42,8 +49,10 @@ def decode_bytes(model, new_tokens: int) -> float:
     mean_positions = 1 + (new_tokens + 1) / 2  # the 1-token prompt, then one more position per step
     return total + model.kv_shape.bytes_per_token * mean_positions
 
-def _nbytes(weight) -> int:
+def _nbytes(weight: Linear | Int8Experts) -> int:
     """A tensor's bytes, or a quantized weight's (its blocks and scales)."""
-    if hasattr(weight, "scales"):
-        return weight.weight.nbytes + weight.scales.nbytes
-    return weight.nbytes
+    import llaisys
+
+    if isinstance(weight, llaisys.Tensor):
+        return weight.nbytes
+    return weight.weight.nbytes + weight.scales.nbytes

@@ -5,11 +5,13 @@ Registering imports nothing heavy: each mode's module adds its own arguments and
 
 from __future__ import annotations
 
+import argparse
+
 from ..cli.generate import _command
 from . import model, serve
 
 
-def register_bench(subparsers) -> None:
+def register_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench", help="measure a model's prefill and decode rates, or a server under load (bench serve)",
         description="Measure prefill and decode rates of a model (a grid over the axes given), as llama-bench "

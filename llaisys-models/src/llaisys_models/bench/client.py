@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from typing import Any
 
 from llaisys import LlaisysValueError
 
@@ -26,7 +27,7 @@ class Target:
     host: str
     port: int
     prefix: str  # the base URL's path, without /v1
-    headers: dict
+    headers: dict[str, str]
 
     @classmethod
     def parse(cls, url: str, api_key: str | None) -> Target:
@@ -82,7 +83,7 @@ class Record:
     error: str | None = None
     ttft: float | None = None
     e2e: float | None = None
-    itl: list = dataclasses.field(default_factory=list)
+    itl: list[float] = dataclasses.field(default_factory=list)
     chunks: int = 0  # chunks that carried output
     prompt_tokens: int | None = None  # from the usage chunk
     completion_tokens: int | None = None
@@ -99,12 +100,12 @@ class Record:
     @property
     def tpot(self) -> float | None:
         """(E2E - TTFT) / (output tokens - 1): the decode time per token after the first."""
-        if self.ttft is None or self.output_tokens < 2:
+        if self.ttft is None or self.e2e is None or self.output_tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
-    def as_json(self) -> dict:
-        def ms(s):
+    def as_json(self) -> dict[str, Any]:
+        def ms(s: float | None) -> float | None:
             return None if s is None else round(s * 1e3, 3)
         return {"index": self.index, "ok": self.ok, "error": self.error, "start_s": round(self.start, 6),
                 "ttft_ms": ms(self.ttft), "tpot_ms": ms(self.tpot), "e2e_ms": ms(self.e2e),
@@ -119,7 +120,7 @@ class Client:
         self.open: set[http.client.HTTPConnection] = set()
         self.lock = threading.Lock()
 
-    def send(self, record: Record, body: dict, t0: float) -> Record:
+    def send(self, record: Record, body: dict[str, Any], t0: float) -> Record:
         """``record`` filled in by one streamed request (``t0``: the run's start on perf_counter's clock)."""
         conn = self.target.connect(self.timeout)
         with self.lock:
@@ -152,7 +153,7 @@ class Client:
                     except OSError:
                         pass
 
-def read_stream(response, record: Record, start: float) -> None:
+def read_stream(response: http.client.HTTPResponse, record: Record, start: float) -> None:
     """Read server-sent events until ``data: [DONE]``, timing each chunk that carries output."""
     last = None
     while True:
@@ -184,7 +185,7 @@ def read_stream(response, record: Record, start: float) -> None:
             last = now
             record.chunks += 1
 
-def _output(choice: dict) -> bool:
+def _output(choice: dict[str, Any]) -> bool:
     """Whether a stream choice carries output: text (completions), content, reasoning or a tool call (chat)."""
     delta = choice.get("delta") or {}
     return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content")

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, TextIO
 
 from . import report
 
 AXES = ("model", "device", "dtype", "quantize", "threads", "speculative")  # with "test": what rows match on
 
 
-def row_key(row: dict) -> tuple:
+def row_key(row: dict[str, Any]) -> tuple[str, ...]:
     """What rows match on: their axes and test."""
     return tuple(str(row.get(k)) for k in (*AXES, "test"))
 
-def read_baseline(path: Path) -> dict[tuple, dict]:
+def read_baseline(path: Path) -> dict[tuple[str, ...], dict[str, Any]]:
     """The rows of an earlier JSON output, by their axes and test."""
     from llaisys import LlaisysValueError
 
@@ -27,7 +28,8 @@ def read_baseline(path: Path) -> dict[tuple, dict]:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise LlaisysValueError(f"--compare {path}: not the JSON output of llaisys bench ({e})") from None
 
-def compare(rows: list[dict], baseline: dict[tuple, dict], tolerance: float, stream) -> int:
+def compare(rows: list[dict[str, Any]], baseline: dict[tuple[str, ...], dict[str, Any]], tolerance: float,
+            stream: TextIO) -> int:
     """Each row's rate against the baseline's; 1 when any is below 1 - tolerance of it."""
     current = {row_key(row): row for row in rows}
     table, slower = [], []

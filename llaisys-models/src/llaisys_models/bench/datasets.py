@@ -10,6 +10,7 @@ import dataclasses
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from llaisys import LlaisysValueError
 
@@ -46,11 +47,11 @@ WORDS = ("the of and to in is it you that he was for on are with as his they be 
 class Prompt:
     """One request's input: ``messages`` for chat, or ``text`` (a prompt, or chat's one user message)."""
     text: str | None
-    messages: list | None
+    messages: list[dict[str, Any]] | None
     max_tokens: int
     words: int  # its length as the client sees it (words of the text, or of every message's content)
 
-    def as_messages(self) -> list:
+    def as_messages(self) -> list[dict[str, Any]]:
         return self.messages if self.messages is not None else [{"role": "user", "content": self.text}]
 
 
@@ -83,13 +84,16 @@ def from_jsonl(path: str, n: int, default_max_tokens: list[int], chat: bool) -> 
     out = []
     for i in range(n):
         text, messages, max_tokens = prompts[i % len(prompts)]
-        words = len(text.split()) if text is not None else sum(len(str(m.get("content") or "").split())
-                                                                for m in messages)
+        if text is not None:
+            words = len(text.split())
+        else:
+            assert messages is not None  # (_line returns one or the other)
+            words = sum(len(str(m.get("content") or "").split()) for m in messages)
         out.append(Prompt(text, messages, max_tokens or default_max_tokens[i], words))
     return out
 
 
-def _line(path: str, number: int, line: str, chat: bool) -> tuple[str | None, list | None, int | None]:
+def _line(path: str, number: int, line: str, chat: bool) -> tuple[str | None, list[dict[str, Any]] | None, int | None]:
     """(prompt, messages, max_tokens) of one JSONL line; a LlaisysValueError naming the line where it is wrong."""
     where = f"{path}:{number}"
     try:

@@ -29,13 +29,21 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from . import report
 from .bandwidth import copy_bandwidth, decode_bytes
 from .compare import compare, read_baseline
+
+if TYPE_CHECKING:  # (the model's classes are imported when measuring)
+    import argparse
+
+    from ..engine.speculative.config import Speculation
+    from ..families.causal_lm import CausalLM
 
 DEFAULT_PROMPT_TOKENS = 512  # llama-bench's -p
 DEFAULT_NEW_TOKENS = 128  # llama-bench's -n
@@ -49,7 +57,7 @@ ERROR_MARK = "@bench-error "
 
 # -- arguments -----------------------------------------------------------------------------------------------
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..cli.generate import MODEL_HELP
 
     parser.add_argument("--model", type=Path, default=None, metavar="PATH|ID", help=MODEL_HELP)
@@ -102,7 +110,7 @@ def _numbers(text: str | None, flag: str, default: list[int] | None = None, low:
     return values
 
 
-def _names(text: str | None, flag: str, allowed=None) -> list[str | None]:
+def _names(text: str | None, flag: str, allowed: Sequence[str] | None = None) -> Sequence[str | None]:
     """A comma-separated list of names, each one of ``allowed`` (when given); None: [None] (the default)."""
     from llaisys import LlaisysValueError
 
@@ -117,7 +125,7 @@ def _names(text: str | None, flag: str, allowed=None) -> list[str | None]:
     return values
 
 
-def _plan(args) -> dict:
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
     """The run the flags ask for, checked before anything loads (a typo fails at once). JSON-able: a child
     process gets it as is."""
     from llaisys import LlaisysValueError
@@ -153,7 +161,7 @@ def _trace_file(path: Path) -> str:
     return str(path.resolve())  # (a child process may run elsewhere: the same file)
 
 
-def _command_line(args) -> str:
+def _command_line(args: argparse.Namespace) -> str:
     """The command as run, every setting spelled out (the meta of the JSON output)."""
     parts = ["llaisys", "bench"]
     for name in ("model", "prompt_tokens", "new_tokens", "repetitions", "device", "dtype", "quantize", "threads",
@@ -166,14 +174,14 @@ def _command_line(args) -> str:
 
 # -- the run ---------------------------------------------------------------------------------------------------
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from llaisys import LlaisysError
 
     plan = _plan(args)
     baseline = read_baseline(args.compare) if args.compare is not None else None  # unreadable: fails before work
     final_to_stdout = args.output != "table" and args.output_file is None
     printer = TablePrinter(plan, sys.stderr if final_to_stdout else sys.stdout)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     failure = None
     try:
         for row in _all_rows(plan):
@@ -191,7 +199,7 @@ def run(args) -> int:
     return compare(rows, baseline, args.tolerance, sys.stderr if final_to_stdout else sys.stdout)
 
 
-def _all_rows(plan: dict):
+def _all_rows(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every row, in order: in this process, or one child process per --threads value."""
     if plan["threads"] is None:
         yield from measure(plan, _own_threads())
@@ -206,13 +214,14 @@ def _own_threads() -> int:
     return int(text) if text.isdigit() and int(text) > 0 else len(os.sched_getaffinity(0))
 
 
-def _child_rows(plan: dict, threads: int):
+def _child_rows(plan: dict[str, Any], threads: int) -> Iterator[dict[str, Any]]:
     """The rows of ``plan`` measured by a child process with ``threads`` CPU threads, as they come."""
     from llaisys import LlaisysValueError
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     child = subprocess.Popen([sys.executable, "-m", "llaisys_models.bench.model", json.dumps(plan), str(threads)],
                              stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None  # (stdout=PIPE)
     error = None
     try:
         for line in child.stdout:
@@ -251,7 +260,7 @@ def _child_main(argv: list[str]) -> int:
 
 # -- measuring -------------------------------------------------------------------------------------------------
 
-def measure(plan: dict, threads: int):
+def measure(plan: dict[str, Any], threads: int) -> Iterator[dict[str, Any]]:
     """Yield a row per (device, dtype, quantize, speculative, test) of ``plan``, the model loaded once per
     (device, dtype, quantize)."""
     for device, dtype, quantize in itertools.product(plan["devices"], plan["dtypes"], plan["quantize"]):
@@ -270,7 +279,7 @@ def measure(plan: dict, threads: int):
         del model  # (its memory back before the next one loads)
 
 
-def _load(path: str, device, dtype, quantize):
+def _load(path: str, device: str | None, dtype: str | None, quantize: str | None) -> CausalLM:
     import llaisys_models
 
     t0 = time.perf_counter()
@@ -280,9 +289,9 @@ def _load(path: str, device, dtype, quantize):
     return model
 
 
-def _tests(plan: dict, context: int) -> list[tuple[str, int]]:
+def _tests(plan: dict[str, Any], context: int) -> list[tuple[str, int]]:
     """[("pp", N), ..., ("tg", N), ...]: the sizes given, or the defaults halved until they fit ``context``."""
-    def sizes(given, default, extra):
+    def sizes(given: list[int] | None, default: int, extra: int) -> list[int]:
         if given is not None:
             return given
         while default + extra > context and default > 1:
@@ -292,7 +301,7 @@ def _tests(plan: dict, context: int) -> list[tuple[str, int]]:
             + [("tg", n) for n in sizes(plan["new_tokens"], DEFAULT_NEW_TOKENS, 2)])
 
 
-def _check_fits(model, test: str, n: int) -> None:
+def _check_fits(model: CausalLM, test: str, n: int) -> None:
     from llaisys import LlaisysValueError
 
     positions = n + 1 if test == "pp" else n + 2  # pp: N + the first new token; tg: 1 + the first + N steps
@@ -302,36 +311,43 @@ def _check_fits(model, test: str, n: int) -> None:
                                 f"{model.context_length}")
 
 
-def _speculation(method: str, model):
+def _speculation(method: str, model: CausalLM) -> Speculation | None:
     import argparse
 
-    from ..engine.speculative import flags
+    from ..cli import speculative_flags as flags
 
     return flags.from_arguments(argparse.Namespace(speculative=method, num_speculative_tokens=None), model)[0]
 
 
-def _run_once(model, test: str, n: int, rng, speculation) -> float:
+def _run_once(model: CausalLM, test: str, n: int, rng: np.random.Generator, speculation: Speculation | None) -> float:
     """One run of the test: its tokens per second."""
     vocab = model.config.vocab_size
     if test == "pp":
         model.generate(rng.integers(0, vocab, size=n).tolist(), 1, eos_token_ids=())
         s = model.last_stats
+        assert s is not None  # (generate sets it)
         return s.prompt_tokens / s.prefill_seconds  # (prompt_tokens: the prompt less any cached prefix)
     model.generate(rng.integers(0, vocab, size=1).tolist(), n + 1, eos_token_ids=(), speculative=speculation)
-    return model.last_stats.decode_tokens_per_second  # n steps after the first token
+    s = model.last_stats
+    assert s is not None
+    return s.decode_tokens_per_second  # n steps after the first token
 
 
-def _rates(model, test: str, n: int, repetitions: int, rng, speculation, trace: str | None, row: dict) -> dict:
+def _rates(model: CausalLM, test: str, n: int, repetitions: int, rng: np.random.Generator,
+           speculation: Speculation | None, trace: str | None, row: dict[str, Any]) -> dict[str, float | None]:
     """tokens_per_s and stdev over ``repetitions`` runs after a warm-up; for tg the bandwidth bound too."""
     _run_once(model, test, n, rng, speculation)  # warm-up: pool growth, decode graphs, caches
     before = copy_bandwidth(model.device) if test == "tg" else None
     rates = [_run_once(model, test, n, rng, speculation) for _ in range(repetitions)]
-    result = {"tokens_per_s": statistics.fmean(rates), "stdev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
-              "bound_tokens_per_s": None, "pct_of_bound": None}
-    if test == "tg":
+    mean = statistics.fmean(rates)
+    result: dict[str, float | None] = {"tokens_per_s": mean,
+                                       "stdev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                                       "bound_tokens_per_s": None, "pct_of_bound": None}
+    if before is not None:  # (a tg test)
         bandwidth = max(before, copy_bandwidth(model.device))  # (a VM's bandwidth drifts: the higher reading)
-        result["bound_tokens_per_s"] = bandwidth / decode_bytes(model, n)
-        result["pct_of_bound"] = 100 * result["tokens_per_s"] / result["bound_tokens_per_s"]
+        bound = bandwidth / decode_bytes(model, n)
+        result["bound_tokens_per_s"] = bound
+        result["pct_of_bound"] = 100 * mean / bound
     if trace is not None:  # one more run, traced (the profiler's timing slows it: not measured)
         import llaisys
 
@@ -340,7 +356,7 @@ def _rates(model, test: str, n: int, repetitions: int, rng, speculation, trace: 
     return result
 
 
-def trace_path(trace: str, row: dict) -> str:
+def trace_path(trace: str, row: dict[str, Any]) -> str:
     """--trace FILE with the row's name before its suffix: t.json -> t.cpu_0-float32-none-4-off-pp512.json."""
     path = Path(trace)
     name = "-".join(str(row[k]) for k in ("device", "dtype", "quantize", "threads", "speculative", "test"))
@@ -355,12 +371,12 @@ class TablePrinter:
 
     NUMBER_WIDTH = 9  # report's cells: 4 significant digits, or one decimal from 1000 on
 
-    def __init__(self, plan: dict, stream):
+    def __init__(self, plan: dict[str, Any], stream: TextIO) -> None:
         self.stream, self.header = stream, True
         self.text = {"model": len(plan["name"]), "device": 7, "dtype": 8, "quantize": 4,
                      "speculative": max(len(s) for s in plan["speculative"]), "test": 6}  # widths, left-aligned
 
-    def print(self, row: dict) -> None:
+    def print(self, row: dict[str, Any]) -> None:
         cells = {}
         for column, value in row.items():
             text = report.cell(value)
@@ -385,7 +401,7 @@ def _write(text: str, path: Path | None) -> None:
         raise LlaisysValueError(f"--output-file {path}: {e.strerror or e}") from None
 
 
-def _meta(args) -> dict:
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
     import llaisys
 
     from .. import __version__ as models_version

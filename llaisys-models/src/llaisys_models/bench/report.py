@@ -34,7 +34,7 @@ def render(rows: list[dict], fmt: str = "table", meta: dict | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
-def cell(value) -> str:
+def cell(value: object) -> str:
     """One value as the table, CSV and Markdown show it: 4 significant digits, "-" for none."""
     if value is None:
         return "-"

@@ -16,6 +16,7 @@ endpoint is then one error rather than N failed requests.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import datetime
@@ -27,6 +28,7 @@ import random
 import sys
 import threading
 import time
+from typing import Any
 
 from llaisys import LlaisysValueError
 
@@ -38,7 +40,7 @@ SLO_METRICS = ("ttft", "tpot", "e2e")
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E"))
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("server")
     target.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (the OpenAI "
                                                      "API is under /v1)")
@@ -92,7 +94,7 @@ def add_arguments(p) -> None:
 
 # -- arguments ------------------------------------------------------------------------------------------------
 
-def check_arguments(args) -> dict[str, float]:
+def check_arguments(args: argparse.Namespace) -> dict[str, float]:
     """Refuse impossible values in one line; the SLOs of --goodput as {metric: ms}."""
     positive = {"--num-prompts": args.num_prompts, "--concurrency": args.concurrency,
                 "--request-rate": args.request_rate, "--input-len": args.input_len, "--output-len": args.output_len,
@@ -126,8 +128,8 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
 # -- HTTP -----------------------------------------------------------------------------------------------------
 
 
-def request_body(args, model: str, prompt: datasets.Prompt, max_tokens: int) -> dict:
-    body = {"model": model, "max_tokens": max_tokens, "temperature": args.temperature, "stream": True,
+def request_body(args: argparse.Namespace, model: str, prompt: datasets.Prompt, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": args.temperature, "stream": True,
             "stream_options": {"include_usage": True}}
     if args.endpoint == "chat":
         body["messages"] = prompt.as_messages()
@@ -138,17 +140,17 @@ def request_body(args, model: str, prompt: datasets.Prompt, max_tokens: int) -> 
 
 # -- the run --------------------------------------------------------------------------------------------------
 
-def run_load(client: Client, bodies: list[dict], rate: float, concurrency: int | None, seed: int,
+def run_load(client: Client, bodies: list[dict[str, Any]], rate: float, concurrency: int | None, seed: int,
              done: list[Record]) -> float:
     """Send every request, each on a thread of its own, at ``rate`` (Poisson) with at most ``concurrency`` in
     flight; finished records are appended to ``done`` as they come (so an interrupt keeps them). The run's
     duration: from the first send to the last answer."""
     arrivals = random.Random(f"{seed}-arrivals")  # its own RNG: the same dataset whatever the rate
     slots = threading.BoundedSemaphore(concurrency) if concurrency else None
-    finished: queue.Queue = queue.Queue()
+    finished: queue.Queue[Record] = queue.Queue()
     t0 = time.perf_counter()
 
-    def work(record: Record, body: dict) -> None:
+    def work(record: Record, body: dict[str, Any]) -> None:
         try:
             finished.put(client.send(record, body, t0))
         finally:
@@ -173,7 +175,7 @@ def run_load(client: Client, bodies: list[dict], rate: float, concurrency: int |
     return time.perf_counter() - t0
 
 
-def tables(row: dict) -> str:
+def tables(row: dict[str, Any]) -> str:
     """The summary for people: the counts and rates, then one line per latency."""
     overview = [{"metric": k, "value": row[k]} for k in ("completed", "failed", "duration_s", "input_tokens",
                                                          "output_tokens", "request_throughput", "output_throughput",
@@ -184,7 +186,8 @@ def tables(row: dict) -> str:
     return report.render(overview, "table") + "\n" + report.render(latencies, "table")
 
 
-def document(args, fmt: str, row: dict, meta: dict, records: list[Record], failures: dict) -> str:
+def document(args: argparse.Namespace, fmt: str, row: dict[str, Any], meta: dict[str, Any], records: list[Record],
+             failures: dict[str | None, int]) -> str:
     if fmt == "table":
         return tables(row)
     if fmt != "json":
@@ -195,7 +198,7 @@ def document(args, fmt: str, row: dict, meta: dict, records: list[Record], failu
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
-def write_results(args, target: Target, model: str, records: list[Record], duration: float,
+def write_results(args: argparse.Namespace, target: Target, model: str, records: list[Record], duration: float,
                   slos: dict[str, float], interrupted: bool) -> None:
     row = summarize(records, duration, slos)
     failures = dict(collections.Counter(r.error for r in records if not r.ok).most_common())
@@ -216,7 +219,7 @@ def write_results(args, target: Target, model: str, records: list[Record], durat
             f.write(document(args, args.output, row, meta, records, failures))
 
 
-def load_prompts(args) -> list[datasets.Prompt]:
+def load_prompts(args: argparse.Namespace) -> list[datasets.Prompt]:
     rng = random.Random(args.seed)
     if args.dataset == "synthetic":
         prompts = datasets.synthetic(args.num_prompts, args.input_len, args.input_len_range, args.output_len,
@@ -229,7 +232,7 @@ def load_prompts(args) -> list[datasets.Prompt]:
     return prompts
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     slos = check_arguments(args)
     prompts = load_prompts(args)  # a bad dataset is reported before the server is bothered
     target = Target.parse(args.url, args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY"))

@@ -16,12 +16,20 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..engine.speculative import flags as speculative_flags
 from ..families import numerics
 from ..loading import quantize
 from ..text.chat import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
+from . import speculative_flags
+
+if TYPE_CHECKING:
+    from ..families.causal_lm import CausalLM
+    from ..text.tokenizer import Tokenizer
+
+Command = Callable[[argparse.Namespace], int]  # a subcommand's ``func(args) -> int``
 
 DEFAULT_PROMPT = "12+34="  # what the demo model (no --model) answers
 MODEL_PROMPT = "What is the capital of France?"  # a question any chat model answers, for --model
@@ -56,7 +64,7 @@ def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> 
                         help="feed the prompt text as is, without the tokenizer's chat template")
 
 
-def add_tensor_parallel_argument(parser) -> None:
+def add_tensor_parallel_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel", type=_count, default=1, metavar="N",
                         help="split the model over N ranks, one process per device (--device cuda: cuda:0 .. "
                              "cuda:N-1; the CPU: N processes sharing its cores) (default 1)")
@@ -67,14 +75,20 @@ def add_tensor_parallel_argument(parser) -> None:
                              "CPU ranks on this host (their collectives are shared memory)")
 
 
-def add_generation_config_argument(parser) -> None:
+def add_generation_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generation-config", choices=["model", "none"], default="model",
                         help="'model': the sampling settings the model ships (its generation_config.json, or a GGUF "
                              "file's general.sampling keys) stand for the flags not given, as in HF transformers and "
                              "vLLM; 'none': llaisys' defaults alone (greedy) (default: model)")
 
 
-def tensor_parallel_options(args) -> dict:
+class TensorParallel(TypedDict):
+    """``load``'s tensor-parallel arguments."""
+    tensor_parallel: int
+    distributed_executor: str | None
+
+
+def tensor_parallel_options(args: argparse.Namespace) -> TensorParallel:
     """``load``'s tensor-parallel arguments from the flags (a LlaisysValueError names a wrong one)."""
     from llaisys import LlaisysValueError
 
@@ -90,10 +104,10 @@ def split_cpu_threads(ranks: int) -> None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // ranks))
 
 
-def _command(func):
+def _command(func: Command) -> Command:
     """A subcommand that Ctrl-C ends quietly, with the status a shell gives SIGINT (128 + 2)."""
     @functools.wraps(func)
-    def run(args) -> int:
+    def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except KeyboardInterrupt:
@@ -102,7 +116,7 @@ def _command(func):
     return run
 
 
-def register_generate(subparsers) -> None:
+def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("generate", help="generate text with a model, streaming tokens as they come",
                               description="Generate text, printing it as it is produced, then the prefill "
                                           "and decode speed.")
@@ -133,7 +147,7 @@ def register_generate(subparsers) -> None:
     p.set_defaults(func=_command(run_generate))
 
 
-def register_infer(subparsers) -> None:
+def register_infer(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("infer", help="greedy inference; --test checks it against HF transformers",
                               description="Greedy generation on a chat-templated prompt. With --test, HF transformers "
                                           "generates too and llaisys runs teacher-forced on HF's tokens; each step "
@@ -150,14 +164,14 @@ def register_infer(subparsers) -> None:
     p.set_defaults(func=_command(run_infer), max_new_tokens=64)
 
 
-def default_prompt(args) -> str:
+def default_prompt(args: argparse.Namespace) -> str:
     """--prompt, else the demo's sum without --model, a question with it."""
     if args.prompt is not None:
         return args.prompt
     return DEFAULT_PROMPT if args.model is None else MODEL_PROMPT
 
 
-def model_dir(args) -> Path:
+def model_dir(args: argparse.Namespace) -> Path:
     from .. import DEMO_MODEL_DIR
     from ..errors import ModelLoadError
 
@@ -171,7 +185,7 @@ def model_dir(args) -> Path:
     return DEMO_MODEL_DIR
 
 
-def _load(args):
+def _load(args: argparse.Namespace) -> tuple[CausalLM, Tokenizer, float]:
     from .. import load
     from ..text.tokenizer import load_tokenizer
 
@@ -201,7 +215,7 @@ def _quiet_transformers() -> None:
         sys.modules["transformers"].logging.set_verbosity_error()
 
 
-def _sampling(args) -> dict:
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     from llaisys import LlaisysValueError
 
     from ..engine.penalties import PENALTY_FLAGS
@@ -220,7 +234,7 @@ def _sampling(args) -> dict:
     return {**chosen, **penalties}
 
 
-def _model_sampling(args, model) -> dict:
+def _model_sampling(args: argparse.Namespace, model: CausalLM) -> dict[str, Any]:
     """The sampling arguments: the flags given, and for each one not given the model's own setting (unless
     --generation-config none), said in one line when the model has any."""
     if args.generation_config == "none":
@@ -234,7 +248,8 @@ def _model_sampling(args, model) -> dict:
     return _sampling(argparse.Namespace(**{**vars(args), **given}))
 
 
-def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Event | None = None) -> list[int]:
+def _stream(model: CausalLM, tokenizer: Tokenizer, ids: list[int], max_new_tokens: int, sampling: dict[str, Any],
+            stop: threading.Event | None = None) -> list[int]:
     """Print the reply as it is generated; ``stop`` set ends it after the token being computed."""
     from ..text.tokenizer import IncrementalDecoder
 
@@ -250,6 +265,7 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
         tokens.close()  # frees the sequence's KV blocks of a reply stopped early
     sys.stdout.write(decoder.finish() + "\n")
     s = model.last_stats
+    assert s is not None  # (set when the stream started: the loop above read it)
     print(f"{s.new_tokens} new tokens | first token after {s.first_token_seconds * 1000:.0f} ms "
           f"| prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
           f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s"
@@ -257,7 +273,7 @@ def _stream(model, tokenizer, ids, max_new_tokens, sampling, stop: threading.Eve
     return decoder.tokens
 
 
-def run_generate(args) -> int:
+def run_generate(args: argparse.Namespace) -> int:
     from llaisys import LlaisysValueError
 
     from ..text.chat import reply_budget
@@ -286,7 +302,7 @@ def run_generate(args) -> int:
     return 0
 
 
-def _chat(model, tokenizer, args, sampling) -> int:
+def _chat(model: CausalLM, tokenizer: Tokenizer, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
     from llaisys import LlaisysValueError
 
     from ..text.chat_prompt import ChatHistory
@@ -327,7 +343,7 @@ def _chat(model, tokenizer, args, sampling) -> int:
 
 
 @contextlib.contextmanager
-def _ctrl_c_sets():
+def _ctrl_c_sets() -> Iterator[threading.Event]:
     """An event that SIGINT sets instead of raising KeyboardInterrupt, for the block's duration (as llama.cpp
     and ollama, Ctrl-C stops a reply, not the chat). SIGINT left ignored (``nohup``) stays ignored."""
     stopped = threading.Event()
@@ -341,7 +357,7 @@ def _ctrl_c_sets():
         signal.signal(signal.SIGINT, previous)
 
 
-def run_infer(args) -> int:
+def run_infer(args: argparse.Namespace) -> int:
     from llaisys import LlaisysValueError
 
     from ..text.tokenizer import encode

@@ -28,9 +28,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # (transformers and torch are imported when a reference is made)
+    from transformers import PreTrainedModel
+
+    from ..families.causal_lm import CausalLM
 
 NEAR_TIE, MISMATCH = "near-tie", "mismatch"
 
@@ -150,9 +157,9 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
         worst_gap = exact_max - min(float(exact[step, t]) for t in pair)
         divergences.append(Divergence(
             step=step, hf_token=theirs, llaisys_token=mine,
-            hf_logits=tuple(float(hf[step, t]) for t in pair),
-            llaisys_logits=tuple(float(ours[step, t]) for t in pair),
-            exact_logits=tuple(float(exact[step, t]) for t in pair),
+            hf_logits=(float(hf[step, theirs]), float(hf[step, mine])),
+            llaisys_logits=(float(ours[step, theirs]), float(ours[step, mine])),
+            exact_logits=(float(exact[step, theirs]), float(exact[step, mine])),
             exact_max=exact_max,
             verdict=NEAR_TIE if worst_gap <= bound else MISMATCH))
     return ParityReport(prompt=list(reference.prompt), hf_tokens=list(reference.tokens), llaisys_choices=choices,
@@ -161,7 +168,7 @@ def classify(reference: Reference, llaisys_logits: np.ndarray) -> ParityReport:
                         dtype=reference.dtype)
 
 
-def teacher_forced_logits(model, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+def teacher_forced_logits(model: CausalLM, prompt: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
     """llaisys' logits [len(tokens), vocab] (float32) for each step of HF's continuation ``tokens``:
     the prompt's prefill, then one cached decode step per token (the path ``generate`` takes)."""
     prompt = model.check_input_ids(prompt)
@@ -177,7 +184,7 @@ def teacher_forced_logits(model, prompt: Sequence[int], tokens: Sequence[int]) -
 
 
 @contextlib.contextmanager
-def quiet_transformers():
+def quiet_transformers() -> Iterator[None]:
     """Keep transformers' progress bars ("Loading weights") and advisories off the console."""
     from transformers.utils import logging
 
@@ -195,7 +202,7 @@ def quiet_transformers():
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def load_hf(path, dtype: str):
+def load_hf(path: str | Path, dtype: str) -> PreTrainedModel:
     """HF transformers' model of the checkpoint at ``path`` (torch, CPU), its weights in ``dtype``."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -210,8 +217,8 @@ def load_hf(path, dtype: str):
         return AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs).eval()
 
 
-def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int] = (),
-                 *, models=None) -> Reference:
+def hf_reference(path: str | Path, prompt: Sequence[int], max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int] = (),
+                 *, models: tuple[PreTrainedModel, PreTrainedModel] | None = None) -> Reference:
     """HF transformers' greedy run of ``prompt`` (torch, CPU) in ``dtype``, then the exact logits of
     the same weights in float64 along HF's tokens. ``eos_token_ids`` empty: never stop early.
 
@@ -223,13 +230,17 @@ def hf_reference(path, prompt: Sequence[int], max_new_tokens: int, dtype: str, e
     model, exact_model = models if models is not None else (load_hf(path, dtype), None)
     tokens, logits, seconds = hf_greedy(model, prompt, max_new_tokens, eos_token_ids)
     if exact_model is None:
-        exact_model = model.to(torch.float64)  # in place: the weights already rounded to dtype, widened exactly
+        # in place: the weights already rounded to dtype, widened exactly. (The ignore: transformers wraps to() in
+        # functools.wraps(torch.nn.Module.to), whose type mypy reads unbound, self first; without torch installed,
+        # as where lint runs, there is no such error)
+        exact_model = model.to(torch.float64)  # type: ignore[arg-type, unused-ignore]
     exact = exact_logits(exact_model, list(prompt) + tokens[:-1], len(tokens))
     return Reference(prompt=list(prompt), tokens=tokens, logits=logits, exact_logits=exact, dtype=dtype,
                      seconds=seconds)
 
 
-def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()):
+def hf_greedy(model: PreTrainedModel, prompt: Sequence[int], max_new_tokens: int,
+              eos_token_ids: Sequence[int] = ()) -> tuple[list[int], np.ndarray, float]:
     """HF ``model``'s greedy tokens after ``prompt``, the float32 logits [steps, vocab] it chose them
     from, and its generate time in seconds."""
     import torch
@@ -247,7 +258,9 @@ def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: 
     try:
         with torch.no_grad(), quiet_transformers():
             t0 = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids))
+            # (the ignore: PreTrainedModel does not declare generate, which the causal-LM classes mix in, and with
+            # torch installed mypy reads it from torch.nn.Module.__getattr__: a Tensor; without torch, no error)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids))  # type: ignore[operator, unused-ignore]
             seconds = time.perf_counter() - t0
     finally:
         model.generation_config = saved
@@ -263,7 +276,7 @@ def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int, eos_token_ids: 
     return tokens, logits, seconds
 
 
-def exact_logits(model, sequence: list[int], last: int) -> np.ndarray:
+def exact_logits(model: PreTrainedModel, sequence: list[int], last: int) -> np.ndarray:
     """Float64 logits [last, vocab] of the last ``last`` positions of ``sequence`` from the float64
     HF ``model``."""
     import torch
@@ -274,8 +287,8 @@ def exact_logits(model, sequence: list[int], last: int) -> np.ndarray:
         return model(torch.tensor([sequence]), logits_to_keep=last).logits[0].numpy()
 
 
-def compare(model, prompt: Sequence[int], max_new_tokens: int, *, path=None, eos_token_ids=None,
-            reference: Reference | None = None) -> ParityReport:
+def compare(model: CausalLM, prompt: Sequence[int], max_new_tokens: int, *, path: str | Path | None = None,
+            eos_token_ids: Sequence[int] | None = None, reference: Reference | None = None) -> ParityReport:
     """Run HF greedily on ``prompt`` (or take ``reference``), llaisys ``model`` teacher-forced on HF's
     tokens, and classify every divergence. ``path`` defaults to the model's own directory."""
     prompt = model.check_input_ids(prompt)

@@ -28,9 +28,9 @@ def check_arguments(args) -> None:
 
 def from_arguments(args, model):
     """(the ``Speculation`` the flags ask for or None, the draft model's drafter or None)."""
-    from ... import load
-    from .config import resolve
-    from .draft_model import DraftModelDrafter
+    from .. import load
+    from ..engine.speculative.draft_model import DraftModelDrafter
+    from ..engine.speculative.resolve import resolve
 
     check_arguments(args)
     method, k = args.speculative, args.num_speculative_tokens

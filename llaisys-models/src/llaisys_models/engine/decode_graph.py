@@ -64,7 +64,10 @@ class DecodeGraphs:
 
     def __init__(self, model):
         self.model = model
-        self.enabled = llaisys.graphs_supported(model.device)
+        # why decode steps run op by op ("" while graphs may be captured): the device's, or (found at the first
+        # capture) an op of the step that runs on the CPU backend, which a graph cannot record (llaisys.fallback)
+        self.why_off = llaisys.why_no_graphs(model.device)
+        self.enabled = not self.why_off
         self._steps: dict[tuple[int, ...], _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
@@ -89,6 +92,7 @@ class DecodeGraphs:
         if entry.graph is None and not self._ready(pool, entry):
             entry.eager_steps += 1
             return self.model._run_step(pool, entry.step)
+        assert entry.graph is not None and entry.logits is not None  # captured: the graph and the logits it writes
         entry.graph.replay()
         self.replays += 1
         # a new tensor per step, as the eager path returns: a caller may keep one step's logits
@@ -105,6 +109,10 @@ class DecodeGraphs:
         try:
             with graph.capture():
                 logits = self.model._run_step(pool, entry.step)
+        except llaisys.NotSupportedError as e:  # e.g. an op that falls back: no step of this model can be captured
+            graph.close()
+            self.enabled, self.why_off = False, str(e)
+            return False
         except llaisys.LlaisysError:
             graph.close()
             entry.failures += 1

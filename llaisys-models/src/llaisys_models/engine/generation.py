@@ -13,7 +13,9 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import llaisys
 
@@ -23,6 +25,11 @@ from .penalties import check_frequency_penalty, check_logit_bias, check_presence
 from .sampling import SamplingParams, check_max_new_tokens, check_sampling
 from .scheduler import Scheduler, Sequence
 from .speculative import resolve as resolve_speculation
+
+if TYPE_CHECKING:
+    from ..families.config import ModelConfig
+    from .kv_cache import KVPool
+    from .step_inputs import Batch
 
 BLOCK_SIZE = 16
 FIRST_POOL_TOKENS = 256  # the model's own pool at first use; it grows when a sequence needs more
@@ -100,7 +107,7 @@ class Generator:
             finally:
                 self._owner = None
 
-    def stream(self, ids: list[int], params: SamplingParams) -> Iterator[int]:
+    def stream(self, ids: list[int], params: SamplingParams) -> PyGenerator[int, None, None]:
         with self.hold("stream_generate"):  # until the last token, or until the stream is closed
             stats = self.model.last_stats = GenerationStats()
             self.pool.prefix_caching = self.model.numerics == "exact"  # a benchmark may switch numerics
@@ -117,6 +124,27 @@ class GenerationMixin:
 
     last_stats: GenerationStats | None = None
     _generator: Generator | None = None
+
+    if TYPE_CHECKING:  # what the model (causal_lm.CausalLM) provides: a scheduler.SchedulerModel
+        config: ModelConfig
+        device: llaisys.Device
+        dtype: llaisys.DType
+        eos_token_ids: tuple[int, ...]
+        numerics: str
+
+        @property
+        def context_length(self) -> int: ...
+
+        def check_length(self, total: int) -> None: ...
+
+        def check_input_ids(self, input_ids: object) -> list[int]: ...
+
+        def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
+                        prefix_caching: bool = True) -> KVPool: ...
+
+        def release_kv_pool(self, pool: KVPool) -> None: ...
+
+        def forward_batch(self, pool: KVPool, batch: Batch, logits_of: list[int] | None = None) -> llaisys.Tensor: ...
 
     @property
     def generator(self) -> Generator:
@@ -150,7 +178,7 @@ class GenerationMixin:
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                         temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
                         speculative=None, num_speculative_tokens: int | None = None, grammar=None,
-                        **penalties) -> Iterator[int]:
+                        **penalties) -> PyGenerator[int, None, None]:
         """Yield each new token as soon as it is chosen (the EOS token included; a verify step of speculative
         decoding yields several at once). Arguments are checked here, before the first token is asked for;
         ``penalties``: as ``generate``."""

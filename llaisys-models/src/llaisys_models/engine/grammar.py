@@ -20,15 +20,22 @@ import json
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import llaisys
 
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+    from transformers import PreTrainedTokenizerFast
+
 # compact JSON (no whitespace between tokens: a model cannot pad its answer with endless spaces)
 JSON_OPTIONS = {"whitespace_flexible": False}
 
-_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF tokenizer -> llguidance tokenizer
+# HF tokenizer -> llguidance tokenizer
+_tokenizers: weakref.WeakKeyDictionary[PreTrainedTokenizerFast, LLTokenizer] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 _mask_threads: list[ThreadPoolExecutor] = []  # the one thread that computes prepared masks (made when first needed)
 
@@ -44,7 +51,7 @@ class GrammarError(llaisys.LlaisysValueError):
     """A grammar (schema, regex, Lark) that does not compile."""
 
 
-def _llguidance():
+def _llguidance() -> ModuleType:
     try:
         import llguidance
         import llguidance.numpy
@@ -54,7 +61,7 @@ def _llguidance():
     return llguidance
 
 
-def grammar_tokenizer(tokenizer):
+def grammar_tokenizer(tokenizer: PreTrainedTokenizerFast) -> LLTokenizer:
     """llguidance's view of a HF fast tokenizer (built once per tokenizer: about a second at 150k tokens on an idle
     core, holding the GIL a fraction of it)."""
     ll = _llguidance()
@@ -72,7 +79,7 @@ def grammar_tokenizer(tokenizer):
     return found
 
 
-def _tokenizer_json(tokenizer) -> str:
+def _tokenizer_json(tokenizer: PreTrainedTokenizerFast) -> str:
     """A HF fast tokenizer's JSON, as llguidance.hf.from_tokenizer reads it, but without copying the Rust tokenizer
     where it pads and truncates nothing: that copy holds the GIL for seconds at 150k tokens (every other thread of
     a server that warms up its grammars would stall), ``to_str`` releases it."""
@@ -88,7 +95,7 @@ class Grammar:
     """A compiled constraint for one tokenizer: llguidance grammar text and the tokenizer it masks. Immutable;
     any number of sequences share it (each gets its own ``Matcher``)."""
 
-    def __init__(self, tokenizer, grammar: str, what: str):
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, grammar: str, what: str) -> None:
         self.what = what  # e.g. "json_schema", for messages
         self.text = grammar
         self.ll_tokenizer = grammar_tokenizer(tokenizer)
@@ -97,7 +104,7 @@ class Grammar:
             raise GrammarError(f"{what}: {error}")
 
     @classmethod
-    def json_schema(cls, tokenizer, schema: dict | str) -> Grammar:
+    def json_schema(cls, tokenizer: PreTrainedTokenizerFast, schema: dict | str) -> Grammar:
         """Output that is one JSON value matching ``schema`` (a dict or its JSON text)."""
         ll = _llguidance()
         if isinstance(schema, str):
@@ -114,16 +121,16 @@ class Grammar:
         return cls(tokenizer, text, "json_schema")
 
     @classmethod
-    def json_object(cls, tokenizer) -> Grammar:
+    def json_object(cls, tokenizer: PreTrainedTokenizerFast) -> Grammar:
         """Output that is one JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
         return cls.json_schema(tokenizer, {"type": "object"})
 
     @classmethod
-    def regex(cls, tokenizer, pattern: str) -> Grammar:
+    def regex(cls, tokenizer: PreTrainedTokenizerFast, pattern: str) -> Grammar:
         return cls(tokenizer, _llguidance().LLMatcher.grammar_from_regex(pattern), "regex")
 
     @classmethod
-    def lark(cls, tokenizer, source: str, what: str = "lark") -> Grammar:
+    def lark(cls, tokenizer: PreTrainedTokenizerFast, source: str, what: str = "lark") -> Grammar:
         """Output of a Lark grammar (llguidance's dialect: ``%json {schema}`` embeds a JSON schema, ``<[id]>`` is
         a token); ``what`` names it in errors."""
         return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(source), what)
@@ -136,7 +143,7 @@ class Matcher:
     """One sequence's position in its grammar, and the bitmask of its next token over the model's vocabulary
     (``vocab_size`` may exceed the tokenizer's: the model's padding tokens are never allowed)."""
 
-    def __init__(self, grammar: Grammar, vocab_size: int):
+    def __init__(self, grammar: Grammar, vocab_size: int) -> None:
         ll = _llguidance()
         self._ll = ll
         self._matcher = ll.LLMatcher(grammar.ll_tokenizer, grammar.text)
@@ -147,7 +154,7 @@ class Matcher:
         self._host = np.zeros(words, dtype=np.int32)  # over the model's vocabulary
         self._shared = min(words, self._filled.shape[1])
         self._device: llaisys.Tensor | None = None
-        self._prepared: Future | None = None  # the next token's bitmask, being computed on another thread
+        self._prepared: Future[None] | None = None  # the next token's bitmask, being computed on another thread
 
     @property
     def done(self) -> bool:

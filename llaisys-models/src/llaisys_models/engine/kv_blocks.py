@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import llaisys
 
@@ -49,7 +49,7 @@ Parent = Hashable  # a block id (int) or a Root
 class BlockManager:
     """Reference counts, free and cached lists and the prefix index of ``num_blocks`` blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
         if block_size < 1 or num_blocks < 1:
             raise llaisys.LlaisysValueError(f"a KV pool needs block_size >= 1 and num_blocks >= 1, got "
                                             f"{block_size} and {num_blocks}")
@@ -170,7 +170,9 @@ class BlockManager:
     def match(self, tokens: list[int], limit: int, scope: str = "") -> tuple[list[int], int | None, int]:
         """Cached blocks of ``scope`` holding the longest prefix of ``tokens[:limit]``: (full blocks, a block
         whose first ``n`` positions continue it (to copy), n)."""
-        bs, parent, full, start = self.block_size, Root(scope), [], 0
+        bs, start = self.block_size, 0
+        parent: Parent = Root(scope)
+        full: list[int] = []
         while start + bs <= limit:
             block = self._index.get((parent, tuple(tokens[start:start + bs])))
             if block is None:
@@ -210,7 +212,7 @@ class BlockManager:
 class SequenceKV:
     """One sequence's block table and the token ids whose keys/values are stored, in ``scope``."""
 
-    def __init__(self, blocks: BlockManager, scope: str = ""):
+    def __init__(self, blocks: BlockManager, scope: str = "") -> None:
         self.manager = blocks
         self.scope = scope
         self.blocks: list[int] = []
@@ -232,7 +234,10 @@ class SequenceKV:
         need = self.blocks_for(length)
         if need > self.manager.num_free:
             return False
-        self.blocks.extend(self.manager.allocate() for _ in range(need))
+        for _ in range(need):
+            block = self.manager.allocate()
+            assert block is not None  # (no more than the free blocks: checked above)
+            self.blocks.append(block)
         return True
 
     def adopt_prefix(self, tokens: list[int], limit: int) -> int:
@@ -250,10 +255,10 @@ class SequenceKV:
         self.tokens = list(tokens[:len(full) * m.block_size])
         if source is not None:
             m.incref(source)  # keep it while a block is taken for the copy
-            block = m.allocate()
-            if block is not None:
-                m.copy_block(block, source)
-                self.blocks.append(block)
+            copy = m.allocate()
+            if copy is not None:
+                m.copy_block(copy, source)
+                self.blocks.append(copy)
                 self.tokens.extend(tokens[len(self.tokens):len(self.tokens) + n])
             m.decref(source)
         return len(self.tokens)
@@ -267,14 +272,16 @@ class SequenceKV:
         m, bs = self.manager, self.manager.block_size
         child = SequenceKV(m, self.scope)
         full = length // bs
+        copied: list[int] = []  # the partly filled last block's copy
         if length % bs:
             copy = m.allocate()
             if copy is None:
                 return None
             m.copy_block(copy, self.blocks[full])
+            copied = [copy]
         for block in self.blocks[:full]:
             m.incref(block)
-        child.blocks = self.blocks[:full] + ([copy] if length % bs else [])
+        child.blocks = self.blocks[:full] + copied
         child.tokens = self.tokens[:length]
         return child
 
@@ -329,7 +336,7 @@ class SequenceKV:
         self.blocks, self.tokens = [], []
 
 
-def _common_prefix(a, b) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:

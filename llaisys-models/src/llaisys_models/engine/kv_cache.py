@@ -10,10 +10,20 @@ class extends (kv_blocks.py); it adds only the tensors, and copies a block's whe
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import llaisys
 
 from .kv_blocks import BlockManager
+
+
+class PoolFollowers(Protocol):
+    """Whoever keeps other pools in step with this one: a tensor-parallel model's other ranks (parallel/followers.py
+    implements it; the engine knows it only by this shape, so it imports nothing of parallel/)."""
+
+    def grow(self, pool: KVPool, num_blocks: int) -> None: ...
+
+    def copy_block(self, pool: KVPool, dst: int, src: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +50,14 @@ class KVPool(BlockManager):
         self.values: list[llaisys.Tensor] = []
         self.generation = 0  # bumped whenever the tensors are reallocated (decode graphs point into them)
         # a tensor-parallel model's other ranks, whose pools (their kv heads) follow this one's blocks
-        self.followers = None
+        self.followers: PoolFollowers | None = None
         self.follower_id = 0
         self._allocate(num_blocks, kept=0)
 
     def _allocate(self, num_blocks: int, kept: int) -> None:
         s = self.shape
-        keys, values = [], []
+        keys: list[llaisys.Tensor] = []
+        values: list[llaisys.Tensor] = []
         for layer in range(s.num_layers):
             for new, old in ((keys, self.keys), (values, self.values)):
                 t = llaisys.empty((num_blocks, self.block_size, s.kv_heads, s.head_dim), s.dtype, s.device)

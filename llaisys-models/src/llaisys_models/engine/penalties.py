@@ -14,14 +14,29 @@ search and at most one insertion per new token), never recounted.
 
 from __future__ import annotations
 
-import math
+from typing import Any, Protocol
 
 import numpy as np
 
 import llaisys
 
-FREQUENCY_RANGE = PRESENCE_RANGE = (-2.0, 2.0)  # OpenAI's
-BIAS_RANGE = (-100.0, 100.0)
+from .sampling_rules import RULES
+
+
+class SamplingParams(Protocol):
+    """What penalties read of a sequence's ``sampling.SamplingParams`` (sampling.py imports this module)."""
+
+    @property
+    def repetition_penalty(self) -> float: ...
+
+    @property
+    def frequency_penalty(self) -> float: ...
+
+    @property
+    def presence_penalty(self) -> float: ...
+
+    @property
+    def logit_bias(self) -> tuple[tuple[int, float], ...]: ...
 
 
 class TokenCounts:
@@ -29,7 +44,7 @@ class TokenCounts:
     prompt, generated) and, with a logit_bias, bias (float32 [n]; 0 for a token without one). Arrays grow by
     doubling; ``n`` entries are live."""
 
-    def __init__(self, prompt: list[int], params):
+    def __init__(self, prompt: list[int], params: SamplingParams) -> None:
         self.params = params
         self.tracks = penalizes(params)  # whether generated tokens change anything (not for a logit_bias alone)
         bias = dict(params.logit_bias)
@@ -43,13 +58,13 @@ class TokenCounts:
         self.counts = np.zeros((capacity, 2), np.int64)
         self.ids[:self.n] = ids
         self.counts[np.searchsorted(ids, seen), 0] = prompt_counts
-        self.bias = None
+        self.bias: np.ndarray | None = None
         if bias:
             self.bias = np.zeros(capacity, np.float32)
             self.bias[:self.n] = [bias.get(int(t), 0.0) for t in ids]
 
     @staticmethod
-    def of(prompt: list[int], params) -> TokenCounts | None:
+    def of(prompt: list[int], params: SamplingParams) -> TokenCounts | None:
         """A sequence's counts, or None where its parameters leave the logits alone."""
         return TokenCounts(prompt, params) if adjusts_logits(params) else None
 
@@ -79,12 +94,12 @@ class TokenCounts:
         self.n += 1
 
 
-def penalizes(params) -> bool:
+def penalizes(params: SamplingParams) -> bool:
     """Whether ``params`` (a SamplingParams) asks for a penalty on tokens seen."""
     return params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
 
 
-def adjusts_logits(params) -> bool:
+def adjusts_logits(params: SamplingParams) -> bool:
     """Whether ``params`` changes the logits before the choice at all (a penalty or a logit_bias)."""
     return penalizes(params) or bool(params.logit_bias)
 
@@ -92,57 +107,50 @@ def adjusts_logits(params) -> bool:
 class PenaltyBuffers:
     """Device copies of a sequence's entries for the op, reused across steps (they grow, never shrink)."""
 
-    def __init__(self, device: llaisys.Device):
+    def __init__(self, device: llaisys.Device) -> None:
         self.device = device
-        self._ids = self._counts = self._bias = None
+        # (ids int64 [size], counts int64 [size, 2], bias float32 [size]), made at the first sequence's entries
+        self._buffers: tuple[llaisys.Tensor, llaisys.Tensor, llaisys.Tensor] | None = None
 
     def apply(self, logits: llaisys.Tensor, counts: TokenCounts) -> None:
         """``penalize_logits`` on the 1-D ``logits`` with ``counts``' entries and its sequence's penalties."""
         n = counts.n
         if n == 0:
             return
-        if self._ids is None or self._ids.shape[0] < n:
+        buffers = self._buffers
+        if buffers is None or buffers[0].shape[0] < n:
             size = max(64, 1 << (n - 1).bit_length())
-            self._ids = llaisys.empty((size,), llaisys.int64, self.device)
-            self._counts = llaisys.empty((size, 2), llaisys.int64, self.device)
-            self._bias = llaisys.empty((size,), llaisys.float32, self.device)
-        ids, table = self._ids.slice(0, 0, n), self._counts.slice(0, 0, n)
+            buffers = self._buffers = (llaisys.empty((size,), llaisys.int64, self.device),
+                                       llaisys.empty((size, 2), llaisys.int64, self.device),
+                                       llaisys.empty((size,), llaisys.float32, self.device))
+        ids_buffer, counts_buffer, bias_buffer = buffers
+        ids, table = ids_buffer.slice(0, 0, n), counts_buffer.slice(0, 0, n)
         ids.load(counts.ids[:n])
         table.load(counts.counts[:n])
         bias = None
         if counts.bias is not None:
-            bias = self._bias.slice(0, 0, n)
+            bias = bias_buffer.slice(0, 0, n)
             bias.load(counts.bias[:n])
         p = counts.params
         llaisys.ops.penalize_logits(logits, ids, table, bias, p.repetition_penalty, p.frequency_penalty,
                                     p.presence_penalty)
 
 
-# -- argument checks --------------------------------------------------------------------------------------------
+# -- argument checks: sampling_rules.RULES (the server's too) -------------------------------------------------------
 
-def _number(name: str, value, low: float, high: float | None, low_open: bool = False) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value):
-        raise llaisys.LlaisysValueError(f"{name} must be a finite number, got {value!r}")
-    if value < low or (low_open and value == low) or (high is not None and value > high):
-        bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-        raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
-    return float(value)
+def check_repetition_penalty(value: object) -> float:
+    return float(RULES["repetition_penalty"].check(value))
 
 
-def check_repetition_penalty(value) -> float:
-    return _number("repetition_penalty", value, 0.0, None, low_open=True)
+def check_frequency_penalty(value: object) -> float:
+    return float(RULES["frequency_penalty"].check(value))
 
 
-def check_frequency_penalty(value) -> float:
-    return _number("frequency_penalty", value, *FREQUENCY_RANGE)
+def check_presence_penalty(value: object) -> float:
+    return float(RULES["presence_penalty"].check(value))
 
 
-def check_presence_penalty(value) -> float:
-    return _number("presence_penalty", value, *PRESENCE_RANGE)
-
-
-def check_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ...]:
+def check_logit_bias(logit_bias: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
     """``{token id: bias}`` (None: none) as sorted (id, bias) pairs; ids in [0, vocab_size), biases in [-100, 100]."""
     if logit_bias is None:
         return ()
@@ -154,7 +162,7 @@ def check_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ..
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)) \
                 or not 0 <= token < vocab_size:
             raise llaisys.LlaisysValueError(f"logit_bias: {token!r} is not a token id in [0, {vocab_size})")
-        pairs[int(token)] = _number(f"logit_bias[{int(token)}]", bias, *BIAS_RANGE)
+        pairs[int(token)] = float(RULES["logit_bias"].check(bias, f"logit_bias[{int(token)}]"))
     return tuple(sorted(pairs.items()))
 
 

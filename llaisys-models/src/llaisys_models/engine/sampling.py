@@ -8,21 +8,21 @@ whatever else shares its forward passes.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 import llaisys
 
 from .penalties import PenaltyBuffers, TokenCounts
+from .sampling_rules import MASK64, RULES
 
-MASK64 = (1 << 64) - 1
+if TYPE_CHECKING:
+    from .grammar import Matcher
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """A sequence's sampling and stopping rules (checked by the caller: ``check_sampling``, serve's schemas)."""
+    """A sequence's sampling and stopping rules (checked by the caller, by sampling_rules.RULES: ``check_sampling``
+    and the penalties' checks for the Python API, serve/openai/sampling.py for requests)."""
     max_tokens: int  # new tokens at most
     temperature: float = 1.0
     top_p: float = 1.0
@@ -71,28 +71,23 @@ class Sampler:
         self._logprob_buffers: dict[int, tuple[llaisys.Tensor, llaisys.Tensor]] = {}  # k -> (top ids, values)
 
     def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int,
-               counts: TokenCounts | None = None, matcher=None) -> int:
+               counts: TokenCounts | None = None, matcher: Matcher | None = None) -> int:
         """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
         vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold).
         ``counts``: the sequence's tokens so far, for its penalties and logit_bias (applied to ``logits`` in
         place first); None where its parameters have none. A ``matcher`` (grammar.Matcher) then masks the
-        logits (in place: what the grammar forbids stays forbidden whatever its bias) and advances past the token."""
+        logits (in place: what the grammar forbids stays forbidden whatever its bias); advancing it past the
+        token is the caller's (the scheduler's commit, when it keeps the token)."""
         if counts is not None:
             self._penalties.apply(logits, counts)
         if matcher is not None:
-            return self._select_constrained(logits, params, seed, matcher)
+            matcher.mask(logits)  # the grammar's forbidden tokens to -inf, on the logits' device
         if params.greedy:
             llaisys.ops.argmax(self._chosen, self._value, logits)
         else:
             llaisys.ops.sample(self._chosen, logits, params.temperature, min(params.top_k, logits.shape[0]),
                                params.top_p, seed)
         return int(self._chosen.numpy()[0])
-
-    def _select_constrained(self, logits: llaisys.Tensor, params: SamplingParams, seed: int, matcher) -> int:
-        matcher.mask(logits)  # the grammar's forbidden tokens to -inf, on the logits' device
-        token = self.select(logits, params, seed)
-        matcher.accept(token)
-        return token
 
     def logprobs(self, logits: llaisys.Tensor, token: int, params: SamplingParams) -> TokenLogprob:
         """``token``'s log-probability and the top ``params.logprobs`` alternatives from the 1-D ``logits`` it was
@@ -107,27 +102,56 @@ class Sampler:
         return TokenLogprob(vals[0], tuple(zip(ids.numpy().tolist(), vals[1:])) if k else ())
 
 
-# -- argument checks (before any value reaches a C type) --------------------------------------------------------
+class Verifier:
+    """Decides a verify step's tokens on one device (the ``Sampler``'s argmax / sample buffers): the point-mass
+    rejection rule of speculative/verify.py, each row chosen as plain decoding would choose it."""
 
-def _check_number(name, value, low, high=None, integer=False, low_open=False):
-    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not (integer or math.isfinite(value)):
-        what = "an integer" if integer else "a finite number"
-        raise llaisys.LlaisysValueError(f"{name} must be {what}, got {value!r}")
-    if value < low or (low_open and value == low) or (high is not None and value > high):
-        bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
-        raise llaisys.LlaisysValueError(f"{name} must be {bounds}, got {value!r}")
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
+               n: int, counts: TokenCounts | None = None, matcher: Matcher | None = None,
+               logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
+        its last len(drafts)+1 rows, ``n`` the index of its next generated token, ``counts`` its tokens so far
+        (penalties, logit_bias) or None. Returns the drafts that matched and the model's token after them (1 to
+        len(drafts)+1 tokens). Row i is penalized as plain decoding would penalize token n+i: with the drafts
+        kept before it counted (for the call only: the scheduler counts what it keeps). A grammar ``matcher``
+        masks the one row of a sequence that drafted nothing (the scheduler never drafts for a sequence that has
+        one; it advances the matcher past the token when it keeps it). ``logprobs``: a list that gets each
+        returned token's ``TokenLogprob`` (from its own row) where ``params.logprobs`` is set."""
+        if len(rows) != len(drafts) + 1:
+            raise ValueError(f"{len(rows)} logit rows for {len(drafts)} drafted tokens")
+        if matcher is not None and drafts:
+            raise ValueError("a grammar constrains one token at a time: a sequence with one drafts nothing")
+        out: list[int] = []
+        try:
+            for i, row in enumerate(rows):
+                if counts is not None and out:
+                    counts.add(out[-1])
+                token = self.sampler.select(row, params, step_seed(seed, n + i), counts, matcher)
+                out.append(token)
+                if logprobs is not None and params.logprobs is not None:
+                    logprobs.append(self.sampler.logprobs(row, token, params))
+                if i == len(drafts) or token != drafts[i]:
+                    break
+        finally:
+            if counts is not None:
+                for token in out[:-1]:
+                    counts.add(token, -1)
+        return out
 
 
-def check_max_new_tokens(max_new_tokens) -> None:
-    _check_number("max_new_tokens", max_new_tokens, 0, integer=True)
+# -- argument checks (before any value reaches a C type): sampling_rules.RULES, the server's rules too ------------
+
+def check_max_new_tokens(max_new_tokens: object) -> None:
+    RULES["max_new_tokens"].check(max_new_tokens)
 
 
-def check_sampling(top_k, top_p, temperature, seed) -> None:
+def check_sampling(top_k: object, top_p: object, temperature: object, seed: object) -> None:
     """``generate``'s sampling arguments (seed None = random): a huge top_k must not wrap to greedy, an
     infinite temperature fails here."""
-    _check_number("top_k", top_k, 0, integer=True)
-    _check_number("top_p", top_p, 0, 1, low_open=True)
-    _check_number("temperature", temperature, 0)
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("temperature", temperature)):
+        RULES[name].check(value)
     if seed is not None:
-        _check_number("seed", seed, 0, MASK64, integer=True)
+        RULES["seed"].check(seed)

@@ -2,9 +2,11 @@
 
 Every way of generating goes through ``Scheduler.step``: ``model.generate`` / ``stream_generate`` (a batch
 of one), ``model.generate_batch`` and the server's engine thread. Each step is one forward pass over every
-running sequence:
+running sequence, in three parts: ``schedule()`` plans it (a ``plan.StepPlan``), the model runner executes
+the plan (``runner.ModelRunner.execute``: the forward and every choice, a ``plan.StepResults``) and
+``commit(results)`` applies what was drawn:
 
-    admit     waiting sequences, oldest first, while the pool has blocks for the whole prompt (reusing
+    admit     (schedule) waiting sequences, oldest first, while the pool has blocks for the whole prompt (reusing
               cached prefix blocks of the sequence's scope) and there is room (max_running, the token budget)
     schedule  every decoding sequence one token (oldest first; a sequence that needs a new block and finds
               none preempts the newest running sequence: its blocks are freed and it waits at the head of
@@ -12,20 +14,22 @@ running sequence:
               still reading their prompt, oldest first, within ``max_batch_tokens``
               (a decoding sequence with a ``Speculation`` also gets its drafted tokens, verified in this
               forward, when blocks for them are free: drafts never preempt)
-    forward   one ``model.forward_batch`` (logits only for the sequences that finished their pending tokens:
-              the last row, or every verify row of a speculating sequence)
-    sample    each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so its
-              tokens are the same whatever else shares the step (penalties and logit_bias first, from the
+    forward   (runner) one ``model.forward_batch`` (logits only for the sequences that finished their pending
+              tokens: the last row, or every verify row of a speculating sequence)
+    sample    (runner) each of those draws its next token with its own parameters and ``step_seed(seed, n)``, so
+              its tokens are the same whatever else shares the step (penalties and logit_bias first, from the
               counts of its tokens that ``Sequence.counts`` keeps as they are appended); a speculating
-              sequence keeps the drafts its rows confirm plus one token (speculative/verify.py) and its KV
-              cache is cut back past them
-    stop      a sequence that drew one of its EOS tokens finishes with "stop", one that reached max_tokens
-              with "length"; its blocks go back to the pool (cached for prompts that start the same way)
+              sequence keeps the drafts its rows confirm plus one token (speculative/verify.py)
+    commit    the new tokens are appended (a grammar's matcher advanced past them), a speculating sequence's KV
+              cache is cut back past its kept drafts; a sequence that drew one of its EOS tokens finishes with
+              "stop" (or whose grammar is complete), one that reached max_tokens with "length"; its blocks go
+              back to the pool (cached for prompts that start the same way)
 
 Forks (``fork``: n choices of one prompt) wait for their parent's prompt to be read; in the step that reads its
 end, each fork takes the parent's KV blocks (``SequenceKV.fork``: full blocks shared, the last one copied) and
 draws its first token from the same logits row with its own seed, then decodes as a sequence of its own. A fork
-that finds no room then (blocks, ``max_running``) waits in the queue as an ordinary sequence of the same prompt.
+that finds no room then (blocks, ``max_running``) waits in the queue as an ordinary sequence of the same prompt
+(the runner drew a first token for it too: ``commit`` drops it, and the fork draws the same one when it runs).
 
 Stop strings are text, so whoever detokenizes applies them and calls ``finish``. Numerics that round
 differently when a sequence is computed in other pieces (``numerics="hf"``: a prefill chunk, a recomputed
@@ -38,65 +42,23 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
-import secrets
 import time
+from typing import TYPE_CHECKING, Protocol, cast
 
 import llaisys
 
-from .penalties import TokenCounts
-from .sampling import MASK64, Sampler, SamplingParams
+from .kv_blocks import BlockManager
+from .plan import Sampled, ScheduledSequence, StepPlan, StepResults
+from .runner import ForwardModel, ModelRunner, Runner
+from .sampling import SamplingParams, TokenLogprob
+from .sequence import Sequence
 from .speculative.config import check_numerics, next_draft_length, pause_after
-from .speculative.verify import Verifier
 
-_ids = itertools.count()
+if TYPE_CHECKING:
+    from .grammar import Grammar, Matcher
+    from .kv_cache import KVPool
 
-
-class Sequence:
-    """One request in the scheduler: its tokens so far (prompt + generated), its KV blocks, its state."""
-
-    def __init__(self, prompt: list[int], params: SamplingParams, eos: frozenset[int], *, scope: str = "",
-                 tag=None, arrival_time: float | None = None):
-        self.id = next(_ids)  # arrival order, kept through preemption: "newest" means the largest id
-        self.tokens = list(prompt)
-        self.prompt_len = len(prompt)
-        self.params = params
-        self.seed = params.seed & MASK64 if params.seed is not None else secrets.randbits(63)
-        self.eos = eos
-        self.scope = scope  # whose cached prefix blocks this sequence may reuse (a server's tenant)
-        self.tag = tag  # the caller's object
-        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
-        self.kv = None  # its kv_blocks.SequenceKV while admitted
-        self.reused: int | None = None  # prompt tokens found in the cache at the first admission
-        self.first_token_time: float | None = None
-        self.preemptions = 0
-        self.counts = TokenCounts.of(prompt, params)  # its tokens for penalties / logit_bias, or None
-        # each generated token's sampling.TokenLogprob where params.logprobs is set, else None
-        self.logprobs: list | None = [] if params.logprobs is not None else None
-        self.speculation = params.speculation  # speculative.Speculation, or None: one token per step
-        # tokens to draft next (adapted to what was kept, up to the Speculation's num_tokens)
-        self.draft_length = params.speculation.num_tokens if params.speculation is not None else 0
-        self.draft_tokens = 0  # tokens drafted for this sequence, and how many of them were kept
-        self.accepted_tokens = 0
-        self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
-        self.draft_pause = 0
-        self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
-        self.forks: list[Sequence] = []  # sequences of this prompt waiting to start from its KV blocks
-        self.parent: Sequence | None = None  # the sequence this one waits for, while it does
-        self.matcher = None  # grammar.Matcher of a structured output (params.grammar), set by the scheduler
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-    @property
-    def pending(self) -> int:
-        """Tokens whose keys/values are not in the cache yet (the next forward's input)."""
-        return len(self.tokens) - len(self.kv) if self.kv is not None else len(self.tokens)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+__all__ = ["Scheduler", "SchedulerStats", "Sequence"]  # (Sequence: engine/sequence.py)
 
 
 @dataclasses.dataclass
@@ -111,14 +73,36 @@ class SchedulerStats:
     accepted_tokens: int = 0  # ... of which the model kept
 
 
+class HasVocab(Protocol):
+    @property
+    def vocab_size(self) -> int: ...  # read only: a model's config is a frozen dataclass (families/config.py)
+
+
+class SchedulerModel(ForwardModel, Protocol):
+    """What the scheduler reads of its model (families/causal_lm.py): limits, EOS tokens, numerics, vocabulary."""
+
+    eos_token_ids: tuple[int, ...]
+    numerics: str
+
+    @property
+    def config(self) -> HasVocab: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def check_length(self, total: int) -> None: ...
+
+
 class Scheduler:
     """Runs sequences of one ``model`` through ``pool`` (from ``model.new_kv_pool``).
 
     ``batched=False`` is the unbatched engine, for comparison: each sequence gets its own forward per
-    step and a prompt is prefilled in one piece.
+    step and a prompt is prefilled in one piece. ``runner``: what executes the plans (default: a
+    ``runner.ModelRunner`` of ``model`` and ``pool``; tests of the policy give one that needs no model).
     """
 
-    def __init__(self, model, pool, *, max_running: int = 16, max_batch_tokens: int = 128, batched: bool = True):
+    def __init__(self, model: SchedulerModel, pool: KVPool | BlockManager, *, max_running: int = 16,
+                 max_batch_tokens: int = 128, batched: bool = True, runner: Runner | None = None) -> None:
         if max_running < 1 or max_batch_tokens < 1:
             raise llaisys.LlaisysValueError("max_running and max_batch_tokens must be >= 1")
         self.model = model
@@ -126,8 +110,9 @@ class Scheduler:
         self.max_running = max_running
         self.max_batch_tokens = max_batch_tokens
         self.batched = batched
-        self.sampler = Sampler(model.device, model.dtype)
-        self.verifier = Verifier(self.sampler)
+        # a BlockManager (blocks without tensors) only with a runner of its own: a ModelRunner needs a KVPool
+        self.runner: Runner = runner if runner is not None else ModelRunner(model, cast("KVPool", pool),
+                                                                            batched=batched)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # oldest first
         self.stats = SchedulerStats()
@@ -144,7 +129,7 @@ class Scheduler:
         """Whether sequences must be computed in one piece each (numerics that round by chunking)."""
         return self.model.numerics != "exact"
 
-    def add(self, prompt: list[int], params: SamplingParams, *, scope: str = "", tag=None,
+    def add(self, prompt: list[int], params: SamplingParams, *, scope: str = "", tag: object = None,
             arrival_time: float | None = None) -> Sequence:
         """Queue a sequence that will generate up to ``params.max_tokens`` tokens after ``prompt``."""
         if not prompt:
@@ -159,7 +144,7 @@ class Scheduler:
             self.waiting.append(seq)
         return seq
 
-    def fork(self, parent: Sequence, params: SamplingParams, *, tag=None) -> Sequence:
+    def fork(self, parent: Sequence, params: SamplingParams, *, tag: object = None) -> Sequence:
         """A new sequence continuing ``parent``'s prompt with its own ``params`` (e.g. another seed): it starts
         from the parent's KV blocks when the parent's prompt has been read (or, if the parent has already
         generated or finished, queues as a sequence of that prompt)."""
@@ -174,34 +159,6 @@ class Scheduler:
         parent.forks.append(seq)
         return seq
 
-    def _spawn(self, parent: Sequence) -> list[Sequence]:
-        """``parent``'s forks that start now from its KV blocks (its prompt was just read); the others are
-        queued as sequences of their own."""
-        started = []
-        whole = self.whole_sequences
-        for seq in parent.forks:
-            seq.parent = None
-            kv = None
-            if len(self.running) < self.max_running:
-                kv = parent.kv.fork(parent.prompt_len)
-            # room as admission asks: the whole length under whole-sequence numerics, a block of growth each
-            length = seq.prompt_len + seq.params.max_tokens if whole else seq.prompt_len
-            if kv is not None and (kv.blocks_for(length) + len(self.running) > self.pool.num_free
-                                   or not kv.reserve(length)):
-                kv.release()
-                kv = None
-            if kv is None:
-                self._queue(seq)
-                continue
-            seq.kv = kv
-            seq.reused = parent.reused
-            self.stats.prompt_tokens_forked += seq.prompt_len
-            self.running.append(seq)
-            started.append(seq)
-        parent.forks = []
-        self.running.sort(key=lambda s: s.id)
-        return started
-
     def _check_length(self, prompt_len: int, params: SamplingParams) -> None:
         total = prompt_len + params.max_tokens
         if total > self.pool.capacity_tokens:
@@ -215,9 +172,10 @@ class Scheduler:
                 raise llaisys.LlaisysValueError("a grammar (structured output) cannot be combined with speculative "
                                                 "decoding: drafted tokens would advance it before verification")
 
-    def _matcher(self, params: SamplingParams):
+    def _matcher(self, params: SamplingParams) -> Matcher | None:
         """A sequence's own grammar matcher (its position in params.grammar), or None."""
-        return params.grammar.matcher(self.model.config.vocab_size) if params.grammar is not None else None
+        grammar = cast("Grammar | None", params.grammar)  # (SamplingParams types its field as object)
+        return grammar.matcher(self.model.config.vocab_size) if grammar is not None else None
 
     def _queue(self, seq: Sequence) -> None:
         """Wait in arrival order (a preempted sequence or a fork that could not start goes before newer ones)."""
@@ -252,57 +210,87 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- one step --------------------------------------------------------------------------------
+    # -- one step: schedule, run, commit -------------------------------------------------------
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Run one forward; return (sequence, new token) for every sequence that got one (a sequence that
         finished with it has its ``finish_reason`` set and is out of the scheduler)."""
+        return self.commit(self.runner.execute(self.schedule()))
+
+    def schedule(self) -> StepPlan:
+        """Admit what fits, then plan the next forward (empty: nothing to run). Blocks are reserved for every
+        planned token; the runner writes them."""
         self._admit()
-        plan = self._schedule()
-        if not plan:
-            return []
+        planned = self._plan()
+        if not planned:
+            return StepPlan([])
         self.stats.steps += 1
-        # rows whose logits are wanted: none for a prompt chunk short of the end, else the last row and the
-        # rows after each drafted token
-        counts = [len(drafts) + 1 if seq.pending == n else 0 for seq, n, drafts in plan]
-        chunks = [(seq.kv, seq.tokens[len(seq.kv):len(seq.kv) + n] + drafts) for seq, n, drafts in plan]
-        # the grammar masks of the tokens this step draws depend on tokens drawn already: they are computed on the
-        # mask thread while the forward runs (vLLM overlaps its grammar bitmasks with the forward likewise)
-        for (seq, _, _), count in zip(plan, counts):
-            if count:
-                for constrained in (seq, *seq.forks):
-                    if constrained.matcher is not None:
-                        constrained.matcher.prepare()
-        if self.batched:
-            logits = self.model.forward_batch(self.pool, chunks, counts)
-            rows = [logits.slice(0, r, r + 1) for r in range(sum(counts))]
-        else:
-            rows = []
-            for chunk, count in zip(chunks, counts):
-                if count:
-                    logits = self.model.forward_batch(self.pool, [chunk], [count])
-                    rows.extend(logits.slice(0, r, r + 1) for r in range(count))
-        events, r = [], 0
-        for (seq, _, drafts), count in zip(plan, counts):
-            if count:
-                mine, r = [row.view(row.shape[-1]) for row in rows[r:r + count]], r + count
-                # forks draw their first token from the row after the prompt, before the parent extends
-                for fork in self._spawn(seq) if seq.forks else ():
-                    lps: list = []
-                    first = self.verifier.verify(mine[:1], [], fork.params, fork.seed, 0, fork.counts, fork.matcher,
-                                                 lps)
-                    events.extend(self._extend(fork, first, [], lps))
-                lps = []
-                new = self.verifier.verify(mine, drafts, seq.params, seq.seed, seq.num_generated, seq.counts,
-                                           seq.matcher, lps)
-                events.extend(self._extend(seq, new, drafts, lps))
+        scheduled = []
+        for seq, n, drafts in planned:
+            # rows whose logits are wanted: none for a prompt chunk short of the end, else the last row and the
+            # rows after each drafted token
+            num_logits = len(drafts) + 1 if seq.pending == n else 0
+            assert seq.kv is not None  # planned: admitted, so it holds its blocks
+            start = len(seq.kv)
+            scheduled.append(ScheduledSequence(seq, n, drafts, seq.tokens[start:start + n] + drafts, num_logits,
+                                               tuple(seq.forks) if num_logits and seq.forks else ()))
+        return StepPlan(scheduled)
+
+    def commit(self, results: StepResults) -> list[tuple[Sequence, int]]:
+        """Apply what the runner drew for ``results.plan``, oldest sequence first: forks of a prompt read to its
+        end start from its blocks (where there is room), new tokens are appended, rejected drafts' KV cut back,
+        finished sequences leave. Returns (sequence, new token) events in that order."""
+        events: list[tuple[Sequence, int]] = []
+        for s, sampled in zip(results.plan.scheduled, results.sampled):
+            if not sampled.tokens:
+                continue
+            seq = s.seq
+            if seq.forks:  # they draw their first token from the row after the prompt, before the parent extends
+                firsts = dict(zip(map(id, s.forks), sampled.forks))
+                for fork in self._spawn(seq, firsts):
+                    first = firsts[id(fork)]
+                    events.extend(self._extend(fork, first.tokens, [], first.logprobs))
+            events.extend(self._extend(seq, sampled.tokens, s.drafts, sampled.logprobs))
         return events
 
+    def _spawn(self, parent: Sequence, drawn: dict[int, Sampled]) -> list[Sequence]:
+        """``parent``'s forks that start now from its KV blocks (its prompt was just read; ``drawn``: the first
+        tokens drawn for them, by ``id``); the others are queued as sequences of their own."""
+        started = []
+        whole = self.whole_sequences
+        for seq in parent.forks:
+            seq.parent = None
+            kv = None
+            if len(self.running) < self.max_running and id(seq) in drawn:
+                assert parent.kv is not None  # the parent is running: it just read its prompt
+                kv = parent.kv.fork(parent.prompt_len)
+            # room as admission asks: the whole length under whole-sequence numerics, a block of growth each
+            length = seq.prompt_len + seq.params.max_tokens if whole else seq.prompt_len
+            if kv is not None and (kv.blocks_for(length) + len(self.running) > self.pool.num_free
+                                   or not kv.reserve(length)):
+                kv.release()
+                kv = None
+            if kv is None:
+                self._queue(seq)
+                continue
+            seq.kv = kv
+            seq.reused = parent.reused
+            self.stats.prompt_tokens_forked += seq.prompt_len
+            self.running.append(seq)
+            started.append(seq)
+        parent.forks = []
+        self.running.sort(key=lambda s: s.id)
+        return started
+
     def _extend(self, seq: Sequence, new: list[int], drafts: list[int],
-                logprobs: list | None = None) -> list[tuple[Sequence, int]]:
+                logprobs: list[TokenLogprob] | None = None) -> list[tuple[Sequence, int]]:
         """Append a sequence's new tokens (up to its EOS or max_tokens) and cut its KV cache back to them: the
         keys and values of rejected drafts (and of tokens past the end) are dropped, their blocks freed."""
+        if seq.matcher is not None:  # (one token: a sequence with a grammar drafts nothing)
+            for token in new:
+                seq.matcher.accept(token)
         if drafts:
+            assert seq.speculation is not None  # only a speculative sequence drafts
             kept = len(new) - 1
             seq.draft_tokens += len(drafts)
             seq.accepted_tokens += kept
@@ -314,6 +302,7 @@ class Scheduler:
         end = next((i + 1 for i, t in enumerate(new) if t in seq.eos), len(new))
         new = new[:min(end, seq.params.max_tokens - seq.num_generated)]
         keep = len(seq.tokens) + len(new) - 1  # the last new token is the next forward's input
+        assert seq.kv is not None  # it ran this step: it holds its blocks
         if len(seq.kv) > keep:
             seq.kv.truncate(keep)
         events = []
@@ -358,7 +347,7 @@ class Scheduler:
             self.running.append(seq)
             self.running.sort(key=lambda s: s.id)
 
-    def _schedule(self) -> list[tuple[Sequence, int, list[int]]]:
+    def _plan(self) -> list[tuple[Sequence, int, list[int]]]:
         """(sequence, pending tokens to run, drafted tokens to verify after them), oldest first."""
         plan: dict[int, tuple[Sequence, int, list[int]]] = {}
         budget = self.max_batch_tokens if self.batched else float("inf")
@@ -402,6 +391,7 @@ class Scheduler:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
                 break  # a drafter's bad guess is never run
             drafts.append(token)
+        assert seq.kv is not None  # a running sequence holds its blocks
         while drafts and not seq.kv.reserve(len(seq.kv) + 1 + len(drafts)):
             drafts.pop()
         return drafts
@@ -409,6 +399,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Free the blocks of a running sequence and queue it first; it recomputes its tokens when
         re-admitted (its generated tokens become part of the tokens to prefill)."""
+        assert seq.kv is not None  # running: it holds its blocks
         seq.kv.release()
         seq.kv = None
         self.running.remove(seq)

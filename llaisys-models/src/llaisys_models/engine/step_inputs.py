@@ -94,8 +94,8 @@ def host_step(batch: Batch, logits_of: list[int] | None = None) -> HostStep:
                 raise ValueError(f"logits of {int(want)} rows asked of a sequence with {n} new tokens")
         rows = np.array([r for i, want in enumerate(logits_of) for r in range(query_start[i + 1] - want,
                                                                                query_start[i + 1])], np.int64)
-        logits_of = tuple(int(want) for want in logits_of)
-    return HostStep(tokens, positions, slots, tables, seq_lens, query_start, rows, logits_of)
+    wanted = None if logits_of is None else tuple(int(want) for want in logits_of)
+    return HostStep(tokens, positions, slots, tables, seq_lens, query_start, rows, wanted)
 
 
 def step_inputs(host: HostStep, device) -> StepInputs:

@@ -6,7 +6,7 @@ import dataclasses
 
 import llaisys
 
-from .drafters import Drafter, NgramDrafter
+from .drafters import Drafter
 
 DEFAULT_NUM_TOKENS = 4
 MAX_NUM_TOKENS = 32
@@ -59,30 +59,3 @@ def check_numerics(model) -> None:
             f"speculative decoding needs numerics='exact' (this model runs numerics={model.numerics!r}, which "
             f"rounds attention by the pieces a sequence is computed in, so a verify forward of several rows "
             f"would not give the tokens of plain decoding); load the model with numerics='exact'")
-
-
-def resolve(speculative, num_speculative_tokens, model) -> Speculation | None:
-    """``generate(speculative=..., num_speculative_tokens=...)`` for ``model``: None (plain decoding),
-    "ngram" (prompt lookup), a draft model (a loaded model of the same tokenizer), a ``Drafter`` or a
-    ``Speculation``."""
-    if speculative is None:
-        if num_speculative_tokens is not None:
-            raise llaisys.LlaisysValueError("num_speculative_tokens needs speculative= ('ngram' or a draft model)")
-        return None
-    k = DEFAULT_NUM_TOKENS if num_speculative_tokens is None else num_speculative_tokens
-    if isinstance(speculative, Speculation):
-        spec = speculative if num_speculative_tokens is None else Speculation(speculative.drafter, k)
-    elif isinstance(speculative, Drafter):
-        spec = Speculation(speculative, k)
-    elif isinstance(speculative, str):
-        if speculative != "ngram":
-            raise llaisys.LlaisysValueError(f"speculative = {speculative!r}: use 'ngram', a draft model or a Drafter")
-        spec = Speculation(NgramDrafter(), k)
-    elif hasattr(speculative, "forward_batch") and hasattr(speculative, "config"):
-        from .draft_model import DraftModelDrafter
-        spec = Speculation(DraftModelDrafter.of(speculative, model), k)
-    else:
-        raise llaisys.LlaisysValueError(f"speculative must be 'ngram', a draft model or a Drafter, got "
-                                        f"{type(speculative).__name__}")
-    check_numerics(model)
-    return spec

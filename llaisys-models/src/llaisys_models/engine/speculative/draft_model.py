@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import llaisys
 
+from ..runner import ModelRunner
+from ..sequence import Sequence
 from .drafters import Drafter
+
+if TYPE_CHECKING:
+    from ..kv_blocks import SequenceKV
 
 BLOCK_SIZE = 16
 FIRST_POOL_BLOCKS = 16
@@ -23,13 +29,12 @@ _drafters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft mode
 class DraftModelDrafter(Drafter):
     """Drafts with ``model`` (greedy), whose token ids mean what the target's do."""
 
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:  # a loaded model (families/causal_lm.py)
         self.model = model
         self.pool = model.new_kv_pool(num_blocks=FIRST_POOL_BLOCKS, block_size=BLOCK_SIZE, prefix_caching=False)
-        self._sequences: dict[int, object] = {}  # target sequence id -> its SequenceKV here
+        self._sequences: dict[int, SequenceKV] = {}  # target sequence id -> its SequenceKV here
         self._lock = threading.Lock()  # the server's engine and generate() may share a draft model
-        self._chosen = llaisys.empty((1,), llaisys.int64, model.device)
-        self._value = llaisys.empty((1,), model.dtype, model.device)
+        self.runner = ModelRunner(model, self.pool)  # its forwards and greedy choices (engine/runner.py)
 
     @classmethod
     def of(cls, model, target) -> DraftModelDrafter:
@@ -48,7 +53,7 @@ class DraftModelDrafter(Drafter):
     def __repr__(self) -> str:
         return f"DraftModelDrafter({self.model!r})"
 
-    def propose(self, seq, k: int) -> list[int]:
+    def propose(self, seq: Sequence, k: int) -> list[int]:
         tokens = seq.tokens
         room = min(self.model.context_length, self.model.config.max_position_embeddings)
         k = min(k, room - len(tokens))
@@ -68,9 +73,8 @@ class DraftModelDrafter(Drafter):
             feed = tokens[common:]
             for _ in range(k):
                 self.pool.reserve_growing(kv, len(kv) + len(feed))
-                logits = self.model.forward_batch(self.pool, [(kv, feed)], [True])
-                llaisys.ops.argmax(self._chosen, self._value, logits.view(logits.shape[-1]))
-                feed = [int(self._chosen.numpy()[0])]
+                logits = self.runner.forward([(kv, feed)], [True])
+                feed = [self.runner.greedy(logits.view(logits.shape[-1]))]
                 drafts.append(feed[0])
             return drafts
 

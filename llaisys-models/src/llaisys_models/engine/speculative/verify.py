@@ -15,52 +15,16 @@ and keeping d iff x == d does both with the same probabilities, coupled to plain
 that samples its guesses from a distribution q (an EAGLE / Medusa head) needs the general rule,
 ``rejection_step``, on host probabilities ``target_probs`` (the distribution the ``sample`` op draws from).
 Greedy and point-mass verification never copy a vocabulary row to the host (one id per row).
+
+The point-mass rule runs in every verify step: ``sampling.Verifier`` (beside the ``Sampler`` whose choices it
+repeats row by row), called by the model runner (runner.py). This file keeps the general rule.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-import llaisys
-
-from ..penalties import TokenCounts
-from ..sampling import Sampler, SamplingParams, step_seed
-
-
-class Verifier:
-    """Decides a verify step's tokens on one device (the ``Sampler``'s argmax / sample buffers)."""
-
-    def __init__(self, sampler: Sampler):
-        self.sampler = sampler
-
-    def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
-               n: int, counts: TokenCounts | None = None, matcher=None, logprobs: list | None = None) -> list[int]:
-        """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
-        its last len(drafts)+1 rows, ``n`` the index of its next generated token, ``counts`` its tokens so far
-        (penalties, logit_bias) or None. Returns the drafts that matched and the model's token after them (1 to
-        len(drafts)+1 tokens). Row i is penalized as plain decoding would penalize token n+i: with the drafts
-        kept before it counted (for the call only: the scheduler counts what it keeps). A grammar ``matcher``
-        constrains the choice (the scheduler never drafts for a sequence that has one). ``logprobs``: a list
-        that gets each returned token's ``TokenLogprob`` (from its own row) where ``params.logprobs`` is set."""
-        if len(rows) != len(drafts) + 1:
-            raise ValueError(f"{len(rows)} logit rows for {len(drafts)} drafted tokens")
-        out: list[int] = []
-        try:
-            for i, row in enumerate(rows):
-                if counts is not None and out:
-                    counts.add(out[-1])
-                token = self.sampler.select(row, params, step_seed(seed, n + i), counts, matcher)
-                out.append(token)
-                if logprobs is not None and params.logprobs is not None:
-                    logprobs.append(self.sampler.logprobs(row, token, params))
-                if i == len(drafts) or token != drafts[i]:
-                    break
-        finally:
-            if counts is not None:
-                for token in out[:-1]:
-                    counts.add(token, -1)
-        return out
-
+from ..sampling import SamplingParams
 
 # -- the general rule, for drafters that sample their guesses ---------------------------------------------
 
