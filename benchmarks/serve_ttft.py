@@ -83,9 +83,9 @@ def measure(model, tokenizer_dir: Path, args) -> dict[str, dict]:
     """Per repeat: turn 1, then its follow-up twice, back to back: reusing the cached prefix, then not."""
     import openai
 
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     engine = Engine(model, load_tokenizer(tokenizer_dir))

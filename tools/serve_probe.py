@@ -31,9 +31,9 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "serve")]
 
 import llaisys_models  # noqa: E402
-from llaisys_models.serve.app import Server  # noqa: E402
 from llaisys_models.serve.background import BackgroundServer  # noqa: E402
 from llaisys_models.serve.engine import Engine  # noqa: E402
+from llaisys_models.serve.server import Server  # noqa: E402
 from llaisys_models.text.tokenizer import encode, load_tokenizer  # noqa: E402
 
 KEY = "probe-key-7f3a"

@@ -28,9 +28,9 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     import llaisys_models
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     path = llaisys_models.DEMO_MODEL_DIR

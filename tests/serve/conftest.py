@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from chat_server import ChatServer, serve_device
-from child_process import popen
-from models.tiny_models import Spec, make_checkpoint
 from safetensors.torch import load_file, save_file
-from serve_helpers import API_KEY, CHAT_MODEL, http_request
 
 import llaisys_models
+from helpers.chat_server import ChatServer, serve_device
+from helpers.child_process import popen
+from helpers.serve_helpers import API_KEY, CHAT_MODEL, http_request
+from helpers.tiny_models import Spec, make_checkpoint
 
 # fastapi, uvicorn and openai (the serve extra and the test client) are imported where used:
 # each test module skips, naming what is missing, where they are not installed (serve_helpers.require_serving)
@@ -77,8 +77,8 @@ def tokenizer(chat_model_dir):
 
 @pytest.fixture(scope="session")
 def chat_server(chat_model_dir, pytestconfig):
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=serve_device(pytestconfig))
@@ -90,7 +90,7 @@ def chat_server(chat_model_dir, pytestconfig):
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory) -> Path:
     """A tiny model with Qwen2.5's chat template (tool_server.py)."""
-    from tool_server import make_tool_model
+    from helpers.tool_server import make_tool_model
 
     return make_tool_model(tmp_path_factory.mktemp("tool_model"))
 
@@ -99,11 +99,10 @@ def tool_model_dir(tmp_path_factory) -> Path:
 def tool_server(tool_model_dir):
     """The server on the tool model; its engine answers what ``tool_server.scripted.reply`` says (None: the
     model itself). Every test that uses it sets the reply it wants."""
-    from tool_server import ScriptedEngine, ToolServer
-
-    from llaisys_models.serve.app import Server
+    from helpers.tool_server import ScriptedEngine, ToolServer
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(tool_model_dir)

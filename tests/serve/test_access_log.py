@@ -10,8 +10,9 @@ import re
 import signal
 
 import pytest
-from serve_helpers import http_request, require_serving
-from serve_process import ServeProcess
+
+from helpers.serve_helpers import http_request, require_serving
+from helpers.serve_process import ServeProcess
 
 require_serving()
 

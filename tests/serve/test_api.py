@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_stream, require_serving, text_ids, user
+
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_stream, require_serving, text_ids, user
 
 require_serving()
 
@@ -138,7 +139,7 @@ def test_seeded_sampling_repeats_and_matches_generate(client, chat_reference, to
 
 
 def test_model_may_be_left_out_and_seeds_span_signed_64_bits(chat_server, chat_reference, tokenizer):
-    from serve_helpers import http_request
+    from helpers.serve_helpers import http_request
 
     ids = chat_ids(tokenizer, user("No model named"))
     want = generate_text(chat_reference, tokenizer, ids, 6)

@@ -7,19 +7,16 @@ import json
 import socket
 
 import pytest
-from serve_helpers import CHAT_MODEL, Reply, http_request, require_serving, user
+
+from helpers.serve_helpers import CHAT_MODEL, Reply, http_request, require_serving, user
 
 require_serving()
 
 import openai  # noqa: E402
 
+from helpers.serve_helpers import CHAT, COMPLETIONS, chat, check_error_body  # noqa: E402
+
 CONTEXT = 4096  # the chat model's max_position_embeddings
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat(**fields) -> dict:
-    return {"model": CHAT_MODEL, "messages": user("hi"), **fields}
 
 
 def without(body: dict, key: str) -> dict:
@@ -116,17 +113,6 @@ def post(server, path: str, body) -> Reply:
     if isinstance(body, bytes):
         return http_request(server.base_url, "POST", path, raw=body)
     return http_request(server.base_url, "POST", path, body)
-
-
-def check_error_body(r: Reply, status: int, param, code) -> dict:
-    assert r.status == status, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    error = json.loads(r.body.decode("utf-8"))["error"]  # strict UTF-8: what the client echoed included
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["type"] == {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
-    assert (error["param"], error["code"]) == (param, code), error
-    return error
 
 
 @pytest.mark.parametrize("path, body, status, param, code", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_helpers import CHAT_MODEL, require_serving, wait_until
+
+from helpers.serve_helpers import CHAT_MODEL, require_serving, wait_until
 
 require_serving()
 

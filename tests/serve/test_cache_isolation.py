@@ -13,7 +13,8 @@ import queue
 import string
 
 import pytest
-from serve_helpers import TIMEOUT, require_serving
+
+from helpers.serve_helpers import TIMEOUT, require_serving
 
 require_serving()
 

@@ -8,7 +8,8 @@ import json
 import queue
 
 import pytest
-from serve_helpers import (
+
+from helpers.serve_helpers import (
     CHAT_MODEL,
     TIMEOUT,
     chat_ids,
@@ -18,7 +19,6 @@ from serve_helpers import (
     text_ids,
     user,
 )
-
 from llaisys_models.serve.engine import Delta, Finished, Request, SamplingParams, choice_seed
 
 require_serving()

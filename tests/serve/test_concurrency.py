@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import (
+
+from helpers.serve_helpers import (
     CHAT_MODEL,
     chat_ids,
     generate_text,

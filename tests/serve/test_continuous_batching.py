@@ -7,7 +7,9 @@ from __future__ import annotations
 import queue
 
 import pytest
-from serve_helpers import (
+
+import llaisys_models
+from helpers.serve_helpers import (
     CHAT_MODEL,
     TIMEOUT,
     chat_ids,
@@ -18,8 +20,6 @@ from serve_helpers import (
     submit,
     user,
 )
-
-import llaisys_models
 from llaisys_models.serve.engine import Delta, Engine, Finished
 from llaisys_models.text.tokenizer import load_tokenizer
 

@@ -4,10 +4,10 @@ requests get Access-Control headers; other origins get none; bad origins are ref
 from __future__ import annotations
 
 import pytest
-from serve_helpers import API_KEY, CHAT_MODEL, http_request, require_serving, user
 
 import llaisys
 import llaisys_models
+from helpers.serve_helpers import API_KEY, CHAT_MODEL, http_request, require_serving, user
 
 require_serving()
 
@@ -17,9 +17,9 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def cors_server(chat_model_dir):
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     engine = Engine(llaisys_models.load(chat_model_dir), load_tokenizer(chat_model_dir), max_running=2,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from serve_helpers import http_request, require_serving, user
-from serve_process import ServeProcess, llaisys_command
+
+from helpers.serve_helpers import http_request, require_serving, user
+from helpers.serve_process import ServeProcess, llaisys_command
 
 require_serving()
 
@@ -113,8 +114,8 @@ def test_replicas_get_the_cap_and_the_log_options(monkeypatch):
     """A replica on Ray builds its server with ``cli.load_server`` from the same options as ``llaisys serve``."""
     from llaisys.cli import build_parser
     from llaisys_models.serve import access_log
-    from llaisys_models.serve.app import Tenants
-    from llaisys_models.serve.cli import load_server
+    from llaisys_models.serve.launch import load_server
+    from llaisys_models.serve.tenancy import Tenants
 
     configured = []
     monkeypatch.setattr(access_log, "configure", lambda *options: configured.append(options))  # (this process's log)

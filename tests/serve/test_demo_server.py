@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from serve_helpers import API_KEY, http_request, require_serving
+
+from helpers.serve_helpers import API_KEY, http_request, require_serving
 
 require_serving()
 

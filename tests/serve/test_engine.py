@@ -6,9 +6,9 @@ from __future__ import annotations
 import queue
 
 import pytest
-from serve_helpers import TIMEOUT, chat_ids, events_until_done, generate_text, submit, user
 
 import llaisys_models
+from helpers.serve_helpers import TIMEOUT, chat_ids, events_until_done, generate_text, submit, user
 from llaisys_models.serve.engine import Delta, Engine, EngineUnavailable, Failed, Finished
 from llaisys_models.text.tokenizer import load_tokenizer
 

@@ -5,22 +5,21 @@ template in the metadata; both with sliding windows) served over the OpenAI API:
 from __future__ import annotations
 
 import pytest
-from chat_server import ChatServer, serve_device
 from gguf import GGMLQuantizationType as Q
-from serve_helpers import chat_ids, generate_text, require_serving, user
 
 import llaisys_models
+from helpers.chat_server import ChatServer, serve_device
+from helpers.serve_helpers import chat_ids, generate_text, require_serving, user
 
 require_serving()
 
 
 @pytest.mark.parametrize("name, gguf", [("qwen3_f32", False), ("phi3_f32", True), ("gemma3_f32", True)])
 def test_greedy_chat_is_generate(tmp_path, pytestconfig, name, gguf):
-    from models.gguf_files import write_gguf
-    from models.tiny_models import SPECS, make_checkpoint
-
-    from llaisys_models.serve.app import Server
+    from helpers.gguf_files import write_gguf
+    from helpers.tiny_models import SPECS, make_checkpoint
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     directory = tmp_path / name

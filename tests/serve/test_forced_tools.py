@@ -13,10 +13,10 @@ import json
 import random
 
 import pytest
-from random_schemas import matches, random_schema
-from serve_helpers import CHAT_MODEL, http_request, require_serving, user
 
 import llaisys_models
+from helpers.random_schemas import matches, random_schema
+from helpers.serve_helpers import CHAT_MODEL, http_request, require_serving, user
 from llaisys_models import Grammar
 from llaisys_models.serve.forced_calls import grammar_source
 from llaisys_models.serve.tool_calls import HERMES, LLAMA3, MISTRAL, parse_tool_calls
@@ -108,7 +108,7 @@ def test_a_forced_call_streams_as_tool_call_chunks(tool_server):
                                       "required": ["city"]})]
     body = {"model": CHAT_MODEL, "messages": user("Weather?"), "tools": tools, "tool_choice": "required",
             "parallel_tool_calls": False, "stream": True, "seed": 5, "max_tokens": 200}
-    from serve_helpers import http_stream
+    from helpers.serve_helpers import http_stream
 
     with http_stream(tool_server.base_url, "/v1/chat/completions", body) as r:
         events = [e for e in r.read().decode().split("\n\n") if e]

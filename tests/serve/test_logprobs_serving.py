@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from serve_helpers import CHAT_MODEL, http_request, require_serving, user
+
+from helpers.serve_helpers import CHAT_MODEL, http_request, require_serving, user
 
 require_serving()
 
-from test_bad_input import CHAT, COMPLETIONS, chat, check_error_body  # noqa: E402
+from helpers.serve_helpers import CHAT, COMPLETIONS, chat, check_error_body  # noqa: E402
 
 
 @pytest.fixture(scope="module")

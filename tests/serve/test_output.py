@@ -13,8 +13,7 @@ TEXT = "héllo, 世界! 🙂 done"
 
 @pytest.fixture(scope="module")
 def byte_tokenizer(tmp_path_factory):
-    from models.tiny_models import write_tokenizer
-
+    from helpers.tiny_models import write_tokenizer
     from llaisys_models.text.tokenizer import load_tokenizer
 
     directory = tmp_path_factory.mktemp("byte_tokenizer")

@@ -5,11 +5,12 @@ reply is ``model.generate`` with the same arguments; bad values get a 400 naming
 from __future__ import annotations
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, require_serving, text_ids, user
+
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, require_serving, text_ids, user
 
 require_serving()
 
-from test_bad_input import CHAT, COMPLETIONS, chat, check_error_body  # noqa: E402
+from helpers.serve_helpers import CHAT, COMPLETIONS, chat, check_error_body  # noqa: E402
 
 PENALTIES = dict(frequency_penalty=0.6, presence_penalty=0.3, repetition_penalty=1.2)
 

@@ -5,7 +5,7 @@ matches what others sent)."""
 
 from __future__ import annotations
 
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
 
 require_serving()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from serve_helpers import require_serving
+
+from helpers.serve_helpers import require_serving
 
 require_serving()
 

@@ -7,13 +7,14 @@ import hashlib
 import json
 
 import pytest
-from serve_helpers import require_serving
+
+from helpers.serve_helpers import require_serving
 
 require_serving()
 
-from llaisys_models.serve.app import Tenants  # noqa: E402
 from llaisys_models.serve.replicas.prefix_index import PrefixIndex  # noqa: E402
 from llaisys_models.serve.replicas.routing import Route, route_of  # noqa: E402
+from llaisys_models.serve.tenancy import Tenants  # noqa: E402
 
 KEYS = ("key-of-a", "key-of-b")
 TENANTS = Tenants.of_keys(KEYS)

@@ -24,8 +24,9 @@ import threading
 import urllib.request
 
 import pytest
-from ray_cluster import LOOPBACK, processes_titled
-from serve_helpers import CHAT_MODEL, TIMEOUT, at_once, http_request, require_serving, user, wait_until
+
+from helpers.ray_cluster import LOOPBACK, processes_titled
+from helpers.serve_helpers import CHAT_MODEL, TIMEOUT, at_once, http_request, require_serving, user, wait_until
 
 require_serving()
 if importlib.util.find_spec("ray") is None:
@@ -158,7 +159,7 @@ def test_errors_are_the_single_servers(replicas, method, path, body, headers, st
 
 
 def test_a_body_past_the_limit_is_refused(replicas):
-    from llaisys_models.serve.app import MAX_BODY_BYTES
+    from llaisys_models.serve.request_body import MAX_BODY_BYTES
 
     r = http_request(replicas.base_url, "POST", CHAT, raw=b" " * (MAX_BODY_BYTES + 1), headers=BEARER_A)
     assert r.status == 413 and r.json()["error"]["code"] == "request_too_large"

@@ -21,8 +21,9 @@ import time
 
 import numpy as np
 import pytest
-from ray_cluster import LOOPBACK, processes_titled
-from serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
+
+from helpers.ray_cluster import LOOPBACK, processes_titled
+from helpers.serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("Ray is not installed: pip install 'llaisys-models[ray]'", allow_module_level=True)

@@ -8,8 +8,9 @@ import json
 import random
 
 import pytest
-from random_schemas import matches, random_schema
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, http_stream, require_serving, user
+
+from helpers.random_schemas import matches, random_schema
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, http_request, http_stream, require_serving, user
 
 require_serving()
 

@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
-from chat_server import ChatServer, serve_device
-from serve_helpers import http_request, require_serving, user
 
 import llaisys_models
+from helpers.chat_server import ChatServer, serve_device
+from helpers.serve_helpers import http_request, require_serving, user
 
 require_serving()
 
@@ -29,8 +29,8 @@ def sampling_model_dir(chat_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(sampling_model_dir, pytestconfig):
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(sampling_model_dir, device=serve_device(pytestconfig))
@@ -65,8 +65,8 @@ def test_unset_settings_are_the_model_s(server):
 def test_generation_config_none_keeps_openai_defaults(sampling_model_dir, monkeypatch):
     from llaisys.cli import build_parser
     from llaisys_models.serve import access_log
-    from llaisys_models.serve.app import Tenants
-    from llaisys_models.serve.cli import load_server
+    from llaisys_models.serve.launch import load_server
+    from llaisys_models.serve.tenancy import Tenants
 
     monkeypatch.setattr(access_log, "configure", lambda *options: None)  # (this process's log stays as it is)
 

@@ -10,12 +10,13 @@ import socket
 import threading
 
 import pytest
-from serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
+
+from helpers.serve_helpers import CHAT_MODEL, http_request, require_serving, user, wait_until
 
 require_serving()
 
 import llaisys_models  # noqa: E402
-from llaisys_models.serve import app as app_module  # noqa: E402
+from llaisys_models.serve.openai import prompts  # noqa: E402
 from llaisys_models.text.tokenizer import PromptTooLongError, encode, longest_token  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -48,12 +49,12 @@ def prompt_chars(prompt) -> int:
 @pytest.fixture
 def encode_calls(monkeypatch):
     """The prompts the server's tokenizers encode, in order."""
-    calls, real = [], app_module.encode
+    calls, real = [], prompts.encode
 
     def counting(tokenizer, prompt, **kwargs):
         calls.append(prompt)
         return real(tokenizer, prompt, **kwargs)
-    monkeypatch.setattr(app_module, "encode", counting)
+    monkeypatch.setattr(prompts, "encode", counting)
     return calls
 
 
@@ -112,16 +113,16 @@ def test_longest_token_bounds_the_characters_per_token(tokenizer):
 def test_short_prompt_is_tokenized_while_long_ones_are(chat_server, monkeypatch):
     """Two long prompts hold every thread for long prompts (their tokenization is stopped in the middle),
     a third waits for one: a short chat still gets its answer, before any long one is let go."""
-    real, started, release = app_module.encode, threading.Semaphore(0), threading.Event()
+    real, started, release = prompts.encode, threading.Semaphore(0), threading.Event()
 
     def slow_for_long(tokenizer, prompt, **kwargs):
-        if prompt_chars(prompt) > app_module.LONG_PROMPT_CHARS:
+        if prompt_chars(prompt) > prompts.LONG_PROMPT_CHARS:
             started.release()
             release.wait(120)
         return real(tokenizer, prompt, **kwargs)
-    monkeypatch.setattr(app_module, "encode", slow_for_long)
+    monkeypatch.setattr(prompts, "encode", slow_for_long)
 
-    long_body = chat(messages=user("y" * (app_module.LONG_PROMPT_CHARS + 1)))  # over the context once tokenized
+    long_body = chat(messages=user("y" * (prompts.LONG_PROMPT_CHARS + 1)))  # over the context once tokenized
     replies = []
     threads = [threading.Thread(target=lambda: replies.append(http_request(chat_server.base_url, "POST", CHAT,
                                                                            long_body, timeout=180)))
@@ -147,9 +148,9 @@ def test_short_prompt_is_tokenized_while_long_ones_are(chat_server, monkeypatch)
 @pytest.fixture(scope="module")
 def keyed_server(chat_server, chat_model_dir):
     """The chat model served again, with two API keys (a small engine of its own)."""
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     model = llaisys_models.load(chat_model_dir, device=str(chat_server.engine.model.device))
@@ -209,7 +210,7 @@ def test_bad_cache_salt(chat_server, salt, code):
 
 @pytest.mark.parametrize("key", ["", " padded", "line\nbreak"])
 def test_server_refuses_a_key_no_client_can_send(key):
-    from llaisys_models.serve.app import Server
+    from llaisys_models.serve.server import Server
 
     with pytest.raises(ValueError, match="empty" if not key else "spaces or holds control"):
         Server(None, None, CHAT_MODEL, api_keys=[KEY_A, key])

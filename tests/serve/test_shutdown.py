@@ -13,8 +13,9 @@ import threading
 import time
 
 import pytest
-from serve_helpers import http_request, http_stream, require_serving, wait_until
-from serve_process import ServeProcess
+
+from helpers.serve_helpers import http_request, http_stream, require_serving, wait_until
+from helpers.serve_process import ServeProcess
 
 require_serving()
 

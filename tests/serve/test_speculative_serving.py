@@ -8,12 +8,12 @@ import argparse
 import queue
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, events_until_done, http_request, require_serving, submit, user
 
 import llaisys
 import llaisys_models
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, events_until_done, http_request, require_serving, submit, user
+from llaisys_models.cli.speculative_flags import from_arguments as speculative_options
 from llaisys_models.engine.speculative import NgramDrafter, Speculation
-from llaisys_models.engine.speculative.flags import from_arguments as speculative_options
 from llaisys_models.serve.engine import Delta, Engine, Finished
 from llaisys_models.text.tokenizer import load_tokenizer
 
@@ -110,12 +110,12 @@ def test_serve_flags(spec_model):
 
 def test_the_server_default_applies_unless_a_request_says_otherwise():
     from llaisys_models.engine.sampling import SamplingParams
-    from llaisys_models.serve import schemas
+    from llaisys_models.serve.openai import sampling
 
     ngram = NgramDrafter()
     server = argparse.Namespace(speculation=Speculation(ngram, 3), drafters={"ngram": ngram})
     params = SamplingParams(8)
-    assert schemas.speculation({}, params, server).speculation == Speculation(ngram, 3)
-    assert schemas.speculation({"num_speculative_tokens": 5}, params, server).speculation == Speculation(ngram, 5)
-    assert schemas.speculation({"speculative": "off"}, params, server).speculation is None
-    assert schemas.speculation({}, params, argparse.Namespace(speculation=None, drafters={})).speculation is None
+    assert sampling.speculation({}, params, server).speculation == Speculation(ngram, 3)
+    assert sampling.speculation({"num_speculative_tokens": 5}, params, server).speculation == Speculation(ngram, 5)
+    assert sampling.speculation({"speculative": "off"}, params, server).speculation is None
+    assert sampling.speculation({}, params, argparse.Namespace(speculation=None, drafters={})).speculation is None

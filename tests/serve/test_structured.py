@@ -10,10 +10,10 @@ import queue
 import random
 
 import pytest
-from random_schemas import matches, random_schema
-from serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, generate_text, http_request, require_serving, user
 
 import llaisys
+from helpers.random_schemas import matches, random_schema
+from helpers.serve_helpers import CHAT_MODEL, TIMEOUT, chat_ids, generate_text, http_request, require_serving, user
 from llaisys_models import Grammar
 from llaisys_models.serve.engine import Delta, Finished, Request, SamplingParams, choice_seed
 
@@ -151,9 +151,9 @@ def test_grammar_view_is_built_at_start_up_and_only_constrained_requests_wait(ch
 
     import llguidance
 
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.background import BackgroundServer
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     started, gate = threading.Event(), threading.Event()

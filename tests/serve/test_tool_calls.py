@@ -8,8 +8,8 @@ import json
 import random
 
 import pytest
-from qwen_template import QWEN25_TEMPLATE
 
+from helpers.qwen_template import QWEN25_TEMPLATE
 from llaisys_models.serve.tool_calls import (
     HERMES,
     LLAMA3,

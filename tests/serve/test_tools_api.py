@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import CHAT_MODEL, http_request, http_stream, require_serving
 
 import llaisys_models
+from helpers.serve_helpers import CHAT_MODEL, http_request, http_stream, require_serving
 
 require_serving()
 

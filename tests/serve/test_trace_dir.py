@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from chat_server import ChatServer, serve_device
-from serve_helpers import CHAT_MODEL, require_serving, user
 
 import llaisys_models
+from helpers.chat_server import ChatServer, serve_device
+from helpers.serve_helpers import CHAT_MODEL, require_serving, user
 
 require_serving()
 
@@ -24,8 +24,8 @@ SECRET_PROMPT = "zebra quartz marmalade"  # (no digits: timestamps have all of t
 @pytest.fixture(scope="module")
 def traced(chat_model_dir, pytestconfig, tmp_path_factory):
     """(server, trace dir): the chat model served with --trace-dir (a folder that does not exist yet)."""
-    from llaisys_models.serve.app import Server
     from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
     from llaisys_models.text.tokenizer import load_tokenizer
 
     trace_dir = tmp_path_factory.mktemp("traced") / "traces" / "new"

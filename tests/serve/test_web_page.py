@@ -9,7 +9,8 @@ import tempfile
 import time
 
 import pytest
-from serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
+
+from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
 
 require_serving()
 sync_api = pytest.importorskip("playwright.sync_api", reason="the page tests drive Chromium with Playwright: "

@@ -1,17 +1,27 @@
 """``llaisys serve``: an OpenAI-compatible HTTP server and web chat page over one llaisys model.
 
-    engine.py       the engine thread: owns the model, batches sequences (llaisys_models.engine.scheduler), streams tokens
-    kv_memory.py    the KV cache's memory budget (--kv-memory sizes, the default)
-    output.py       per-sequence text: incremental detokenization and stop strings
-    schemas.py      request validation (OpenAI's parameters) and response/chunk bodies
-    errors.py       OpenAI-style error bodies for every rejected request
-    metrics.py      the engine's counters in Prometheus text format
-    app.py          the FastAPI application: routes, auth, streaming (SSE), disconnect = cancel
-    background.py   the server on a thread of this process (scripts, benchmarks, tests)
-    cli.py          the ``serve`` subcommand of ``llaisys``
-    replicas/       replicas of this server on Ray Serve (``--replicas N``; the ``ray`` extra)
-    ray_app.py      the replicas application for Ray's own ``serve run``
-    static/         the web chat page (one file, no build step)
+From the top down (each imports only what is below it):
+
+    cli.py            the ``serve`` subcommand of ``llaisys``: its options, checked; one server or replicas
+    ray_app.py        the replicas application for Ray's own ``serve run``
+    replicas/         replicas of this server on Ray Serve (``--replicas N``; the ``ray`` extra)
+    launch.py         one server started: load_server (model, engine, Server), bind, serve (uvicorn)
+    background.py     the server on a thread of this process (scripts, benchmarks, tests)
+    app.py            the FastAPI application assembled: routers, error responses, middleware
+    routes.py         the web page, /health, /metrics
+    openai/           OpenAI's endpoints, each a protocol (request and response bodies), a serving (request ->
+                      engine jobs -> events -> response) and a router: chat/, completions/, responses/, models/
+    server.py         Server: what the routes share (engine, tokenizers, grammars, the model's limits)
+    tenancy.py        API keys and tenants, cache_salt and the cache scope
+    hosts.py          a loopback server answers loopback Host names only
+    request_body.py   a request's JSON body, bounded before it is read
+    sse.py            server-sent events framing
+    tokenizer_pool.py the prompt tokenizers' threads
+    structured.py     response_format, text.format and forcing tool_choice as grammars (forced_calls.py)
+    tool_calls.py     tool calls parsed from a model's output, per family syntax
+    engine.py         the engine thread: owns the model, batches sequences (llaisys_models.engine), streams text
+    access_log.py, metrics.py, tracing.py, kv_memory.py, shutdown.py, errors.py, defaults.py
+    static/           the web chat page (one file, no build step)
 
 Needs the ``serve`` extra: ``pip install './llaisys-models[serve]'`` (FastAPI and uvicorn).
 """

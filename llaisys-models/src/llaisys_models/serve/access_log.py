@@ -25,9 +25,13 @@ import json
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .engine import Delta, Failed, Finished
+from .engine import Delta, Event, Failed, Finished
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("llaisys.serve.access")
 
@@ -40,7 +44,7 @@ class Entry:
     status, the handlers its tenant (``tenant``) and, where it generates, its prompts (``generating``) and the
     engine's events (``observe``)."""
 
-    def __init__(self, scope):
+    def __init__(self, scope: Scope) -> None:
         self.start = time.perf_counter()
         self.method, self.path = scope.get("method", "-"), scope.get("path", "-")
         client = scope.get("client")
@@ -60,7 +64,7 @@ class Entry:
         self.tokens = [0] * (len(prompt_tokens) * n)
         self.reasons = [None] * len(self.tokens)
 
-    def observe(self, event) -> None:
+    def observe(self, event: Event) -> None:
         """An engine event of the request (``engine.AsyncStream``'s ``observe``), as its handler gets it."""
         if isinstance(event, Failed):  # every choice still open ends with it
             reason = "shutdown" if event.shutdown else "error"
@@ -75,13 +79,14 @@ class Entry:
             if event.index % self.n == 0:  # a prompt's cached tokens, counted once (with its first choice)
                 self.cached = (self.cached or 0) + event.usage.cached_tokens
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         """The line's fields (None where it has no value), in the order the text line gives them."""
-        generating = self.prompt_tokens is not None
+        prompt_tokens = self.prompt_tokens
+        generating = prompt_tokens is not None
         reasons = [reason or "cancelled" for reason in self.reasons]  # open at the end: its client went away
         return {
             "method": self.method, "path": self.path, "status": self.status,
-            "prompt_tokens": sum(self.prompt_tokens) if generating else None,
+            "prompt_tokens": sum(prompt_tokens) if prompt_tokens is not None else None,
             "cached_tokens": self.cached if generating else None,
             "generated_tokens": sum(self.tokens) if generating else None,
             "ttft": None if self.first_token is None else round(self.first_token - self.start, 3),
@@ -92,7 +97,7 @@ class Entry:
         }
 
 
-def entry(scope) -> Entry:
+def entry(scope: Scope) -> Entry:
     """The access-log entry of the request of ``scope`` (a detached one where no ``AccessLog`` runs)."""
     if SCOPE_KEY not in scope:
         scope[SCOPE_KEY] = Entry(scope)
@@ -103,16 +108,16 @@ class AccessLog:
     """ASGI middleware that writes each HTTP request's line once the app is done with it. Plain ASGI: a
     BaseHTTPMiddleware would stand between streams and disconnects."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         record = scope[SCOPE_KEY] = Entry(scope)
 
-        async def send_noting_status(message):
+        async def send_noting_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
             await send(message)
@@ -128,9 +133,9 @@ class AccessLog:
             log.info(text_line(fields), extra={"access": fields})
 
 
-def text_line(fields: dict) -> str:
+def text_line(fields: dict[str, Any]) -> str:
     """The text form of a line's fields: method, path and status, then ``name=value`` (``-``: no value)."""
-    def value(name):
+    def value(name: str) -> str:
         v = fields[name]
         return "-" if v is None else f"{v:.3f}s" if name in ("ttft", "duration") else str(v)
 
@@ -143,7 +148,7 @@ class _Formatter(logging.Formatter):
     """Text: the time, then the access line, or the level and message of any other record. JSON: an object with
     ``time``, ``level``, ``logger`` and the access line's fields, or ``message`` (and ``exception``)."""
 
-    def __init__(self, as_json: bool):
+    def __init__(self, as_json: bool) -> None:
         super().__init__()
         self.as_json = as_json
 

@@ -14,7 +14,8 @@ import socket
 import threading
 import time
 
-from .app import Server, create_app
+from .app import create_app
+from .server import Server
 
 
 class BackgroundServer:
@@ -44,7 +45,7 @@ class BackgroundServer:
             time.sleep(0.02)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._uvicorn.should_exit = True
         if self._thread.is_alive():
             self._thread.join(30)

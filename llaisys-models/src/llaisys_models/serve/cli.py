@@ -1,4 +1,5 @@
-"""``llaisys serve``: registered in the entry-point group ``llaisys.commands``.
+"""``llaisys serve``: registered in the entry-point group ``llaisys.commands``: its options, checked, then one
+server in this process (launch.py) or replicas on Ray (replicas/launch.py).
 
 Registering imports nothing heavy; FastAPI and uvicorn are imported when the command runs,
 with a clear message when the ``serve`` extra is not installed.
@@ -6,28 +7,29 @@ with a clear message when the ``serve`` extra is not installed.
 
 from __future__ import annotations
 
+import argparse
 import os
-import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from ..cli import speculative_flags
 from ..cli.generate import (
     MODEL_HELP,
     _command,
     add_generation_config_argument,
     add_tensor_parallel_argument,
-    split_cpu_threads,
     tensor_parallel_options,
 )
-from ..engine.speculative import flags as speculative_flags
 from ..families import numerics
 from ..loading import quantize
 from .defaults import DEFAULT_MAX_TOKENS
+from .launch import bind, serve
 
 LOOPBACK = "127.0.0.1"
 
 
-def register_serve(subparsers) -> None:
+def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve", help="an OpenAI-compatible HTTP server with a web chat page",
         description="Serve a model over OpenAI's chat/completions API (streaming included) with a web chat "
@@ -88,7 +90,7 @@ def register_serve(subparsers) -> None:
     replicas = p.add_argument_group(
         "replicas on Ray", "Serve copies of the model through Ray Serve (the 'ray' extra), each with its own engine, "
                            "behind this one address: a conversation's next turn goes to the replica that holds its "
-                           "prefix; Ray replaces a replica that dies. See README 'Replicas with Ray'.")
+                           "prefix; Ray replaces a replica that dies. See docs/multi-device.md, 'Replicas on Ray Serve'.")
     replicas.add_argument("--replicas", type=int, default=None, metavar="N",
                           help="serve N replicas (default: one server in this process, without Ray)")
     replicas.add_argument("--max-replicas", type=int, default=None, metavar="M",
@@ -109,11 +111,11 @@ def register_serve(subparsers) -> None:
     p.set_defaults(func=_command(run_serve))
 
 
-def run_serve(args) -> int:
+def run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn  # noqa: F401 (the extra's packages, checked before anything else runs)
 
-        from .app import Server  # noqa: F401
+        from .app import create_app  # noqa: F401
     except ImportError as e:
         print(f"llaisys: error: serving needs the 'serve' extra ({e.name or e} is missing): "
               f"pip install 'llaisys-models[serve]'", file=sys.stderr)
@@ -128,12 +130,12 @@ def run_serve(args) -> int:
     # bound before the model loads: a port in use fails at once, and the banner names the real port (--port 0)
     listener = bind(args.host, args.port)
     try:
-        return _serve(args, path, kv_memory, listener, keys)
+        return serve(args, path, kv_memory, listener, keys)
     finally:
         listener.close()
 
 
-def checked_options(args) -> tuple[Path, int | None, list[str]]:
+def checked_options(args: argparse.Namespace) -> tuple[Path, int | None, list[str]]:
     """The options checked (a LlaisysValueError names the first one wrong): (the model's directory, the KV
     memory in bytes or None, the API keys)."""
     from llaisys import LlaisysValueError
@@ -158,7 +160,7 @@ def checked_options(args) -> tuple[Path, int | None, list[str]]:
     return model_dir(args), kv_memory, keys
 
 
-def check_replica_options(args) -> None:
+def check_replica_options(args: argparse.Namespace) -> None:
     """--replicas and the options that go with it: in range, and none without it."""
     from llaisys import LlaisysValueError
 
@@ -188,10 +190,10 @@ def check_replica_options(args) -> None:
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {value} is out of range")
 
 
-def api_keys(args, environ) -> list[str]:
+def api_keys(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """The keys of every --api-key and of --api-key-file; without either, $LLAISYS_API_KEY (one key) if set.
     An empty key, from any of them, is an error: it would serve without a key."""
-    from .app import check_api_key
+    from .tenancy import check_api_key
 
     keys = [(key, "--api-key") for key in args.api_key or ()]
     if args.api_key_file is not None:
@@ -232,106 +234,3 @@ def _read_key_file(path: Path) -> list[tuple[str, str]]:
     if not keys:
         raise LlaisysValueError(f"--api-key-file {path} holds no key (one per line; # starts a comment line)")
     return keys
-
-
-def load_server(args, path: Path, kv_memory: int | None, tenants, port: int):
-    """The ``Server`` the options ``args`` describe: the model at ``path`` loaded, its engine (not started), the
-    ``tenants`` (``app.Tenants``) and the address clients reach it at (``args.host``, ``port``). One per process of
-    ``llaisys serve``, or one per replica on Ray (serve/replicas)."""
-    from .. import load
-    from ..text import generation_defaults
-    from ..text.tokenizer import load_tokenizer
-    from .access_log import configure
-    from .app import Server
-    from .engine import Engine
-
-    configure(args.log_level, args.log_format)  # this process's log: the access lines, warnings, errors
-    tokenizer_path = args.tokenizer or path
-    parallel = tensor_parallel_options(args)
-    split_cpu_threads(args.tensor_parallel)
-    model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize, **parallel)
-    # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
-    speculation, draft = speculative_flags.from_arguments(args, model)
-    engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
-                    max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
-                    prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
-                    speculation=speculation, draft=draft, trace_dir=getattr(args, "trace_dir", None))
-    name = args.served_model_name or default_model_name(path, args.model)
-    sampling = generation_defaults.NONE if args.generation_config == "none" else None  # None: the model's
-    return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
-                  cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens,
-                  sampling=sampling)
-
-
-def _serve(args, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
-    import uvicorn
-
-    from .app import Tenants, create_app, is_loopback
-    from .kv_memory import describe
-    from .shutdown import HTTPServer
-
-    port = listener.getsockname()[1]
-    server = load_server(args, path, kv_memory, Tenants.of_keys(keys), port)
-    engine, model, name = server.engine, server.engine.model, server.model_name
-    if not is_loopback(args.host):
-        print(f"llaisys serve: warning: binding {args.host} exposes the server beyond this machine"
-              + ("" if keys else " without an API key"), file=sys.stderr)
-    weights = f", {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
-    if args.tensor_parallel > 1:
-        weights += f", split over {args.tensor_parallel} ranks" + (" on Ray" if args.distributed_executor == "ray"
-                                                                     else "")
-    print(f"llaisys serve: {name} ({model.device}, {model.dtype.name}{weights}) at http://{_url_host(args.host)}:{port}/"
-          f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
-    print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
-          f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
-    if server.sampling.describe():
-        print(f"llaisys serve: requests that set none sample as the model says: {server.sampling.describe()}",
-              file=sys.stderr, flush=True)
-    # on Ctrl+C or SIGTERM the engine fails every open request at once, so each response ends (serve/shutdown.py);
-    # the 5 s are for a handler still busy before it queued (a long prompt's tokenization), which is then cut.
-    # uvicorn's access log is off (serve/access_log.py writes ours), its own lines from warnings up but with debug
-    config = uvicorn.Config(create_app(server), log_level="debug" if args.log_level == "debug" else "warning",
-                            access_log=False, timeout_graceful_shutdown=5)
-    http = HTTPServer(config, engine)
-    failures = []
-    if model.followers is not None:  # a rank that dies or hangs ends the group, and the server with it
-        def end(message: str) -> None:
-            failures.append(message)
-            print(f"llaisys serve: error: {message}", file=sys.stderr, flush=True)
-            http.should_exit = True
-        model.followers.on_failure.append(end)
-    http.run(sockets=[listener])
-    model.close()
-    return 1 if failures else 0
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port); port 0 takes a free one. A port in use is a one-line error."""
-    from llaisys import LlaisysValueError
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise LlaisysValueError(f"cannot listen on {_url_host(host)}:{port}: {e.strerror or e}") from None
-    sock.listen(2048)
-    return sock
-
-
-def default_model_name(path: Path, spec=None) -> str:
-    """The model id clients name: the demo's, the Hub id ``spec`` (--model) resolved to ``path``, or the
-    model directory's name."""
-    from .. import DEMO_MODEL_DIR
-    from ..loading.hub import parse
-
-    if spec is not None and Path(spec) != Path(path) and parse(spec) is not None:
-        return str(parse(spec))
-    return "llaisys-demo" if Path(path).resolve() == DEMO_MODEL_DIR.resolve() else Path(path).resolve().name
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-

@@ -36,8 +36,10 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, cast
 
-from ..engine.sampling import MASK64, SamplingParams, step_seed
+from ..engine.sampling import MASK64, SamplingParams, TokenLogprob, step_seed
 from ..engine.scheduler import Scheduler, Sequence
 from ..engine.speculative import Drafter, NgramDrafter, Speculation
 from ..engine.speculative.config import check_numerics
@@ -45,7 +47,12 @@ from ..errors import RankFailedError
 from ..text.stream import TextStream
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
-from .tracing import RequestTracer
+from .tracing import RequestTrace, RequestTracer
+
+if TYPE_CHECKING:
+    from ..families.causal_lm import CausalLM
+    from ..loading.files import PathArg
+    from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("llaisys.serve")
 
@@ -91,6 +98,9 @@ class Failed:
     shutdown: bool = False  # the engine was stopped (the server shuts down), no error of the request's
 
 
+Event = Delta | Finished | Failed  # what a request's ``emit`` is called with
+
+
 def choice_seed(seed: int | None, index: int) -> int | None:
     """The seed of a request's choice ``index``: the request's own for choice 0, else splitmix64 of (seed, -index)
     (``step_seed`` at a negative step, so no choice's seed is another's step seed); None stays None (random)."""
@@ -106,8 +116,9 @@ class Request:
     ``keep_tokens``: special tokens whose text its output keeps (the tool-call markers of a request with tools).
     ``trace_name``: its trace file's name under ``--trace-dir`` (the response's id), if the engine traces."""
 
-    def __init__(self, prompt: list[int], params: SamplingParams, emit, cache_scope: str = "", n: int = 1,
-                 keep_tokens: frozenset[int] = frozenset(), trace_name: str | None = None):
+    def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], object],
+                 cache_scope: str = "", n: int = 1, keep_tokens: frozenset[int] = frozenset(),
+                 trace_name: str | None = None) -> None:
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         if n < 1:
@@ -121,7 +132,7 @@ class Request:
         self.arrival = time.perf_counter()
         self.open = n  # choices not ended yet
         self.trace_name = trace_name
-        self.trace = None  # its tracing.RequestTrace while the engine traces it
+        self.trace: RequestTrace | None = None  # while the engine traces it
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -136,7 +147,7 @@ class Request:
 class Choice:
     """One of a request's sequences (a scheduler ``Sequence``'s tag): its index and its text so far."""
 
-    def __init__(self, request: Request, index: int, text: TextStream):
+    def __init__(self, request: Request, index: int, text: TextStream) -> None:
         self.request = request
         self.index = index
         self.text = text
@@ -148,10 +159,15 @@ class Choice:
         return self.request.cancelled
 
 
+def choice_of(seq: Sequence) -> Choice:
+    """The ``Choice`` an engine tags each of its sequences with (``Scheduler.add`` / ``fork``'s ``tag``)."""
+    return cast(Choice, seq.tag)
+
+
 class EngineUnavailable(RuntimeError):
     """The engine is stopped (``shutdown``: it was asked to) or died; the message says why."""
 
-    def __init__(self, message: str, shutdown: bool):
+    def __init__(self, message: str, shutdown: bool) -> None:
         super().__init__(message)
         self.shutdown = shutdown
 
@@ -166,16 +182,16 @@ class Engine:
     ``kv_memory``: bytes of KV cache (default: ``default_kv_memory``); ``max_running``: sequences decoded
     together; ``max_batch_tokens``: tokens per forward (decode tokens + prompt chunks); ``batched=False``
     runs each sequence in its own forward (the unbatched engine, for comparison). ``speculation``: the server's
-    default for requests whose ``speculative`` field says nothing (applied by serve/schemas.py; a ``Request``
+    default for requests whose ``speculative`` field says nothing (applied by serve/openai/sampling.py; a ``Request``
     is decoded as its ``params.speculation`` says); ``draft``: a draft model's drafter, offered to requests as
     ``"speculative": "draft"`` (prompt lookup, "ngram", is always offered under ``numerics="exact"``).
     ``trace_dir``: write a Chrome trace per request there (serve/tracing.py; created if missing).
     """
 
-    def __init__(self, model, tokenizer, *, max_running: int = 16, max_batch_tokens: int = 128,
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, *, max_running: int = 16, max_batch_tokens: int = 128,
                  kv_memory: int | None = None, block_size: int = 16, prefix_reuse: bool = True,
                  max_waiting: int = 256, batched: bool = True, speculation: Speculation | None = None,
-                 draft: Drafter | None = None, trace_dir=None):
+                 draft: Drafter | None = None, trace_dir: PathArg | None = None) -> None:
         if max_running < 1 or max_waiting < 1:
             raise ValueError("max_running and max_waiting must be >= 1")
         if speculation is not None or draft is not None:
@@ -259,7 +275,7 @@ class Engine:
             log.exception("engine thread died")
         finally:
             ended = Failed(self.error or SHUTTING_DOWN, shutdown=self.error is None)
-            for request in {id(seq.tag.request): seq.tag.request for seq in self._sequences}.values():
+            for request in {id(choice_of(seq).request): choice_of(seq).request for seq in self._sequences}.values():
                 request.emit(ended)
             with self._cv:
                 self._stopping = True
@@ -303,7 +319,7 @@ class Engine:
         return TextStream(self.tokenizer, request.params.stop, request.keep_tokens)
 
     def _step(self) -> None:
-        for seq in [s for s in self._sequences if s.tag.cancelled]:
+        for seq in [s for s in self._sequences if choice_of(s).cancelled]:
             self.scheduler.finish(seq, "cancelled")
             self._done(seq)
         if not self._sequences:
@@ -316,11 +332,12 @@ class Engine:
             raise
         except Exception as e:  # the running requests fail; the engine and the waiting ones go on
             log.exception("engine step failed")
-            failed = {id(s.tag.request): s.tag.request for s in self._sequences if s.kv is not None}
+            failed = {id(choice_of(s).request): choice_of(s).request for s in self._sequences if s.kv is not None}
             for request in failed.values():
                 self._fail(request, f"{type(e).__name__}: {e}")
             return
         if tracer is not None:
+            assert before is not None  # (noted above, as there is a tracer)
             tracer.after_step(before, events)
         last = {seq.id: i for i, (seq, _) in enumerate(events)}  # a verify step gives a sequence several
         ended = set()
@@ -331,10 +348,12 @@ class Engine:
     def _consume(self, seq: Sequence, token: int, last: bool = True) -> bool:
         """A new token of ``seq`` (``last``: its step's last one): its text (stop strings), and its end if
         this was its last token. Whether the request ended."""
-        choice, text_stream = seq.tag, seq.tag.text
+        choice = choice_of(seq)
+        text_stream = choice.text
         started = time.perf_counter() if self.tracer is not None else 0.0
         choice.tokens += 1
         if choice.tokens == 1 and choice.index == 0:  # the prompt is read: the request's first token
+            assert seq.first_token_time is not None  # (the scheduler notes it with the token)
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
         ending = last and seq.finished
@@ -361,7 +380,7 @@ class Engine:
             return True
         return False
 
-    def _logprob_text(self, token: int, entry) -> TokenLogprobText:
+    def _logprob_text(self, token: int, entry: TokenLogprob) -> TokenLogprobText:
         """A ``sampling.TokenLogprob`` with its token ids decoded (on the engine thread, which owns the tokenizer)."""
         decode = self.tokenizer.decode
         return TokenLogprobText(decode([token]), entry.logprob, tuple((decode([i]), lp) for i, lp in entry.top))
@@ -370,18 +389,20 @@ class Engine:
         self._sequences.remove(seq)
         block = self.pool.block_size
         # the tokens its client got: a verify step may have drawn some past a stop string
-        usage = Usage(seq.prompt_len, seq.tag.tokens, (seq.reused or 0) // block * block)
-        self._report(seq.tag.request, Finished(seq.finish_reason, usage, seq.tag.index))
+        choice = choice_of(seq)
+        usage = Usage(seq.prompt_len, choice.tokens, (seq.reused or 0) // block * block)
+        assert seq.finish_reason is not None  # (it ended: each caller finished it)
+        self._report(choice.request, Finished(seq.finish_reason, usage, choice.index))
 
     def _fail(self, request: Request, error: str) -> None:
         """End every choice of ``request`` and report one ``Failed``."""
-        for seq in [s for s in self._sequences if s.tag.request is request]:
+        for seq in [s for s in self._sequences if choice_of(s).request is request]:
             self.scheduler.finish(seq, "error")
             self._sequences.remove(seq)
         request.open = 0
         self._report(request, Failed(error))
 
-    def _report(self, request: Request, event) -> None:
+    def _report(self, request: Request, event: Finished | Failed) -> None:
         if isinstance(event, Finished):
             request.open -= 1
             if request.open == 0:  # the request's last choice: counted once, by its reason
@@ -406,19 +427,20 @@ class AsyncStream:
     """
 
     def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1,
-                 keep_tokens: frozenset[int] = frozenset(), observe=None, trace_name: str | None = None):
+                 keep_tokens: frozenset[int] = frozenset(), observe: Callable[[Event], object] | None = None,
+                 trace_name: str | None = None) -> None:
         """``jobs``: (prompt token ids, its sampling parameters) of each request; ``observe(event)``: called with
         each event as the iterator yields it (the access log's counts); ``trace_name``: the name of their trace
         files (the response's id; ``<id>-<i>`` for prompt i of several)."""
         self._loop = asyncio.get_running_loop()
         self._observe = observe
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
         names = [trace_name if len(jobs) == 1 or trace_name is None else f"{trace_name}-{i}" for i in range(len(jobs))]
         self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n,
                                  keep_tokens=keep_tokens, trace_name=name)
                          for i, ((prompt, params), name) in enumerate(zip(jobs, names))]
 
-    def _emit(self, base: int, event) -> None:
+    def _emit(self, base: int, event: Event) -> None:
         if not isinstance(event, Failed):
             event = dataclasses.replace(event, index=base + event.index)
         try:
@@ -430,10 +452,10 @@ class AsyncStream:
         for request in self.requests:
             request.cancel()
 
-    def __aiter__(self):
+    def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
 
-    async def _events(self):
+    async def _events(self) -> AsyncIterator[Event]:
         open_choices = sum(request.n for request in self.requests)
         while True:
             event = await self._queue.get()

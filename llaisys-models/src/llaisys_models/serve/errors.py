@@ -6,7 +6,9 @@ AuthenticationError, 404 NotFoundError, ...) and reads ``message`` from this bod
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
@@ -16,7 +18,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 class APIError(Exception):
     """A request the server refuses, with the HTTP status and the parameter at fault."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -52,7 +54,7 @@ class PathScrubber:
     for the model's own files and ``<server path>`` for the rest; the server's log keeps the original.
     """
 
-    def __init__(self, model_paths, model_name: str):
+    def __init__(self, model_paths: Iterable[str | os.PathLike[str] | None], model_name: str) -> None:
         import sys
         from pathlib import Path
 
@@ -60,8 +62,9 @@ class PathScrubber:
         import llaisys_models
 
         labels: dict[str, str] = {}
-        others = [sys.prefix, sys.base_prefix, sys.exec_prefix, Path(llaisys.__file__).parent,
-                  Path(llaisys_models.__file__).parent, Path.home()]
+        others: list[str | os.PathLike[str] | None] = [sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                       Path(llaisys.__file__).parent,
+                                                       Path(llaisys_models.__file__).parent, Path.home()]
         for paths, label in ((others, "<server path>"), (model_paths, model_name)):
             for path in paths:
                 if path and str(path).startswith("/") and len(Path(path).parts) > 1:

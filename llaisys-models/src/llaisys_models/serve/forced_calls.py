@@ -83,13 +83,13 @@ def grammar_source(fmt: ToolFormat, tools: list[dict], several: bool, special: d
     ``tools`` (OpenAI function tools) in ``fmt``'s syntax: one or more when ``several`` (and the syntax has a
     separator), else exactly one."""
     syntax = SYNTAX[fmt.name]
-    rules = []
+    rules: list[str] = []
     for i, tool in enumerate(tools):
         head = f'{syntax.call_start}{{"name": {json.dumps(tool["function"]["name"])}, "{syntax.arguments_key}": '
         rules.append(f"call_{i}: {_text(head, special)} args_{i} {_text('}' + syntax.call_end, special)}")
         rules.append(f"args_{i}: %json {json.dumps(arguments_schema(tool), ensure_ascii=False)}")
-    several = several and syntax.separator is not None
-    calls = "call" + (f" ({_text(syntax.separator, special)} call)*" if several else "")
+    separator = syntax.separator if several else None  # (None: one call per reply in this syntax)
+    calls = "call" + (f" ({_text(separator, special)} call)*" if separator is not None else "")
     opener = _text(syntax.opener, special) + " " if syntax.opener else ""
     closer = " " + _text(syntax.closer, special) if syntax.closer else ""
     return "\n".join([f"start: {opener}{calls}{closer}", "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),

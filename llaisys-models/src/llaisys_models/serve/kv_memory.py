@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llaisys
+
+if TYPE_CHECKING:
+    from ..engine.kv_cache import KVPool
+    from ..families.causal_lm import CausalLM
 
 DEFAULT_FRACTION = 0.25
 # a prompt and a reply of a chat, typically, and the server's default reply cap: a 135M model's KV cache in f32
@@ -28,7 +33,7 @@ def parse_size(text: str) -> int:
     """Bytes from '4GiB', '1.5 GB', '512m', '1048576' (k/M/G are powers of 10, KiB/MiB/GiB of 2)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
-    if unit not in _UNITS:
+    if match is None or unit not in _UNITS:
         raise llaisys.LlaisysValueError(f"not a memory size: {text!r} (e.g. 4GiB, 512MB, 1073741824)")
     size = int(float(match.group(1)) * _UNITS[unit])
     if size <= 0:
@@ -61,7 +66,7 @@ def _host_available_bytes() -> int | None:
     return None
 
 
-def default_kv_memory(model, max_running: int, block_size: int = 16) -> int:
+def default_kv_memory(model: CausalLM, max_running: int, block_size: int = 16) -> int:
     """The model's full context, or ``max_running`` sequences of ``TOKENS_PER_SEQUENCE`` tokens if more; at most a
     quarter of the free memory, at least 4 blocks. (The ranks of a tensor-parallel model on the CPU share the
     host's memory: each gets its share of the quarter.)"""
@@ -83,7 +88,7 @@ def human_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def describe(pool) -> str:
+def describe(pool: KVPool) -> str:
     """One line for the start-up message: size, blocks, tokens."""
     return (f"KV cache {human_size(pool.nbytes)}: {pool.num_blocks} blocks of {pool.block_size} positions "
             f"({pool.capacity_tokens} tokens, {pool.shape.bytes_per_token} bytes each)")

@@ -8,6 +8,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..engine.kv_cache import KVPool
+    from ..engine.scheduler import Scheduler
+
+
+class Engine(Protocol):
+    """What the metrics read of the server's engine (engine.py, which imports this module: its shape, not its class)."""
+    metrics: EngineMetrics
+    scheduler: Scheduler
+    pool: KVPool
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+Sample = tuple[str, Mapping[str, object], float | str]  # (name suffix, labels, value: a number, or its text)
+Family = tuple[str, str, str, list[Sample]]  # (name, kind, help, samples)
 
 
 @dataclasses.dataclass
@@ -28,11 +50,11 @@ class EngineMetrics:
         self.finished[reason] += 1
 
 
-def _label_value(value) -> str:
+def _label_value(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def _family(name: str, kind: str, help_text: str, samples) -> list[str]:
+def _family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> list[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for suffix, labels, value in samples:
         label_text = "{" + ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items()) + "}" if labels else ""
@@ -40,18 +62,18 @@ def _family(name: str, kind: str, help_text: str, samples) -> list[str]:
     return lines
 
 
-def kv_blocks(pool) -> list[tuple[str, int]]:
+def kv_blocks(pool: KVPool) -> list[tuple[str, int]]:
     stats = pool.stats()
     return [(state, stats[state]) for state in ("used", "cached", "free")]
 
 
-def render(engine, model_name: str) -> str:
+def render(engine: Engine, model_name: str) -> str:
     """All metrics of ``engine`` as Prometheus text."""
     lines = [line for family in families(engine, model_name) for line in _family(*family)]
     return "\n".join(lines) + "\n"
 
 
-def families(engine, model_name: str) -> list[tuple[str, str, str, list[tuple[str, dict, object]]]]:
+def families(engine: Engine, model_name: str) -> list[Family]:
     """Every metric of ``engine``: (name, kind, help, samples), each sample (name suffix, labels, value)."""
     m = engine.metrics
     model = {"model": model_name}

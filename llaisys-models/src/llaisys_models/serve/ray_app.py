@@ -11,9 +11,13 @@ when it is a loopback address (the single server's ``Host`` check).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.serve import Application
 
 
-def build_app(args: dict):
+def build_app(args: dict[str, object]) -> Application:
     """The application (``serve/replicas/deployments.py``) of the ``llaisys serve`` options in ``args``."""
     from .cli import checked_options, register_serve
     from .replicas.launch import replica_application

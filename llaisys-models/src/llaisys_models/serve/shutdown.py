@@ -25,8 +25,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from socket import socket
+
+    from .engine import Engine
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ECHO_SECONDS = 1.0  # a second signal sooner than this is the first one again (a wrapper passing on Ctrl+C's SIGINT)
@@ -35,14 +43,14 @@ ECHO_SECONDS = 1.0  # a second signal sooner than this is the first one again (a
 class HTTPServer(uvicorn.Server):
     """A ``uvicorn.Server`` whose shutdown first stops ``engine`` (see the module's docstring)."""
 
-    def __init__(self, config: uvicorn.Config, engine):
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
         super().__init__(config)
         self.engine = engine
         self.signal_name: str | None = None  # the signal that asked for the shutdown
         self.signalled = 0.0  # when (time.monotonic)
 
     @contextlib.contextmanager
-    def capture_signals(self):
+    def capture_signals(self) -> Iterator[None]:
         # uvicorn's own raises the signal again after the shutdown, for its default action: KeyboardInterrupt
         if threading.current_thread() is not threading.main_thread():  # (only the main thread gets signals)
             yield
@@ -56,7 +64,7 @@ class HTTPServer(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def handle_exit(self, sig: int, _frame) -> None:
+    def handle_exit(self, sig: int, _frame: FrameType | None) -> None:
         # a signal handler: flags only (the event loop's main_loop sees should_exit within 0.1 s), but for a second
         # signal, which must end the process whatever the loop is doing
         name = signal.Signals(sig).name
@@ -68,7 +76,7 @@ class HTTPServer(uvicorn.Server):
         self.signal_name, self.signalled = name, time.monotonic()
         self.should_exit = True
 
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[socket] | None = None) -> None:
         for server in getattr(self, "servers", ()):  # no new connections (uvicorn's shutdown closes them too)
             server.close()
         if self.signal_name is not None:

@@ -25,12 +25,17 @@ import dataclasses
 import logging
 import re
 import threading
+from typing import TYPE_CHECKING
 
 from ..engine.grammar import Grammar, GrammarError, grammar_tokenizer
 from .engine import SamplingParams
 from .errors import invalid
 from .forced_calls import grammar_source
-from .tool_calls import special_openers
+from .tool_calls import ToolFormat, special_openers
+
+if TYPE_CHECKING:
+    from ..text.tokenizer import Tokenizer
+    from .openai.chat.tools import ToolRequest
 
 log = logging.getLogger("llaisys.serve")
 
@@ -38,7 +43,9 @@ PARAM = "response_format"
 TEXT_FORMAT = "text.format"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
 
-Spec = tuple[str, object]  # ("json_schema", schema dict) or ("json_object", None)
+ForcedCalls = tuple[ToolFormat, list[dict], bool]  # a forcing tool_choice: the format, the tools to call, several or one
+# ("json_schema", schema dict), ("json_object", None), or ("tool_choice", ForcedCalls)
+Spec = tuple[str, dict | ForcedCalls | None]
 
 
 def parse(body: dict) -> Spec | None:
@@ -74,7 +81,7 @@ def parse_text_format(body: dict) -> Spec | None:
     return _schema(value, TEXT_FORMAT, TEXT_FORMAT)
 
 
-def _kind(value, param: str) -> str | None:
+def _kind(value: object, param: str) -> str | None:
     if not isinstance(value, dict):
         raise invalid(f"'{param}' must be an object with a 'type', got {type(value).__name__}", param, "invalid_type")
     kind = value.get("type")
@@ -108,13 +115,13 @@ class Grammars:
     """Compiles requests' grammars off the event loop, with a tokenizer of its own (a HF tokenizer is not for two
     threads at once)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = copy.deepcopy(tokenizer)
         self._lock = threading.Lock()
 
     def warm_up(self) -> threading.Thread:
         """Build llguidance's view of the tokenizer on a thread of its own (returned, started)."""
-        def build():
+        def build() -> None:
             try:
                 grammar_tokenizer(self._tokenizer)
             except GrammarError as e:  # no llguidance, a slow tokenizer: constrained requests will say so
@@ -123,14 +130,16 @@ class Grammars:
         thread.start()
         return thread
 
-    def _compile(self, param: str, kind: str, source) -> Constraint:
+    def _compile(self, param: str, kind: str, source: dict | ForcedCalls | None) -> Constraint:
         with self._lock:
             try:
                 if kind == "json_object":
                     grammar = Grammar.json_object(self._tokenizer)
                 elif kind == "json_schema":
+                    assert isinstance(source, dict)  # (the schema: parse / parse_text_format)
                     grammar = Grammar.json_schema(self._tokenizer, source)
                 else:  # tool_choice: source = (the format, the tools to call, several calls or one)
+                    assert isinstance(source, tuple)
                     fmt, tools, several = source
                     lark = grammar_source(fmt, tools, several, special_openers(self._tokenizer, fmt))
                     grammar = Grammar.lark(self._tokenizer, lark, what=kind)
@@ -138,9 +147,10 @@ class Grammars:
                 raise invalid(f"'{param}' cannot be used: {e}", param) from None
         return Constraint(grammar, param)
 
-    async def of(self, body: dict, tools=None, tool_format=None, responses: bool = False) -> Constraint | None:
+    async def of(self, body: dict, tools: ToolRequest | None = None, tool_format: ToolFormat | None = None,
+                 responses: bool = False) -> Constraint | None:
         """The grammar a request asks for (None: unconstrained): its format (``response_format``, or ``text.format``
-        when ``responses``), or, for a ``tool_choice`` that forces calls (``tools``: a schemas.ToolRequest), calls of
+        when ``responses``), or, for a ``tool_choice`` that forces calls (``tools``: a chat ToolRequest), calls of
         ``tool_format``'s syntax."""
         spec = parse_text_format(body) if responses else parse(body)
         param = TEXT_FORMAT if responses else PARAM
@@ -148,6 +158,7 @@ class Grammars:
             if spec is not None:
                 raise invalid(f"'{PARAM}' cannot be combined with a 'tool_choice' that forces tool calls (the reply is "
                               f"the calls)", PARAM)
+            assert tool_format is not None  # (a request with tools is refused first where the model has no format)
             # "required": one call, or several where parallel_tool_calls allows; a named function: one (not parallel)
             spec, param = ("tool_choice", (tool_format, tools.forced_tools, tools.parallel)), "tool_choice"
         if spec is None:

@@ -23,9 +23,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-PROBE_TOOL = {"type": "function", "function": {"name": "llaisys_probe_tool", "description": "probe",
+if TYPE_CHECKING:
+    from ..text.tokenizer import Tokenizer
+
+PROBE_TOOL_NAME = "llaisys_probe_tool"
+PROBE_TOOL = {"type": "function", "function": {"name": PROBE_TOOL_NAME, "description": "probe",
                                                "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -53,7 +58,7 @@ class ToolFormat:
     parse: Callable[[str], Parsed | None]  # a region's calls, or None when it is not calls
 
 
-def _call(obj, arguments_key: str) -> tuple[str, dict] | None:
+def _call(obj: object, arguments_key: str) -> tuple[str, dict] | None:
     """(name, arguments) of one call object, or None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -66,9 +71,10 @@ def _call(obj, arguments_key: str) -> tuple[str, dict] | None:
     return (obj["name"], arguments) if isinstance(arguments, dict) else None
 
 
-def _json_values(text: str, separator: str = "") -> list | None:
+def _json_values(text: str, separator: str = "") -> list[Any] | None:
     """The JSON values ``text`` holds one after another (whitespace and ``separator`` between them), or None."""
-    decoder, values, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    values: list[Any] = []
     while True:
         while i < len(text) and (text[i].isspace() or (separator and text[i] == separator and values)):
             i += 1
@@ -81,9 +87,15 @@ def _json_values(text: str, separator: str = "") -> list | None:
         values.append(value)
 
 
-def _all_calls(objects, arguments_key: str) -> Parsed | None:
-    calls = [_call(obj, arguments_key) for obj in objects]
-    return calls if calls and all(c is not None for c in calls) else None  # type: ignore[return-value]
+def _all_calls(objects: Iterable[object], arguments_key: str) -> Parsed | None:
+    """Each object's call, or None when there are none or one is not a call."""
+    calls: Parsed = []
+    for obj in objects:
+        call = _call(obj, arguments_key)
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
 
 
 def _parse_hermes(region: str) -> Parsed | None:
@@ -108,7 +120,7 @@ LLAMA3 = ToolFormat("llama3", ("<|python_tag|>",), None, "{", _parse_llama3)
 MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), None, "[", _parse_mistral)
 
 
-def tool_format(chat_template) -> ToolFormat | None:
+def tool_format(chat_template: str | dict[str, str] | None) -> ToolFormat | None:
     """The tool-call syntax a chat template teaches its model (the template renders the syntax into the prompt,
     or into earlier assistant turns): None when it names none of those this server parses."""
     if isinstance(chat_template, dict):  # named templates: apply_chat_template(tools=...) uses "tool_use"
@@ -145,7 +157,7 @@ class ToolCallStream:
 
     After a call, whitespace alone is not content (the newlines between a model's calls)."""
 
-    def __init__(self, fmt: ToolFormat, names, parallel: bool = True):
+    def __init__(self, fmt: ToolFormat, names: Iterable[str], parallel: bool = True) -> None:
         self.format = fmt
         self.names = frozenset(names)
         self.parallel = parallel
@@ -164,16 +176,17 @@ class ToolCallStream:
         return self._drain(final=True)
 
     def _drain(self, final: bool) -> list[str | ToolCall]:
-        fmt, out = self.format, []
+        fmt, closer = self.format, self.format.closer or ""
+        out: list[str | ToolCall] = []
         while True:
             if self._opener is not None:  # in a call region
-                end = self._buffer.find(fmt.closer, self._scanned) if fmt.closer else -1
+                end = self._buffer.find(closer, self._scanned) if closer else -1
                 if end < 0 and not final:
-                    self._scanned = max(0, len(self._buffer) - len(fmt.closer or "") + 1)
+                    self._scanned = max(0, len(self._buffer) - len(closer) + 1)
                     break
                 region = self._buffer if end < 0 else self._buffer[:end]
-                raw = self._opener + region + (fmt.closer if end >= 0 else "")
-                self._buffer = "" if end < 0 else self._buffer[end + len(fmt.closer):]
+                raw = self._opener + region + (closer if end >= 0 else "")
+                self._buffer = "" if end < 0 else self._buffer[end + len(closer):]
                 out += self._calls_or_text(region, raw)
                 self._opener, self._scanned = None, 0
                 continue
@@ -217,7 +230,7 @@ class ToolCallStream:
         if parsed is None:
             self._content_started = True
             return [raw]
-        calls = []
+        calls: list[str | ToolCall] = []
         for name, arguments in parsed:
             if self.calls and not self.parallel:
                 break
@@ -237,7 +250,8 @@ def _merged(events: list[str | ToolCall]) -> list[str | ToolCall]:
     return out
 
 
-def parse_tool_calls(text: str, fmt: ToolFormat, names, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, fmt: ToolFormat, names: Iterable[str],
+                     parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a whole output: the content is None when the output is calls and nothing else."""
     stream = ToolCallStream(fmt, names, parallel)
     events = stream.push(text) + stream.finish()
@@ -245,14 +259,14 @@ def parse_tool_calls(text: str, fmt: ToolFormat, names, parallel: bool = True) -
     return (None if stream.calls and not content.strip() else content), stream.calls
 
 
-def special_openers(tokenizer, fmt: ToolFormat) -> dict[str, int]:
+def special_openers(tokenizer: Tokenizer, fmt: ToolFormat) -> dict[str, int]:
     """The openers of ``fmt`` that ``tokenizer`` has as special tokens (Llama 3's ``<|python_tag|>``, Mistral's
     ``[TOOL_CALLS]``), which a detokenizer that skips special tokens would drop: {text: token id}."""
     return {added.content: token_id for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
             if added.special and added.content in fmt.openers}
 
 
-def tool_support(tokenizer) -> tuple[ToolFormat | None, str]:
+def tool_support(tokenizer: Tokenizer) -> tuple[ToolFormat | None, str]:
     """(the format of the model's tool calls, '') where its chat template renders tools (a probe tool's name shows
     in the prompt) and teaches a format parsed here; else (None, why not)."""
     template = getattr(tokenizer, "chat_template", None)
@@ -263,7 +277,7 @@ def tool_support(tokenizer) -> tuple[ToolFormat | None, str]:
                                                  tokenize=False, add_generation_prompt=True)
     except Exception as e:  # a template that fails on tools
         return None, f"this model's chat template cannot render tools ({type(e).__name__}: {e})"
-    if PROBE_TOOL["function"]["name"] not in rendered:
+    if PROBE_TOOL_NAME not in rendered:
         return None, "this model's chat template does not render tools (the model was not made for tool calls)"
     fmt = tool_format(template)
     if fmt is None:

@@ -30,10 +30,42 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from llaisys import LlaisysError, LlaisysValueError
 from llaisys.trace import write_trace
+
+if TYPE_CHECKING:
+    from ..engine.scheduler import Sequence
+    from ..loading.files import PathArg
+
+
+# What a trace reads of the engine's requests (engine.py, which imports this module: the shapes, not the classes)
+class Request(Protocol):
+    trace: RequestTrace | None
+    trace_name: str | None
+    arrival: float
+    n: int
+    prompt: list[int]
+    open: int  # choices not ended yet
+
+
+class Choice(Protocol):
+    request: Request
+    index: int
+
+
+class Usage(Protocol):
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
 
 log = logging.getLogger("llaisys.serve")
 
@@ -41,7 +73,7 @@ _DEPTH = {"request": 0, "prefill chunk": 2}  # how deep a span nests (the others
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def prepare_trace_dir(directory) -> Path:
+def prepare_trace_dir(directory: PathArg) -> Path:
     """``directory`` created if missing and checked writable (a file is made and removed), as an absolute path
     (a replica's process may start elsewhere); else a LlaisysValueError naming --trace-dir."""
     path = Path(directory).expanduser().absolute()
@@ -55,10 +87,15 @@ def prepare_trace_dir(directory) -> Path:
     return path
 
 
+def _choice(seq: Sequence) -> Choice:
+    """The engine's ``Choice`` that tags ``seq`` (engine.choice_of)."""
+    return cast("Choice", seq.tag)
+
+
 class ChoiceTrace:
     """The spans of one choice (one scheduler sequence) so far."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.spans: list[tuple[str, float, float, dict]] = []  # (name, start, end, args), perf_counter seconds
         self.admitted: float | None = None
         self.end: float | None = None
@@ -71,7 +108,7 @@ class ChoiceTrace:
 class RequestTrace:
     """The spans of one request's choices, kept on its ``Request`` until it ends."""
 
-    def __init__(self, name: str, arrival: float, n: int):
+    def __init__(self, name: str, arrival: float, n: int) -> None:
         self.name = name
         self.arrival = arrival
         self.choices = [ChoiceTrace() for _ in range(n)]
@@ -80,14 +117,14 @@ class RequestTrace:
 class RequestTracer:
     """Per-request traces for one engine (its thread only), written to ``directory``."""
 
-    def __init__(self, directory):
+    def __init__(self, directory: PathArg) -> None:
         self.directory = prepare_trace_dir(directory)
         self.origin = time.perf_counter()  # ts 0
         self.step_number = 0
         self._names = itertools.count()
         self._warned = False
 
-    def of(self, request) -> RequestTrace:
+    def of(self, request: Request) -> RequestTrace:
         """The request's trace, made at its first sight."""
         if request.trace is None:
             name = request.trace_name
@@ -98,14 +135,14 @@ class RequestTracer:
 
     # -- one scheduler step -------------------------------------------------------------------
 
-    def before_step(self, sequences) -> tuple:
+    def before_step(self, sequences: Iterable[Sequence]) -> tuple[float, list[tuple[Any, ...]]]:
         """What the step will change, noted before it: (start, each sequence's state)."""
         self.step_number += 1
         state = [(seq, seq.reused is not None, seq.first_token_time is not None, seq.parent is not None,
                   len(seq.kv) if seq.kv is not None else None, len(seq.tokens)) for seq in sequences]
         return time.perf_counter(), state
 
-    def after_step(self, before: tuple, events) -> None:
+    def after_step(self, before: tuple[float, list[tuple[Any, ...]]], events: Iterable[tuple[Sequence, int]]) -> None:
         """Spans of the step that just ran (``events``: its (sequence, token) pairs)."""
         end = time.perf_counter()
         start, state = before
@@ -114,10 +151,11 @@ class RequestTracer:
             drawn[seq.id] = drawn.get(seq.id, 0) + 1
         batch = len(drawn)
         for seq, admitted, had_first, forked, kv_len, tokens in state:
-            choice = self.of(seq.tag.request).choices[seq.tag.index]
+            tag = _choice(seq)
+            choice = self.of(tag.request).choices[tag.index]
             if not admitted and seq.reused is not None:  # the scheduler took it in this step
                 choice.admitted = start
-                choice.spans.append(("queue", seq.tag.request.arrival, start, {}))
+                choice.spans.append(("queue", tag.request.arrival, start, {}))
             if choice.admitted is None:
                 continue
             if had_first:
@@ -134,10 +172,11 @@ class RequestTracer:
             elif seq.kv is not None and len(seq.kv) > read_from:
                 choice.spans.append(("prefill chunk", start, end, {"tokens": len(seq.kv) - read_from}))
 
-    def detokenized(self, seq, start: float) -> None:
+    def detokenized(self, seq: Sequence, start: float) -> None:
         """``seq``'s token has been turned into text since ``start`` (on the engine thread)."""
         end = time.perf_counter()
-        choice = self.of(seq.tag.request).choices[seq.tag.index]
+        tag = _choice(seq)
+        choice = self.of(tag.request).choices[tag.index]
         choice.detokenize += end - start
         last = choice.spans[-1] if choice.spans else None
         if choice.detokenize_step == self.step_number and last is not None and last[0] == "detokenize":
@@ -149,7 +188,7 @@ class RequestTracer:
 
     # -- the request's end ----------------------------------------------------------------------
 
-    def finished(self, request, index: int, reason: str, usage) -> None:
+    def finished(self, request: Request, index: int, reason: str, usage: Usage) -> None:
         """Choice ``index`` ended (``usage``: the engine's ``Usage``); the file is written at the request's last."""
         choice = self.of(request).choices[index]
         choice.end = time.perf_counter()
@@ -158,7 +197,7 @@ class RequestTracer:
         if request.open == 0:
             self._write(request)
 
-    def failed(self, request) -> None:
+    def failed(self, request: Request) -> None:
         """The request failed: its choices still open end with finish_reason "error" (no message: counts only)."""
         trace = self.of(request)
         now = time.perf_counter()
@@ -168,7 +207,7 @@ class RequestTracer:
                 choice.args = {"prompt_tokens": len(request.prompt), "finish_reason": "error"}
         self._write(request)
 
-    def _write(self, request) -> None:
+    def _write(self, request: Request) -> None:
         trace = self.of(request)
         request.trace = None  # written once; its memory goes with it
         try:

@@ -5,8 +5,8 @@
                                           v
                        LlaisysReplica × N (each: a model, its engine and the single server's FastAPI app)
 
-A replica builds exactly what ``llaisys serve`` builds in one process (``cli.load_server``: the model, its
-engine, ``app.Server`` and ``app.create_app``), from the same options, and answers the requests the ingress
+A replica builds exactly what ``llaisys serve`` builds in one process (``launch.load_server``: the model, its
+engine, ``server.Server``; ``app.create_app``), from the same options, and answers the requests the ingress
 forwards with that app: the OpenAI API, its errors, API keys (the replicas know the keys' digests only), the
 ``Host`` check and CORS are the single server's. Ray Serve restarts a replica whose engine died (its health
 check fails) or whose process did, and scales their number between the autoscaling bounds.
@@ -24,14 +24,24 @@ import argparse
 import asyncio
 import contextlib
 import functools
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from ..app import MAX_BODY_BYTES, Tenants, create_app
+from ..app import create_app
+from ..request_body import MAX_BODY_BYTES
+from ..tenancy import Tenants
 from .forwarding import Relay, respond
 from .ray_metrics import RayMetrics, exported
 from .router import PrefixAwareRouter
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+    from starlette.types import Message
+
+    from .forwarding import ForwardedRequest
 
 APP_NAME = "llaisys"
 REPLICA, INGRESS = "LlaisysReplica", "LlaisysIngress"
@@ -45,8 +55,10 @@ class LlaisysReplica:
     names and values) with ``path`` (the model), ``kv_memory`` (bytes or None), ``key_digests`` (the API keys'
     SHA-256) and ``port`` (where clients reach the application)."""
 
-    async def __init__(self, options: dict):
-        from ..cli import load_server
+    # Ray Serve awaits a deployment's async __init__ (its async constructors); Python's data model, which mypy
+    # checks, has no such thing: __init__ must return None
+    async def __init__(self, options: dict[str, Any]) -> None:  # type: ignore[misc]
+        from ..launch import load_server
 
         args = argparse.Namespace(**options)
         # (on a thread: loading takes seconds to minutes, and the replica's event loop goes on meanwhile)
@@ -61,7 +73,7 @@ class LlaisysReplica:
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # the app's own start-up: the engine thread starts
 
-    async def respond(self, request):
+    async def respond(self, request: ForwardedRequest) -> AsyncIterator[list[Message]]:
         """A forwarded HTTP request (``forwarding.ForwardedRequest``) through the app: lists of ASGI messages."""
         async for batch in respond(self.app, request, self.replica):
             yield batch
@@ -77,7 +89,7 @@ class LlaisysReplica:
         if followers is not None and followers.failure is not None:
             raise RuntimeError(followers.failure)
 
-    async def __del__(self):  # Ray Serve calls it when it stops the replica
+    async def __del__(self) -> None:  # Ray Serve calls it when it stops the replica
         self._metrics.cancel()
         with contextlib.suppress(Exception):
             await self._lifespan.__aexit__(None, None, None)  # the app's own shutdown: the engine stops
@@ -87,20 +99,23 @@ class LlaisysReplica:
 class LlaisysIngress:
     """Forwards every HTTP request to a replica (``forwarding.Relay``) through ``replicas``, their handle."""
 
-    def __init__(self, replicas, key_digests: tuple[bytes, ...], max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, replicas: DeploymentHandle, key_digests: tuple[bytes, ...],
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         handle = replicas.options(method_name="respond", stream=True)
         self._relay = Relay(handle, Tenants(key_digests), max_body_bytes)
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> Relay:
         return self._relay
 
 
-def application(options: dict, scaling: dict, replica_resources: dict, bundles: list[dict] | None = None,
-                health_check_period_s: float = HEALTH_CHECK_PERIOD_S):
+def application(options: dict[str, Any], scaling: dict[str, Any], replica_resources: dict[str, Any],
+                bundles: list[dict[str, float]] | None = None,
+                health_check_period_s: float = HEALTH_CHECK_PERIOD_S) -> serve.Application:
     """The bound Ray Serve application: replicas built from ``options`` (see ``LlaisysReplica``), as many as
     ``scaling`` says (``launch.scaling_options``), each reserving ``replica_resources`` (num_cpus, num_gpus), or
     with ``bundles`` a placement group (tensor-parallel replicas: ``launch.replica_bundles``)."""
-    placement = {} if bundles is None else {"placement_group_bundles": bundles, "placement_group_strategy": "PACK"}
+    placement: dict[str, Any] = ({} if bundles is None else
+                                 {"placement_group_bundles": bundles, "placement_group_strategy": "PACK"})
     replica = serve.deployment(LlaisysReplica, name=REPLICA, **scaling, **placement,
                                max_ongoing_requests=UNBOUNDED, ray_actor_options=replica_resources,
                                health_check_period_s=health_check_period_s,

@@ -19,12 +19,18 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 
-from ..app import Tenants
 from ..errors import error_body
+from ..tenancy import Tenants
 from .routing import Route, route_of
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("llaisys.serve")
 
@@ -40,20 +46,20 @@ ATTEMPTS = 3  # replicas a request is sent to at most, while none has answered i
 class ForwardedRequest:
     """One HTTP request, whole, as a replica's app needs it (the body read in full, or cut one byte past the
     server's limit: the app then refuses it, 413, as it refuses any body that long)."""
-    scope: dict
+    scope: dict[str, Any]
     body: bytes
     route: Route | None  # what the router routes it by
 
 
-async def respond(app, request: ForwardedRequest, replica: str):
+async def respond(app: ASGIApp, request: ForwardedRequest, replica: str) -> AsyncIterator[list[Message]]:
     """The replica's side: ``request`` through the ASGI ``app``; yields lists of the app's messages (what it sent
     since the last list; the first is the response start, with ``x-llaisys-replica: replica`` added). Closing
     the generator early (the client is gone) shows the app a disconnect and cancels it."""
-    messages: asyncio.Queue = asyncio.Queue()
+    messages: asyncio.Queue[Message | None] = asyncio.Queue()
     body_read = False
     disconnected = asyncio.Event()
 
-    async def receive():
+    async def receive() -> Message:
         nonlocal body_read
         if not body_read:
             body_read = True
@@ -61,12 +67,15 @@ async def respond(app, request: ForwardedRequest, replica: str):
         await disconnected.wait()  # the app waits here for a disconnect (while it streams, or collects)
         return {"type": "http.disconnect"}
 
-    async def send(message):
+    async def send(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", ()), (REPLICA_HEADER, replica.encode())]}
         messages.put_nowait(message)
 
-    task = asyncio.create_task(app(dict(request.scope), receive, send))
+    async def run_app() -> None:
+        await app(dict(request.scope), receive, send)
+
+    task = asyncio.create_task(run_app())
     task.add_done_callback(lambda _: messages.put_nowait(None))  # None: the app returned
     try:
         ended = False
@@ -75,9 +84,9 @@ async def respond(app, request: ForwardedRequest, replica: str):
             while not messages.empty():  # what else is ready leaves with it: one Ray message, not several
                 batch.append(messages.get_nowait())
             ended = None in batch or any(_last(m) for m in batch if m is not None)
-            batch = [m for m in batch if m is not None]
-            if batch:
-                yield batch
+            ready = [m for m in batch if m is not None]
+            if ready:
+                yield ready
         await task  # (an error the app let through is a bug: it reaches the ingress, which answers 500)
     finally:
         disconnected.set()
@@ -89,7 +98,7 @@ async def respond(app, request: ForwardedRequest, replica: str):
                 pass
 
 
-def _last(message: dict) -> bool:
+def _last(message: Message) -> bool:
     return message["type"] == "http.response.body" and not message.get("more_body", False)
 
 
@@ -97,12 +106,12 @@ class Relay:
     """The ingress's ASGI app: every HTTP request to a replica (``handle``: the replica deployment's handle, its
     ``respond`` method, streaming), its response back to the client."""
 
-    def __init__(self, handle, tenants: Tenants, max_body_bytes: int):
+    def __init__(self, handle: DeploymentHandle, tenants: Tenants, max_body_bytes: int) -> None:
         self.handle = handle
         self.tenants = tenants
         self.max_body_bytes = max_body_bytes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             return
@@ -115,8 +124,9 @@ class Relay:
         request = ForwardedRequest({k: scope[k] for k in SCOPE_FIELDS if k in scope}, body, route)
         await self._forward(request, send)
 
-    async def _read_body(self, receive) -> bytes | None:
-        chunks, size = [], 0
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -126,14 +136,14 @@ class Relay:
             if size > self.max_body_bytes or not message.get("more_body", False):
                 return b"".join(chunks)[:self.max_body_bytes + 1]
 
-    async def _route(self, scope, body: bytes) -> Route | None:
+    async def _route(self, scope: Scope, body: bytes) -> Route | None:
         authorization = Headers(scope=scope).get("authorization", "")
         args = (scope["method"], scope["path"], authorization, body, self.tenants)
         if len(body) > ROUTE_IN_THREAD_BYTES:
             return await asyncio.to_thread(route_of, *args)
         return route_of(*args)
 
-    async def _forward(self, request: ForwardedRequest, send) -> None:
+    async def _forward(self, request: ForwardedRequest, send: Send) -> None:
         from ray.exceptions import RayActorError
 
         method, path = request.scope.get("method"), request.scope.get("path")
@@ -170,12 +180,12 @@ class Relay:
                      "replica_unavailable")
 
 
-def _is_event_stream(start: dict) -> bool:
+def _is_event_stream(start: Message) -> bool:
     content_type = Headers(raw=start.get("headers", [])).get("content-type", "")
     return content_type.startswith("text/event-stream")
 
 
-async def _cut_short(send, streaming: bool) -> None:
+async def _cut_short(send: Send, streaming: bool) -> None:
     """End a response whose replica died mid-way: with an error event if it is a stream of server-sent events
     (the OpenAI client raises it), else by ending the body (its JSON is incomplete, which a client notices)."""
     if streaming:
@@ -186,14 +196,14 @@ async def _cut_short(send, streaming: bool) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _error(send, status: int, message: str, code: str) -> None:
+async def _error(send: Send, status: int, message: str, code: str) -> None:
     body = json.dumps(error_body(status, message, None, code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _lifespan(receive, send) -> None:
+async def _lifespan(receive: Receive, send: Send) -> None:
     """The ASGI lifespan protocol, which Ray Serve runs on an ingress's app: nothing to start or stop here."""
     while True:
         message = await receive()

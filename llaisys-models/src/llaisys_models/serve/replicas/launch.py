@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.serve import Application
 
 RAY_EXTRA = "pip install 'llaisys-models[ray]'"
 SERVE_LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # Ray Serve's INFO lines, one per request
 
 
-def replica_application(args, path: Path, kv_memory: int | None, keys: list[str], port: int):
+def replica_application(args: argparse.Namespace, path: Path, kv_memory: int | None, keys: list[str],
+                        port: int) -> Application:
     """The Ray Serve application ``llaisys serve`` options ``args`` (checked: ``cli.checked_options``) describe,
     for clients that reach it at ``args.host``:``port``."""
-    from ..app import Tenants
+    from ..tenancy import Tenants
     from .deployments import application
 
     options = {name: value for name, value in vars(args).items() if name != "func"}
@@ -26,7 +32,7 @@ def replica_application(args, path: Path, kv_memory: int | None, keys: list[str]
     return application(options, scaling_options(args), replica_resources(args), replica_bundles(args))
 
 
-def scaling_options(args) -> dict:
+def scaling_options(args: argparse.Namespace) -> dict[str, Any]:
     """The replica deployment's count: ``--replicas`` fixed, or (``--max-replicas`` more) Ray Serve's autoscaling
     between the two, aiming at ``--target-ongoing-requests`` per replica (default ``--max-running``: a replica
     is busy once its engine runs all it can at once)."""
@@ -37,14 +43,14 @@ def scaling_options(args) -> dict:
                                    "max_replicas": args.max_replicas, "target_ongoing_requests": target}}
 
 
-def replica_resources(args) -> dict:
+def replica_resources(args: argparse.Namespace) -> dict[str, float]:
     """What each replica reserves (Ray's ``ray_actor_options``): ``--replica-cpus`` cores (1), which Ray also makes
     its kernels' thread count (OMP_NUM_THREADS), and ``--replica-gpus`` (1 where --device names a GPU, else 0)."""
     gpus = args.replica_gpus if args.replica_gpus is not None else float(_names_a_gpu(args.device))
     return {"num_cpus": 1.0 if args.replica_cpus is None else args.replica_cpus, "num_gpus": gpus}
 
 
-def replica_bundles(args) -> list[dict] | None:
+def replica_bundles(args: argparse.Namespace) -> list[dict[str, float]] | None:
     """A tensor-parallel replica's placement group (Ray Serve's ``placement_group_bundles``): one bundle per rank,
     each what ``replica_resources`` reserves; the replica, rank 0, takes bundle 0 and starts its ranks 1 .. N-1
     in the others (tensor_parallel/ray_ranks.py). None for a replica of one rank."""
@@ -60,8 +66,8 @@ def _names_a_gpu(device: str | None) -> bool:
     return device is not None and device.split(":")[0] != "cpu"
 
 
-def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> int:
-    from ..app import is_loopback
+def serve_replicas(args: argparse.Namespace, path: Path, kv_memory: int | None, keys: list[str]) -> int:
+    from ..hosts import is_loopback
 
     if args.ray_address is None:  # the cluster started here is this machine's, for this server alone
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # (nobody asked for Ray's usage reports)
@@ -74,7 +80,7 @@ def serve_replicas(args, path: Path, kv_memory: int | None, keys: list[str]) -> 
         print(f"llaisys: error: --replicas needs the 'ray' extra ({e.name or e} is missing): {RAY_EXTRA}",
               file=sys.stderr)
         return 2
-    from ..cli import bind
+    from ..launch import bind
     from .deployments import APP_NAME
 
     probe = bind(args.host, args.port)  # a port in use fails at once; --port 0 takes a free one

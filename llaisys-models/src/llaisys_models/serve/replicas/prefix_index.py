@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Collection, Iterator
 
 
 class _Node:
     __slots__ = ("edge", "parent", "children", "seen")
 
-    def __init__(self, edge: str, parent: _Node | None):
+    def __init__(self, edge: str, parent: _Node | None) -> None:
         self.edge = edge  # the characters from the parent to this node (a root: its tree's cache scope)
         self.parent = parent
         self.children: dict[str, _Node] = {}  # by the first character of their edge
@@ -44,7 +45,7 @@ def _common_length(edge: str, text: str, start: int) -> int:
 
 
 class PrefixIndex:
-    def __init__(self, max_chars: int = 1 << 20, keep_chars: int | None = None):
+    def __init__(self, max_chars: int = 1 << 20, keep_chars: int | None = None) -> None:
         if max_chars < 1:
             raise ValueError(f"max_chars must be >= 1, got {max_chars}")
         self.max_chars = max_chars
@@ -57,14 +58,16 @@ class PrefixIndex:
         """The characters of text remembered as sent to ``replica``."""
         return self._chars[replica]
 
-    def match(self, scope: str, text: str, replicas) -> tuple[int, list[str]]:
+    def match(self, scope: str, text: str, replicas: Collection[str]) -> tuple[int, list[str]]:
         """(characters of ``text`` matched, the replicas among ``replicas`` that were sent that prefix) for the
         longest prefix of ``text`` that one of ``replicas`` was sent in ``scope``; (0, []) when none was."""
         node = self._roots.get(scope)
         matched, holders = 0, []
         while node is not None and matched < len(text):
             child = node.children.get(text[matched])
-            live = [r for r in child.seen if r in replicas] if child is not None else []
+            if child is None:
+                break
+            live = [r for r in child.seen if r in replicas]
             if not live:
                 break
             common = _common_length(child.edge, text, matched)
@@ -117,7 +120,7 @@ class PrefixIndex:
         upper.children[node.edge[0]] = node
         return upper
 
-    def _nodes(self):
+    def _nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
             stack = list(root.children.values())
             while stack:

@@ -4,7 +4,7 @@ Each replica copies its engine's metrics (``serve/metrics.py``: the families a s
 /metrics) into Ray Serve metrics every ``PERIOD_S`` seconds. Ray tags each with the application, the
 deployment and the replica, and every node's metrics agent serves them in Prometheus' format on that node's
 metrics export port, named with a ``ray_`` prefix (``ray_llaisys_generation_tokens_total{replica="..."}``);
-Ray lists those ports for Prometheus' file-based service discovery (docs/architecture.md §8).
+Ray lists those ports for Prometheus' file-based service discovery (docs/design/parallelism.md#replicas-on-ray-serve).
 
 Counters stay counters (each copy adds what grew since the last); a summary's ``_sum`` and ``_count`` are
 counters of their own; gauges are set.
@@ -16,16 +16,23 @@ it: forwarded, it would show one replica's engine).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from .. import metrics
+
+if TYPE_CHECKING:
+    from ray.serve.metrics import Counter, Gauge
+
+    from ..engine import Engine
 
 PERIOD_S = 1.0
 
 
 class RayMetrics:
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine: Engine, model_name: str) -> None:
         self.engine, self.model_name = engine, model_name
-        self._metrics: dict[str, object] = {}  # by name: a ray.serve.metrics Counter or Gauge
+        self._gauges: dict[str, Gauge] = {}  # by name: the Ray Serve metric of each sample
+        self._counters: dict[str, Counter] = {}
         self._copied: dict[tuple, float] = {}  # a counter sample's value at the last copy
 
     def copy(self) -> None:
@@ -33,14 +40,14 @@ class RayMetrics:
         for name, kind, help_text, samples in metrics.families(self.engine, self.model_name):
             for suffix, labels, value in samples:
                 tags = {key: str(v) for key, v in labels.items()}
-                metric = self._metric(name + suffix, "gauge" if kind == "gauge" else "counter", help_text, tags)
                 if kind == "gauge":
-                    metric.set(float(value), tags=tags)
+                    self._gauge(name + suffix, help_text, tags).set(float(value), tags=tags)
                     continue
+                counter = self._counter(name + suffix, help_text, tags)
                 key = (name + suffix, tuple(sorted(tags.items())))
                 grown = float(value) - self._copied.get(key, 0.0)
                 if grown > 0:
-                    metric.inc(grown, tags=tags)
+                    counter.inc(grown, tags=tags)
                     self._copied[key] = float(value)
 
     async def run(self) -> None:
@@ -49,14 +56,22 @@ class RayMetrics:
             self.copy()
             await asyncio.sleep(PERIOD_S)
 
-    def _metric(self, name: str, kind: str, help_text: str, tags: dict):
-        metric = self._metrics.get(name)
-        if metric is None:
+    def _gauge(self, name: str, help_text: str, tags: dict[str, str]) -> Gauge:
+        gauge = self._gauges.get(name)
+        if gauge is None:
             from ray.serve import metrics as serve_metrics
 
-            make = serve_metrics.Gauge if kind == "gauge" else serve_metrics.Counter
-            metric = self._metrics[name] = make(name, description=help_text, tag_keys=tuple(sorted(tags)))
-        return metric
+            gauge = self._gauges[name] = serve_metrics.Gauge(name, description=help_text, tag_keys=tuple(sorted(tags)))
+        return gauge
+
+    def _counter(self, name: str, help_text: str, tags: dict[str, str]) -> Counter:
+        """(a summary's ``_sum`` and ``_count`` too: each a counter)"""
+        counter = self._counters.get(name)
+        if counter is None:
+            from ray.serve import metrics as serve_metrics
+
+            counter = self._counters[name] = serve_metrics.Counter(name, description=help_text, tag_keys=tuple(sorted(tags)))
+        return counter
 
 
 def exported(app_name: str, timeout: float = 10.0) -> str:

@@ -34,7 +34,7 @@ from .routing import Route
 
 class PrefixAwareRouter(RequestRouter):
     def initialize_state(self, imbalanced_threshold: float = 16, match_rate_threshold: float = 0.1,
-                         max_chars_per_replica: int = 1 << 20):
+                         max_chars_per_replica: int = 1 << 20) -> None:
         """Keyword arguments: the deployment's ``request_router_kwargs``."""
         self._imbalanced_threshold = imbalanced_threshold
         self._match_rate_threshold = match_rate_threshold
@@ -66,7 +66,7 @@ class PrefixAwareRouter(RequestRouter):
         lengths = [n for n in (self.replica_queue_len_cache.get(r.replica_id) for r in replicas) if n is not None]
         return not lengths or max(lengths) - min(lengths) <= self._imbalanced_threshold
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, _result) -> None:
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, _result: object) -> None:
         route = _route_of(pending_request)
         if route is not None:
             self._index.insert(route.scope, route.text, replica_id.unique_id)

@@ -3,7 +3,7 @@
 Ray Serve LLM's prefix-aware router matches the prompt's text (the messages' contents run together) against
 the texts each replica was sent. So does this one, with two differences:
 
-- the text is looked up within the request's cache scope only (``app.cache_scope``: the tenant its API key
+- the text is looked up within the request's cache scope only (``tenancy.cache_scope``: the tenant its API key
   names, plus its ``cache_salt``), as each replica's prefix cache is scoped: one tenant's prompts never
   route, nor reveal anything to, another's;
 - each message counts by its role and content, but an assistant message by its role alone: a conversation's
@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ..app import Tenants, cache_scope
 from ..errors import APIError
-from ..responses import input_messages
-from ..schemas import cache_salt, chat_messages
+from ..openai.chat.protocol import chat_messages
+from ..openai.responses.protocol import input_messages
+from ..tenancy import Tenants, cache_salt, cache_scope
 
 MAX_ROUTING_CHARS = 1 << 16  # a longer prompt routes by its beginning (conversations differ well before)
 

@@ -16,11 +16,14 @@ when ``max_output_tokens`` cut it short, ``response.failed`` on an engine error)
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from .engine import Usage
-from .errors import invalid
-from .schemas import MAX_MESSAGES, ROLES, field, json_type, unsupported
+from ....engine.sampling import SamplingParams
+from ... import sse
+from ...engine import Usage
+from ...errors import invalid
+from ...request_body import field, json_type
+from ..protocol import MAX_MESSAGES, ROLES, unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")  # content parts whose text is read
 
@@ -69,7 +72,7 @@ def input_messages(body: dict) -> list[dict]:
     return ([{"role": "system", "content": instructions}] if instructions is not None else []) + items
 
 
-def _message(item, param: str) -> dict:
+def _message(item: Any, param: str) -> dict:
     if not isinstance(item, dict):
         raise invalid(f"'{param}' must be an object, got {json_type(item)}", param, "invalid_type")
     kind = field(item, "type", "string", default="message", param=f"{param}.type")
@@ -105,10 +108,10 @@ class ResponseObject:
     """The ``response`` object of one request as it goes: created, in progress, completed / incomplete / failed,
     and the stream events that say so."""
 
-    def __init__(self, response_id: str, created: int, model: str, body: dict, params):
+    def __init__(self, response_id: str, created: int, model: str, body: dict, params: SamplingParams):
         self.id = response_id
         self.item_id = "msg_" + response_id.removeprefix("resp_")
-        self.head = {
+        self.head: dict[str, Any] = {
             "id": response_id, "object": "response", "created_at": created, "model": model,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": body.get("metadata") or {}, "parallel_tool_calls": True, "previous_response_id": None,
@@ -132,10 +135,10 @@ class ResponseObject:
 
     # -- stream events ----------------------------------------------------------------------
 
-    def event(self, kind: str, **fields) -> str:
+    def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+        return sse.event(kind, data)
 
     def opening(self) -> list[str]:
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
