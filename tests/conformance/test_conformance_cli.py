@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from test_conformance_wrong_kernels import add_one_ulp_off_in_f32
 
+from helpers.wrong_kernels import add_one_ulp_off_in_f32
 from llaisys.cli import main
 
 

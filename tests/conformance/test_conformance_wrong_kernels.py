@@ -6,29 +6,16 @@ override (``llaisys_kernels``) on a backend that is otherwise the CPU library un
 
 from __future__ import annotations
 
-import ctypes
 from ctypes import c_int64
 
 import pytest
 
 import llaisys
 import llaisys.testing
+from helpers.wrong_kernels import add_one_ulp_off_in_f32
 from llaisys.testing.case import FAIL
 
 ITEMSIZE = {d.code: d.itemsize for d in llaisys.DType}
-
-
-def add_one_ulp_off_in_f32(cpu_add):
-    """The correct sum, then the last bit of every fifth element (from the fourth) flipped, in f32 only: 1 ulp,
-    ~1e-7 relative, far inside the f32 tolerance (1e-5), so only the exactness of the sum catches it."""
-    def kernel(device, stream, code, n, c, a, b):
-        status = cpu_add(device, stream, code, n, c, a, b)
-        if status == 0 and code == llaisys.float32.code:
-            bits = (ctypes.c_uint32 * n).from_address(c)
-            for i in range(3, n, 5):
-                bits[i] ^= 1
-        return status
-    return kernel
 
 
 def rearrange_ignoring_source_strides(cpu_rearrange):

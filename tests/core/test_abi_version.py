@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import partial_backend
 import pytest
-from test_native import _EntryPoint, _fake_plugin
 
 import llaisys
+from helpers.plugin_stubs import _EntryPoint, _fake_plugin
 from llaisys import abi, plugins
 from llaisys._version import __version__ as CORE_VERSION
 from llaisys.cli import format_backend_report
@@ -120,7 +120,7 @@ def test_another_major_is_refused_in_one_line_naming_both_versions(fake_library,
 def test_a_package_of_the_source_tree_is_told_its_pip_command():
     """A plugin's own declared version (BackendSpec.api_version) follows the same rule; a package of the
     llaisys source tree gets the command that rebuilds it."""
-    from test_plugins import FakeEntryPoint, plugin
+    from helpers.plugin_stubs import FakeEntryPoint, plugin
 
     old = VERSION - 1000
     reg = plugins.Registry(entry_points=[FakeEntryPoint("cuda", plugin("cuda", api_version=old))], env_filter="")

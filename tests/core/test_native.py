@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import llaisys
+from helpers.plugin_stubs import _EntryPoint, _fake_plugin
 from llaisys import abi, plugins
 from llaisys.cli import format_backend_report
 from llaisys.ops._dispatch import clear_plans
@@ -62,25 +63,6 @@ def test_cpu_capabilities_and_attributes():
     cpu.event_destroy(0, event)
     with pytest.raises(llaisys.LlaisysError, match="unknown capability"):
         cpu.supports("teleport")
-
-
-class _EntryPoint:
-    """An installed-plugin stand-in: entry point name, distribution and the plugin object."""
-
-    def __init__(self, name, plugin):
-        self.name, self.value, self._plugin = name, f"{name}_plugin", plugin
-        self.dist = type("Dist", (), {"metadata": {"Name": f"llaisys-backend-{name}"}, "version": "0.0.1"})()
-
-    def load(self):
-        return self._plugin
-
-
-def _fake_plugin(library):
-    class Plugin:
-        @llaisys.hookimpl
-        def llaisys_backends(self):
-            return [llaisys.BackendSpec("fake", lambda: llaisys.NativeBackend("fake", library, "llaisys_fake"))]
-    return Plugin()
 
 
 def test_zero_devices_reports_the_backends_reason(fake_library):

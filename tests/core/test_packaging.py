@@ -71,6 +71,19 @@ def test_the_version_is_written_once_in_the_package(folder):
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", version_of(folder))
 
 
+def test_the_packages_share_the_version_the_changelog_released_last():
+    """CHANGELOG.md: "the packages share one version number"; its newest release heading is that number, and
+    every package's requirement on llaisys-core admits it."""
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert released, "CHANGELOG.md has no release heading"
+    assert {folder: version_of(folder) for folder in PACKAGES} == dict.fromkeys(PACKAGES, released[0])
+    major, minor, _ = map(int, released[0].split("."))
+    for folder in PACKAGES:
+        if folder != "llaisys-core":
+            text = (ROOT / folder / "pyproject.toml").read_text()
+            assert f'"llaisys-core>={major}.{minor},<{major}.{minor + 1}"' in text, folder
+
+
 def test_core_metadata_and_llaisys_version_come_from_version_py(tmp_path):
     import llaisys
     assert llaisys.__version__ == version_of("llaisys-core")

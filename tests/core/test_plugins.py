@@ -5,56 +5,9 @@ import importlib.metadata
 import pytest
 
 import llaisys
+from helpers.plugin_stubs import FakeBackend, FakeDist, FakeEntryPoint, plugin
 from llaisys.cli import format_backend_report
 from llaisys.plugins import Registry
-
-
-class FakeBackend(llaisys.Backend):
-    def __init__(self, name, devices=1, kernels=None):
-        self.name, self.devices, self.kernels = name, devices, kernels or {}
-
-    def device_count(self):
-        return self.devices
-
-    def kernel(self, op):
-        return self.kernels.get(op)
-
-
-class FakeDist:
-    def __init__(self, name, version="1.2.3"):
-        self.metadata, self.version = {"Name": name}, version
-
-
-class FakeEntryPoint:
-    def __init__(self, name, plugin=None, error=None):
-        self.name, self.value = name, f"fake_{name}.plugin"
-        self.dist = FakeDist(f"llaisys-backend-{name}")
-        self._plugin, self._error = plugin, error
-
-    def load(self):
-        if self._error:
-            raise self._error
-        return self._plugin
-
-
-def plugin(name, devices=1, api_version=llaisys.API_VERSION, priority=0, kernels=None, overrides=(),
-           calls=None, load_error=None):
-    class Plugin:
-        @llaisys.hookimpl
-        def llaisys_backends(self):
-            if calls is not None:
-                calls.append(name)
-
-            def load():
-                if load_error:
-                    raise load_error
-                return FakeBackend(name, devices, kernels)
-            return [llaisys.BackendSpec(name=name, load=load, api_version=api_version, priority=priority)]
-
-        @llaisys.hookimpl
-        def llaisys_kernels(self):
-            return list(overrides)
-    return Plugin()
 
 
 def registry(*eps, env=""):

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 import llaisys
 from llaisys.backend import DLPACK_CPU
@@ -21,7 +22,7 @@ OPENMP_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 @contextlib.contextmanager
-def openmp_defaults():
+def openmp_defaults() -> Iterator[None]:
     """OPENMP_DEFAULTS in the environment while the library loads (libgomp reads it once, when it is
     loaded), then the environment as it was, so that other OpenMP runtimes (torch's) and child
     processes do not inherit llaisys' choice."""
@@ -44,5 +45,5 @@ def _load() -> llaisys.NativeBackend:
 
 
 @llaisys.hookimpl
-def llaisys_backends():
+def llaisys_backends() -> list[llaisys.BackendSpec]:
     return [llaisys.BackendSpec(name="cpu", load=_load, api_version=llaisys.API_VERSION, priority=0)]

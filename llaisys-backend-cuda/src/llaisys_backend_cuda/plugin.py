@@ -69,5 +69,5 @@ def load() -> llaisys.NativeBackend:
 
 
 @llaisys.hookimpl
-def llaisys_backends():
+def llaisys_backends() -> list[llaisys.BackendSpec]:
     return [llaisys.BackendSpec(name="cuda", load=load, api_version=llaisys.API_VERSION, priority=0)]

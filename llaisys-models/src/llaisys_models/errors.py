@@ -18,7 +18,7 @@ class RankFailedError(LlaisysError, RuntimeError):
     """A rank of a tensor-parallel group died, hung or failed: the group is closed (its message names the rank)."""
 
 
-def shown(value) -> str:
+def shown(value: object) -> str:
     """repr() of a value read from a file, cut short: a hostile file must not make a megabyte message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
