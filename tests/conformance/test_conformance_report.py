@@ -32,7 +32,9 @@ def test_not_supported_dtypes_and_modes_are_listed_and_do_not_fail(fake_backend)
     assert "not supported by the backend (NOT_SUPPORTED):\n" in text
     assert "  rms_norm f16 [contiguous numerics=hf 7x1536]: " in text
     assert "  add bf16 [odd shape 1]: " in text
-    assert text.count("[contiguous numerics=hf 7x1536]: llaisys_cpu_rms_norm: failed with status 4") == 3
+    # (these stand-in kernels set no last_error: what follows the call's name is whatever the library's thread
+    # reported last, "failed with status 4" only when nothing failed before it in this process)
+    assert text.count("[contiguous numerics=hf 7x1536]: llaisys_cpu_rms_norm: ") == 3
 
 
 def test_a_kernel_error_is_a_failure_with_its_message(fake_backend):
