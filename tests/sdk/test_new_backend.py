@@ -381,7 +381,7 @@ def test_core_wheel_ships_the_template(tmp_path):
     import zipfile
 
     core = tmp_path / "llaisys-core"  # a copy: the build leaves build/ behind, and stale files there would ship
-    shutil.copytree(Path(llaisys.__file__).resolve().parents[2], core,
+    shutil.copytree(Path(__file__).resolve().parents[2] / "llaisys-core", core,  # this checkout's, not site-packages
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path), str(core)], check=True, capture_output=True)
