@@ -42,3 +42,12 @@ def fake_library(c_compiler, tmp_path_factory):
             built[key] = compile_shared(c_compiler, FAKE_BACKEND_SOURCE, folder / name, flags)
         return built[key]
     return build
+
+
+@pytest.fixture(scope="session")
+def partial_libraries(c_compiler, tmp_path_factory):
+    """{host_addressable: path} of the partial test backend's two builds (partial_backend.py), built once."""
+    import partial_backend
+
+    folder = tmp_path_factory.mktemp("partial")
+    return {host: partial_backend.build(folder, host, compiler=c_compiler) for host in (True, False)}

@@ -26,17 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 D2H, H2D = abi.MemcpyKind.D2H, abi.MemcpyKind.H2D
 
 
-@pytest.fixture(scope="module")
-def libraries(c_compiler, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("partial")
-    return {host: partial_backend.build(folder, host, compiler=c_compiler) for host in (True, False)}
-
-
 @pytest.fixture(params=[True, False], ids=["host-addressable", "device-memory"])
-def partial(request, libraries, monkeypatch):
+def partial(request, partial_libraries, monkeypatch):
     """The process registry: the installed backends and device "partial" (add and embedding native)."""
     monkeypatch.delenv("LLAISYS_FALLBACK", raising=False)
-    library = libraries[request.param]
+    library = partial_libraries[request.param]
     saved = partial_backend.use(partial_backend.registry_with(library))
     copies, syncs = partial_backend.counters(library)
     yield SimpleNamespace(host=request.param, library=library, copies=copies, syncs=syncs)
@@ -134,9 +128,9 @@ def test_a_bad_fallback_setting_is_one_clear_error(partial, monkeypatch):
         ops.implemented("linear", "partial")
 
 
-def test_without_a_cpu_backend_a_missing_op_is_unavailable(libraries, monkeypatch):
+def test_without_a_cpu_backend_a_missing_op_is_unavailable(partial_libraries, monkeypatch):
     monkeypatch.delenv("LLAISYS_FALLBACK", raising=False)
-    saved = partial_backend.use(partial_backend.registry_with(libraries[True], installed=False))
+    saved = partial_backend.use(partial_backend.registry_with(partial_libraries[True], installed=False))
     try:
         caps = llaisys.capabilities("partial")
         assert caps["add"] == "native" and caps["linear"] == "unavailable"

@@ -11,16 +11,10 @@ import llaisys
 NEW_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def libraries(c_compiler, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("partial_models")
-    return {host: partial_backend.build(folder, host, compiler=c_compiler) for host in (True, False)}
-
-
 @pytest.fixture(params=[True, False], ids=["host-addressable", "device-memory"])
-def partial(request, libraries, monkeypatch):
+def partial(request, partial_libraries, monkeypatch):
     monkeypatch.delenv("LLAISYS_FALLBACK", raising=False)
-    library = libraries[request.param]
+    library = partial_libraries[request.param]
     saved = partial_backend.use(partial_backend.registry_with(library))
     yield library
     partial_backend.use(saved)
