@@ -227,3 +227,157 @@ def test_python_api_regex_and_lark_grammars(chat_reference, tokenizer):
                              (Grammar.lark(tokenizer, 'start: "yes" | "no"'), "yes|no")):
         text = generate_text(chat_reference, tokenizer, ids, 20, top_k=0, seed=4, grammar=grammar, **SAMPLING)
         assert re.fullmatch(pattern, text), text
+
+
+# -- grammars that cannot harm another request -----------------------------------------------------------------
+
+LEAKS = ("panicked", "backtrace", "/home", "src/", ".rs:", "<non-verbose")
+RECURSIVE = {"properties": {"a": {"$ref": "#"}}, "required": ["a"]}  # (no type: 1 and {"a": 1} are values)
+HOSTILE = {
+    "an object that requires itself": ({"type": "object", **RECURSIVE}, "no finite instance: each value must contain "
+                                       "another without end (# -> #/properties/a -> #)"),
+    "a definition that is itself": ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, "no finite instance"),
+    "5001 properties": ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5001)},
+                         "required": [f"p{i}" for i in range(5001)]}, "more than 5000 object properties"),
+    "an 80,000-value enum": ({"enum": [f"value{i}" for i in range(80_000)]}, "more than"),
+    "1001 enum values": ({"enum": list(range(1001))}, "more than 1000 enum values"),
+}
+
+
+def assert_clean(message: str) -> None:
+    assert "\n" not in message and not any(leak in message.lower() for leak in LEAKS), message
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_schemas_are_400s_naming_the_problem(chat_server, name):
+    """Each of a hostile review's schemas, as response_format (chat, completions) and as text.format
+    (responses): a 400 that names the parameter and the problem, in one clean line."""
+    schema, words = HOSTILE[name]
+    for path, body, param in (
+            ("/v1/chat/completions", {"messages": user("x"), "response_format": json_schema_format(schema)},
+             "response_format"),
+            ("/v1/completions", {"prompt": "x", "response_format": json_schema_format(schema)}, "response_format"),
+            ("/v1/responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "a",
+                                                                  "schema": schema}}}, "text.format")):
+        r = http_request(chat_server.base_url, "POST", path, {**body, "max_tokens": 4} if "responses" not in path
+                         else {**body, "max_output_tokens": 4})
+        assert r.status == 400, (path, r.text[:300])
+        error = r.json()["error"]
+        assert error["param"] == param and words in error["message"], (path, error)
+        assert_clean(error["message"])
+
+
+def test_forced_tool_calls_check_the_parameters_alike(tool_server):
+    """A forcing tool_choice compiles each function's parameters into its grammar: the same checks, counted
+    together, named by function."""
+    tool_server.scripted.reply = None
+
+    def forced(*parameters: dict) -> dict:
+        tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(parameters)]
+        body = {"messages": user("x"), "max_tokens": 4, "tools": tools, "tool_choice": "required"}
+        r = http_request(tool_server.base_url, "POST", "/v1/chat/completions", body)
+        assert r.status == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["param"] == "tool_choice", error
+        assert_clean(error["message"])
+        return error["message"]
+
+    # (a function's arguments are an object: the recursion that a typeless schema escapes has no value here)
+    assert "'parameters' of function 'f0' has no finite instance" in forced(RECURSIVE)
+    half = {"properties": {f"p{i}": {"type": "integer"} for i in range(2501)},
+            "required": [f"p{i}" for i in range(2501)]}
+    assert "'parameters' of function 'f1' has more than 5000 object properties" in forced(half, half)
+
+
+def test_the_typeless_recursion_is_served_and_ends_in_json(client):
+    """Without "type", ``RECURSIVE`` has finite values (llguidance reads it as any type): it is served, and every
+    reply that stops is valid JSON; none fails."""
+    for seed in range(4):
+        r = client.chat.completions.create(model=CHAT_MODEL, messages=user("Nest"), max_tokens=60, seed=seed,
+                                           response_format=json_schema_format(RECURSIVE), **SAMPLING)
+        (choice,) = r.choices
+        assert choice.finish_reason in ("stop", "length"), choice
+        if choice.finish_reason == "stop":
+            json.loads(choice.message.content)
+
+
+def test_n_choices_share_one_compile(client, monkeypatch):
+    """A request's grammar compiles once, off the engine thread; its n choices copy it."""
+    import llguidance
+
+    real, made = llguidance.LLMatcher, []
+
+    class Counting:
+        def __call__(self, *args, **kwargs):
+            made.append(1)
+            return real(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(model=CHAT_MODEL, messages=user("Say"), max_tokens=20, seed=5, n=8,
+                                       response_format=json_schema_format(schema), **SAMPLING)
+    assert len(made) == 1
+    assert sorted(c.index for c in r.choices) == list(range(8))
+    assert all(json.loads(c.message.content) in ({"ok": True}, {"ok": False}) for c in r.choices)
+
+
+def test_json_object_on_a_vocabulary_that_cannot_write_it_is_a_400():
+    """A vocabulary without "{": the grammar allows no first token, a 400 that says so (not a 500 with the
+    parser's state)."""
+    import asyncio
+
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from llaisys_models.serve.errors import APIError
+    from llaisys_models.serve.structured import Grammars
+
+    alphabet = bytes_to_unicode()
+    core = Tokenizer(BPE(vocab={alphabet[b]: i for i, b in enumerate(b"abcdefghijklmnopqrstuvwxyz ")}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    letters = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>")
+    with pytest.raises(APIError) as caught:
+        asyncio.run(Grammars(letters).of({"response_format": {"type": "json_object"}}))
+    assert caught.value.status == 400 and caught.value.param == "response_format"
+    assert "allows no token of this model's vocabulary at its start" in caught.value.message
+    assert_clean(caught.value.message)
+
+
+def test_compiles_leave_the_event_loop_free(tokenizer, monkeypatch):
+    """While a grammar compiles (here: held until released), the event loop goes on."""
+    import asyncio
+    import threading
+
+    from llaisys_models.serve.structured import Grammars
+
+    started, release = threading.Event(), threading.Event()
+    compile_schema = Grammar.json_schema.__func__
+
+    def held(cls, *args, **kwargs):
+        started.set()
+        release.wait(TIMEOUT)
+        return compile_schema(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Grammar, "json_schema", classmethod(held))
+    grammars = Grammars(tokenizer)
+
+    async def request_and_tick():
+        compiling = asyncio.ensure_future(grammars.of({"response_format": json_schema_format({"type": "integer"})}))
+        ticks = 0
+        while not started.is_set() or ticks < 10:  # the loop turns while the compile is held
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not compiling.done()
+        release.set()
+        return await compiling
+
+    constraint = asyncio.run(request_and_tick())
+    assert constraint is not None and constraint.grammar.what == "json_schema"

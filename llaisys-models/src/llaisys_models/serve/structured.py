@@ -12,6 +12,13 @@ Every choice of a request with one is constrained (strict or not: what is asked 
 ends when its grammar is complete (finish_reason "stop", or "tool_calls" for calls) or at max_tokens ("length",
 the JSON cut short). A schema the grammar library cannot compile is a 400 naming the parameter that holds it.
 
+Whatever a request's grammar is, it cannot harm another request (engine/grammar.py): it is compiled here, in an
+executor, once per request (its n choices copy the compiled matcher), never on the engine thread or the event
+loop. Before it compiles, each JSON schema (a json_schema format's, or the parameters of each function a
+forcing tool_choice names) is held to OpenAI's published size limits and must have finite values
+(engine/schema_check.py); after, the grammar must allow a first token of the model's vocabulary. Each failure
+is a 400 that names the parameter and the limit or the path at fault, in one line.
+
 llguidance's view of the tokenizer (seconds at a vocabulary of 150k on a loaded machine) is built once, on a
 thread started with the server (``warm_up``): a constrained request that comes before it is ready waits for it
 (the view's lock), the others never do.
@@ -27,10 +34,10 @@ import re
 import threading
 from typing import TYPE_CHECKING
 
-from ..engine.grammar import Grammar, GrammarError, grammar_tokenizer
+from ..engine.grammar import Grammar, GrammarError, check_schemas, grammar_tokenizer
 from .engine import SamplingParams
 from .errors import invalid
-from .forced_calls import grammar_source
+from .forced_calls import arguments_schema, grammar_source
 from .tool_calls import ToolFormat, special_openers
 
 if TYPE_CHECKING:
@@ -141,6 +148,8 @@ class Grammars:
                 else:  # tool_choice: source = (the format, the tools to call, several calls or one)
                     assert isinstance(source, tuple)
                     fmt, tools, several = source
+                    check_schemas([(arguments_schema(tool), f"'parameters' of function {tool['function']['name']!r}")
+                                   for tool in tools])
                     lark = grammar_source(fmt, tools, several, special_openers(self._tokenizer, fmt))
                     grammar = Grammar.lark(self._tokenizer, lark, what=kind)
             except GrammarError as e:
