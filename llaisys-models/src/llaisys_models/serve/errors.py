@@ -31,12 +31,14 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": printable(message), "type": kind, "param": param, "code": code}}
+    return {"error": {"message": printable(message), "type": kind, "param": None if param is None else printable(param),
+                      "code": code}}
 
 
 def printable(text: str) -> str:
     """``text`` with what cannot be UTF-8 (lone surrogates, as in a JSON string's ``"\\ud800"``) written as
-    backslash escapes: a message that echoes the client's input must still encode as a JSON body."""
+    backslash escapes: a message that echoes the client's input (or a ``param`` naming a key it sent) must still encode
+    as a JSON body."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

@@ -1,14 +1,23 @@
 """A request's JSON body, read before anything depends on it: ``application/json`` only (415; a page on another
 origin cannot send it without CORS), at most ``max_bytes`` (413, by its Content-Length before any of it is read,
-else as it arrives), a JSON object (400 ``invalid_json``, ``invalid_type``) with no NaN or Infinity; then its
-fields, each read with the JSON type it must have (``field``: a 400 ``invalid_type`` naming it otherwise)."""
+else as it arrives), a JSON object (400 ``invalid_json``, ``invalid_type``) with no NaN or Infinity, whose every
+string, keys included, is valid Unicode (400 ``invalid_text`` naming the field); then its fields, each read with
+the JSON type it must have (``field``: a 400 ``invalid_type`` naming it otherwise).
+
+Why every string is checked at once, before any endpoint reads the body: JSON lets a client write a lone surrogate
+(``"\\ud800"``), which Python parses into a ``str`` that cannot be encoded as UTF-8; wherever such a text went (the
+tokenizer, a trace file, the ``metadata`` a response echoes, an SSE event) it failed there, late, as a 500 or a
+stream cut short after its 200. Raw bytes that are not UTF-8 are read the same way (``surrogateescape`` turns each
+into a lone surrogate), so one walk over the parsed body names the field either way, before any work starts.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from typing import Any
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
 
 from starlette.requests import Request
 
@@ -32,14 +41,22 @@ async def read_json(request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict:
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+def parse_json(raw: bytes) -> dict:
+    """``raw`` as a JSON object whose strings are all valid Unicode, else the 400 that says what is wrong."""
     try:
-        body = json.loads(b"".join(chunks), parse_constant=_reject_constant)
+        text, utf8 = _decode(raw)
+        body = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
     except RecursionError:
         raise invalid("the request body nests arrays or objects too deeply", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {json_type(body)}", None, "invalid_type")
+    if _MAY_HOLD_SURROGATES.search(text):  # else no string in it can hold a lone surrogate
+        check_text(body, utf8)
     return body
 
 
@@ -49,6 +66,84 @@ def _too_large(max_bytes: int) -> APIError:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
+
+
+# -- its text -------------------------------------------------------------------------------------------------
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # (a str from json.loads holds valid pairs joined)
+# in a body's text: an escape \uD800 to \uDFFF (half of a pair, or a lone surrogate), or a surrogate itself (a
+# byte that was not UTF-8, or UTF-16's own)
+_MAY_HOLD_SURROGATES = re.compile("\\\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+def _decode(raw: bytes) -> tuple[str, bool]:
+    """The text of ``raw`` (UTF-8, else the UTF-16 or UTF-32 that json.loads would read it as) and whether it was
+    valid: a byte that is not UTF-8 becomes a lone surrogate (``surrogateescape``), for check_text to name its field."""
+    encoding = json.detect_encoding(raw)
+    if not encoding.startswith("utf-8"):
+        return raw.decode(encoding, "surrogatepass"), True
+    try:
+        return raw.decode(encoding), True
+    except UnicodeDecodeError:
+        return raw.decode(encoding, "surrogateescape"), False
+
+
+def check_text(body: dict, utf8: bool = True) -> None:
+    """A 400 ``invalid_text`` naming a string of ``body`` (a value or a key) that holds a lone surrogate (``utf8``:
+    whether the body's bytes were valid UTF-8, else such a string may be a byte that was not).
+
+    The walk runs on the event loop, and a client chooses when it runs (one ``\\ud83d\\ude00`` escape will do), so
+    it costs about what json.loads did: an array holding no string, object or array (token ids) is passed over
+    by the set of its items' types, and a field's path is spelled only for the string at fault. It keeps its
+    own stack, as the body may nest as deeply as json.loads allows."""
+    stack: list[tuple[dict | list, _Trail]] = [(body, None)]
+    while stack:
+        container, trail = stack.pop()
+        if isinstance(container, list):
+            if _SCALARS.issuperset(map(type, container)):
+                continue
+            items: Iterable[tuple[str | int, object]] = enumerate(container)
+        else:
+            items = container.items()
+        for key, value in items:
+            if isinstance(key, str) and not key.isascii():
+                _check_string(key, (trail, key), utf8, key=True)
+            if isinstance(value, str):
+                if not value.isascii():
+                    _check_string(value, (trail, key), utf8)
+            elif isinstance(value, (dict, list)):
+                stack.append((value, (trail, key)))
+
+
+_Trail: TypeAlias = "tuple[_Trail, str | int] | None"  # a field's path: (its container's path, its key or index)
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _path(trail: _Trail) -> str:
+    """A field's path as OpenAI's ``param`` writes it: ``messages[1].content``, ``metadata.k``."""
+    keys: list[str | int] = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    path = ""
+    for key in reversed(keys):
+        path += f"[{key}]" if isinstance(key, int) else (f".{key}" if path else key)
+    return path
+
+
+def _check_string(text: str, trail: _Trail, utf8: bool, key: bool = False) -> None:
+    found = _LONE_SURROGATE.search(text)
+    if found is None:
+        return
+    path = _path(trail)
+    code = ord(found.group())
+    if not utf8 and 0xDC80 <= code <= 0xDCFF:  # a byte surrogateescape kept (or, as well, a \\udcXX escape)
+        what = f"the byte 0x{code - 0xDC00:02X}, which is not UTF-8 there (or a lone surrogate \\u{code:04x})"
+    else:
+        what = f"a lone surrogate \\u{code:04x} (half of a UTF-16 pair without its other half)"
+    field_name = f"the key '{path}'" if key else f"'{path}'"
+    raise invalid(f"{field_name} is not valid Unicode text: character {found.start()} is {what}", path,
+                  "invalid_text")
 
 
 # -- its fields ---------------------------------------------------------------------------------------------

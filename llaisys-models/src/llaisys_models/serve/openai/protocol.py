@@ -9,6 +9,7 @@ silently dropped. Each endpoint's own fields are in its protocol.py; the samplin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_MESSAGES = 2048  # OpenAI's limit; it bounds the event loop's checks and the chat template's rendering
+# the log-probability of a token that cannot be chosen (a grammar masks it to -inf), as OpenAI writes it (and vLLM:
+# max(logprob, -9999.0)): JSON has no -Infinity, so json.dumps would write a stream's data line that is not JSON
+# and a whole response would fail to render
+IMPOSSIBLE_LOGPROB = -9999.0
 
 
 def unsupported(body: dict, name: str, neutral: Collection[object]) -> None:
@@ -43,6 +48,11 @@ def stream_flags(body: dict) -> tuple[bool, bool]:
     if options and not stream:
         raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
     return stream, include_usage
+
+
+def json_logprob(logprob: float) -> float:
+    """``logprob`` as a JSON number: at least IMPOSSIBLE_LOGPROB, which also stands for -inf (and NaN)."""
+    return logprob if math.isfinite(logprob) and logprob > IMPOSSIBLE_LOGPROB else IMPOSSIBLE_LOGPROB
 
 
 def usage_body(usage: Usage) -> dict:
@@ -86,7 +96,7 @@ class ChoicesShape:
 
     def logprobs(self, entries: Sequence[TokenLogprobText], offset: int = 0) -> dict:
         """A choice's ``logprobs`` for the engine's TokenLogprobText ``entries`` (``offset``: the characters of
-        the choice already sent)."""
+        the choice already sent), every log-probability through json_logprob."""
         raise NotImplementedError
 
     def tool_call_chunks(self, call: ToolCall, index: int = 0) -> list[dict]:

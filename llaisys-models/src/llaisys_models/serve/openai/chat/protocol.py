@@ -13,7 +13,7 @@ from ...engine import TokenLogprobText, Usage
 from ...errors import invalid
 from ...request_body import field, json_type
 from ...tool_calls import ToolCall
-from ..protocol import MAX_MESSAGES, ROLES, ChoicesShape, usage_body
+from ..protocol import MAX_MESSAGES, ROLES, ChoicesShape, json_logprob, usage_body
 from ..sampling import in_range, typed
 
 
@@ -144,7 +144,7 @@ class ChatShape(ChoicesShape):
     def logprobs(self, entries: Sequence[TokenLogprobText], offset: int = 0) -> dict:
         """Chat's ``logprobs``: a ``content`` entry per token, with its UTF-8 bytes and top alternatives."""
         def item(token: str, logprob: float) -> dict:
-            return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "surrogatepass"))}
+            return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8", "surrogatepass"))}
         return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                             for e in entries], "refusal": None}
 

@@ -1,6 +1,22 @@
 """``POST /v1/completions``: its request's prompts and the fields it refuses or reads its own way, and its
 response bodies (``text_completion``, as a whole and as stream chunks). The fields every endpoint shares:
-../protocol.py and ../sampling.py."""
+../protocol.py and ../sampling.py.
+
+A list of prompts is one request's work many times over (each prompt a job of its own for the engine, each with
+``n`` choices), so it is bounded before admission:
+
+- at most MAX_PROMPTS = 64 prompts. OpenAI documents no number; vLLM caps the list at 1,024
+  (``VLLM_MAX_COMPLETION_PROMPTS``, added as a security fix against one request fanning out into as many engine
+  requests as it likes). 64 is below that since the prompts' choices share sampling.MAX_CHOICES = 256 anyway
+  (64 prompts leave n = 4 each), and a client with more prompts loses nothing by sending more requests, which
+  admission then interleaves fairly with everyone else's.
+- at most the model's context length in tokens, all its prompts together (``check_list_tokens``). One prompt may
+  fill the context; a list may not make one request cost more prefill than that, which is what the engine's fair
+  admission assumes of a request (4 prompts of 4,000 tokens on a 4,096-token model were one request with four
+  requests' prefill). Neither OpenAI nor vLLM bounds this total: each checks each prompt against the context
+  only. A list that cannot fit is refused before any tokenizer reads it where its size shows that already (token
+  ids, and a text's characters: a token stands for at most ``longest_token`` of them).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +26,16 @@ from typing import Any
 from ...engine import TokenLogprobText, Usage
 from ...errors import invalid
 from ...request_body import KINDS, json_type
-from ..protocol import ChoicesShape, unsupported, usage_body
+from ..protocol import ChoicesShape, json_logprob, unsupported, usage_body
 from ..sampling import ruled
 
 MAX_PROMPTS = 64  # prompts in one request (each with n choices, at most sampling.MAX_CHOICES in all)
 
 
-def completion_prompts(body: dict, vocab_size: int, context: int) -> list[str | list[int]]:
+def completion_prompts(body: dict, vocab_size: int, context: int, longest_token: int) -> list[str | list[int]]:
     """``prompt`` as a list of prompts, each a text or token ids: a string, an array of token ids, or an array of
-    those (one choice per prompt, times ``n``)."""
+    those (one choice per prompt, times ``n``); a list of at most MAX_PROMPTS whose tokens, as far as they show
+    before tokenizing (``longest_token``: the most characters a token stands for), fit ``context`` together."""
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter")
@@ -26,8 +43,26 @@ def completion_prompts(body: dict, vocab_size: int, context: int) -> list[str | 
         if len(prompt) > MAX_PROMPTS:
             raise invalid(f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} are allowed per request",
                           "prompt", "array_too_long")
-        return [_one_prompt(p, f"prompt[{i}]", vocab_size, context) for i, p in enumerate(prompt)]
+        prompts = [_one_prompt(p, f"prompt[{i}]", vocab_size, context) for i, p in enumerate(prompt)]
+        if len(prompts) > 1:
+            check_list_tokens(sum(_fewest_tokens(p, longest_token) for p in prompts), len(prompts), context,
+                              " at least")
+        return prompts
     return [_one_prompt(prompt, "prompt", vocab_size, context)]
+
+
+def _fewest_tokens(prompt: str | list[int], longest_token: int) -> int:
+    """The fewest tokens ``prompt`` can be: its ids, or its characters over the longest token's."""
+    return len(prompt) if isinstance(prompt, list) else -(-len(prompt) // longest_token)
+
+
+def check_list_tokens(tokens: int, prompts: int, context: int, at_least: str = "") -> None:
+    """A 400 naming ``prompt`` where a list of ``prompts`` holds more than ``context`` tokens in all."""
+    if tokens > context:
+        raise invalid(f"'prompt' holds {prompts} prompts of{at_least} {tokens} tokens in all; a list of prompts may "
+                      f"hold at most {context} tokens in all (this model's context length), so that one request "
+                      f"costs no more than one full prompt: send fewer or shorter prompts, or some in requests of "
+                      f"their own", "prompt", "prompt_list_too_long")
 
 
 def _one_prompt(prompt: Any, param: str, vocab_size: int, context: int) -> str | list[int]:
@@ -81,5 +116,6 @@ class CompletionShape(ChoicesShape):
         for e in entries:
             offsets.append(offset)
             offset += len(e.token)
-        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+        return {"tokens": [e.token for e in entries], "token_logprobs": [json_logprob(e.logprob) for e in entries],
+                "top_logprobs": [{token: json_logprob(lp) for token, lp in e.top} for e in entries],
+                "text_offset": offsets}
