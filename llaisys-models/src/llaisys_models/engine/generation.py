@@ -66,6 +66,7 @@ def run(scheduler: Scheduler, seq: Sequence, stats: GenerationStats) -> Iterator
         while not seq.finished:
             t0 = time.perf_counter()
             events = scheduler.step()
+            scheduler.raise_failed()  # (its choice failed: the caller hears why)
             elapsed = time.perf_counter() - t0
             for _, token in events:
                 if stats.new_tokens == 0:
@@ -222,6 +223,7 @@ class GenerationMixin:
         try:
             while scheduler.has_work:
                 scheduler.step()
+                scheduler.raise_failed()  # one prompt's choice failed: the call fails with its error
         finally:
             self.release_kv_pool(pool)
         return [seq.tokens for seq in sequences]

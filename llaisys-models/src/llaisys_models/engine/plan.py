@@ -9,7 +9,8 @@ token counts for penalties, grammar matcher, read from ``seq``): the runner chan
 the KV blocks' contents (``forward_batch`` appends the step's tokens to each sequence's blocks); the results
 say what was drawn (drafts already verified), and the scheduler alone decides what it means: tokens past EOS or
 max_tokens are dropped, a grammar's matcher advances, rejected drafts' KV is cut back, a fork that finds no room
-waits.
+waits. A sequence whose choice failed carries its error in its ``Sampled``; the scheduler ends that sequence
+alone (``Scheduler.failed``) and every other sequence of the step goes on.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ class StepPlan:
 @dataclasses.dataclass(slots=True)
 class Sampled:
     """What one sequence drew: its verified drafts and the model's token after them (1 to len(drafts)+1
-    tokens; none for a prompt chunk short of the end), and each token's log-probability where it asked."""
+    tokens; none for a prompt chunk short of the end), and each token's log-probability where it asked; or,
+    where its choice failed (its grammar, its parameters, a bug that shows only for its row), the ``error``,
+    which ends that sequence alone."""
     tokens: list[int]
     logprobs: list[TokenLogprob]
     forks: tuple[Sampled, ...] = ()  # the first token of each of the plan's forks, in their order
+    error: Exception | None = None
 
 
 @dataclasses.dataclass(slots=True)

@@ -14,11 +14,13 @@
 
 The runner keeps no state of its own between steps beyond reused buffers; what the tokens mean (kept drafts,
 stops, forks that start) is the scheduler's ``commit``. A sequence's choice depends on its own row, parameters,
-seed and tokens only, so it is the same whatever else shares the step.
+seed and tokens only, so it is the same whatever else shares the step, and a choice that fails is that
+sequence's failure alone (``Sampled.error``): the others of the step are chosen as if it had not been there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Protocol
 
@@ -89,11 +91,11 @@ class ModelRunner:
         # mask thread while the forward runs (vLLM overlaps its grammar bitmasks with the forward likewise)
         for s in scheduled:
             if s.num_logits:
-                if s.seq.matcher is not None:
-                    s.seq.matcher.prepare()
+                if s.seq.grammar is not None:
+                    s.seq.grammar.prepare()
                 for fork in s.forks:
-                    if fork.matcher is not None:
-                        fork.matcher.prepare()
+                    if fork.grammar is not None:
+                        fork.grammar.prepare()
         chunks: Batch = []
         for s in scheduled:
             assert s.seq.kv is not None  # a scheduled sequence holds its blocks (the scheduler admitted it)
@@ -105,25 +107,36 @@ class ModelRunner:
             for chunk, count in zip(chunks, counts):
                 if count:
                     rows.extend(self._rows(self.forward([chunk], [count])))
-        sampled, r, verify = [], 0, self.verifier.verify
+        sampled, r = [], 0
         for s, count in zip(scheduled, counts):
             if not count:
                 sampled.append(Sampled([], []))
                 continue
             mine, r = rows[r:r + count], r + count
             # forks first, from the row after the prompt, before the parent's own penalties or grammar change it
-            forks = tuple(self._choose(f, [self._own_row(f, mine[0])], []) for f in s.forks) if s.forks else ()
-            seq = s.seq
-            logprobs: list[TokenLogprob] = []
-            tokens = verify(mine, s.drafts, seq.params, seq.seed, seq.num_generated, seq.counts, seq.matcher, logprobs)
-            sampled.append(Sampled(tokens, logprobs, forks))
+            forks = tuple(self._choose(f, [mine[0]], [], own_row=True) for f in s.forks) if s.forks else ()
+            chosen = self._choose(s.seq, mine, s.drafts)
+            sampled.append(dataclasses.replace(chosen, forks=forks))
         return StepResults(plan, sampled)
 
-    def _choose(self, seq: Sequence, rows: list[llaisys.Tensor], drafts: list[int]) -> Sampled:
-        """``seq``'s tokens from its rows (the drafts it keeps, then the model's own) and their logprobs."""
+    def _choose(self, seq: Sequence, rows: list[llaisys.Tensor], drafts: list[int], own_row: bool = False) -> Sampled:
+        """``seq``'s tokens from its rows (the drafts it keeps, then the model's own) and their logprobs (``own_row``:
+        a fork's, from a copy of the row where it needs one). Whatever fails here is this sequence's failure alone
+        (a grammar that allows nothing, a bad parameter that only its row reveals): its ``Sampled`` carries the
+        error and the other sequences of the step still choose."""
         logprobs: list[TokenLogprob] = []
-        tokens = self.verifier.verify(rows, drafts, seq.params, seq.seed, seq.num_generated, seq.counts,
-                                      seq.matcher, logprobs)
+        try:
+            forced = seq.thinking.forced if seq.thinking is not None else None
+            if forced is not None:  # its thinking's budget is spent: the end of the thinking, unsampled
+                if seq.params.logprobs is not None:
+                    logprobs.append(self.sampler.logprobs(rows[0], forced, seq.params))
+                return Sampled([forced], logprobs)
+            if own_row:
+                rows = [self._own_row(seq, rows[0])]
+            tokens = self.verifier.verify(rows, drafts, seq.params, seq.seed, seq.num_generated, seq.counts,
+                                          seq.grammar, logprobs)
+        except Exception as e:  # any failure of one sequence's choice is reported as its own
+            return Sampled([], [], error=e)
         return Sampled(tokens, logprobs)
 
     @staticmethod
@@ -139,7 +152,7 @@ class ModelRunner:
     def _own_row(fork: Sequence, row: llaisys.Tensor) -> llaisys.Tensor:
         """``row`` for a fork to choose from: a copy where its penalties or grammar change it in place (the
         parent and the other forks choose from the same row)."""
-        if fork.counts is None and fork.matcher is None:
+        if fork.counts is None and fork.grammar is None:
             return row
         own = llaisys.empty(row.shape, row.dtype, row.device)
         llaisys.ops.rearrange(own, row)

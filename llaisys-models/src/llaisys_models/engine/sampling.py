@@ -39,6 +39,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # sorted (token id, bias) pairs
     logprobs: int | None = None  # each chosen token's log-probability and this many top alternatives
     # (0 .. 20); None: off (nothing computed or copied)
+    thinking: object = None  # a thinking.ThinkingRule (a reasoning model's thinking: budget, grammar after it), or None
 
     @property
     def greedy(self) -> bool:

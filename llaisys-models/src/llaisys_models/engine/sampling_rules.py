@@ -24,6 +24,9 @@ Rows with no Python range are fields of the server's alone.
     n                       integer  -                       >= 1 and <= 128: OpenAI's
     top_logprobs            integer  -                       >= 0 and <= 20: OpenAI's (chat)
     logprobs                integer  -                       >= 0 and <= 5: OpenAI's (completions)
+    priority                integer  -                       >= 0 and <= 2147483647: a request may lower its
+                                                             own priority, never raise it above the default 0
+                                                             of others
 
 (``describe()`` prints it from ``RULES``, the numbers written out.) The ``sample`` op checks its own arguments
 again (llaisys-core): that is the op's contract with C (an int64 top_k, a uint64 seed), not a rule of this API.
@@ -132,6 +135,9 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
     # alternatives shown with each token's log-probability: chat's top_logprobs, completions' logprobs
     Rule("top_logprobs", "integer", None, served=Range(0, 20), why=OPENAI),
     Rule("logprobs", "integer", None, served=Range(0, 5), why=OPENAI),
+    # scheduling order, lower first (vLLM's field): a request may put itself after others (batch work), never before
+    Rule("priority", "integer", None, served=Range(0, (1 << 31) - 1),
+         why="a request may lower its own priority, never raise it above the default 0 of others"),
 )}
 
 

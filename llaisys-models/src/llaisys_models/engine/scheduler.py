@@ -6,12 +6,16 @@ running sequence, in three parts: ``schedule()`` plans it (a ``plan.StepPlan``),
 the plan (``runner.ModelRunner.execute``: the forward and every choice, a ``plan.StepResults``) and
 ``commit(results)`` applies what was drawn:
 
-    admit     (schedule) waiting sequences, oldest first, while the pool has blocks for the whole prompt (reusing
-              cached prefix blocks of the sequence's scope) and there is room (max_running, the token budget)
+    admit     (schedule) waiting sequences in fair order (engine/fairness.py: the best priority, then the request
+              running the fewest sequences, then the oldest) while the pool has blocks for the whole prompt
+              (reusing cached prefix blocks of the sequence's scope) and there is room (max_running); a request
+              that runs nothing makes room by preempting the newest sequence of the request running the most
+              (if that one runs more than one)
     schedule  every decoding sequence one token (oldest first; a sequence that needs a new block and finds
-              none preempts the newest running sequence: its blocks are freed and it waits at the head of
-              the queue, to be recomputed later — never an error), then prefill chunks of the sequences
-              still reading their prompt, oldest first, within ``max_batch_tokens``
+              none preempts the newest sequence of the request running the most: its blocks are freed and it
+              waits in the queue, before newer sequences of its standing, to be recomputed later — never an
+              error), then prefill chunks of the sequences still reading their prompt within ``max_batch_tokens``,
+              the budget left shared equally between the requests reading (fairness.prefill_shares)
               (a decoding sequence with a ``Speculation`` also gets its drafted tokens, verified in this
               forward, when blocks for them are free: drafts never preempt)
     forward   (runner) one ``model.forward_batch`` (logits only for the sequences that finished their pending
@@ -47,6 +51,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import llaisys
 
+from . import fairness
+from .grammar import GrammarError
 from .kv_blocks import BlockManager
 from .plan import Sampled, ScheduledSequence, StepPlan, StepResults
 from .runner import ForwardModel, ModelRunner, Runner
@@ -65,6 +71,7 @@ __all__ = ["Scheduler", "SchedulerStats", "Sequence"]  # (Sequence: engine/seque
 class SchedulerStats:
     steps: int = 0
     preemptions: int = 0
+    fair_preemptions: int = 0  # ... of which made room for a request that ran nothing (engine/fairness.py)
     recomputed_tokens: int = 0  # tokens computed again after a preemption
     prompt_tokens_computed: int = 0  # at first admission: prompt tokens not found in the cache
     prompt_tokens_reused: int = 0
@@ -99,6 +106,11 @@ class Scheduler:
     ``batched=False`` is the unbatched engine, for comparison: each sequence gets its own forward per
     step and a prompt is prefilled in one piece. ``runner``: what executes the plans (default: a
     ``runner.ModelRunner`` of ``model`` and ``pool``; tests of the policy give one that needs no model).
+
+    Scheduling is fair between requests (groups: a sequence and its forks, ``Sequence.group``) and ordered by
+    ``priority`` (lower first) — engine/fairness.py: a new request starts within a step or two whatever else runs
+    (it takes a slot from the request holding the most, never a request's last), and its prompt is read beside
+    long ones with an equal part of the step's budget; every sequence still draws the tokens it draws alone.
     """
 
     def __init__(self, model: SchedulerModel, pool: KVPool | BlockManager, *, max_running: int = 16,
@@ -115,6 +127,9 @@ class Scheduler:
                                                                             batched=batched)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # oldest first
+        # sequences a step ended with an error of their own (finish_reason "error", ``Sequence.error``), until
+        # the caller takes them (``take_failed``)
+        self.failed: list[Sequence] = []
         self.stats = SchedulerStats()
 
     # -- the caller's side ------------------------------------------------------------------
@@ -130,13 +145,16 @@ class Scheduler:
         return self.model.numerics != "exact"
 
     def add(self, prompt: list[int], params: SamplingParams, *, scope: str = "", tag: object = None,
-            arrival_time: float | None = None) -> Sequence:
-        """Queue a sequence that will generate up to ``params.max_tokens`` tokens after ``prompt``."""
+            arrival_time: float | None = None, priority: int = 0, group: int | None = None) -> Sequence:
+        """Queue a sequence that will generate up to ``params.max_tokens`` tokens after ``prompt``. ``priority``:
+        lower values are served first; ``group``: the request it belongs to for fair scheduling (another
+        sequence's ``group``: the prompts of one request; default: a group of its own). See engine/fairness.py."""
         if not prompt:
             raise llaisys.LlaisysValueError("a sequence needs at least one prompt token")
         self._check_length(len(prompt), params)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
-        seq = Sequence(prompt, params, eos, scope=scope, tag=tag, arrival_time=arrival_time)
+        seq = Sequence(prompt, params, eos, scope=scope, tag=tag, arrival_time=arrival_time, priority=priority,
+                       group=group)
         seq.matcher = self._matcher(params)
         if params.max_tokens == 0:
             seq.finish_reason = "length"
@@ -144,16 +162,21 @@ class Scheduler:
             self.waiting.append(seq)
         return seq
 
-    def fork(self, parent: Sequence, params: SamplingParams, *, tag: object = None) -> Sequence:
+    def fork(self, parent: Sequence, params: SamplingParams, *, tag: object = None,
+             priority: int | None = None) -> Sequence:
         """A new sequence continuing ``parent``'s prompt with its own ``params`` (e.g. another seed): it starts
         from the parent's KV blocks when the parent's prompt has been read (or, if the parent has already
-        generated or finished, queues as a sequence of that prompt)."""
+        generated or finished, queues as a sequence of that prompt). It belongs to the parent's group and has its
+        priority (unless ``priority`` is given)."""
         prompt = parent.tokens[:parent.prompt_len]
+        priority = parent.priority if priority is None else priority
         if parent.finished or parent.num_generated or params.max_tokens == 0:
-            return self.add(prompt, params, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time)
+            return self.add(prompt, params, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time,
+                            priority=priority, group=parent.group)
         self._check_length(len(prompt), params)
         eos = frozenset(self.model.eos_token_ids if params.eos_token_ids is None else params.eos_token_ids)
-        seq = Sequence(prompt, params, eos, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time)
+        seq = Sequence(prompt, params, eos, scope=parent.scope, tag=tag, arrival_time=parent.arrival_time,
+                       priority=priority, group=parent.group)
         seq.matcher = self._matcher(params)
         seq.parent = parent
         parent.forks.append(seq)
@@ -178,7 +201,8 @@ class Scheduler:
         return grammar.matcher(self.model.config.vocab_size) if grammar is not None else None
 
     def _queue(self, seq: Sequence) -> None:
-        """Wait in arrival order (a preempted sequence or a fork that could not start goes before newer ones)."""
+        """Wait in arrival order (a preempted sequence or a fork that could not start goes before newer ones);
+        ``_admit`` starts them in fairness's order (engine/fairness.py), arrival breaking ties."""
         position = 0
         while position < len(self.waiting) and self.waiting[position].id < seq.id:
             position += 1
@@ -209,6 +233,24 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def take_failed(self) -> list[Sequence]:
+        """The sequences that failed alone since the last call (each finished with "error", its ``error`` set)."""
+        failed, self.failed = self.failed, []
+        return failed
+
+    def raise_failed(self) -> None:
+        """Raise the first failed sequence's error (a caller that owns every sequence: ``model.generate``)."""
+        failed = self.take_failed()
+        if failed:
+            assert failed[0].error is not None  # (set with it)
+            raise failed[0].error
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        """End ``seq`` alone with ``error`` (its choice or its grammar failed); the step goes on for the others."""
+        seq.error = error
+        self.finish(seq, "error")
+        self.failed.append(seq)
 
     # -- one step: schedule, run, commit -------------------------------------------------------
 
@@ -242,16 +284,31 @@ class Scheduler:
         finished sequences leave. Returns (sequence, new token) events in that order."""
         events: list[tuple[Sequence, int]] = []
         for s, sampled in zip(results.plan.scheduled, results.sampled):
+            seq = s.seq
+            if sampled.error is not None:
+                self._fail(seq, sampled.error)  # (its forks are queued as sequences of their own, to fail alone)
+                continue
             if not sampled.tokens:
                 continue
-            seq = s.seq
             if seq.forks:  # they draw their first token from the row after the prompt, before the parent extends
                 firsts = dict(zip(map(id, s.forks), sampled.forks))
+                for fork, first in list(zip(s.forks, sampled.forks)):
+                    if first.error is not None and fork in seq.forks:
+                        self._fail(fork, first.error)
                 for fork in self._spawn(seq, firsts):
                     first = firsts[id(fork)]
-                    events.extend(self._extend(fork, first.tokens, [], first.logprobs))
-            events.extend(self._extend(seq, sampled.tokens, s.drafts, sampled.logprobs))
+                    events.extend(self._extend_or_fail(fork, first.tokens, [], first.logprobs))
+            events.extend(self._extend_or_fail(seq, sampled.tokens, s.drafts, sampled.logprobs))
         return events
+
+    def _extend_or_fail(self, seq: Sequence, new: list[int], drafts: list[int],
+                        logprobs: list[TokenLogprob]) -> list[tuple[Sequence, int]]:
+        """``_extend``, where a failure (its grammar refusing a token) ends ``seq`` alone."""
+        try:
+            return self._extend(seq, new, drafts, logprobs)
+        except Exception as e:  # the sequence's own failure: the step goes on for the others
+            self._fail(seq, e)
+            return []
 
     def _spawn(self, parent: Sequence, drawn: dict[int, Sampled]) -> list[Sequence]:
         """``parent``'s forks that start now from its KV blocks (its prompt was just read; ``drawn``: the first
@@ -286,9 +343,15 @@ class Scheduler:
                 logprobs: list[TokenLogprob] | None = None) -> list[tuple[Sequence, int]]:
         """Append a sequence's new tokens (up to its EOS or max_tokens) and cut its KV cache back to them: the
         keys and values of rejected drafts (and of tokens past the end) are dropped, their blocks freed."""
-        if seq.matcher is not None:  # (one token: a sequence with a grammar drafts nothing)
-            for token in new:
-                seq.matcher.accept(token)
+        for token in new:  # its thinking, then its grammar (one token: a sequence with a grammar drafts nothing)
+            grammar = seq.grammar  # (none while the thinking is open: the grammar engages after its end)
+            if seq.thinking is not None:
+                seq.thinking.advance(token)
+            if seq.matcher is not None and token in seq.eos and (grammar is None or not grammar.accepting):
+                raise GrammarError("the output ended where its grammar does not allow it to end (before its "
+                                   "answer, or a grammar with no finite output)")
+            if grammar is not None:
+                grammar.accept(token)
         if drafts:
             assert seq.speculation is not None  # only a speculative sequence drafts
             kept = len(new) - 1
@@ -322,9 +385,18 @@ class Scheduler:
         return events
 
     def _admit(self) -> None:
+        """Start waiting sequences in fairness's order (engine/fairness.py) while there is room; one whose group
+        runs nothing makes room by preempting the newest sequence of the group running the most (not under
+        whole-sequence numerics, which never preempt). The first in that order that does not fit stops it."""
         whole = self.whole_sequences
-        while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting[0]
+        while self.waiting:
+            counts = fairness.running_counts(self.running)
+            seq = fairness.next_to_admit(self.waiting, counts)
+            newcomer = not whole and counts[seq.group] == 0  # its request runs nothing: it may make room
+            if len(self.running) >= self.max_running:
+                if not (newcomer and self._make_room(seq)):
+                    return
+                continue
             kv = self.pool.sequence(seq.scope)
             # the last token is always computed: its logits choose the next one
             reused = 0 if whole else kv.adopt_prefix(seq.tokens, len(seq.tokens) - 1)
@@ -333,10 +405,12 @@ class Scheduler:
             length = seq.prompt_len + seq.params.max_tokens if whole else len(seq.tokens)
             if kv.blocks_for(length) + len(self.running) > self.pool.num_free or not kv.reserve(length):
                 kv.release()
+                if newcomer and self._make_room(seq):
+                    continue
                 if not self.running:  # nothing will free blocks: cached ones are all there is
                     raise RuntimeError("the KV pool cannot hold a single admitted sequence")  # add() prevents it
                 return
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.kv = kv
             if seq.reused is None:
                 seq.reused = reused
@@ -350,28 +424,38 @@ class Scheduler:
     def _plan(self) -> list[tuple[Sequence, int, list[int]]]:
         """(sequence, pending tokens to run, drafted tokens to verify after them), oldest first."""
         plan: dict[int, tuple[Sequence, int, list[int]]] = {}
-        budget = self.max_batch_tokens if self.batched else float("inf")
         for seq in list(self.running):  # decoding sequences: one token each, oldest first
             if seq.kv is None or seq.pending != 1:
                 continue
+            # out of blocks: the newest sequence of the group running the most gives its own back (fairness.victim;
+            # it may be one planned already)
             while seq.kv is not None and not seq.kv.reserve(len(seq.kv) + 1):
-                self._preempt(self.running[-1])
+                victim = fairness.victim(self.running)
+                assert victim is not None  # seq itself runs
+                self._preempt(victim)
             if seq.kv is not None:
                 plan[seq.id] = (seq, 1, [])
-                budget -= 1
+        plan = {i: p for i, p in plan.items() if p[0].kv is not None}
+        budget = (self.max_batch_tokens if self.batched else float("inf")) - len(plan)
         for seq, _, drafts in plan.values():  # then their drafts, in blocks no decoding sequence needs
             drafts.extend(self._draft(seq))
             budget -= len(drafts)
-        for seq in self.running:  # prompts (or recomputation), chunked, oldest first
-            if budget <= 0:
-                break
-            if seq.pending > 1:
-                # in one piece where chunks would round differently: the first prompt of a step may exceed the budget
-                if self.whole_sequences and seq.pending > budget and any(n > 1 for _, n, _ in plan.values()):
+        readers = [s for s in self.running if s.kv is not None and s.pending > 1]  # prompts (or recomputation)
+        if self.whole_sequences or not self.batched:
+            for seq in sorted(readers, key=lambda s: (s.priority, s.id)):
+                if budget <= 0:
                     break
-                n = seq.pending if self.whole_sequences else int(min(seq.pending, budget))
-                plan[seq.id] = (seq, n, [])
-                budget -= n
+                # in one piece where chunks would round differently: the first prompt of a step may exceed the
+                # budget; one that does not fit beside it waits for a step where it comes first (a smaller one may
+                # run meanwhile: it delays no older prompt)
+                if seq.pending > budget and any(n > 1 for _, n, _ in plan.values()):
+                    continue
+                plan[seq.id] = (seq, seq.pending, [])
+                budget -= seq.pending
+        elif budget > 0:  # chunked, the budget shared fairly between the requests reading prompts
+            by_id = {s.id: s for s in readers}
+            for i, n in fairness.prefill_shares(readers, int(budget)).items():
+                plan[i] = (by_id[i], n, [])
         return [plan[i] for i in sorted(plan)]
 
     def _draft(self, seq: Sequence) -> list[int]:
@@ -383,6 +467,9 @@ class Scheduler:
             seq.draft_pause -= 1
             return []
         k = min(seq.draft_length, seq.params.max_tokens - seq.num_generated - 1)
+        thinking_left = seq.thinking.left if seq.thinking is not None else None
+        if thinking_left is not None:  # no draft past its thinking budget: the forced end comes there, as unbatched
+            k = min(k, thinking_left - 1)
         if k < 1:
             return []
         vocab = self.model.config.vocab_size
@@ -395,6 +482,16 @@ class Scheduler:
         while drafts and not seq.kv.reserve(len(seq.kv) + 1 + len(drafts)):
             drafts.pop()
         return drafts
+
+    def _make_room(self, newcomer: Sequence) -> bool:
+        """Preempt the newest sequence of the group running the most (more than one, of ``newcomer``'s priority or
+        worse) for ``newcomer``, whose group runs nothing; False: there is none."""
+        seq = fairness.victim(self.running, newcomer)
+        if seq is None:
+            return False
+        self._preempt(seq)
+        self.stats.fair_preemptions += 1
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the blocks of a running sequence and queue it first; it recomputes its tokens when

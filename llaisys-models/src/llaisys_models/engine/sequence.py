@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, cast
 from .kv_blocks import SequenceKV
 from .penalties import TokenCounts
 from .sampling import MASK64, SamplingParams, TokenLogprob
+from .thinking import ThinkingState
 
 if TYPE_CHECKING:
     from .grammar import Matcher
     from .speculative.config import Speculation
+    from .thinking import ThinkingRule
 
 _ids = itertools.count()
 
@@ -27,8 +29,13 @@ class Sequence:
     """One request in the scheduler: its tokens so far (prompt + generated), its KV blocks, its state."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, eos: frozenset[int], *, scope: str = "",
-                 tag: object = None, arrival_time: float | None = None) -> None:
+                 tag: object = None, arrival_time: float | None = None, priority: int = 0,
+                 group: int | None = None) -> None:
         self.id = next(_ids)  # arrival order, kept through preemption: "newest" means the largest id
+        self.priority = priority  # lower values are scheduled first (vLLM's convention; engine/fairness.py)
+        # the request it belongs to, for fair scheduling (engine/fairness.py): its own id, or its parent's group
+        # (a fork: the n choices of one request are one group) or the caller's (the prompts of one request)
+        self.group = self.id if group is None else group
         self.tokens = list(prompt)
         self.prompt_len = len(prompt)
         self.params = params
@@ -53,9 +60,13 @@ class Sequence:
         self.draft_misses = 0  # verify steps in a row that kept no draft, and steps left without drafting
         self.draft_pause = 0
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", ... once finished
+        self.error: Exception | None = None  # why it failed alone (finish_reason "error"; Scheduler.failed)
         self.forks: list[Sequence] = []  # sequences of this prompt waiting to start from its KV blocks
         self.parent: Sequence | None = None  # the sequence this one waits for, while it does
         self.matcher: Matcher | None = None  # its position in params.grammar (structured output), set by the scheduler
+        # its progress through a reasoning model's thinking (params.thinking), or None; the grammar waits for its end
+        rule = cast("ThinkingRule | None", params.thinking)
+        self.thinking = ThinkingState(rule) if rule is not None else None
 
     @property
     def num_generated(self) -> int:
@@ -65,6 +76,12 @@ class Sequence:
     def pending(self) -> int:
         """Tokens whose keys/values are not in the cache yet (the next forward's input)."""
         return len(self.tokens) - len(self.kv) if self.kv is not None else len(self.tokens)
+
+    @property
+    def grammar(self) -> Matcher | None:
+        """The matcher that constrains its next token: none while its thinking is open (structured outputs
+        constrain the answer only)."""
+        return None if self.thinking is not None and self.thinking.open else self.matcher
 
     @property
     def finished(self) -> bool:

@@ -16,6 +16,7 @@ body (``Server.error_response``: counted, the server's paths scrubbed from it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -44,6 +45,11 @@ def create_app(server: Server) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # what start-up made (the model, the tokenizer, transformers' modules: millions of objects) leaves the
+        # collector's view: a full collection then takes milliseconds, not the ~80 ms with the GIL held that stall
+        # every stream whenever one request's allocations trigger it
+        gc.collect()
+        gc.freeze()
         if not server.engine.alive:
             server.engine.start()
         server.grammars.warm_up()  # llguidance's view of the vocabulary, before the first constrained request

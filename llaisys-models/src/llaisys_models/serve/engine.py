@@ -4,7 +4,9 @@ HTTP handlers (or any other caller) build a ``Request`` (prompt token ids, ``Sam
 an ``emit`` callback) and ``submit`` it; they never touch the model. The engine thread loops:
 
     admit      new requests go to the scheduler (continuous batching, ``llaisys_models.engine.scheduler``),
-               which starts them in arrival order as KV blocks allow
+               which starts them fairly as KV blocks allow: a request that runs nothing goes before more
+               choices of one that runs some (taking a slot back from the request that holds the most if it must),
+               then by ``priority``, then in arrival order; prompts share each step's token budget
     step       one forward for every running sequence: each decoding sequence's next token plus chunks
                of prompts being read, so a long prompt holds the others up by one chunk at most
     consume    each new token -> text (detokenized, stop strings) -> ``emit(Delta | Finished)``
@@ -20,8 +22,11 @@ its KV blocks). Choice i samples with ``choice_seed(seed, i)`` (choice 0 with th
 seeded request's every choice is reproducible and each differs from the others; each event names its choice.
 
 ``emit`` is called on the engine thread; ``AsyncStream`` turns it into an async iterator for the HTTP
-side. A cancelled request (client gone) leaves at the next step. A request that fails (a bad prompt)
-fails alone; a step that fails fails the requests that were running, and the engine keeps serving.
+side. A cancelled request (client gone) leaves at the next step. A request that fails fails alone, with its own
+error's text: a bad prompt at admission, or anything that fails in a per-sequence stage of a step (its choice,
+its grammar's mask or advance, detokenizing, stop strings, log-probabilities' text); only a forward that fails
+fails the requests that were running, and the engine keeps serving either way. Each time it runs out of work it
+gives the memory the last requests freed back to the system (serve/heap.py).
 
 With ``trace_dir`` each request's spans (queue, prefill, decode steps, detokenizing) are written there as a
 Chrome trace file when it ends (serve/tracing.py); without it the engine checks one attribute per step.
@@ -39,12 +44,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, cast
 
+import llaisys
+
 from ..engine.sampling import MASK64, SamplingParams, TokenLogprob, step_seed
 from ..engine.scheduler import Scheduler, Sequence
 from ..engine.speculative import Drafter, NgramDrafter, Speculation
 from ..engine.speculative.config import check_numerics
 from ..errors import RankFailedError
 from ..text.stream import TextStream
+from .heap import return_free_memory
 from .kv_memory import default_kv_memory
 from .metrics import EngineMetrics
 from .tracing import RequestTrace, RequestTracer
@@ -64,6 +72,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int  # prompt tokens whose KV came from the cache, in whole KV blocks
+    reasoning_tokens: int = 0  # of the completion tokens, those a reasoning model thought (engine/thinking.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +123,13 @@ class Request:
     of its ``n`` choices, one ``Finished`` (or one ``Failed`` for the request). ``cache_scope``: whose cached prompt
     prefixes this request may reuse (a server's tenant: requests of different scopes never share KV blocks).
     ``keep_tokens``: special tokens whose text its output keeps (the tool-call markers of a request with tools).
-    ``trace_name``: its trace file's name under ``--trace-dir`` (the response's id), if the engine traces."""
+    ``trace_name``: its trace file's name under ``--trace-dir`` (the response's id), if the engine traces.
+    ``priority``: lower is scheduled first (0 by default; engine/fairness.py); ``leader``: the first request of the
+    same HTTP request (a completions request's prompts), whose fair share it shares."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], object],
                  cache_scope: str = "", n: int = 1, keep_tokens: frozenset[int] = frozenset(),
-                 trace_name: str | None = None) -> None:
+                 trace_name: str | None = None, priority: int = 0, leader: Request | None = None) -> None:
         if not prompt:
             raise ValueError("a request needs at least one prompt token")
         if n < 1:
@@ -133,6 +144,9 @@ class Request:
         self.open = n  # choices not ended yet
         self.trace_name = trace_name
         self.trace: RequestTrace | None = None  # while the engine traces it
+        self.priority = priority
+        self.leader = leader
+        self.group: int | None = None  # its sequences' fairness group, once admitted (its leader's, if it has one)
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -216,6 +230,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # why the engine thread ended, if it died
+        self._worked = False  # the engine thread ran a step since it last gave freed memory back
 
     @property
     def max_length(self) -> int:
@@ -285,12 +300,18 @@ class Engine:
 
     def _wait_for_work(self) -> bool:
         with self._cv:
+            idle = not self._stopping and not self._incoming and not self._sequences
+        if idle and self._worked:  # out of work: what the last requests freed goes back to the system
+            self._worked = False
+            return_free_memory()
+        with self._cv:
             while not self._stopping and not self._incoming and not self._sequences:
                 self._cv.wait()
+            self._worked = True
             return not self._stopping
 
     def _admit(self) -> None:
-        """Hand new requests to the scheduler (it starts them as blocks allow, in arrival order)."""
+        """Hand new requests to the scheduler (it starts them as blocks allow, fairly: engine/fairness.py)."""
         while True:
             with self._cv:
                 if not self._incoming:
@@ -302,9 +323,11 @@ class Engine:
                 continue
             params = request.params
             try:
+                group = request.leader.group if request.leader is not None else None
                 seq = self.scheduler.add(self.model.check_input_ids(request.prompt), params, scope=request.cache_scope,
                                          tag=Choice(request, 0, self._text_stream(request)),
-                                         arrival_time=request.arrival)
+                                         arrival_time=request.arrival, priority=request.priority, group=group)
+                request.group = seq.group
                 sequences = [seq] + [  # the other choices start from its KV blocks once its prompt is read
                     self.scheduler.fork(seq, dataclasses.replace(params, seed=choice_seed(params.seed, i)),
                                         tag=Choice(request, i, self._text_stream(request)))
@@ -336,14 +359,22 @@ class Engine:
             for request in failed.values():
                 self._fail(request, f"{type(e).__name__}: {e}")
             return
+        for seq in self.scheduler.take_failed():  # its choice or its grammar failed: its request alone ends
+            self._fail_alone(choice_of(seq).request, seq.error)
         if tracer is not None:
             assert before is not None  # (noted above, as there is a tracer)
             tracer.after_step(before, events)
         last = {seq.id: i for i, (seq, _) in enumerate(events)}  # a verify step gives a sequence several
         ended = set()
         for i, (seq, token) in enumerate(events):
-            if seq.id not in ended and self._consume(seq, token, last[seq.id] == i):
-                ended.add(seq.id)  # a stop string may end it before its step's last token
+            if seq.id in ended or seq not in self._sequences:  # (a choice of a request failed meanwhile)
+                continue
+            try:
+                if self._consume(seq, token, last[seq.id] == i):
+                    ended.add(seq.id)  # a stop string may end it before its step's last token
+            except Exception as e:  # detokenizing, stop strings, log-probabilities' text: this request's alone
+                ended.add(seq.id)
+                self._fail_alone(choice_of(seq).request, e)
 
     def _consume(self, seq: Sequence, token: int, last: bool = True) -> bool:
         """A new token of ``seq`` (``last``: its step's last one): its text (stop strings), and its end if
@@ -390,7 +421,8 @@ class Engine:
         block = self.pool.block_size
         # the tokens its client got: a verify step may have drawn some past a stop string
         choice = choice_of(seq)
-        usage = Usage(seq.prompt_len, choice.tokens, (seq.reused or 0) // block * block)
+        thought = seq.thinking.tokens if seq.thinking is not None else 0
+        usage = Usage(seq.prompt_len, choice.tokens, (seq.reused or 0) // block * block, thought)
         assert seq.finish_reason is not None  # (it ended: each caller finished it)
         self._report(choice.request, Finished(seq.finish_reason, usage, choice.index))
 
@@ -399,8 +431,18 @@ class Engine:
         for seq in [s for s in self._sequences if choice_of(s).request is request]:
             self.scheduler.finish(seq, "error")
             self._sequences.remove(seq)
+        if request.open == 0:  # (already ended: one report per request)
+            return
         request.open = 0
         self._report(request, Failed(error))
+
+    def _fail_alone(self, request: Request, error: BaseException | None) -> None:
+        """One request failed in a per-sequence stage of a step (its choice, grammar, text or stop strings): it
+        ends with its own error's text (nothing of another request's) and the others go on. A failure of ours
+        (not a ``LlaisysError`` about the request) is logged with its traceback."""
+        if not isinstance(error, llaisys.LlaisysError):
+            log.error("a request failed alone in the engine step", exc_info=error)
+        self._fail(request, f"{type(error).__name__}: {error}")
 
     def _report(self, request: Request, event: Finished | Failed) -> None:
         if isinstance(event, Finished):
@@ -428,17 +470,20 @@ class AsyncStream:
 
     def __init__(self, jobs: list[tuple[list[int], SamplingParams]], cache_scope: str = "", n: int = 1,
                  keep_tokens: frozenset[int] = frozenset(), observe: Callable[[Event], object] | None = None,
-                 trace_name: str | None = None) -> None:
+                 trace_name: str | None = None, priority: int = 0) -> None:
         """``jobs``: (prompt token ids, its sampling parameters) of each request; ``observe(event)``: called with
         each event as the iterator yields it (the access log's counts); ``trace_name``: the name of their trace
-        files (the response's id; ``<id>-<i>`` for prompt i of several)."""
+        files (the response's id; ``<id>-<i>`` for prompt i of several); ``priority``: theirs (lower first). The
+        requests share one fair share of the engine (the first one leads)."""
         self._loop = asyncio.get_running_loop()
         self._observe = observe
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         names = [trace_name if len(jobs) == 1 or trace_name is None else f"{trace_name}-{i}" for i in range(len(jobs))]
-        self.requests = [Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope, n=n,
-                                 keep_tokens=keep_tokens, trace_name=name)
-                         for i, ((prompt, params), name) in enumerate(zip(jobs, names))]
+        self.requests: list[Request] = []
+        for i, ((prompt, params), name) in enumerate(zip(jobs, names)):
+            self.requests.append(Request(prompt, params, functools.partial(self._emit, i * n), cache_scope=cache_scope,
+                                         n=n, keep_tokens=keep_tokens, trace_name=name, priority=priority,
+                                         leader=self.requests[0] if self.requests else None))
 
     def _emit(self, base: int, event: Event) -> None:
         if not isinstance(event, Failed):

@@ -7,6 +7,22 @@ engine/sampling_rules.py, the one table the Python API checks by too (the server
     n                                                                                      choices per prompt
     stop                                                                                   stop strings
     speculative, num_speculative_tokens                                                    speculative decoding
+
+One request's share of the server is bounded before it is admitted, by what it declares:
+
+- ``n``: at most 128 per prompt (OpenAI's limit) and MAX_CHOICES = 256 choices in all of a request's prompts.
+- The log-probabilities it asks for: at most MAX_LOGPROB_ENTRIES = 2^18 = 262,144 entries per request, counting
+  each choice's every token once for itself and once per alternative (chat: ``n`` x ``max_tokens`` x (1 +
+  ``top_logprobs``); completions: the same for each prompt of its list, ``logprobs`` alternatives). Each entry is
+  a token the engine thread decodes (slowing every sequence in the batch while it does) and about 60 bytes of
+  JSON that the server holds (a whole response) or streams. OpenAI and vLLM bound each factor alone (``n`` <= 128,
+  ``top_logprobs`` <= 20, vLLM's ``--max-logprobs`` 20) but not their product: n=128 with top_logprobs=20 and
+  its default max_tokens asks for ~5.5M entries, ~330 MiB of JSON, from one request. 2^18 still fits any one
+  reply with all 20 alternatives up to 12,483 tokens (most requests for log-probabilities: evaluations, n=1,
+  0 to 5 alternatives, fit any context up to 43,690 tokens), or 128 choices of 2,048 tokens with no alternatives;
+  a response stays under ~16 MiB. A request over it that names ``max_tokens`` is refused (a 400 naming it and
+  what it may be); one that names none gets, as its default, at most what fits (its ``finish_reason`` says
+  "length" if it reaches it), as a default is capped by the room the prompt leaves.
 """
 
 from __future__ import annotations
@@ -25,6 +41,8 @@ from ..request_body import field, json_type
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 MAX_CHOICES = 256  # choices in one request, all of its prompts' (each prompt's n: RULES["n"])
+MAX_LOGPROB_ENTRIES = 1 << 18  # log-probabilities in one response, alternatives included: see above
+MAX_TOKENS_NAMES = ("max_completion_tokens", "max_tokens")  # chat's and completions' reply caps, in that order
 
 
 # -- fields checked by their rules ---------------------------------------------------------------------------
@@ -55,6 +73,11 @@ def ruled(body: dict, name: str, default: Any = None, *, rule: str | None = None
     return in_range(checked, typed(checked, value, name), name, served)
 
 
+def priority(body: dict) -> int:
+    """The request's scheduling priority (vLLM's ``priority``: lower first, default 0; engine/fairness.py)."""
+    return int(ruled(body, "priority", 0))
+
+
 def _or(value: Any, default: Any) -> Any:
     """``value``, or ``default`` where it is None."""
     return default if value is None else value
@@ -69,10 +92,41 @@ def choices_n(body: dict, prompts: int = 1) -> int:
     return n
 
 
+@dataclasses.dataclass(frozen=True)
+class LogprobRequest:
+    """The log-probabilities a request asks for: ``alternatives`` with each token, for at most ``max_tokens`` tokens
+    per choice (MAX_LOGPROB_ENTRIES shared by all its choices)."""
+    alternatives: int
+    max_tokens: int
+
+
+def logprob_request(body: dict, alternatives: int | None, alternatives_name: str, n: int,
+                    prompts: int = 1) -> LogprobRequest | None:
+    """The request's log-probabilities (``alternatives``: the endpoint's count, ``alternatives_name`` its field;
+    None: not asked for) within MAX_LOGPROB_ENTRIES for its ``n`` choices of each of its ``prompts``, else a 400
+    naming the reply cap (max_completion_tokens or max_tokens, whichever it sets, as sampling_params reads it) and
+    what it may be at most."""
+    if alternatives is None:
+        return None
+    choices = n * prompts
+    ceiling = MAX_LOGPROB_ENTRIES // (choices * (1 + alternatives))
+    name = next((name for name in MAX_TOKENS_NAMES if body.get(name) is not None), None)
+    if name is not None:
+        max_tokens = ruled(body, name, rule="max_new_tokens")
+        if max_tokens > ceiling:
+            of_n = f"'n' = {n}" + (f" for {prompts} prompts" if prompts > 1 else "")
+            raise invalid(f"'{name}' = {max_tokens} with {of_n} and '{alternatives_name}' = {alternatives} asks for "
+                          f"{choices * max_tokens * (1 + alternatives)} log-probabilities ({choices} choices x "
+                          f"{max_tokens} tokens x {1 + alternatives}: each token's and its alternatives'); at most "
+                          f"{MAX_LOGPROB_ENTRIES} are allowed per request: lower '{name}' to {ceiling} or less, or "
+                          f"lower 'n' or '{alternatives_name}'", name, "too_many_logprobs")
+    return LogprobRequest(alternatives, ceiling)
+
+
 # -- the sampling parameters ----------------------------------------------------------------------------------
 
 def sampling_params(body: dict, prompt_tokens: int, context: int, prompt_param: str,
-                    max_names: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
+                    max_names: tuple[str, ...] = MAX_TOKENS_NAMES,
                     default_max_tokens: int | None = None, defaults: GenerationDefaults = NO_DEFAULTS
                     ) -> SamplingParams:
     """The sampling parameters, checked against the model's context for this prompt length (the first of

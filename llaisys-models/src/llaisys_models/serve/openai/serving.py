@@ -18,7 +18,7 @@ from .. import access_log, sse, structured
 from ..engine import AsyncStream, Delta, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from ..errors import APIError, error_body
 from .protocol import ChoicesShape, model_name
-from .sampling import penalties, sampling_params, speculation
+from .sampling import LogprobRequest, penalties, sampling_params, speculation
 
 if TYPE_CHECKING:
     from ..server import Server
@@ -35,13 +35,14 @@ def check_model(server: Server, body: dict) -> None:
 
 
 def submit(server: Server, jobs: list[Job], access: access_log.Entry, cache_scope: str = "", n: int = 1,
-           keep_tokens: frozenset[int] = frozenset(), response_id: str | None = None) -> AsyncStream:
+           keep_tokens: frozenset[int] = frozenset(), response_id: str | None = None, priority: int = 0) -> AsyncStream:
     """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
     prefixes only with requests of the same ``cache_scope``; ``keep_tokens``: special tokens whose text the
     output keeps; ``access``: the HTTP request's access-log entry, which counts their events; ``response_id``:
-    the name of their trace files under --trace-dir. All are queued, or none."""
+    the name of their trace files under --trace-dir; ``priority``: the request's (lower first). All are queued,
+    or none; the engine gives them one fair share together."""
     stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens, observe=access.observe,
-                         trace_name=response_id)
+                         trace_name=response_id, priority=priority)
     try:
         for request in stream.requests:
             server.engine.submit(request)
@@ -55,16 +56,19 @@ def submit(server: Server, jobs: list[Job], access: access_log.Entry, cache_scop
     return stream
 
 
-def job_params(server: Server, body: dict, prompt_tokens: int, param: str,
-               logprobs_count: Callable[[dict], int | None], constraint: structured.Constraint | None
-               ) -> SamplingParams:
+def job_params(server: Server, body: dict, prompt_tokens: int, param: str, logprobs: LogprobRequest | None,
+               constraint: structured.Constraint | None) -> SamplingParams:
     """The sampling parameters of a chat or completions request's prompt of ``prompt_tokens`` tokens (``param``:
-    the field that holds it): its sampling fields, penalties, log-probabilities (``logprobs_count``: the
-    endpoint's reading of them), speculation and grammar, checked in that order."""
-    params = sampling_params(body, prompt_tokens, server.context, param, default_max_tokens=server.default_max_tokens,
+    the field that holds it): its sampling fields, penalties, log-probabilities (``logprobs``: as the endpoint read
+    them; a reply cap the request does not set is at most what they allow), speculation and grammar, checked in
+    that order."""
+    default_max_tokens = server.default_max_tokens
+    if logprobs is not None:
+        default_max_tokens = min(default_max_tokens or logprobs.max_tokens, logprobs.max_tokens)
+    params = sampling_params(body, prompt_tokens, server.context, param, default_max_tokens=default_max_tokens,
                              defaults=server.sampling)
     params = penalties(body, params, server.vocab_size, server.sampling)
-    params = dataclasses.replace(params, logprobs=logprobs_count(body))
+    params = dataclasses.replace(params, logprobs=None if logprobs is None else logprobs.alternatives)
     return structured.constrain(body, speculation(body, params, server.engine), constraint)
 
 

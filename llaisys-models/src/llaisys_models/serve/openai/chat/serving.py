@@ -20,7 +20,7 @@ from ...tenancy import request_scope
 from ...tool_calls import ToolCall, ToolCallStream, ToolFormat, parse_tool_calls
 from ..prompts import tokenize
 from ..protocol import stream_flags
-from ..sampling import choices_n
+from ..sampling import choices_n, logprob_request, priority
 from ..serving import UsageSum, check_model, collect, job_params, stream_chunks, submit
 from .protocol import ChatShape, chat_messages, logprobs_count
 from .tools import ToolRequest, chat_tools
@@ -38,14 +38,16 @@ async def create_chat_completion(server: Server, request: Request) -> Response |
         raise invalid(f"'tools' cannot be used with this model: {server.no_tools_why}", "tools", "tools_unsupported")
     messages = chat_messages(body)
     n = choices_n(body)
+    logprobs = logprob_request(body, logprobs_count(body), "top_logprobs", n)
     scope = request_scope(request, body)
     constraint = await server.grammars.of(body, tools, server.tool_format)
     ids = await tokenize(server, messages, chat=True, param="messages", tools=tools.tools if tools is not None else None)
-    params = job_params(server, body, len(ids), "messages", logprobs_count, constraint)
+    params = job_params(server, body, len(ids), "messages", logprobs, constraint)
 
     shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), server.model_name)
     events = submit(server, [(ids, params)], access_log.entry(request.scope), cache_scope=scope, n=n,
-                    keep_tokens=server.tool_markers if tools is not None else frozenset(), response_id=shape.id)
+                    keep_tokens=server.tool_markers if tools is not None else frozenset(), response_id=shape.id,
+                    priority=priority(body))
     usage = UsageSum([len(ids)], n)
     parsers = ToolParsers(server.tool_format if tools is not None else None, tools, usage.choices)
     if stream:

@@ -15,9 +15,9 @@ from ...request_body import read_json
 from ...tenancy import request_scope
 from ..prompts import tokenize
 from ..protocol import stream_flags
-from ..sampling import choices_n
+from ..sampling import choices_n, logprob_request, priority
 from ..serving import Job, PlainText, UsageSum, check_model, collect, job_params, stream_chunks, submit
-from .protocol import CompletionShape, check_unsupported, completion_prompts, logprobs_count
+from .protocol import CompletionShape, check_list_tokens, check_unsupported, completion_prompts, logprobs_count
 
 if TYPE_CHECKING:
     from ...server import Server
@@ -28,18 +28,23 @@ async def create_completion(server: Server, request: Request) -> Response | None
     check_model(server, body)
     check_unsupported(body)
     stream, include_usage = stream_flags(body)
-    prompts = completion_prompts(body, server.vocab_size, server.context)
+    prompts = completion_prompts(body, server.vocab_size, server.context, server.longest_token)
     params_of = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
     n = choices_n(body, len(prompts))
+    logprobs = logprob_request(body, logprobs_count(body), "logprobs", n, len(prompts))
     scope = request_scope(request, body)
     constraint = await server.grammars.of(body, None, server.tool_format)
     jobs: list[Job] = []
     for prompt, param in zip(prompts, params_of):
         ids = await tokenize(server, prompt, chat=False, param=param)
-        jobs.append((ids, job_params(server, body, len(ids), param, logprobs_count, constraint)))
+        jobs.append((ids, job_params(server, body, len(ids), param, logprobs, constraint)))
+        if len(prompts) > 1:
+            check_list_tokens(sum(len(ids) for ids, _ in jobs), len(prompts), server.context,
+                              "" if len(jobs) == len(prompts) else " at least")
 
     shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", int(time.time()), server.model_name)
-    events = submit(server, jobs, access_log.entry(request.scope), cache_scope=scope, n=n, response_id=shape.id)
+    events = submit(server, jobs, access_log.entry(request.scope), cache_scope=scope, n=n, response_id=shape.id,
+                    priority=priority(body))
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
     if stream:
         return sse.response(stream_chunks(server, events, shape, usage, include_usage, PlainText()))

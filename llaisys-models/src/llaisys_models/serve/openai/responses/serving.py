@@ -16,7 +16,7 @@ from ...engine import AsyncStream, Delta, Finished
 from ...request_body import field, read_json
 from ...tenancy import request_scope
 from ..prompts import tokenize
-from ..sampling import sampling_params, speculation
+from ..sampling import priority, sampling_params, speculation
 from ..serving import UsageSum, check_model, collect, engine_failure, submit
 from .protocol import ResponseObject, check_unsupported, input_messages
 
@@ -37,7 +37,7 @@ async def create_response(server: Server, request: Request) -> Response | None:
     params = structured.constrain(body, speculation(body, params, server.engine), constraint)
     shape = ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params)
     events = submit(server, [(ids, params)], access_log.entry(request.scope), cache_scope=request_scope(request, body),
-                    response_id=shape.id)
+                    response_id=shape.id, priority=priority(body))
     if stream:
         return sse.response(_response_events(server, events, shape))
     return await collect(server, request, events, UsageSum([len(ids)], 1),
