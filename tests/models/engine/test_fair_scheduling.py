@@ -245,3 +245,20 @@ def test_prefill_shares_go_to_requests_then_to_their_sequences_oldest_first() ->
     assert shares == {a.id: 32, b.id: 32}
     shares = prefill_shares([a, a2, b], 250)
     assert shares == {a.id: 100, a2.id: 50, b.id: 100}  # equal parts of 125, b's unused 25 to a
+
+
+def test_forks_leave_a_slot_for_a_request_that_waits_with_nothing_running() -> None:
+    """A chat that comes while the step reading the end of an n=16 request's prompt runs: the forks that start
+    from that prompt take every slot but one, so the chat starts in that one next step with no fork preempted
+    (none started for nothing)."""
+    sched, runner = scheduler(num_blocks=1024, block_size=4, max_running=4, max_batch_tokens=64)
+    big_prompt = prompt(30)
+    big = request(sched, big_prompt, 16, 6)
+    results = runner.execute(sched.schedule())  # reads the whole prompt: its forks start at the commit
+    chat = sched.add(prompt(3, 40), params(3, seed=9))  # arrives meanwhile
+    sched.commit(results)
+    assert len(sched.running) == 3 and chat in sched.waiting
+    assert steps_to_first_token(sched, chat) == 1 and sched.stats.fair_preemptions == 0
+    run(sched)
+    assert chat.tokens == alone(prompt(3, 40), 9, 3)
+    assert [s.tokens for s in big] == [alone(big_prompt, 100 + i, 6) for i in range(16)]

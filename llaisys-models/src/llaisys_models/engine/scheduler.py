@@ -315,10 +315,14 @@ class Scheduler:
         tokens drawn for them, by ``id``); the others are queued as sequences of their own."""
         started = []
         whole = self.whole_sequences
+        # a slot stays free for a waiting request that runs nothing: it would take one back from the forks next step
+        counts = fairness.running_counts(self.running)
+        waits = not whole and any(counts.get(w.group, 0) == 0 and w.group != parent.group for w in self.waiting)
+        slots = self.max_running - waits
         for seq in parent.forks:
             seq.parent = None
             kv = None
-            if len(self.running) < self.max_running and id(seq) in drawn:
+            if len(self.running) < slots and id(seq) in drawn:
                 assert parent.kv is not None  # the parent is running: it just read its prompt
                 kv = parent.kv.fork(parent.prompt_len)
             # room as admission asks: the whole length under whole-sequence numerics, a block of growth each
