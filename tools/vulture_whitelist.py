@@ -14,7 +14,7 @@ from llaisys_models.cli import generate as cli
 from llaisys_models.cli import parity
 from llaisys_models.engine import decode_graph, generation, grammar
 from llaisys_models.families import causal_lm, config
-from llaisys_models.serve import background, ray_app, shutdown
+from llaisys_models.serve import background, ray_app, shutdown, tool_calls
 from llaisys_models.serve import cli as serve_cli
 from llaisys_models.serve.replicas import deployments, router
 from llaisys_models.text import chat as text
@@ -79,3 +79,4 @@ text.TextMixin.stream_complete
 background.BackgroundServer.base_url
 grammar.Grammar.regex  # public API (README): structured outputs beside json_schema / json_object, used by the tests
 grammar.Grammar.lark
+tool_calls.parse_tool_calls  # a whole text's calls at once: the tool tests' reference for ToolCallStream

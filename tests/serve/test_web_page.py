@@ -1,8 +1,10 @@
 """The web chat page at / in a real headless Chromium (Debian's package), driven by Playwright:
-streamed replies, stop, edit-and-resend, conversations (new, switch, delete) kept across reloads."""
+streamed replies, stop, edit-and-resend, conversations (new, switch, delete) kept across reloads, and a reasoning
+model's thinking folded above its answer (served by a scripted reasoning model, helpers/reasoning_model.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -13,6 +15,10 @@ import pytest
 from helpers.serve_helpers import CHAT_MODEL, chat_ids, generate_text, require_serving
 
 require_serving()
+
+from helpers.chat_server import ChatServer, serve_device  # noqa: E402
+from helpers.reasoning_model import ANSWER, R1_TEMPLATE, THOUGHT, make_reasoning_model  # noqa: E402
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="the page tests drive Chromium with Playwright: "
                                                             "pip install playwright")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -78,6 +84,7 @@ def test_send_a_message_and_get_the_reply(page, chat_reference, tokenizer):
     history = [{"role": "user", "content": "Hello from the browser"}]
     assert messages(page) == [("user", "Hello from the browser"),
                               ("assistant", expected_reply(chat_reference, tokenizer, history))]
+    assert page.locator("#messages details").count() == 0  # a model that does not reason: no thinking block
 
 
 def test_stop_a_streaming_reply(page, chat_server):
@@ -168,4 +175,91 @@ def test_a_long_reply_scrolls_in_its_pane_under_a_default_cap(browser, chat_serv
     assert page.evaluate("document.documentElement.scrollHeight") <= height  # the page itself does not grow
     page.click("#stop")
     wait_idle(page)
+    context.close()
+
+
+# -- a reasoning model: its thinking folded above its answer -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory, pytestconfig):
+    """The scripted R1-style reasoning model, served: every reply thinks THOUGHT, then answers ANSWER."""
+    import llaisys_models
+    from llaisys_models.serve.engine import Engine
+    from llaisys_models.serve.server import Server
+    from llaisys_models.text.tokenizer import load_tokenizer
+
+    path = make_reasoning_model(tmp_path_factory.mktemp("reasoning_model") / "r1", R1_TEMPLATE)
+    model = llaisys_models.load(path, device=serve_device(pytestconfig))
+    engine = Engine(model, load_tokenizer(path), max_running=2, kv_memory=4 << 20)
+    with ChatServer(Server(engine, load_tokenizer(path), CHAT_MODEL)) as server:
+        assert server.server.reasoning is not None, "the scripted model's thinking is not parsed"
+        yield server
+
+
+# Every text the reply's thinking and answer showed while it streamed, in order: the mutations of the last
+# message's .reasoning and .text elements (each textContent set adds a new Text node), and the summary the
+# thinking block had when it appeared.
+WATCH = """() => {
+  window.shown = [];
+  new MutationObserver((records) => {
+    for (const r of records) for (const node of r.addedNodes) {
+      if (node.nodeType === Node.TEXT_NODE && r.target.classList
+          && (r.target.classList.contains("reasoning") || r.target.classList.contains("text")))
+        window.shown.push([r.target.className, node.data]);
+      else if (node.nodeType === Node.ELEMENT_NODE && node.matches("details.thinking"))
+        window.shown.push(["details", node.querySelector("summary").textContent]);
+    }
+  }).observe(document.getElementById("messages"), {childList: true, subtree: true});
+}"""
+
+
+def thinking_of(message) -> tuple[str, str, bool]:
+    """(summary, thinking, open) of a message's thinking block."""
+    details = message.locator("details.thinking")
+    assert details.count() == 1
+    return (details.locator("summary").text_content(), details.locator(".reasoning").text_content(),
+            details.evaluate("d => d.open"))
+
+
+def test_a_reasoning_model_s_thinking_streams_into_a_folded_block(browser, reasoning_server):
+    context = browser.new_context(viewport={"width": 1200, "height": 760})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(reasoning_server.base_url + "/")
+    page.wait_for_function(f"document.getElementById('model').textContent.includes('{CHAT_MODEL}')")
+    set_setting(page, "temperature", "0")
+    page.evaluate(WATCH)
+    send(page, "2+40?")
+    wait_idle(page)
+    assert messages(page) == [("user", "2+40?"), ("assistant", ANSWER)]  # the answer alone in .text
+    reply = page.locator("#messages .msg.assistant").last
+    assert thinking_of(reply) == ("Thinking", THOUGHT, False)  # folded
+    assert reply.evaluate("m => m.firstElementChild.matches('details.thinking')")  # above the answer
+    # streamed: the block appeared while the reply was thinking, and filled in before the answer began
+    shown = [tuple(s) for s in page.evaluate("window.shown")]
+    live = shown[:shown.index(("text", ANSWER))]
+    assert live[0] == ("details", "Thinking…"), shown
+    thoughts = [text for kind, text in live if kind == "reasoning"]
+    answers = [text for kind, text in live if kind == "text" and text]
+    assert thoughts and thoughts[-1] == THOUGHT and all(THOUGHT.startswith(t) for t in thoughts), shown
+    assert thoughts == sorted(set(thoughts), key=len) and len(thoughts) > 1, "the thinking did not stream"
+    first_answer = next(i for i, (kind, text) in enumerate(live) if kind == "text" and text)
+    assert all(kind != "reasoning" for kind, _ in live[first_answer:]) and ANSWER.startswith(answers[0])
+    reply.locator("summary").click()  # unfolds
+    assert reply.locator(".reasoning").is_visible()
+
+    # the thinking is kept with the conversation, and never sent back to the model
+    with page.expect_request("**/v1/chat/completions") as request:
+        send(page, "and 1+1?")
+    wait_idle(page)
+    sent = json.loads(request.value.post_data)["messages"]
+    assert sent == [{"role": "user", "content": "2+40?"}, {"role": "assistant", "content": ANSWER},
+                    {"role": "user", "content": "and 1+1?"}]
+    page.reload()
+    page.wait_for_selector("#messages .msg.assistant")
+    replies = page.locator("#messages .msg.assistant")
+    assert replies.count() == 2
+    for i in range(2):
+        assert thinking_of(replies.nth(i)) == ("Thinking", THOUGHT, False)
+        assert replies.nth(i).locator(".text").text_content() == ANSWER
     context.close()

@@ -96,6 +96,10 @@ class RecordingMatcher:
     def mask(self, logits) -> None:
         self.masked += 1
 
+    def also_allowing(self, tokens):
+        self.also = tokens
+        return self  # (it allows every token anyway)
+
     def accept(self, token: int) -> None:
         self.accepted.append(token)
 
@@ -125,10 +129,11 @@ def test_the_grammar_constrains_the_answer_only(model, open_at_start):
 def test_the_state_counts_a_multi_token_end_once():
     state = ThinkingState(ThinkingRule(end_ids=(7, 8), forced_end=(5, 7, 8), budget=10))
     for token in (1, 2, 7, 3, 7):
-        assert not state.advance(token)
-    assert state.advance(8) and state.tokens == 4  # 1 2 7 3 thinking; the final 7 8 is the end
+        assert state.advance(token) == "thinking"
+    assert state.advance(8) == "end" and state.tokens == 4  # 1 2 7 3 thinking; the final 7 8 is the end
+    assert state.advance(9) == "answer"
     spent = ThinkingState(ThinkingRule(end_ids=(7, 8), forced_end=(5, 7, 8), budget=1))
-    assert spent.forced is None and not spent.advance(1)
+    assert spent.forced is None and spent.advance(1) == "thinking"
     taken = []
     while spent.forced is not None:
         taken.append(spent.forced)
@@ -136,8 +141,40 @@ def test_the_state_counts_a_multi_token_end_once():
     assert taken == [5, 7, 8] and spent.tokens == 1 and not spent.open
 
 
+def test_a_model_that_may_open_its_thinking_decides_with_its_first_token():
+    rule = ThinkingRule(end_ids=(8,), forced_end=(8,), open_at_start=False, start_ids=(4,))
+    opened = ThinkingState(rule)
+    assert opened.answering and opened.may_open
+    assert [opened.advance(t) for t in (4, 1, 2, 8, 3)] == ["thinking", "thinking", "thinking", "end", "answer"]
+    assert opened.tokens == 2  # the tags are not thinking tokens
+    answered = ThinkingState(rule)
+    assert [answered.advance(t) for t in (5, 4, 8)] == ["answer"] * 3 and answered.tokens == 0
+
+
+@pytest.mark.parametrize("opens", [True, False])
+def test_a_grammar_allows_the_opening_tag_beside_its_own_first_tokens(model, opens):
+    """Qwen3's case: a prompt that neither opens nor closes the thinking, and a grammar. The first token may be
+    the opening tag (the grammar waits for the end of the thinking) or the grammar's (the answer starts)."""
+    ids = prompt(NAME, 8, SPECS[NAME].vocab)
+    free = greedy(model, ids, NEW)
+    start = free[0] if opens else unused_tokens(model, ids, 1)[0]  # the model's first choice is the tag, or not
+    end = next(t for t in unused_tokens(model, ids, 3) if t != start)
+    grammar = RecordingGrammar()
+    rule = ThinkingRule(end_ids=(end,), forced_end=(end,), budget=2, open_at_start=False, start_ids=(start,))
+    (tokens,), (seq,) = run(model, [(ids, SamplingParams(max_tokens=8, top_k=1, eos_token_ids=frozenset(),
+                                                          grammar=grammar, thinking=rule))])
+    (matcher,) = grammar.matchers
+    if opens:  # the tag, two thinking tokens, the forced end: the grammar reads what follows
+        assert tokens[:1] == [start] and tokens[3] == end and seq.thinking.tokens == 2
+        assert matcher.accepted == tokens[4:] and matcher.masked == len(tokens) - 3  # its first mask: the tag's
+        assert matcher.also == (start,)
+    else:
+        assert tokens == free[:8] and matcher.accepted == tokens and seq.thinking.tokens == 0
+
+
 @pytest.mark.parametrize("bad, message", [({"end_ids": ()}, "end"), ({"budget": -1}, ">= 0"),
-                                          ({"forced_end": (1, 2)}, "contain")])
+                                          ({"forced_end": (1, 2)}, "contain"),
+                                          ({"start_ids": (3,)}, "start_ids")])
 def test_a_bad_rule_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         ThinkingRule(**{"end_ids": (9,), "forced_end": (9,), **bad})

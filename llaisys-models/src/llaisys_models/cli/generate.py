@@ -27,6 +27,7 @@ from . import speculative_flags
 
 if TYPE_CHECKING:
     from ..families.causal_lm import CausalLM
+    from ..text.reasoning import ReasoningParser, ReasoningSplitter
     from ..text.tokenizer import Tokenizer
 
 Command = Callable[[argparse.Namespace], int]  # a subcommand's ``func(args) -> int``
@@ -144,7 +145,59 @@ def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
                    help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
     add_generation_config_argument(p)
     speculative_flags.add_arguments(p, "(greedy and seeded replies are the same as without it)")
+    add_reasoning_arguments(p)
     p.set_defaults(func=_command(run_generate))
+
+
+def add_reasoning_arguments(parser: argparse.ArgumentParser) -> None:
+    """--chat's flags for a reasoning model's thinking (text/reasoning.py)."""
+    from ..text.reasoning import CHOICES
+
+    group = parser.add_argument_group("reasoning models (--chat)",
+                                      "A reasoning model's thinking (DeepSeek-R1 and its distills, Qwen3, QwQ) is "
+                                      "printed apart from its answer: dimmed on a terminal, else under a "
+                                      "'Thinking:' line, with the answer under an 'Answer:' line.")
+    group.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                       help=f"how the thinking is told apart: {', '.join(CHOICES)} ('auto': as the chat template "
+                            f"says; 'none': the reply printed as it comes) (default: auto)")
+    group.add_argument("--hide-reasoning", action="store_true", help="print the answer alone, not the thinking")
+    group.add_argument("--thinking-budget", "--thinking-token-budget", dest="thinking_budget", default=None,
+                       metavar="N", help="thinking tokens at most per reply (counted in --max-new-tokens); then the "
+                                         "thinking is closed for the model and it answers (default: unbounded)")
+    group.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                       help="more variables for the chat template, as a JSON object, e.g. "
+                            "'{\"enable_thinking\": false}' (Qwen3: no thinking)")
+
+
+REASONING_FLAGS = ("--reasoning-parser", "--hide-reasoning", "--thinking-budget", "--chat-template-kwargs")
+
+
+def _reasoning_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """--chat's reasoning flags, checked before the model loads (a LlaisysValueError, one line, names a wrong
+    one): {parser name, budget or None, template variables}."""
+    from llaisys import LlaisysValueError
+
+    from ..text.reasoning import CHOICES
+    from ..text.template_kwargs import parse_kwargs
+
+    given = [flag for flag in REASONING_FLAGS if getattr(args, flag[2:].replace("-", "_")) not in (None, False)]
+    if given and not args.chat:
+        raise LlaisysValueError(f"{given[0]} applies to --chat replies (without --chat, generate prints the "
+                                f"model's text as it comes)")
+    name = "auto" if args.reasoning_parser is None else args.reasoning_parser
+    if name not in CHOICES:
+        raise LlaisysValueError(f"--reasoning-parser {name!r} is not a reasoning parser: use one of "
+                                f"{', '.join(CHOICES)}")
+    budget = None
+    if args.thinking_budget is not None:
+        try:
+            budget = int(args.thinking_budget)
+        except ValueError:
+            budget = -1
+        if budget < 0:
+            raise LlaisysValueError(f"--thinking-budget must be a whole number >= 0, got {args.thinking_budget!r}")
+    return {"parser": name, "budget": budget,
+            "template_kwargs": parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs")}
 
 
 def register_infer(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -264,13 +317,18 @@ def _stream(model: CausalLM, tokenizer: Tokenizer, ids: list[int], max_new_token
     finally:
         tokens.close()  # frees the sequence's KV blocks of a reply stopped early
     sys.stdout.write(decoder.finish() + "\n")
+    _print_stats(model)
+    return decoder.tokens
+
+
+def _print_stats(model: CausalLM) -> None:
+    """The reply's speed, one line on stderr."""
     s = model.last_stats
-    assert s is not None  # (set when the stream started: the loop above read it)
+    assert s is not None  # (set when the stream started)
     print(f"{s.new_tokens} new tokens | first token after {s.first_token_seconds * 1000:.0f} ms "
           f"| prefill: {s.prompt_tokens} tokens at {s.prefill_tokens_per_second:.1f} tok/s "
           f"| decode: {max(s.new_tokens - 1, 0)} steps at {s.decode_tokens_per_second:.1f} tok/s"
           + (f" | drafted {s.draft_tokens}, kept {s.accepted_tokens}" if s.draft_tokens else ""), file=sys.stderr)
-    return decoder.tokens
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -285,6 +343,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not args.chat:
         check_text(prompt, "--prompt")
     _sampling(args)  # (the flags checked before the model loads)
+    reasoning = _reasoning_flags(args)
     speculative_flags.check_arguments(args)
     model, tokenizer, _ = _load(args)
     sampling = _model_sampling(args, model)
@@ -292,7 +351,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if speculation is not None:
         sampling["speculative"] = speculation
     if args.chat:
-        return _chat(model, tokenizer, args, sampling)
+        return _chat(model, tokenizer, args, sampling, reasoning)
     ids = encode(tokenizer, prompt, chat=not args.raw)
     max_new_tokens = reply_budget(args.max_new_tokens, len(ids), model.context_length, "--max-new-tokens")
     if max_new_tokens == 0:
@@ -302,7 +361,8 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(model: CausalLM, tokenizer: Tokenizer, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
+def _chat(model: CausalLM, tokenizer: Tokenizer, args: argparse.Namespace, sampling: dict[str, Any],
+          reasoning: dict[str, Any]) -> int:
     from llaisys import LlaisysValueError
 
     from ..text.chat_prompt import ChatHistory
@@ -310,10 +370,14 @@ def _chat(model: CausalLM, tokenizer: Tokenizer, args: argparse.Namespace, sampl
     if not getattr(tokenizer, "chat_template", None):
         raise LlaisysValueError(f"--chat needs a chat template, and the tokenizer of {model.path.name} has none; "
                                 f"use --prompt TEXT --raw to continue a plain text")
+    parser, template_kwargs = _reasoning_parser(model, tokenizer, reasoning)
+    display = None
+    if parser is not None:
+        display = ReasoningDisplay("hidden" if args.hide_reasoning else "dim" if _colors(sys.stdout) else "marked")
     if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach check_text (one message), not input()
         sys.stdin.reconfigure(errors="surrogateescape")
     budget = DEFAULT_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    history = ChatHistory(tokenizer, model.context_length, budget)
+    history = ChatHistory(tokenizer, model.context_length, budget, template_kwargs)
     print("chat: type a message, /exit or end of input to stop", file=sys.stderr)
     prompt = "> " if sys.stdin.isatty() else ""  # piped input: the output is the replies alone
     while True:
@@ -336,10 +400,125 @@ def _chat(model: CausalLM, tokenizer: Tokenizer, args: argparse.Namespace, sampl
                   f"context of {model.context_length} positions and were dropped)", file=sys.stderr)
         # the conversation so far is in the model's prefix cache: only the new message and reply are computed
         with _ctrl_c_sets() as stopped:
-            reply = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling, stopped)
+            if parser is None:
+                tokens = _stream(model, tokenizer, turn.ids, turn.max_new_tokens, sampling, stopped)
+                answer = tokenizer.decode(tokens, skip_special_tokens=True)
+            else:
+                assert display is not None
+                thinking = parser.rule(turn.ids, reasoning["budget"])
+                answer = _stream_reasoning(model, tokenizer, turn.ids, turn.max_new_tokens,
+                                           {**sampling, "thinking": thinking}, parser.splitter(turn.ids),
+                                           parser.keep, display, stopped)
         if stopped.is_set():
             print("(stopped; Ctrl-C at the prompt ends the chat)", file=sys.stderr)
-        history.add(turn, line, tokenizer.decode(reply, skip_special_tokens=True))
+        history.add(turn, line, answer)  # (the answer alone: a template shows no earlier thinking)
+
+
+def _reasoning_parser(model: CausalLM, tokenizer: Tokenizer,
+                      reasoning: dict[str, Any]) -> tuple[ReasoningParser | None, dict[str, Any]]:
+    """The chat's reasoning parser (None: the replies printed as they come) and its template variables (those the
+    template reads; the others named in one line and dropped)."""
+    from llaisys import LlaisysValueError
+
+    from ..text.reasoning import load_parser
+    from ..text.template_kwargs import template_names, usable
+
+    variables, unread = usable(reasoning["template_kwargs"], template_names(tokenizer))
+    if unread:
+        print(f"--chat-template-kwargs: the chat template of {model.path.name} reads no "
+              f"{', '.join(map(repr, unread))}; ignored", file=sys.stderr)
+    parser = load_parser(tokenizer, reasoning["parser"])
+    if parser is None and reasoning["budget"] is not None:
+        raise LlaisysValueError(f"--thinking-budget needs a reasoning model: the chat template of {model.path.name} "
+                                f"has no thinking" + (" (--reasoning-parser none)" if reasoning["parser"] == "none"
+                                                      else ""))
+    return parser, variables
+
+
+def _colors(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal that takes ANSI styles (NO_COLOR, https://no-color.org, says no)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty()) and not os.environ.get("NO_COLOR") and \
+        os.environ.get("TERM") != "dumb"
+
+
+DIM, NORMAL = "\x1b[2m", "\x1b[0m"  # ANSI faint, and back to normal
+THINKING_HEADER, ANSWER_HEADER = "Thinking:\n", "Answer:\n"
+
+
+class ReasoningDisplay:
+    """How a chat prints a reasoning model's reply, its thinking first, then its answer; ``mode``:
+
+    dim      the thinking in faint text (ANSI ``ESC[2m``), a blank line, then the answer (stdout a terminal)
+    marked   a ``Thinking:`` line, the thinking, then an ``Answer:`` line and the answer (stdout a file or
+             pipe, or NO_COLOR set); a reply that did not think is its answer alone, without either line
+    hidden   the answer alone (--hide-reasoning)
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._part = ""  # what was written last: "", "thought" or "answer"
+
+    def write(self, thought: str, answer: str) -> str:
+        """The text that shows these parts of the reply (either may be "")."""
+        out = ""
+        if thought and self.mode != "hidden":
+            if not self._part:
+                out += DIM if self.mode == "dim" else THINKING_HEADER
+            out += thought
+            self._part = "thought"
+        if answer:
+            out += self._to_answer() + answer
+            self._part = "answer"
+        return out
+
+    def end(self) -> str:
+        """What ends the reply's text (before its final newline); ready for the next reply. A reply that ended in
+        its thinking (out of tokens, or stopped) ends its faint text, or shows its empty answer."""
+        out = ""
+        if self._part == "thought":
+            out = NORMAL if self.mode == "dim" else self._to_answer()
+        self._part = ""
+        return out
+
+    def _to_answer(self) -> str:
+        if self._part != "thought":
+            return ""
+        return NORMAL + "\n\n" if self.mode == "dim" else "\n" + ANSWER_HEADER
+
+
+def _stream_reasoning(model: CausalLM, tokenizer: Tokenizer, ids: list[int], max_new_tokens: int,
+                      sampling: dict[str, Any], splitter: ReasoningSplitter, keep: frozenset[int],
+                      display: ReasoningDisplay, stop: threading.Event | None = None) -> str:
+    """``_stream`` for a reasoning model: the reply printed as ``display`` shows its thinking and answer; returns
+    the answer."""
+    from ..text.tokenizer import IncrementalDecoder
+
+    decoder = IncrementalDecoder(tokenizer, keep)  # (the tags' text kept for the splitter, special or not)
+    answer: list[str] = []
+
+    def show(parts: tuple[str, str]) -> None:
+        answer.append(parts[1])
+        sys.stdout.write(display.write(*parts))
+        sys.stdout.flush()
+
+    tokens = model.stream_generate(ids, max_new_tokens, **sampling)
+    try:
+        try:
+            for token in tokens:
+                if token in model.eos_token_ids:  # (no text of its own)
+                    continue
+                show(splitter.push(decoder.push(token)))
+                if stop is not None and stop.is_set():
+                    break
+        finally:
+            tokens.close()  # frees the sequence's KV blocks of a reply stopped early
+        show(splitter.push(decoder.finish()))
+        show(splitter.finish())
+    finally:
+        sys.stdout.write(display.end() + "\n")  # (a terminal's style reset, whatever ended the reply)
+    _print_stats(model)
+    return "".join(answer)
 
 
 @contextlib.contextmanager
@@ -373,8 +552,9 @@ def run_infer(args: argparse.Namespace) -> int:
             print("llaisys: error: --test has HF transformers read the GGUF file, which it does only with "
                   "accelerate installed: pip install accelerate", file=sys.stderr)
             return 2
-    if args.test or args.strict:  # HF decodes a GGUF file's blocks into floats: compare like with like
-        args.dequantize = True
+    if (args.test or args.strict) and model_dir(args).is_file():  # HF decodes a GGUF file's blocks into floats:
+        args.dequantize = True  # compare like with like (a GPTQ / AWQ directory's groups run as they are: HF gets
+        # their exact dequantization, which linear_gq computes: cli/parity.py)
     model, tokenizer, _ = _load(args)
     ids = encode(tokenizer, default_prompt(args), chat=not args.raw)
     t0 = time.perf_counter()

@@ -25,6 +25,7 @@ from .penalties import check_frequency_penalty, check_logit_bias, check_presence
 from .sampling import SamplingParams, check_max_new_tokens, check_sampling
 from .scheduler import Scheduler, Sequence
 from .speculative import resolve as resolve_speculation
+from .thinking import ThinkingRule
 
 if TYPE_CHECKING:
     from ..families.config import ModelConfig
@@ -155,7 +156,7 @@ class GenerationMixin:
 
     def generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                  temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None, speculative=None,
-                 num_speculative_tokens: int | None = None, grammar=None, **penalties) -> list[int]:
+                 num_speculative_tokens: int | None = None, grammar=None, thinking=None, **penalties) -> list[int]:
         """Prompt + new tokens; stops right after an EOS token (which is included).
 
         top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early. A prompt that starts
@@ -169,24 +170,27 @@ class GenerationMixin:
         bias in [-100, 100]}: -100 bans a token, +100 forces it).
         ``grammar``: a ``grammar.Grammar`` (e.g. ``Grammar.json_schema(tokenizer, schema)``) the new tokens must
         match; generation stops when it is complete (structured outputs; not with ``speculative``).
+        ``thinking``: a reasoning model's ``thinking.ThinkingRule`` for this prompt (text/reasoning.py's
+        ``parser.rule(prompt, budget)``): its thinking tokens are at most the rule's budget, after which the
+        rule's end of the thinking is appended, and the ``grammar`` applies only after the thinking.
         """
         ids = self.check_input_ids(input_ids)
         return ids + list(self.stream_generate(ids, max_new_tokens, top_k, top_p, temperature, seed,
                                                eos_token_ids=eos_token_ids, speculative=speculative,
                                                num_speculative_tokens=num_speculative_tokens, grammar=grammar,
-                                               **penalties))
+                                               thinking=thinking, **penalties))
 
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                         temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
                         speculative=None, num_speculative_tokens: int | None = None, grammar=None,
-                        **penalties) -> PyGenerator[int, None, None]:
+                        thinking=None, **penalties) -> PyGenerator[int, None, None]:
         """Yield each new token as soon as it is chosen (the EOS token included; a verify step of speculative
         decoding yields several at once). Arguments are checked here, before the first token is asked for;
-        ``penalties``: as ``generate``."""
+        ``thinking``, ``penalties``: as ``generate``."""
         ids = self.check_input_ids(input_ids)
         params = self._params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids,
                               resolve_speculation(speculative, num_speculative_tokens, self), grammar,
-                              **penalties)
+                              thinking=thinking, **penalties)
         self.check_length(len(ids) + params.max_tokens)
         return self.generator.stream(ids, params)
 
@@ -229,7 +233,7 @@ class GenerationMixin:
         return [seq.tokens for seq in sequences]
 
     def _params(self, max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None,
-                grammar=None, *,
+                grammar=None, *, thinking=None,
                 repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                 logit_bias=None) -> SamplingParams:
         check_max_new_tokens(max_new_tokens)
@@ -237,10 +241,13 @@ class GenerationMixin:
         if grammar is not None and not isinstance(grammar, Grammar):
             raise llaisys.LlaisysValueError(f"grammar must be a llaisys_models.engine.grammar.Grammar, got "
                                             f"{type(grammar).__name__}")
+        if thinking is not None and not isinstance(thinking, ThinkingRule):
+            raise llaisys.LlaisysValueError(f"thinking must be a llaisys_models.engine.thinking.ThinkingRule (a "
+                                            f"reasoning parser's rule(prompt, budget)), got {type(thinking).__name__}")
         eos = None if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         return SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(min(top_k, 1 << 62)),
                               None if seed is None else int(seed), eos_token_ids=eos, speculation=speculation,
-                              grammar=grammar,
+                              grammar=grammar, thinking=thinking,
                               repetition_penalty=check_repetition_penalty(repetition_penalty),
                               frequency_penalty=check_frequency_penalty(frequency_penalty),
                               presence_penalty=check_presence_penalty(presence_penalty),

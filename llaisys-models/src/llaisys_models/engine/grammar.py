@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -317,11 +317,15 @@ class Matcher:
         prepared.result()
         return True
 
-    def mask(self, logits: llaisys.Tensor) -> None:
-        """Set the logits (1-D, the model's vocabulary) of the tokens the grammar forbids next to -inf."""
+    def mask(self, logits: llaisys.Tensor, also: tuple[int, ...] = ()) -> None:
+        """Set the logits (1-D, the model's vocabulary) of the tokens the grammar forbids next to -inf, but those of
+        ``also`` (a reasoning model's opening tag, where its first token may open its thinking instead)."""
         if not self._wait_prepared():
             self._fill()
         self._host[:self._shared] = self._filled[0, :self._shared]
+        bits = self._host.view(np.uint32)
+        for token in also:
+            bits[token // 32] |= np.uint32(1 << (token % 32))
         if not self._host.any():  # a grammar that allows nothing the model can emit (a tokenizer / model mismatch)
             reason = _reason(self._matcher.get_error()) if self._matcher.is_error() else "tokenizer and model disagree?"
             raise GrammarError(f"{self.what}: the grammar allows no token of the model's vocabulary here ({reason})")
@@ -329,6 +333,10 @@ class Matcher:
             self._device = llaisys.empty((self._host.size,), llaisys.int32, logits.device)
         self._device.load(self._host)
         llaisys.ops.mask_logits(logits, self._device)
+
+    def also_allowing(self, tokens: tuple[int, ...]) -> TokenMask:
+        """This matcher's mask with ``tokens`` allowed too (it does not advance: see ``accept``)."""
+        return _AlsoAllowing(self, tokens)
 
     def accept(self, token: int) -> None:
         """Advance past the chosen token (one the mask allowed)."""
@@ -338,3 +346,25 @@ class Matcher:
         if not accepted:
             raise GrammarError(f"{self.what}: token {token} was chosen against the grammar "
                                f"({_reason(self._matcher.get_error())})")
+
+
+class TokenMask(Protocol):
+    """What the sampler masks a sequence's logits with (a ``Matcher``, or one that allows a few tokens more)."""
+
+    def prepare(self) -> None: ...
+
+    def mask(self, logits: llaisys.Tensor) -> None: ...
+
+
+class _AlsoAllowing:
+    """A matcher's mask that also allows ``tokens``."""
+
+    def __init__(self, matcher: Matcher, tokens: tuple[int, ...]) -> None:
+        self.matcher = matcher
+        self.tokens = tokens
+
+    def prepare(self) -> None:
+        self.matcher.prepare()
+
+    def mask(self, logits: llaisys.Tensor) -> None:
+        self.matcher.mask(logits, self.tokens)

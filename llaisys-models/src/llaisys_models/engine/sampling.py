@@ -16,7 +16,7 @@ from .penalties import PenaltyBuffers, TokenCounts
 from .sampling_rules import MASK64, RULES
 
 if TYPE_CHECKING:
-    from .grammar import Matcher
+    from .grammar import TokenMask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Sampler:
         self._logprob_buffers: dict[int, tuple[llaisys.Tensor, llaisys.Tensor]] = {}  # k -> (top ids, values)
 
     def select(self, logits: llaisys.Tensor, params: SamplingParams, seed: int,
-               counts: TokenCounts | None = None, matcher: Matcher | None = None) -> int:
+               counts: TokenCounts | None = None, matcher: TokenMask | None = None) -> int:
         """The next token from 1-D logits: argmax when greedy, else the sample op (a top_k beyond the
         vocabulary means all of it, as in HF, and never reaches the op as an integer it cannot hold).
         ``counts``: the sequence's tokens so far, for its penalties and logit_bias (applied to ``logits`` in
@@ -111,7 +111,7 @@ class Verifier:
         self.sampler = sampler
 
     def verify(self, rows: list[llaisys.Tensor], drafts: list[int], params: SamplingParams, seed: int,
-               n: int, counts: TokenCounts | None = None, matcher: Matcher | None = None,
+               n: int, counts: TokenCounts | None = None, matcher: TokenMask | None = None,
                logprobs: list[TokenLogprob] | None = None) -> list[int]:
         """The new tokens of a sequence that drafted ``drafts`` (maybe none): ``rows`` are the 1-D logits of
         its last len(drafts)+1 rows, ``n`` the index of its next generated token, ``counts`` its tokens so far

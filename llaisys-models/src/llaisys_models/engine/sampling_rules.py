@@ -27,6 +27,7 @@ Rows with no Python range are fields of the server's alone.
     priority                integer  -                       >= 0 and <= 2147483647: a request may lower its
                                                              own priority, never raise it above the default 0
                                                              of others
+    thinking_token_budget   integer  -                       >= 0: vLLM's (a reasoning model's thinking tokens)
 
 (``describe()`` prints it from ``RULES``, the numbers written out.) The ``sample`` op checks its own arguments
 again (llaisys-core): that is the op's contract with C (an int64 top_k, a uint64 seed), not a rule of this API.
@@ -138,6 +139,8 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
     # scheduling order, lower first (vLLM's field): a request may put itself after others (batch work), never before
     Rule("priority", "integer", None, served=Range(0, (1 << 31) - 1),
          why="a request may lower its own priority, never raise it above the default 0 of others"),
+    # a reasoning model's thinking tokens at most, then its answer (vLLM's field; engine/thinking.py)
+    Rule("thinking_token_budget", "integer", None, served=Range(0), why="vLLM's"),
 )}
 
 

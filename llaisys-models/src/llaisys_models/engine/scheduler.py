@@ -348,14 +348,13 @@ class Scheduler:
         """Append a sequence's new tokens (up to its EOS or max_tokens) and cut its KV cache back to them: the
         keys and values of rejected drafts (and of tokens past the end) are dropped, their blocks freed."""
         for token in new:  # its thinking, then its grammar (one token: a sequence with a grammar drafts nothing)
-            grammar = seq.grammar  # (none while the thinking is open: the grammar engages after its end)
-            if seq.thinking is not None:
-                seq.thinking.advance(token)
-            if seq.matcher is not None and token in seq.eos and (grammar is None or not grammar.accepting):
+            # the grammar reads the answer's tokens only: none of the thinking, its tags included
+            part = seq.thinking.advance(token) if seq.thinking is not None else "answer"
+            if seq.matcher is not None and token in seq.eos and (part != "answer" or not seq.matcher.accepting):
                 raise GrammarError("the output ended where its grammar does not allow it to end (before its "
                                    "answer, or a grammar with no finite output)")
-            if grammar is not None:
-                grammar.accept(token)
+            if seq.matcher is not None and part == "answer":
+                seq.matcher.accept(token)
         if drafts:
             assert seq.speculation is not None  # only a speculative sequence drafts
             kept = len(new) - 1

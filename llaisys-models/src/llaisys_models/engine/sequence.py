@@ -18,7 +18,7 @@ from .sampling import MASK64, SamplingParams, TokenLogprob
 from .thinking import ThinkingState
 
 if TYPE_CHECKING:
-    from .grammar import Matcher
+    from .grammar import Matcher, TokenMask
     from .speculative.config import Speculation
     from .thinking import ThinkingRule
 
@@ -78,10 +78,16 @@ class Sequence:
         return len(self.tokens) - len(self.kv) if self.kv is not None else len(self.tokens)
 
     @property
-    def grammar(self) -> Matcher | None:
+    def grammar(self) -> TokenMask | None:
         """The matcher that constrains its next token: none while its thinking is open (structured outputs
-        constrain the answer only)."""
-        return None if self.thinking is not None and self.thinking.open else self.matcher
+        constrain the answer only); where the first token may open the thinking, the matcher with that tag allowed
+        beside what the grammar allows."""
+        thinking = self.thinking
+        if thinking is None or self.matcher is None:
+            return self.matcher
+        if thinking.open:
+            return None
+        return self.matcher.also_allowing(thinking.rule.start_ids) if thinking.may_open else self.matcher
 
     @property
     def finished(self) -> bool:

@@ -61,6 +61,20 @@ def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
                    help=f"the longest reply to a request that sets no max_tokens (max_completion_tokens, "
                         f"max_output_tokens), or the room its prompt leaves in the context if less (default "
                         f"{DEFAULT_MAX_TOKENS}; a request may ask for more)")
+    reasoning = p.add_argument_group(
+        "reasoning models", "A reasoning model's thinking (DeepSeek-R1 and its distills, QwQ, Qwen3) comes back apart "
+                            "from its answer, as message.reasoning_content (docs/serving.md, 'Reasoning models').")
+    reasoning.add_argument("--reasoning-parser", default="auto", metavar="auto|deepseek_r1|qwen3|none",
+                           help="how replies think: deepseek_r1 (the chat template opens <think>), qwen3 (the model "
+                                "opens it, unless enable_thinking is false), none (the reply's text as it is); "
+                                "default auto: as the chat template says")
+    reasoning.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                           help="a JSON object of chat template variables for every request, e.g. "
+                                "'{\"enable_thinking\": false}'; a request's chat_template_kwargs override them "
+                                "(default: none)")
+    reasoning.add_argument("--thinking-token-budget", type=int, default=None, metavar="N",
+                           help="think at most N tokens, then close the thinking and answer; a request's "
+                                "thinking_token_budget overrides it (default: unbounded)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="the least severe log lines printed (default info: a line per request, on stderr; warning "
                         "leaves those out)")
@@ -152,12 +166,29 @@ def checked_options(args: argparse.Namespace) -> tuple[Path, int | None, list[st
         if getattr(args, name) < low or (name == "port" and args.port > 65535):
             raise LlaisysValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is out of range")
     tensor_parallel_options(args)
+    check_reasoning_options(args)
     check_replica_options(args)
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     speculative_flags.check_arguments(args)
     if args.trace_dir is not None:  # made and checked now, not after the model loaded; absolute for replicas
         args.trace_dir = prepare_trace_dir(args.trace_dir)
     return model_dir(args), kv_memory, keys
+
+
+def check_reasoning_options(args: argparse.Namespace) -> None:
+    """--reasoning-parser, --chat-template-kwargs and --thinking-token-budget, each a one-line error if wrong (what
+    the model's tokenizer says of them is checked as it loads: serve/server.py)."""
+    from llaisys import LlaisysValueError
+
+    from ..text.reasoning import CHOICES
+    from ..text.template_kwargs import parse_kwargs
+
+    if args.reasoning_parser not in CHOICES:
+        raise LlaisysValueError(f"--reasoning-parser {args.reasoning_parser!r} is not a reasoning parser: use one of "
+                                f"{', '.join(CHOICES)}")
+    parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs")
+    if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
+        raise LlaisysValueError(f"--thinking-token-budget = {args.thinking_token_budget} is out of range (at least 0)")
 
 
 def check_replica_options(args: argparse.Namespace) -> None:

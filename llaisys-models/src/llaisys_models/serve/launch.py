@@ -49,7 +49,9 @@ def load_server(args: Namespace, path: Path, kv_memory: int | None, tenants: Ten
     sampling = generation_defaults.NONE if args.generation_config == "none" else None  # None: the model's
     return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
                   cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens,
-                  sampling=sampling)
+                  sampling=sampling, reasoning_parser=getattr(args, "reasoning_parser", "auto"),
+                  chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
+                  thinking_token_budget=getattr(args, "thinking_token_budget", None))
 
 
 def serve(args: Namespace, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
@@ -77,6 +79,13 @@ def serve(args: Namespace, path: Path, kv_memory: int | None, listener: socket.s
           f"  (OpenAI API under /v1{', API key required' if keys else ''})", file=sys.stderr)
     print(f"llaisys serve: {describe(engine.pool)}; up to {args.max_running} sequences, {args.max_batch_tokens} "
           f"tokens per forward{'' if not args.no_batching else ' (batching off)'}", file=sys.stderr, flush=True)
+    if server.reasoning is not None:
+        budget = server.thinking_token_budget
+        print(f"llaisys serve: replies think apart from their answers ({server.reasoning.name} reasoning parser; "
+              f"{'unbounded' if budget is None else f'at most {budget} tokens'} by default)", file=sys.stderr)
+    if server.unused_template_kwargs:
+        print(f"llaisys serve: warning: the chat template reads no {', '.join(server.unused_template_kwargs)} "
+              f"(--chat-template-kwargs): ignored", file=sys.stderr)
     if server.sampling.describe():
         print(f"llaisys serve: requests that set none sample as the model says: {server.sampling.describe()}",
               file=sys.stderr, flush=True)

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from llaisys import LlaisysValueError
+
 from ..text.generation_defaults import GenerationDefaults
+from ..text.reasoning import load_parser
+from ..text.template_kwargs import parse_kwargs, template_names, usable
 from ..text.tokenizer import longest_token
 from . import metrics, structured
 from .defaults import DEFAULT_MAX_TOKENS
@@ -35,13 +39,18 @@ class Server:
     ``default_max_tokens``: the reply cap of requests that set none (at most the room their prompt leaves in the
     context). ``sampling``: what requests that set no temperature, top_p, top_k or repetition_penalty get (default:
     the model's own, ``model.generation_defaults``, as vLLM applies them; OpenAI's defaults for what the model does
-    not set).
+    not set). ``reasoning_parser``: how a reasoning model's replies think (text/reasoning.py: ``auto``, as its chat
+    template says; ``none``: the text as it comes); ``chat_template_kwargs``: the chat template's variables for
+    every request (each may override them); ``thinking_token_budget``: the thinking's default budget (None:
+    unbounded). A LlaisysValueError says which of them cannot apply to this model.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str, api_keys: Iterable[str] = (),
                  max_body_bytes: int = MAX_BODY_BYTES, host: str | None = None, port: int | None = None,
                  cors_origins: Iterable[str] = (), tenants: Tenants | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, sampling: GenerationDefaults | None = None) -> None:
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, sampling: GenerationDefaults | None = None,
+                 reasoning_parser: str = "auto", chat_template_kwargs: Mapping[str, Any] | None = None,
+                 thinking_token_budget: int | None = None) -> None:
         self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
@@ -68,6 +77,15 @@ class Server:
         self.tool_format, self.no_tools_why = tool_support(tokenizer)
         # its call opener where that is a special token (Llama 3, Mistral): kept in the text of requests with tools
         self.tool_markers = frozenset(special_openers(tokenizer, self.tool_format).values() if self.tool_format else ())
+        # a reasoning model's thinking, parsed apart from its answer (None: the text as it comes), and its switches
+        self.reasoning = load_parser(tokenizer, reasoning_parser)
+        self.template_names = template_names(tokenizer)  # what a request's chat_template_kwargs may set
+        self.chat_template_kwargs, self.unused_template_kwargs = usable(
+            parse_kwargs(chat_template_kwargs, "--chat-template-kwargs"), self.template_names)
+        if thinking_token_budget is not None and self.reasoning is None:
+            raise LlaisysValueError("--thinking-token-budget needs a reasoning model: this model's chat template opens "
+                                    "no thinking (or --reasoning-parser is none)")
+        self.thinking_token_budget = thinking_token_budget
         # what ``GET /metrics`` answers: this engine's metrics (a replica on Ray answers every replica's instead:
         # serve/replicas/deployments.py sets its own)
         self.metrics_text: Callable[[], str] = self.engine_metrics_text

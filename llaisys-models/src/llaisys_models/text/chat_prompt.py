@@ -11,6 +11,8 @@ that renders only the last user message, so its prompts never grow.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from llaisys import LlaisysValueError
 
@@ -29,10 +31,12 @@ class Turn:
 
 
 class ChatHistory:
-    def __init__(self, tokenizer: Tokenizer, context_length: int, max_new_tokens: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, context_length: int, max_new_tokens: int,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         if max_new_tokens < 1:
             raise LlaisysValueError(f"a chat needs max_new_tokens >= 1 to answer, got {max_new_tokens}")
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})  # more variables for the chat template
         self.context_length = context_length
         self.max_new_tokens = max_new_tokens
         self.exchanges: list[tuple[str, str]] = []  # (user message, reply), oldest first
@@ -41,7 +45,8 @@ class ChatHistory:
         """The prompt for ``message`` (raises TurnTooLong, or the tokenizer's error for a message
         with no tokens, without changing the history)."""
         for dropped in range(len(self.exchanges) + 1):
-            ids = encode(self.tokenizer, self._messages(self.exchanges[dropped:], message))
+            ids = encode(self.tokenizer, self._messages(self.exchanges[dropped:], message),
+                         template_kwargs=self.template_kwargs)
             room = self.context_length - len(ids)
             if room >= self.max_new_tokens:
                 break
@@ -52,7 +57,8 @@ class ChatHistory:
         return Turn(ids, min(self.max_new_tokens, room), dropped)
 
     def add(self, turn: Turn, message: str, reply: str) -> None:
-        """Record an answered turn (and forget what it dropped)."""
+        """Record an answered turn (and forget what it dropped); ``reply``: its answer (a reasoning model's
+        thinking is not shown to the model again)."""
         self.exchanges = self.exchanges[turn.dropped:] + [(message, reply)]
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 from llaisys import LlaisysValueError
@@ -51,12 +52,13 @@ def check_text(text: str, what: str = "the prompt") -> None:
 
 
 def encode(tokenizer: Tokenizer, messages_or_text: str | list[dict], chat: bool = True, max_chars: int | None = None,
-           tools: list[dict] | None = None) -> list[int]:
+           tools: list[dict] | None = None, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """Token ids of a prompt: a list of chat messages, or a text wrapped as one user message when
     ``chat`` and the tokenizer has a chat template (else the bare text). A prompt that is not valid
     text, or that the tokenizer turns into no tokens at all, is a LlaisysValueError naming it; one of
     more than ``max_chars`` characters (once its chat template is applied) is a PromptTooLongError,
-    raised before the tokenizer reads it. ``tools``: OpenAI function tools, for the chat template to render."""
+    raised before the tokenizer reads it. ``tools``: OpenAI function tools, for the chat template to render;
+    ``template_kwargs``: more variables for it (checked by whoever takes them: text/template_kwargs.py)."""
     if isinstance(messages_or_text, str):
         text = messages_or_text
         check_text(text)
@@ -69,7 +71,7 @@ def encode(tokenizer: Tokenizer, messages_or_text: str | list[dict], chat: bool 
         for m in messages:
             check_text(str(m.get("content", "")), f"the {m.get('role', 'chat')} message")
         text = str(messages[-1].get("content", "")) if messages else ""
-    extra = {"tools": tools} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     _check_length(rendered, max_chars)
     return _nonempty(list(tokenizer(rendered, add_special_tokens=False).input_ids), text, tokenizer)

@@ -22,10 +22,11 @@ LONG_PROMPT_CHARS = 1 << 13  # prompts longer than this are tokenized on threads
 
 
 async def tokenize(server: Server, prompt: str | list, chat: bool, param: str | None = None,
-                   tools: list[dict] | None = None) -> list[int]:
-    """Token ids of chat messages (through the chat template, with ``tools``: the request's, checked) or of a
-    plain text (``param``: the request field that holds it, for errors). A text longer than the context could
-    hold is refused before any tokenizer reads it; an empty one is refused."""
+                   tools: list[dict] | None = None, template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of chat messages (through the chat template, with ``tools``: the request's, checked, and
+    ``template_kwargs``: its variables, reasoning.template_kwargs) or of a plain text (``param``: the request field
+    that holds it, for errors). A text longer than the context could hold is refused before any tokenizer reads
+    it; an empty one is refused."""
     param = param or ("messages" if chat else "prompt")
     if isinstance(prompt, list) and not chat:
         return prompt  # already token ids
@@ -38,7 +39,8 @@ async def tokenize(server: Server, prompt: str | list, chat: bool, param: str | 
 
     def run(tokenizer: object) -> list[int]:
         try:
-            return encode(tokenizer, prompt, chat=chat, max_chars=server.max_prompt_chars, tools=tools)
+            return encode(tokenizer, prompt, chat=chat, max_chars=server.max_prompt_chars, tools=tools,
+                          template_kwargs=template_kwargs)
         except EmptyPromptError as e:  # says which text and which tokenizer
             raise invalid(str(e), param, "empty_prompt") from None
         except PromptTooLongError as e:  # the messages in their chat template

@@ -56,10 +56,12 @@ def json_logprob(logprob: float) -> float:
 
 
 def usage_body(usage: Usage) -> dict:
-    """``usage`` of a chat or completions response (the Responses API names its fields otherwise)."""
+    """``usage`` of a chat or completions response (the Responses API names its fields otherwise): of the
+    completion tokens, ``reasoning_tokens`` are a reasoning model's thinking."""
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
 
 
 class ChoicesShape:
@@ -101,4 +103,8 @@ class ChoicesShape:
 
     def tool_call_chunks(self, call: ToolCall, index: int = 0) -> list[dict]:
         """The stream chunks of a tool call of choice ``index`` (chat's alone: completions have none)."""
+        raise NotImplementedError
+
+    def reasoning_chunk(self, text: str, index: int = 0) -> dict:
+        """A stream chunk of choice ``index``'s thinking (chat's alone: completions are raw text)."""
         raise NotImplementedError

@@ -18,6 +18,7 @@ from .. import access_log, sse, structured
 from ..engine import AsyncStream, Delta, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from ..errors import APIError, error_body
 from .protocol import ChoicesShape, model_name
+from .reasoning import Thought
 from .sampling import LogprobRequest, penalties, sampling_params, speculation
 
 if TYPE_CHECKING:
@@ -86,17 +87,18 @@ class UsageSum:
 
     def __init__(self, prompt_tokens: list[int], n: int):
         self.prompt_tokens, self.n = prompt_tokens, n
-        self.completion_tokens = self.cached_tokens = self.finished = 0
+        self.completion_tokens = self.cached_tokens = self.reasoning_tokens = self.finished = 0
 
     def add(self, event: Finished) -> None:
         self.finished += 1
         self.completion_tokens += event.usage.completion_tokens
+        self.reasoning_tokens += event.usage.reasoning_tokens
         if event.index % self.n == 0:
             self.cached_tokens += event.usage.cached_tokens
 
     @property
     def total(self) -> Usage:
-        return Usage(sum(self.prompt_tokens), self.completion_tokens, self.cached_tokens)
+        return Usage(sum(self.prompt_tokens), self.completion_tokens, self.cached_tokens, self.reasoning_tokens)
 
     @property
     def choices(self) -> int:
@@ -146,8 +148,9 @@ async def collect(server: Server, request: Request, events: AsyncStream, usage: 
 
 
 class ChoiceText(Protocol):
-    """What a choice's text becomes as it streams: the pieces to send (text, or a chat tool call) and, at its end,
-    what was held back and its finish reason (chat/serving.ToolParsers; completions' text passes as it is)."""
+    """What a choice's text becomes as it streams: the pieces to send (text, a chat tool call, a reasoning.Thought)
+    and, at its end, what was held back and its finish reason (chat/serving.ToolParsers, reasoning.ReasoningChoices;
+    completions' text passes as it is)."""
 
     def push(self, index: int, text: str) -> list: ...
 
@@ -165,10 +168,13 @@ class PlainText:
 
 
 def output_chunks(shape: ChoicesShape, pieces: list, index: int) -> list[dict]:
-    """The chunks of choice ``index`` for ``pieces`` (text, or a tool call: ``shape.tool_call_chunks``)."""
+    """The chunks of choice ``index`` for ``pieces`` (text, thinking: ``shape.reasoning_chunk``, or a tool call:
+    ``shape.tool_call_chunks``)."""
     chunks = []
     for piece in pieces:
-        if not isinstance(piece, str):
+        if isinstance(piece, Thought):
+            chunks.append(shape.reasoning_chunk(piece.text, index))
+        elif not isinstance(piece, str):
             chunks += shape.tool_call_chunks(piece, index)
         elif piece:
             chunks.append(shape.chunk(piece, index=index))

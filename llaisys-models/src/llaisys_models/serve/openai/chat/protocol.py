@@ -20,7 +20,9 @@ from ..sampling import in_range, typed
 def chat_messages(body: dict) -> list[dict]:
     """The ``messages`` as [{"role", "content"}] for the chat template (``developer`` -> ``system``); an assistant
     message's ``tool_calls`` and a tool message's ``tool_call_id`` (and ``name``) go along, each call's
-    ``arguments`` parsed into an object, as chat templates expect it."""
+    ``arguments`` parsed into an object, as chat templates expect it. An assistant message's thinking
+    (``reasoning_content``, ``reasoning``: what this server sent back) is dropped, as the reasoning models'
+    templates drop earlier turns' thinking themselves."""
     messages = field(body, "messages", "array", required=True)
     if not messages:
         raise invalid("'messages' must contain at least one message", "messages", "empty_array")
@@ -112,16 +114,36 @@ def logprobs_count(body: dict) -> int | None:
 # -- the response -------------------------------------------------------------------------------------------
 
 class ChatShape(ChoicesShape):
-    """A ``chat.completion`` and its chunks."""
+    """A ``chat.completion`` and its chunks. ``reasoning``: the server parses a reasoning model's thinking, so each
+    message says it (``reasoning_content``, DeepSeek's and llama.cpp's name, and ``reasoning``, vLLM's; null where
+    there was none), and a stream's thinking comes in chunks of its own."""
 
     whole, chunked = "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, response_id: str, created: int, model: str, reasoning: bool = False):
+        super().__init__(response_id, created, model)
+        self.reasoning = reasoning
+
     def complete(self, choices: list[tuple], usage: Usage) -> dict:
-        """The whole response: (text, finish reason) of each choice, in index order, or (content or None, finish
-        reason, [ToolCall]) where its tool calls were parsed."""
-        body = [{"index": i, "message": _message(*choice), "logprobs": None, "finish_reason": choice[1]}
+        """The whole response: (content or None, finish reason, [ToolCall], thinking or None) of each choice, in
+        index order (the last two may be left out: no calls, no thinking)."""
+        body = [{"index": i, "message": self._message(*choice), "logprobs": None, "finish_reason": choice[1]}
                 for i, choice in enumerate(choices)]
         return self.body(self.whole, body, usage_body(usage))
+
+    def _message(self, content: str | None, reason: str, calls: tuple | list = (), thought: str | None = None) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if self.reasoning:
+            message.update(reasoning_content=thought, reasoning=thought)
+        if calls:
+            message["tool_calls"] = [call.body() for call in calls]
+        return message
+
+    def reasoning_chunk(self, text: str, index: int = 0) -> dict:
+        """A chunk of choice ``index``'s thinking."""
+        choice = {"index": index, "delta": {"reasoning_content": text, "reasoning": text}, "logprobs": None,
+                  "finish_reason": None}
+        return self.body(self.chunked, [choice], None)
 
     def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False,
               index: int = 0) -> dict:
@@ -147,10 +169,3 @@ class ChatShape(ChoicesShape):
             return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8", "surrogatepass"))}
         return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                             for e in entries], "refusal": None}
-
-
-def _message(content: str | None, reason: str, calls: tuple | list = ()) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
-    if calls:
-        message["tool_calls"] = [call.body() for call in calls]
-    return message

@@ -2,16 +2,21 @@
 object and its stream of semantic events.
 
 The input is a string (one user message) or a list of message items (``{"role", "content"}``, content a string
-or ``input_text`` / ``output_text`` parts), ``instructions`` a system message before them; the reply is one
-``message`` output item with one ``output_text`` part, constrained where ``text.format`` asks for ``json_object`` or
-``json_schema`` (serve/structured.py). Nothing is stored (``store`` is answered false), so ``previous_response_id``
-is refused, as are tools, reasoning, images and files, each by its parameter's name.
+or ``input_text`` / ``output_text`` parts; ``reasoning`` items, an earlier turn's thinking, are dropped),
+``instructions`` a system message before them; the reply is one ``message`` output item with one ``output_text``
+part, constrained where ``text.format`` asks for ``json_object`` or ``json_schema`` (serve/structured.py). A
+reasoning model's thinking comes first, as a ``reasoning`` item (``content``: one ``reasoning_text`` part; no
+summary). Nothing is stored (``store`` is answered false), so ``previous_response_id`` is refused, as are tools,
+the ``reasoning`` options, images and files, each by its parameter's name.
 
 A stream is ``event: <type>`` / ``data: {...}`` pairs, each with a ``sequence_number``: ``response.created``,
-``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``, then
-``response.output_text.delta`` per piece of text, then ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done`` and ``response.completed`` (``response.incomplete``
-when ``max_output_tokens`` cut it short, ``response.failed`` on an engine error). There is no ``[DONE]``.
+``response.in_progress``; a reasoning item's ``response.output_item.added``, ``response.content_part.added``,
+``response.reasoning_text.delta`` per piece of thinking, ``response.reasoning_text.done``,
+``response.content_part.done`` and ``response.output_item.done``; then the message's
+``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta`` per piece of text,
+``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``; and
+``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it short, ``response.failed`` on an
+engine error). There is no ``[DONE]``. Where the server parses no thinking, the message's item opens at once.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ def input_messages(body: dict) -> list[dict]:
         if len(value) > MAX_MESSAGES:
             raise invalid(f"'input' holds {len(value)} items; at most {MAX_MESSAGES} are allowed", "input",
                           "array_too_long")
-        items = [_message(item, f"input[{i}]") for i, item in enumerate(value)]
+        items = [_message(item, f"input[{i}]") for i, item in enumerate(value)
+                 if not (isinstance(item, dict) and item.get("type") == "reasoning")]  # earlier thinking: dropped
     else:
         raise invalid(f"'input' must be a string or an array of message items, got {json_type(value)}", "input",
                       "invalid_type")
@@ -106,11 +112,15 @@ def _message(item: Any, param: str) -> dict:
 
 class ResponseObject:
     """The ``response`` object of one request as it goes: created, in progress, completed / incomplete / failed,
-    and the stream events that say so."""
+    and the stream events that say so. ``reasoning``: the server parses a reasoning model's thinking, which comes
+    first as an output item of its own (so the message's item opens only when its text starts)."""
 
-    def __init__(self, response_id: str, created: int, model: str, body: dict, params: SamplingParams):
+    def __init__(self, response_id: str, created: int, model: str, body: dict, params: SamplingParams,
+                 reasoning: bool = False):
         self.id = response_id
         self.item_id = "msg_" + response_id.removeprefix("resp_")
+        self.reasoning_id = "rs_" + response_id.removeprefix("resp_")
+        self.reasoning = reasoning
         self.head: dict[str, Any] = {
             "id": response_id, "object": "response", "created_at": created, "model": model,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
@@ -119,9 +129,18 @@ class ResponseObject:
             "text": {"format": text_format(body)}, "tool_choice": "auto", "tools": [], "top_p": params.top_p,
             "truncation": "disabled", "user": body.get("user")}
         self.sequence = 0
+        # a stream's progress: the text of each item so far, and which items are open or done
+        self.thought: str | None = None  # the thinking (None: no reasoning item)
+        self.text = ""
+        self._thinking_open = self._message_open = False
 
-    def body(self, status: str, text: str | None = None, usage: Usage | None = None, error: dict | None = None) -> dict:
-        output = [] if text is None else [self.item(text, "completed" if status == "completed" else "incomplete")]
+    def body(self, status: str, text: str | None = None, usage: Usage | None = None, error: dict | None = None,
+             thought: str | None = None) -> dict:
+        """The response object; ``text``: the message's (None: no output yet), ``thought``: the thinking's (None:
+        no reasoning item)."""
+        done = "completed" if status == "completed" else "incomplete"
+        output = [] if thought is None else [self.reasoning_item(thought, "completed" if text else done)]
+        output += [] if text is None else [self.item(text, done)]
         return {**self.head, "status": status, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "output": output, "usage": None if usage is None else usage_body(usage)}
@@ -130,8 +149,12 @@ class ResponseObject:
         content = [] if text is None else [output_text(text)]
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
 
-    def finished(self, reason: str, text: str, usage: Usage) -> dict:
-        return self.body("incomplete" if reason == "length" else "completed", text, usage)
+    def reasoning_item(self, thought: str | None, status: str) -> dict:
+        content = [] if thought is None else [reasoning_text(thought)]
+        return {"type": "reasoning", "id": self.reasoning_id, "status": status, "summary": [], "content": content}
+
+    def finished(self, reason: str, text: str, usage: Usage, thought: str | None = None) -> dict:
+        return self.body("incomplete" if reason == "length" else "completed", text, usage, thought=thought)
 
     # -- stream events ----------------------------------------------------------------------
 
@@ -140,28 +163,69 @@ class ResponseObject:
         self.sequence += 1
         return sse.event(kind, data)
 
+    @property
+    def message_index(self) -> int:
+        return 0 if self.thought is None else 1
+
     def opening(self) -> list[str]:
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        return [self.event("response.created", response=self.body("in_progress")),
-                self.event("response.in_progress", response=self.body("in_progress")),
-                self.event("response.output_item.added", output_index=0, item=self.item(None, "in_progress")),
-                self.event("response.content_part.added", **where, part=output_text(""))]
+        events = [self.event("response.created", response=self.body("in_progress")),
+                  self.event("response.in_progress", response=self.body("in_progress"))]
+        return events if self.reasoning else events + self._open_message()
 
-    def delta(self, text: str) -> str:
-        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
-                          delta=text, logprobs=[])
+    def delta(self, text: str, thought: str = "") -> list[str]:
+        """The events of more ``thought`` (thinking), then more ``text`` (the message's)."""
+        events = []
+        if thought:
+            if self.thought is None:
+                events += self._open_thinking()
+            self.thought = (self.thought or "") + thought
+            events.append(self.event("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0,
+                                     content_index=0, delta=thought))
+        if text:
+            events += self._close_thinking("completed") + ([] if self._message_open else self._open_message())
+            self.text += text
+            events.append(self.event("response.output_text.delta", item_id=self.item_id,
+                                     output_index=self.message_index, content_index=0, delta=text, logprobs=[]))
+        return events
 
-    def closing(self, reason: str, text: str, usage: Usage) -> list[str]:
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        final = self.finished(reason, text, usage)
-        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=output_text(text)),
-                self.event("response.output_item.done", output_index=0, item=final["output"][0]),
-                self.event(f"response.{final['status']}", response=final)]
+    def closing(self, reason: str, usage: Usage) -> list[str]:
+        final = self.finished(reason, self.text, usage, self.thought)
+        events = self._close_thinking(final["output"][0]["status"]) if self.thought is not None else []
+        events += [] if self._message_open else self._open_message()
+        where = {"item_id": self.item_id, "output_index": self.message_index, "content_index": 0}
+        return events + [self.event("response.output_text.done", **where, text=self.text, logprobs=[]),
+                         self.event("response.content_part.done", **where, part=output_text(self.text)),
+                         self.event("response.output_item.done", output_index=self.message_index,
+                                    item=final["output"][-1]),
+                         self.event(f"response.{final['status']}", response=final)]
 
     def failed(self, message: str) -> str:
         return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
                                                                                  "message": message}))
+
+    def _open_message(self) -> list[str]:
+        self._message_open = True
+        where = {"item_id": self.item_id, "output_index": self.message_index, "content_index": 0}
+        return [self.event("response.output_item.added", output_index=self.message_index,
+                           item=self.item(None, "in_progress")),
+                self.event("response.content_part.added", **where, part=output_text(""))]
+
+    def _open_thinking(self) -> list[str]:
+        self._thinking_open = True
+        where = {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
+        return [self.event("response.output_item.added", output_index=0,
+                           item=self.reasoning_item(None, "in_progress")),
+                self.event("response.content_part.added", **where, part=reasoning_text(""))]
+
+    def _close_thinking(self, status: str) -> list[str]:
+        if not self._thinking_open:
+            return []
+        self._thinking_open = False
+        thought = self.thought or ""
+        where = {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
+        return [self.event("response.reasoning_text.done", **where, text=thought),
+                self.event("response.content_part.done", **where, part=reasoning_text(thought)),
+                self.event("response.output_item.done", output_index=0, item=self.reasoning_item(thought, status))]
 
 
 def text_format(body: dict) -> dict:
@@ -177,7 +241,12 @@ def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_text(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 def usage_body(usage: Usage) -> dict:
     return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
