@@ -418,3 +418,20 @@ def test_a_token_against_the_grammar_is_one_clean_line(tokenizer):
     with pytest.raises(GrammarError, match="was chosen against the grammar") as caught:
         consume(matcher, tokenizer, '"')
     assert_clean(str(caught.value))
+
+
+class NotFast:
+    """A tokenizer without a Rust backend (a "slow" transformers tokenizer, as llguidance cannot read it)."""
+    eos_token_id = 0
+    pad_token_id = None
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_a_warning_at_start_and_a_clear_error(caplog):
+    from llaisys_models.serve.structured import Grammars
+
+    with caplog.at_level("WARNING", logger="llaisys.serve"):
+        Grammars(NotFast()).warm_up().join()
+    (record,) = [r for r in caplog.records if "structured outputs unavailable" in r.getMessage()]
+    assert record.levelname == "WARNING" and "fast (tokenizers) tokenizer; this one is NotFast" in record.getMessage()
+    with pytest.raises(GrammarError, match="fast \\(tokenizers\\) tokenizer; this one is NotFast"):
+        Grammar.json_object(NotFast())

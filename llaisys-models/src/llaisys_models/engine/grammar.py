@@ -161,7 +161,10 @@ def grammar_tokenizer(tokenizer: PreTrainedTokenizerFast) -> LLTokenizer:
             eos = tokenizer.eos_token_id
             if eos is None:  # a model without EOS: the grammar's end is the only end
                 eos = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            with _library_call("structured outputs need a fast (tokenizers) tokenizer"):
+            if getattr(tokenizer, "backend_tokenizer", None) is None:
+                raise GrammarError(f"structured outputs need a fast (tokenizers) tokenizer; this one is "
+                                   f"{type(tokenizer).__name__}")
+            with _library_call("llguidance cannot read this tokenizer"):
                 found = ll.LLTokenizer(_tokenizer_json(tokenizer), n_vocab=len(tokenizer), eos_token=eos)
             _tokenizers[tokenizer] = found
     return found

@@ -132,7 +132,7 @@ class Grammars:
             try:
                 grammar_tokenizer(self._tokenizer)
             except GrammarError as e:  # no llguidance, a slow tokenizer: constrained requests will say so
-                log.info("structured outputs unavailable: %s", e)
+                log.warning("structured outputs unavailable: %s", e)
         thread = threading.Thread(target=build, name="llaisys-grammar-warm-up", daemon=True)
         thread.start()
         return thread
