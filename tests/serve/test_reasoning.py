@@ -232,7 +232,7 @@ def test_responses_take_earlier_reasoning_items_and_drop_them(r1):
     ({"chat_template_kwargs": "enable_thinking=false"}, "chat_template_kwargs", "invalid_type",
      "'chat_template_kwargs' must be an object, got a string"),
     ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "chat_template_kwargs", "invalid_value",
-     "'chat_template_kwargs.chat_template' cannot be set: llaisys sets it when it renders the chat template"),
+     "'chat_template_kwargs.chat_template' cannot be set: the server sets it when it renders the chat template"),
     ({"thinking_token_budget": -1}, "thinking_token_budget", "invalid_value",
      "'thinking_token_budget' must be >= 0, got -1"),
     ({"thinking_token_budget": 2.5}, "thinking_token_budget", "invalid_type",

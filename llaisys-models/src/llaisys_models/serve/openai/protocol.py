@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..engine import TokenLogprobText, Usage
 from ..errors import invalid
@@ -108,3 +108,13 @@ class ChoicesShape:
     def reasoning_chunk(self, text: str, index: int = 0) -> dict:
         """A stream chunk of choice ``index``'s thinking (chat's alone: completions are raw text)."""
         raise NotImplementedError
+
+
+class ChoiceText(Protocol):
+    """What a choice's text becomes as it streams: the pieces to send (text, a chat tool call, a reasoning.Thought)
+    and, at its end, what was held back and its finish reason (chat/serving.ToolParsers, reasoning.ReasoningChoices;
+    completions' text passes as it is)."""
+
+    def push(self, index: int, text: str) -> list: ...
+
+    def finish(self, index: int, reason: str) -> tuple[list, str]: ...

@@ -28,12 +28,12 @@ from .sampling import ruled
 
 if TYPE_CHECKING:
     from ..server import Server
-    from .serving import ChoiceText
+    from .protocol import ChoiceText
 
 
 @dataclasses.dataclass(frozen=True)
 class Thought:
-    """A piece of a choice's thinking, among the pieces of its text (serving.ChoiceText)."""
+    """A piece of a choice's thinking, among the pieces of its text (protocol.ChoiceText)."""
     text: str
 
 
@@ -71,7 +71,7 @@ def with_thinking(server: Server, params: SamplingParams, prompt: Sequence[int],
 
 
 class ReasoningChoices:
-    """Each choice's text split as it streams (a serving.ChoiceText): its thinking as ``Thought`` pieces, its
+    """Each choice's text split as it streams (a protocol.ChoiceText): its thinking as ``Thought`` pieces, its
     answer through ``inner`` (the tool-call parsers, or plain text). ``hold_from``: the tool calls' openers."""
 
     def __init__(self, parser: ReasoningParser, prompt: Sequence[int], inner: ChoiceText, choices: int,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -17,7 +17,7 @@ from ...engine.sampling import SamplingParams
 from .. import access_log, sse, structured
 from ..engine import AsyncStream, Delta, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from ..errors import APIError, error_body
-from .protocol import ChoicesShape, model_name
+from .protocol import ChoicesShape, ChoiceText, model_name
 from .reasoning import Thought
 from .sampling import LogprobRequest, penalties, sampling_params, speculation
 
@@ -145,16 +145,6 @@ async def collect(server: Server, request: Request, events: AsyncStream, usage: 
         watcher.cancel()
         events.cancel()
     return None  # (not reached: the events end with every choice finished, or with Failed)
-
-
-class ChoiceText(Protocol):
-    """What a choice's text becomes as it streams: the pieces to send (text, a chat tool call, a reasoning.Thought)
-    and, at its end, what was held back and its finish reason (chat/serving.ToolParsers, reasoning.ReasoningChoices;
-    completions' text passes as it is)."""
-
-    def push(self, index: int, text: str) -> list: ...
-
-    def finish(self, index: int, reason: str) -> tuple[list, str]: ...
 
 
 class PlainText:

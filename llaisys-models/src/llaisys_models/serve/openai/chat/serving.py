@@ -19,10 +19,10 @@ from ...request_body import read_json
 from ...tenancy import request_scope
 from ...tool_calls import ToolCall, ToolCallStream, ToolFormat
 from ..prompts import tokenize
-from ..protocol import stream_flags
+from ..protocol import ChoiceText, stream_flags
 from ..reasoning import ReasoningChoices, Thought, template_kwargs, thinking_budget, with_thinking
 from ..sampling import choices_n, logprob_request, priority
-from ..serving import ChoiceText, UsageSum, check_model, collect, job_params, stream_chunks, submit
+from ..serving import UsageSum, check_model, collect, job_params, stream_chunks, submit
 from .protocol import ChatShape, chat_messages, logprobs_count
 from .tools import ToolRequest, chat_tools
 
