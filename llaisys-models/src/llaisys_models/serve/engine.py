@@ -231,6 +231,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.error: str | None = None  # why the engine thread ended, if it died
         self._worked = False  # the engine thread ran a step since it last gave freed memory back
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (log-probabilities' alternatives)
 
     @property
     def max_length(self) -> int:
@@ -413,8 +414,16 @@ class Engine:
 
     def _logprob_text(self, token: int, entry: TokenLogprob) -> TokenLogprobText:
         """A ``sampling.TokenLogprob`` with its token ids decoded (on the engine thread, which owns the tokenizer)."""
-        decode = self.tokenizer.decode
-        return TokenLogprobText(decode([token]), entry.logprob, tuple((decode([i]), lp) for i, lp in entry.top))
+        text = self._token_text
+        return TokenLogprobText(text(token), entry.logprob, tuple((text(i), lp) for i, lp in entry.top))
+
+    def _token_text(self, token: int) -> str:
+        """One token's text alone, decoded once per token id (n=128 choices with 20 alternatives each decode 2,688
+        tokens a step, mostly the same few hundred: a dict lookup instead of a tokenizer call each)."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
 
     def _done(self, seq: Sequence) -> None:
         self._sequences.remove(seq)
