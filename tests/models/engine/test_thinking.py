@@ -144,7 +144,7 @@ def test_the_state_counts_a_multi_token_end_once():
 def test_a_model_that_may_open_its_thinking_decides_with_its_first_token():
     rule = ThinkingRule(end_ids=(8,), forced_end=(8,), open_at_start=False, start_ids=(4,))
     opened = ThinkingState(rule)
-    assert opened.answering and opened.may_open
+    assert not opened.open and opened.may_open
     assert [opened.advance(t) for t in (4, 1, 2, 8, 3)] == ["thinking", "thinking", "thinking", "end", "answer"]
     assert opened.tokens == 2  # the tags are not thinking tokens
     answered = ThinkingState(rule)

@@ -81,12 +81,6 @@ class ThinkingState:
             return None
         return max(self.rule.budget - self.tokens, 0)
 
-    @property
-    def answering(self) -> bool:
-        """The next token is the answer's (a grammar constrains it; with ``may_open`` the opening tag is allowed
-        too)."""
-        return not self.open
-
     def advance(self, token: int) -> str:
         """Note a token the sequence took; what it was: "thinking" (a tag included), "end" (it closed the
         thinking: the grammar engages after it) or "answer"."""

@@ -109,10 +109,6 @@ class ReasoningParser:
         tail = tuple(prompt[end:]) if end >= 0 else ()
         return "closed" if tail in self._closings else "none"
 
-    def reply_thinks(self, prompt: Sequence[int]) -> bool:
-        """Whether the reply to ``prompt`` is expected to think (the engine's ``open_at_start``)."""
-        return self.prompt_state(prompt) != "closed"
-
     def starts_inside(self, prompt: Sequence[int]) -> bool:
         """Whether the reply's text starts inside the thinking, before any tag of its own."""
         state = self.prompt_state(prompt)
