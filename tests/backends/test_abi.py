@@ -121,6 +121,12 @@ def _op_args(buffers, op, dtype, numerics):
                              q4_0_blocks()[1], None),
         "embedding_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 32, 3, f(2, 32), index, q4_0_blocks()[0],
                                 q4_0_blocks()[1]),
+        # 4-bit blocks of a [3, 32] matrix, one group: weight uint8 [1, 4, 64], scales f16 [1, 1, 16], zeros [1, 1, 16]
+        "linear_gq": lambda: (dtype, 4, 32, CODES["LLAISYS_I64"], 2, 3, 32, f(2, 3), f(2, 32),
+                              buffers.upload(np.full((1, 4, 64), 0x98, np.uint8)),
+                              buffers.upload(np.full((1, 1, 16), 0x3c00, np.uint16)),
+                              buffers.upload(np.full((1, 1, 16), 8, np.uint8)), None,
+                              buffers.upload(np.arange(32, dtype=np.int64))),
         "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
         "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
@@ -360,3 +366,26 @@ def test_optional_collectives(on_device):
     finally:
         on_device.check("comm_destroy", comm)
     on_device.check("comm_destroy", None)
+
+
+@pytest.mark.parametrize("bad", [32, -1, 1 << 40])
+def test_linear_gq_perm_out_of_range_names_it(on_device, bad):
+    if not on_device.has("linear_gq"):
+        pytest.skip(f"{on_device.backend.name} does not implement linear_gq")
+    with DeviceBuffers(on_device) as buffers:
+        args = list(_op_args(buffers, "linear_gq", F32, CODES["LLAISYS_NUMERICS_EXACT"]))
+        perm = np.arange(32, dtype=np.int64)
+        perm[5] = bad
+        args[-1] = buffers.upload(perm)
+        on_device.expect(on_device.finish(on_device("linear_gq", 0, None, *args)), INVALID_ARGUMENT, str(bad))
+
+
+@pytest.mark.parametrize("what", ["bits", "perm_dtype"])
+def test_linear_gq_unknown_codes_are_not_supported(on_device, what):
+    if not on_device.has("linear_gq"):
+        pytest.skip(f"{on_device.backend.name} does not implement linear_gq")
+    with DeviceBuffers(on_device) as buffers:
+        args = list(_op_args(buffers, "linear_gq", F32, CODES["LLAISYS_NUMERICS_EXACT"]))
+        args[1 if what == "bits" else 3] = 3 if what == "bits" else CODES["LLAISYS_F32"]
+        on_device.expect(on_device.finish(on_device("linear_gq", 0, None, *args)), NOT_SUPPORTED,
+                         "bits = 3" if what == "bits" else "perm dtype")

@@ -122,7 +122,7 @@ def test_a_package_of_the_source_tree_is_told_its_pip_command():
     llaisys source tree gets the command that rebuilds it."""
     from helpers.plugin_stubs import FakeEntryPoint, plugin
 
-    old = VERSION - 1000
+    old = (MAJOR - 1) * 1000  # 5.0
     reg = plugins.Registry(entry_points=[FakeEntryPoint("cuda", plugin("cuda", api_version=old))], env_filter="")
     reason = reg.records[0].reason
     assert reason.startswith(f"llaisys-backend-cuda 1.2.3 was built for the llaisys backend API {MAJOR - 1}.0")

@@ -13,9 +13,10 @@
 //            on the portable path an array of 8 floats whose lane loops the compiler turns into SSE2
 //   Vec16    16 lanes, a zmm register (avx512 only)
 //   Vec      the widest of this build: Vec16 with AVX-512, else Vec8
-//   Vec8i, Vec16i: 32-bit integer lanes of the same widths (bit work: bf16 rounding, exponents, bf16 pairs;
-//            int8 dot products): load(p) (W * 4 bytes), + & | ^ << >>,
-//            sra(a, n) (arithmetic shift right), int_to_f32 (values, not bits), dot4_i8(acc, a, b) (+= the
+//   Vec8i, Vec16i: 32-bit integer lanes of the same widths (V::Int; bit work: bf16 rounding, exponents, bf16
+//            pairs; int8 dot products; codes unpacked from words): load(p) (W * 4 bytes), + & | ^ << >>,
+//            int_to_f32 (values, not bits) in every build (the portable Vec8i is an array: kernels written once
+//            over V::Int); in the avx2 / avx512 builds also sra(a, n) (arithmetic shift right), dot4_i8(acc, a, b) (+= the
 //            products of the 4 signed bytes of each lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on
 //            CPUs with AVX512-VNNI only: Vec16i; dot4_u8i8_bcast: b the 4 bytes at a pointer, in every lane),
 //            dot4_u7i8 (a in [0, 127]: vpmaddubsw without VNNI)

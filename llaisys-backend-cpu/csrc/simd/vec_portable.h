@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "scalar.h"
 
@@ -35,9 +36,36 @@ inline uint32_t bits(Mask8 a) {
     return b;
 }
 
+// 8 x 32-bit integer lanes (bit work, codes unpacked from bytes), as an array: the lane loops become SSE2 code.
+struct Vec8i {
+    uint32_t v[8];
+    Vec8i() = default;
+    explicit Vec8i(uint32_t c) {
+        for (int i = 0; i < 8; ++i) v[i] = c;
+    }
+    static Vec8i load(const void* p) {  // 32 bytes
+        Vec8i r;
+        std::memcpy(r.v, p, sizeof(r.v));
+        return r;
+    }
+    template <class F>
+    static Vec8i lanes(F f) {
+        Vec8i r;
+        for (int i = 0; i < 8; ++i) r.v[i] = f(i);
+        return r;
+    }
+};
+inline Vec8i operator+(Vec8i a, Vec8i b) { return Vec8i::lanes([&](int i) { return a.v[i] + b.v[i]; }); }
+inline Vec8i operator&(Vec8i a, Vec8i b) { return Vec8i::lanes([&](int i) { return a.v[i] & b.v[i]; }); }
+inline Vec8i operator|(Vec8i a, Vec8i b) { return Vec8i::lanes([&](int i) { return a.v[i] | b.v[i]; }); }
+inline Vec8i operator^(Vec8i a, Vec8i b) { return Vec8i::lanes([&](int i) { return a.v[i] ^ b.v[i]; }); }
+inline Vec8i operator>>(Vec8i a, int n) { return Vec8i::lanes([&](int i) { return a.v[i] >> n; }); }  // logical
+inline Vec8i operator<<(Vec8i a, int n) { return Vec8i::lanes([&](int i) { return a.v[i] << n; }); }
+
 struct Vec8 {
     static constexpr int W = 8;
     using Mask = Mask8;
+    using Int = Vec8i;
     float v[W];
 
     template <class F>
@@ -102,6 +130,8 @@ inline float reduce_max(Vec8 a) {
     return m;
 }
 inline float lane0(Vec8 a) { return a.v[0]; }
+// the int32 lanes' values, rounded to f32
+inline Vec8 int_to_f32(Vec8i a) { return Vec8::lanes([&](int i) { return float(int32_t(a.v[i])); }); }
 
 inline Mask8 isnan_mask(Vec8 a) { return lane_mask([&](int i) { return a.v[i] != a.v[i]; }); }
 inline Mask8 eq_mask(Vec8 a, Vec8 b) { return lane_mask([&](int i) { return a.v[i] == b.v[i]; }); }

@@ -392,6 +392,10 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument(record.a == 2 ? std::string("logprobs: every logit is -inf")
                                                 : "logprobs: logits[" + std::to_string(record.b) + "] is " +
                                                       (record.a == 0 ? "NaN" : "+inf: no finite log-probabilities"));
+        case kGqPermOutOfRange:
+            throw InvalidArgument("linear_gq: perm[" + std::to_string(record.b) + "] = " + std::to_string(record.a) +
+                                  " is outside [0, " + std::to_string(record.c) + ") (position " +
+                                  std::to_string(record.b) + "; out is undefined)");
         default:
             throw InvalidArgument("a kernel reported error code " + std::to_string(record.code));
     }

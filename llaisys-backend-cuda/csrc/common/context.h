@@ -32,6 +32,7 @@ enum KernelErrorCode : int {
     kPenaltyNegativeCount = 10,    // a, c = the counts, b = position
     kMoeExpertOutOfRange = 11,  // a = expert id, b = row, c = slot
     kLogprobsNoDistribution = 12,  // a = 0 (NaN), 1 (+inf) or 2 (all -inf), b = position of the maximum
+    kGqPermOutOfRange = 13,        // a = perm value, b = position, c = K
 };
 
 struct KernelErrorRecord {

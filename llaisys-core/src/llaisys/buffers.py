@@ -51,6 +51,13 @@ def _q_blocks(fmt: int, n: int, k: int) -> tuple[int, int]:
     return math.prod(weight), math.prod(scales)
 
 
+def _linear_gq(dtype, bits, group_size, perm_dtype, M, N, K, out, x, weight, scales, zeros, bias, perm):
+    s, blocks = _size(dtype), _ceil(N, 16)
+    groups = K // group_size if K and group_size > 0 else 0
+    return (M * N * s, M * K * s, blocks * K * bits // 32 * 64, blocks * groups * 16 * 2, blocks * groups * 16, N * s,
+            K * (_size(perm_dtype) if perm else 0))
+
+
 def _strided(ndim: int, shape, strides, elem_size: int) -> int:
     """Bytes from the first to one past the last element of a strided view (strides >= 0, in elements)."""
     dims = [shape[i] for i in range(ndim)]
@@ -123,6 +130,7 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
         M * N * _size(dtype), M * K * _size(dtype), *_q_blocks(fmt, N, K), N * _size(dtype)),
     "embedding_q": lambda dtype, fmt, n_index, dim, vocab, out, index, weight, scales: (
         n_index * dim * _size(dtype), n_index * I64, *_q_blocks(fmt, vocab, dim)),
+    "linear_gq": _linear_gq,
 }
 
 # op -> positions of its pointer (void*) arguments among the arguments after device and stream
@@ -138,7 +146,7 @@ WRITES: dict[str, frozenset[int]] = {
     "swiglu": frozenset({0}), "sample": frozenset({0}), "mask_logits": frozenset({0}),
     "penalize_logits": frozenset({0}), "logprobs": frozenset({1, 2}), "geglu_tanh": frozenset({0}),
     "scale": frozenset({0}), "moe_linear_i8": frozenset({0}), "linear_q": frozenset({0}),
-    "embedding_q": frozenset({0}),
+    "embedding_q": frozenset({0}), "linear_gq": frozenset({0}),
 }
 
 

@@ -323,3 +323,7 @@ def dequantize_quant(fmt: str, codes: np.ndarray, *params: np.ndarray) -> np.nda
         return scale * codes.astype(np.float32) - per_group(dmin, 256) * per_group(mn, 32)
     d, sc = params
     return (per_group(d, 256) * per_group(sc, 16)) * (codes.astype(np.float32) - 32)
+
+
+# GPTQ / AWQ group-quantized weights (linear_gq) have their own layout: llaisys.ops.gq; its helpers are here too.
+from .gq import GQ_BITS, dequantize_gq, gq_group_size, gq_perm, gq_shapes, pack_gq, unpack_gq  # noqa: E402,F401

@@ -65,14 +65,14 @@
  *   - a new [required] slot, or an [optional] / [op] slot made required.
  *
  * Slots added in a minor version of this major (each line "  <major>.<minor>: slot, slot"):
- *   (none yet: every slot below exists since 6.0)
+ *   6.1: linear_gq
  *
  * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
  * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
  * (LLAISYS_ATTR_HOST_ADDRESSABLE, after synchronizing the op's stream), else on host copies of its buffers
  * (memcpy D2H, the CPU kernel, memcpy H2D of the buffers it writes). LLAISYS_FALLBACK=0 makes it an error. */
 #define LLAISYS_API_VERSION_MAJOR 6
-#define LLAISYS_API_VERSION_MINOR 0
+#define LLAISYS_API_VERSION_MINOR 1
 #define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
@@ -544,6 +544,33 @@ LLAISYS_OP int LLAISYS_FN(linear_q)(int device, void* stream, int dtype, int fmt
 LLAISYS_OP int LLAISYS_FN(embedding_q)(int device, void* stream, int dtype, int fmt, int64_t n_index, int64_t dim,
                                        int64_t vocab, void* out, const void* index, const void* weight,
                                        const void* scales);
+
+/* [op] Linear with group-quantized weights (GPTQ, AWQ) and the activations as they are (never rounded to
+ * integers, unlike linear_i8 / linear_q): out [M, N] = x' [M, K] @ w^T + bias [N] (bias may be NULL), where
+ *     w[n, k] = (q[n, k] - z[n, k / gs]) * s[n, k / gs]
+ * q: unsigned `bits`-bit codes (bits 4 or 8; any other value is LLAISYS_NOT_SUPPORTED), z: unsigned zero points
+ * of the same range (symmetric checkpoints: 2^(bits - 1)), s: f16 scales, one z and one s per row and group of
+ * gs = group_size consecutive k. K is a multiple of 32; gs is a multiple of 32 that divides K, or K itself (one
+ * group per row: GPTQ's group size -1); K may be 0 (out = bias, or 0; gs is then ignored). G = K / gs groups,
+ * NB = ceil(N / 16) blocks of 16 rows (rows past N: q, z and s all zero), P = 32 / bits codes per 32-bit word:
+ *     weight uint8 [NB, K / P, 64]:    bytes 4 r .. 4 r + 3 of weight[b][j] are a little-endian 32-bit word
+ *                                      holding q[16 b + r, P j + i] at bits [bits * i, bits * (i + 1)), i < P
+ *     scales f16 [NB, G, 16]:          scales[b][g][r] = s(16 b + r, g)
+ *     zeros uint8 [NB, G, 16]:         zeros[b][g][r] = z(16 b + r, g)
+ * so each block is one sequential stream and 64 consecutive bytes hold the same P k of 16 rows (llaisys.ops.gq
+ * makes them). x' = x, or with perm (perm_dtype LLAISYS_I32 or LLAISYS_I64, [K]; NULL: none, perm_dtype
+ * ignored) x'[m, k] = x[m, perm[k]]: GPTQ's desc_act, whose columns the loader sorts by group once; the kernel
+ * gathers x through perm as it reads it (no separate pass). perm is data only the kernel reads: a value outside
+ * [0, K) is LLAISYS_INVALID_ARGUMENT, never a read outside x (the CPU refuses before writing anything; an
+ * accelerator reports it at the next synchronizing call, out undefined). (q - z) * s is exact in f32 and x
+ * widens exactly: the products are summed in f32, per row and group (the group's sum of x' * (q - z), or of
+ * x' * q less z times the group's sum of x', then times s, the groups added in order) in an order that depends
+ * on K and gs only, then + bias, rounded once to `dtype` (of out, x and bias). A row of out depends only on its
+ * row of x (the same bits alone or in a batch). out shares no memory with the other buffers. */
+LLAISYS_OP int LLAISYS_FN(linear_gq)(int device, void* stream, int dtype, int bits, int64_t group_size,
+                                     int perm_dtype, int64_t M, int64_t N, int64_t K, void* out, const void* x,
+                                     const void* weight, const void* scales, const void* zeros, const void* bias,
+                                     const void* perm);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
