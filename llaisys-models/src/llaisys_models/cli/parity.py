@@ -207,14 +207,41 @@ def load_hf(path: str | Path, dtype: str) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..loading import gguf
+    from ..loading import gguf, quantized_checkpoint
     from ..loading.files import is_gguf
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if quantized_checkpoint.is_quantized(path):  # GPTQ / AWQ: the exactly dequantized weights
+        return quantized_hf_model(path, dtype)
     where, kwargs = gguf.hf_from_pretrained_args(path) if is_gguf(path) else (str(path), {})
     with quiet_transformers():
         return AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs).eval()
+
+
+def quantized_hf_model(directory: str | Path, dtype: str) -> PreTrainedModel:
+    """HF transformers' model of the GPTQ / AWQ checkpoint ``directory`` (torch, CPU) with the exactly dequantized
+    weights, in ``dtype`` ("float32", "float64", ...): the reference a kept-quantized llaisys model must match."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..errors import ModelLoadError
+    from ..loading.quantized_checkpoint import dequantized_state
+
+    config = AutoConfig.from_pretrained(directory)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    state = {name: torch.from_numpy(array) for name, array in dequantized_state(directory).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ModelLoadError(f"{directory}: the dequantized weights do not fit HF's model: missing "
+                             f"{sorted(set(missing) - tied)[:4]}, unexpected {sorted(unexpected)[:4]}")
+    if tied:
+        model.tie_weights()
+    return model.eval()
 
 
 def hf_reference(path: str | Path, prompt: Sequence[int], max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int] = (),
@@ -229,6 +256,10 @@ def hf_reference(path: str | Path, prompt: Sequence[int], max_new_tokens: int, d
 
     model, exact_model = models if models is not None else (load_hf(path, dtype), None)
     tokens, logits, seconds = hf_greedy(model, prompt, max_new_tokens, eos_token_ids)
+    from ..loading import quantized_checkpoint
+
+    if exact_model is None and quantized_checkpoint.is_quantized(path):  # GPTQ / AWQ: the dequantized values
+        exact_model = quantized_hf_model(path, "float64")  # exactly, not rounded to dtype
     if exact_model is None:
         # in place: the weights already rounded to dtype, widened exactly. (The ignore: transformers wraps to() in
         # functools.wraps(torch.nn.Module.to), whose type mypy reads unbound, self first; without torch installed,

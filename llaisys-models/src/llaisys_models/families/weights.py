@@ -1,9 +1,9 @@
 """The decoder's weights as its forward reads them, and the ops that read each stored kind.
 
-A linear's weight is a tensor in the model dtype, an ``Int8Weight`` (``quantize="int8"``) or a ``BlockWeight``
-(int4, and a GGUF file's quantized tensors); ``linear`` / ``embedding`` / ``moe_linear`` run the op of its kind,
-so a family's forward reads the same whichever it is. The loaders (loading/) build these: what is read from
-where, and how it is quantized, is theirs.
+A linear's weight is a tensor in the model dtype, an ``Int8Weight`` (``quantize="int8"``), a ``BlockWeight``
+(int4, and a GGUF file's quantized tensors) or a ``GQWeight`` (a GPTQ / AWQ checkpoint's groups); ``linear`` /
+``embedding`` / ``moe_linear`` run the op of its kind, so a family's forward reads the same whichever it is. The
+loaders (loading/) build these: what is read from where, and how it is quantized, is theirs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,23 @@ class BlockWeight:
 
 
 @dataclasses.dataclass(frozen=True)
+class GQWeight:
+    """A linear's [N, K] weight as a GPTQ / AWQ checkpoint stores it (``fmt``: "gptq" or "awq"): ``bits``-bit codes
+    with an integer zero point and a float16 scale per row and group of ``group_size`` inputs, w = (q - zero) *
+    scale, packed by ``llaisys.ops.quant.pack_gq``; ``perm`` (act-order): column j holds input perm[j]
+    (``llaisys.ops.linear_gq``, which computes with the activations unrounded)."""
+
+    weight: llaisys.Tensor
+    scales: llaisys.Tensor
+    zeros: llaisys.Tensor
+    bits: int
+    group_size: int
+    shape: tuple[int, int]  # [N, K]
+    fmt: str
+    perm: llaisys.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Int8Experts:
     """A mixture-of-experts layer's stacked expert matrices [E, N, K] in the int8 format: expert e's blocks at
     ``weight[e]`` and ``scales[e]`` (``llaisys.ops.moe_linear_i8``)."""
@@ -43,8 +60,9 @@ class Int8Experts:
     shape: tuple[int, int, int]  # [E, N, K]
 
 
-# a linear's weight: in the model dtype, int8, or blocks (int4, and a GGUF file's quantized tensors)
-Linear = llaisys.Tensor | Int8Weight | BlockWeight
+# a linear's weight: in the model dtype, int8, blocks (int4, and a GGUF file's quantized tensors), or a GPTQ / AWQ
+# checkpoint's groups
+Linear = llaisys.Tensor | Int8Weight | BlockWeight | GQWeight
 Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
 Weight = Linear | Int8Experts  # any weight a loader places (a linear, stacked experts, a norm, a bias, a table)
 
@@ -110,6 +128,9 @@ def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: Linear, bias: llaisys
         llaisys.ops.linear_q(out, x, weight.weight, weight.scales, weight.fmt, bias)
     elif isinstance(weight, Int8Weight):
         llaisys.ops.linear_i8(out, x, weight.weight, weight.scales, bias)
+    elif isinstance(weight, GQWeight):
+        llaisys.ops.linear_gq(out, x, weight.weight, weight.scales, weight.zeros, weight.bits, weight.group_size, bias,
+                              weight.perm)
     else:
         llaisys.ops.linear(out, x, weight, bias)
 
@@ -141,6 +162,6 @@ def weight_formats(weights: Weights) -> tuple[str, ...]:
     for layer in weights.layers:
         if layer.experts is not None:
             matrices += [layer.experts.gate, layer.experts.up, layer.experts.down]
-    kinds = {m.fmt if isinstance(m, BlockWeight) else "int8" for m in matrices
-             if isinstance(m, (BlockWeight, Int8Weight, Int8Experts))}
+    kinds = {m.fmt if isinstance(m, BlockWeight) else f"{m.fmt}-{m.bits}bit" if isinstance(m, GQWeight) else "int8"
+             for m in matrices if isinstance(m, (BlockWeight, Int8Weight, Int8Experts, GQWeight))}
     return tuple(sorted(kinds))

@@ -29,8 +29,10 @@ from .files import TOKENIZER_FILES, VOCABULARY_FILES, PathArg
 from .safetensors import _weight_map
 
 INDEX_FILE = "model.safetensors.index.json"
-# What a safetensors model is read from, beside its weights (each fetched when the repo has it)
-MODEL_FILES = ("config.json", "generation_config.json", INDEX_FILE, *TOKENIZER_FILES)
+# What a safetensors model is read from, beside its weights (each fetched when the repo has it; a GPTQ / AWQ
+# checkpoint's quantization config may be a file of its own: quantized_checkpoint.py)
+MODEL_FILES = ("config.json", "generation_config.json", INDEX_FILE, *TOKENIZER_FILES, "quantize_config.json",
+               "quant_config.json")
 
 _NAME = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
 _ID = re.compile(rf"(?P<repo>{_NAME}/{_NAME})(?:@(?P<revision>[^:@\s]+))?(?::(?P<file>[^:@\s]+))?")

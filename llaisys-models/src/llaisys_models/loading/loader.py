@@ -20,6 +20,7 @@ from ..families.config import ModelConfig, token_ids
 from ..families.registry import FAMILIES, read_config
 from ..parallel.layout import Layout
 from . import quantize as quantization
+from . import quantized_checkpoint
 from .device import float_dtype, pick_device
 from .files import is_gguf, model_directory, read_json, read_json_object
 from .hub import resolve
@@ -41,27 +42,34 @@ def load(path: str | Path, device: str | llaisys.Device | None = None, dtype: st
         return load_gguf(path, device, dtype, progress=progress, numerics=numerics, quantize=quantize,
                          dequantize=dequantize, layout=layout, group=group)
     parts = read_directory(path, device, dtype, progress=progress, mmap=True if layout is not None else mmap,
-                           quantize=quantize, layout=layout)
+                           quantize=quantize, layout=layout, dequantize=dequantize)
     return FAMILIES[parts["config"].architecture].model.from_weights(**parts, numerics=numerics, group=group)
 
 
 def read_directory(path: str | Path, device: str | llaisys.Device | None = None,
                    dtype: str | llaisys.DType | None = None, *, progress: bool | None = None, mmap: bool | None = None,
-                   quantize: str | None = None, layout: Layout | None = None) -> dict:
+                   quantize: str | None = None, layout: Layout | None = None, dequantize: bool = False) -> dict:
     """What a model is made of, read from a HuggingFace directory: keyword arguments of ``from_weights``
-    (with ``layout``: this rank's part of the weights, and its config)."""
+    (with ``layout``: this rank's part of the weights, and its config). A GPTQ / AWQ checkpoint's linears stay in
+    their groups (quantized_checkpoint.py), or with ``dequantize`` are decoded into ``dtype``."""
     quantize = quantization.resolve(quantize)
     path = model_directory(resolve(path))
     config = config_file(path)
     family = FAMILIES[config.architecture]
-    device = pick_device(device, quantize, family.kernels, experts=bool(config.sparse_layers))
-    if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping)
-        mmap = device.type != "cpu" or quantize is not None
+    published = quantized_checkpoint.read(path)  # GPTQ / AWQ: None for a float checkpoint
+    kernels = family.kernels
+    if published is not None:
+        published.refuse(path, quantize=quantize, tensor_parallel=layout is not None and layout.world > 1,
+                         experts=bool(config.sparse_layers))
+        kernels += () if dequantize else quantized_checkpoint.KERNELS
+    device = pick_device(device, quantize, kernels, experts=bool(config.sparse_layers))
+    if mmap is None:  # CPU: weights read into memory, unless int8 (quantized in memory from the mapping) or GPTQ
+        mmap = device.type != "cpu" or quantize is not None or published is not None
     checkpoint = Checkpoint(path, mapped=mmap)
     dtype = default_dtype(checkpoint, config) if dtype is None else float_dtype(dtype)
     eos = eos_token_ids(path, config)
     weights = load_weights(checkpoint, config, family, dtype, device, progress=progress, quantize=quantize,
-                           layout=layout)
+                           layout=layout, published=published, dequantize=dequantize)
     if layout is not None:
         config = layout.local_config(config)
     # the checkpoint stays alive with the model: its memory maps are what the weights may point into

@@ -5,7 +5,8 @@ bad checkpoint fails with nothing half-loaded. A tensor stored in the compute dt
 used straight from the memory-mapped file on CPU (zero copy); any other is converted
 once on the host (numpy / ml_dtypes) and copied to the device. With ``quantize="int8"`` or ``"int4"`` the
 linears' weights (LINEARS) are quantized instead (quantize.py), each straight from the file (int4: the lm_head
-in q8_0), and so are the experts' matrices (EXPERTS; in int8 for both: there is no 4-bit expert kernel).
+in q8_0), and so are the experts' matrices (EXPERTS; in int8 for both: there is no 4-bit expert kernel). A GPTQ /
+AWQ checkpoint's quantized linears are read by quantized_checkpoint.py, as ``GQWeight``s.
 
 Which tensors, under which names, is the family's declaration (``plan``: its ``tensors``, ``fused`` and
 ``experts``, families/family.py); the shapes are the config's.
@@ -21,7 +22,7 @@ than the activations' rounding.)
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from ..families.family import HF_LAYER, HF_TOP, Family
 from ..families.weights import (
     BlockWeight,
     Experts,
+    GQWeight,
     Int8Experts,
     Int8Weight,
     LayerWeights,
@@ -46,6 +48,7 @@ from ..parallel.layout import DROP, Layout, Part
 from .host_memory import bytes_of
 from .progress import Progress
 from .quantize import int8_experts, linear_mode, quantized_weight
+from .quantized_checkpoint import QuantizedCheckpoint
 from .safetensors import Checkpoint, TensorInfo
 
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
@@ -162,11 +165,12 @@ def expert_plan(c: ModelConfig, family: Family, prefix: str) -> dict[str, tuple]
     return plan
 
 
-def _specs(groups: list[dict]) -> list[tuple[str, tuple]]:
-    """(checkpoint name, shape) of every tensor the plan names (each matrix of a Stack on its own)."""
+def _specs(groups: list[dict], skip: Collection[str] = ()) -> list[tuple[str, tuple]]:
+    """(checkpoint name, shape) of every tensor the plan names (each matrix of a Stack on its own), but those in
+    ``skip``."""
     specs = []
     for name, shape, *_ in [spec for group in groups for spec in group.values()]:
-        specs += [(n, shape[1:]) for n in name] if isinstance(name, Stack) else [(name, shape)]
+        specs += [(n, shape[1:]) for n in name] if isinstance(name, Stack) else [(name, shape)] * (name not in skip)
     return specs
 
 
@@ -178,10 +182,11 @@ def materialize_stack(infos: list[TensorInfo], dtype: llaisys.DType, device: lla
     return stacked
 
 
-def check(checkpoint: Checkpoint, top: dict, layers: list[dict]) -> dict[str, TensorInfo]:
-    """Every needed tensor exists with its shape and a floating dtype; returns name -> info."""
+def check(checkpoint: Checkpoint, top: dict, layers: list[dict], skip: Collection[str] = ()) -> dict[str, TensorInfo]:
+    """Every needed tensor (but the quantized linears ``skip`` names) exists with its shape and a floating dtype;
+    returns name -> info."""
     infos = {}
-    for name, shape in _specs([top, *layers]):
+    for name, shape in _specs([top, *layers], skip):
         info = checkpoint.info(name)
         if info.shape != shape:
             raise ModelLoadError(f"tensor {name!r} in {info.file.path.name} has shape {info.shape}, but "
@@ -270,15 +275,22 @@ def _part_bytes(info: TensorInfo, spec: tuple) -> int:
 
 def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dtype: llaisys.DType,
                  device: llaisys.Device, progress: bool | None = None, quantize: str | None = None,
-                 layout: Layout | None = None) -> Weights:
+                 layout: Layout | None = None, published: QuantizedCheckpoint | None = None,
+                 dequantize: bool = False) -> Weights:
     """The weights ``config`` sizes and ``family`` names, checked, then placed on ``device`` in ``dtype`` (the
     linears in int8 with ``quantize``). ``layout`` (parallel.layout.Layout): only this rank's part of each weight
-    (the checkpoint must then be mapped: each part is read from the mapping)."""
+    (the checkpoint must then be mapped: each part is read from the mapping). ``published``: a GPTQ / AWQ
+    checkpoint's config (quantized_checkpoint.py): the linears it quantizes stay in their groups (``dequantize``:
+    decoded into ``dtype``)."""
     check_layer_count(checkpoint, config)
     top, layers = plan(config, family)
-    infos = check(checkpoint, top, layers)
+    gq = {} if published is None else published.linears(
+        checkpoint, [spec for group in (top, *layers) for field, spec in group.items() if field in LINEARS],
+        kept=not dequantize)
+    infos = check(checkpoint, top, layers, skip=gq)
     tied_copy = quantize is not None and "lm_head" not in top  # the embedding read a second time, quantized
     total = sum(i.nbytes for i in infos.values()) + (infos[top["embed_tokens"][0]].nbytes if tied_copy else 0)
+    total += sum(linear.nbytes for linear in gq.values())
     if layout is not None and layout.world > 1:
         total //= layout.world
     cache: dict[str, llaisys.Tensor] = {}
@@ -297,6 +309,11 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dt
             return cache[name]
 
         def get_linear(spec: tuple, mode: str | None) -> Linear:
+            if spec[0] in gq:  # a GPTQ / AWQ linear: kept in its groups
+                linear = gq[spec[0]]
+                kept = linear.weight(device, dtype, spec[2] if len(spec) == 3 else None, dequantize)
+                bar.update(linear.nbytes * (spec[2][1] - spec[2][0]) // spec[1][0] if len(spec) == 3 else linear.nbytes)
+                return kept
             if mode is None:
                 return get(spec)
             weight = quantized(infos[spec[0]], device, spec[2] if len(spec) == 3 else None, mode)
@@ -356,5 +373,5 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dt
         norm = getter("norm")(top["norm"])
         lm_head = get_field("lm_head", top.get("lm_head", top["embed_tokens"]))
     # (the final norm is a tensor, in the model dtype or float32; the lm_head a linear: every rank holds its rows)
-    assert isinstance(norm, llaisys.Tensor) and isinstance(lm_head, (llaisys.Tensor, Int8Weight, BlockWeight))
+    assert isinstance(norm, llaisys.Tensor) and isinstance(lm_head, (llaisys.Tensor, Int8Weight, BlockWeight, GQWeight))
     return Weights(embed_tokens=embed, layers=layer_list, norm=norm, lm_head=lm_head)
