@@ -50,9 +50,10 @@ def decode_bytes(model: CausalLM, new_tokens: int) -> float:
     return total + model.kv_shape.bytes_per_token * mean_positions
 
 def _nbytes(weight: Linear | Int8Experts) -> int:
-    """A tensor's bytes, or a quantized weight's (its blocks and scales)."""
+    """A tensor's bytes, or a quantized weight's (its blocks, scales, and zero points and permutation if any)."""
     import llaisys
 
     if isinstance(weight, llaisys.Tensor):
         return weight.nbytes
-    return weight.weight.nbytes + weight.scales.nbytes
+    extra = [getattr(weight, name, None) for name in ("zeros", "perm")]  # (GPTQ / AWQ: GQWeight)
+    return weight.weight.nbytes + weight.scales.nbytes + sum(t.nbytes for t in extra if t is not None)
