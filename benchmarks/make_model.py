@@ -28,9 +28,9 @@ SHAPE = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hi
 CHUNK = 1 << 24  # values drawn per numpy call
 
 
-def config() -> dict:
+def config(shape: dict = SHAPE) -> dict:
     return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **SHAPE,
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **shape,
         "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
         "initializer_range": 0.02, "max_window_layers": 21, "rms_norm_eps": 1e-06, "rope_theta": 10000,
         "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
@@ -38,9 +38,9 @@ def config() -> dict:
     }
 
 
-def tensors() -> list[tuple[str, tuple[int, ...], float, float]]:
-    """(name, shape, mean, std) in the order HF writes them."""
-    c = SHAPE
+def tensors(shape: dict = SHAPE) -> list[tuple[str, tuple[int, ...], float, float]]:
+    """(name, shape, mean, std) in the order HF writes them, for the model of ``shape`` (SHAPE's keys)."""
+    c = shape
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     d = h // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * d
