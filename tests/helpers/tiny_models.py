@@ -252,16 +252,20 @@ class TinyModels:
     def reference(self, name: str, length: int) -> Reference:
         key = (name, length)
         if key not in self._refs:
-            spec = ALL_SPECS[name]
-            ids = prompt(name, length, spec.vocab)
-            model = self.hf(name)
-            with torch.no_grad():
-                x = torch.tensor([ids])
-                out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                     min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)
-                tokens = out[0].tolist()
-                seq = torch.tensor([tokens[:-1]])
-                logits = model(seq).logits[0].float().numpy()
-                exact = self.hf(name, "f64")(seq).logits[0].numpy()
-            self._refs[key] = Reference(ids, tokens, logits, exact)
+            ids = prompt(name, length, ALL_SPECS[name].vocab)
+            self._refs[key] = greedy_reference(self.hf(name), lambda: self.hf(name, "f64"), ids)
         return self._refs[key]
+
+
+def greedy_reference(model, exact_model, ids: list[int]) -> Reference:
+    """HF ``model``'s NEW_TOKENS greedy tokens after ``ids``, its logits along them, and the logits of
+    ``exact_model()`` (the same weights in float64) along the same tokens."""
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)
+        tokens = out[0].tolist()
+        seq = torch.tensor([tokens[:-1]])
+        logits = model(seq).logits[0].float().numpy()
+        exact = exact_model()(seq).logits[0].numpy()
+    return Reference(ids, tokens, logits, exact)

@@ -16,6 +16,7 @@
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
+#include "bias_rows.cuh"
 
 namespace llaisys::cuda {
 namespace {
@@ -114,14 +115,6 @@ __global__ void __launch_bounds__(kRows * kSplit) linear_gq_kernel(int64_t M, in
     }
 }
 
-// out[m, :] = bias (or 0) for K = 0.
-template <class T>
-__global__ void gq_bias_rows_kernel(int64_t rows, int64_t cols, T* out, const T* bias) {
-    const int64_t total = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
-        out[i] = bias ? bias[i % cols] : from_float<T>(0.0f);
-}
-
 template <int BITS, class T, class I>
 void run_linear_gq(StreamContext& s, int64_t M, int64_t N, int64_t K, int64_t gs, void* out, const void* x,
                    const void* weight, const void* scales, const void* zeros, const void* bias, const void* perm) {
@@ -155,7 +148,7 @@ int LLAISYS_FN(linear_gq)(int device, void* stream, int dtype, int bits, int64_t
                 throw NotSupported("perm dtype code " + std::to_string(perm_dtype) + " (int32 or int64)");
             if (M <= 0 || N <= 0) return;
             if (K == 0) {
-                auto fill = &gq_bias_rows_kernel<T>;
+                auto fill = &bias_rows_kernel<T>;
                 LLAISYS_LAUNCH(fill, blocks_for(M * N, 256, int64_t(device_context(s.device).sm_count) * 8), 256, 0,
                                s.stream, M, N, static_cast<T*>(out), static_cast<const T*>(bias));
                 return;

@@ -14,6 +14,7 @@
 #include "../common/context.h"
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
+#include "bias_rows.cuh"
 #include "block_formats.cuh"
 
 namespace llaisys::cuda {
@@ -122,14 +123,6 @@ __global__ void __launch_bounds__(kQRows * kQSplit) linear_q_kernel(int64_t M, i
     }
 }
 
-// out[m, :] = bias (or 0) for K = 0.
-template <class T>
-__global__ void bias_rows_kernel(int64_t rows, int64_t cols, T* out, const T* bias) {
-    const int64_t total = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
-        out[i] = bias ? bias[i % cols] : from_float<T>(0.0f);
-}
-
 // Row i of out = row index[i] of the matrix, decoded: thread per group of 32 k of a row.
 template <int FMT, class T>
 __global__ void embedding_q_kernel(int64_t n_index, int64_t dim, int64_t vocab, T* out, const int64_t* index,
@@ -208,8 +201,8 @@ int LLAISYS_FN(linear_q)(int device, void* stream, int dtype, int fmt, int64_t M
                 if (M <= 0 || N <= 0) return;
                 if (K == 0) {
                     auto fill = &bias_rows_kernel<T>;
-                    LLAISYS_LAUNCH(fill, blocks_for(M * N, 256, int64_t(device_context(s.device).sm_count) * 8), 256,
-                                   0, s.stream, M, N, static_cast<T*>(out), static_cast<const T*>(bias));
+                    LLAISYS_LAUNCH(fill, blocks_for(M * N, 256, int64_t(device_context(s.device).sm_count) * 8), 256, 0,
+                                   s.stream, M, N, static_cast<T*>(out), static_cast<const T*>(bias));
                     return;
                 }
                 run_linear_q<decltype(format)::value, T>(s, M, N, K, out, x, weight, scales, bias);

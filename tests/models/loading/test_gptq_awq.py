@@ -22,7 +22,7 @@ import llaisys_models
 from helpers import gptq_awq_pack as pack
 from helpers.gptq_awq_pack import Quant
 from helpers.parity_rule import MAX_NEAR_TIE_RATE, check_against_reference
-from helpers.tiny_models import EOS_ID, NEW_TOKENS, Reference, make_checkpoint, prompt
+from helpers.tiny_models import NEW_TOKENS, Reference, greedy_reference, make_checkpoint, prompt
 from helpers.tiny_models import SPECS as FLOAT_SPECS
 from llaisys_models import ModelLoadError
 from llaisys_models.loading import quantized_checkpoint
@@ -97,18 +97,9 @@ class Packed:
     def reference(self, case: str, length: int) -> Reference:
         """HF's greedy tokens and logits on the dequantized float checkpoint (f32, and the exact f64 logits)."""
         if (case, length) not in self.refs:
-            spec = FLOAT_SPECS[CASES[case][0]]
-            ids = prompt(case, length, spec.vocab)
-            model = self.hf_model(case, "float32")
-            with torch.no_grad():
-                x = torch.tensor([ids])
-                out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                     min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=EOS_ID)
-                tokens = out[0].tolist()
-                seq = torch.tensor([tokens[:-1]])
-                logits = model(seq).logits[0].float().numpy()
-                exact = self.hf_model(case, "float64")(seq).logits[0].numpy()
-            self.refs[case, length] = Reference(ids, tokens, logits, exact)
+            ids = prompt(case, length, FLOAT_SPECS[CASES[case][0]].vocab)
+            self.refs[case, length] = greedy_reference(self.hf_model(case, "float32"),
+                                                       lambda: self.hf_model(case, "float64"), ids)
         return self.refs[case, length]
 
 

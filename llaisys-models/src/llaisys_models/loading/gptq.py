@@ -64,30 +64,27 @@ def _bytes(packed: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(packed).view(np.uint8).reshape(*packed.shape, 4)
 
 
+def _codes(words: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 [A, B, 4] (the bytes of words, lowest first) -> the codes uint8 [A, B * 32/bits], lowest bits first."""
+    a, b = words.shape[:2]
+    if bits == 8:
+        return np.ascontiguousarray(words).reshape(a, b * 4)
+    out = np.empty((a, b, 4, 2), np.uint8)
+    np.bitwise_and(words, 15, out=out[..., 0])
+    np.right_shift(words, 4, out=out[..., 1])
+    return out.reshape(a, b * 8)
+
+
 def unpack_rows(packed: np.ndarray, bits: int) -> np.ndarray:
     """int32 words [R, C], each holding 32/bits codes along a row, lowest bits first -> uint8 [R, C * 32/bits]
     (qzeros; AWQ's qweight before its order is undone)."""
-    b = _bytes(packed)
-    r, c = packed.shape
-    if bits == 8:
-        return np.ascontiguousarray(b).reshape(r, c * 4)
-    out = np.empty((r, c, 4, 2), np.uint8)
-    np.bitwise_and(b, 15, out=out[..., 0])
-    np.right_shift(b, 4, out=out[..., 1])
-    return out.reshape(r, c * 8)
+    return _codes(_bytes(packed), bits)
 
 
 def unpack_columns(packed: np.ndarray, bits: int) -> np.ndarray:
     """int32 words [R, C], each holding 32/bits codes of a column, lowest bits first -> uint8 [C, R * 32/bits]:
     the codes transposed (GPTQ's qweight [K * bits / 32, N] -> q [N, K])."""
-    b = _bytes(packed).transpose(1, 0, 2)  # [C, R, 4]
-    r, c = packed.shape
-    if bits == 8:
-        return np.ascontiguousarray(b).reshape(c, r * 4)
-    out = np.empty((c, r, 4, 2), np.uint8)
-    np.bitwise_and(b, 15, out=out[..., 0])
-    np.right_shift(b, 4, out=out[..., 1])
-    return out.reshape(c, r * 8)
+    return _codes(_bytes(packed).transpose(1, 0, 2), bits)  # [C, R, 4]
 
 
 @dataclasses.dataclass
