@@ -127,6 +127,11 @@ def _op_args(buffers, op, dtype, numerics):
                               buffers.upload(np.full((1, 1, 16), 0x3c00, np.uint16)),
                               buffers.upload(np.full((1, 1, 16), 8, np.uint8)), None,
                               buffers.upload(np.arange(32, dtype=np.int64))),
+        # M = 2 rows (adapters 1 and -1), K = 8, R = 4, N = 3, S = 2 slots
+        "lora_shrink": lambda: (dtype, 2, 8, 4, 2, f(2, 4), f(2, 8), f(2, 4, 8),
+                                buffers.upload(np.array([1, -1], dtype=np.int64)), f(2)),
+        "lora_expand": lambda: (dtype, 2, 4, 3, 2, f(2, 3), f(2, 4), f(2, 4, 3),
+                                buffers.upload(np.array([1, -1], dtype=np.int64))),
         "rms_norm": lambda: (dtype, numerics, dtype, 2, 8, 1e-6, f(2, 8), f(2, 8), f(8)),
         "scale": lambda: (dtype, 8, 0.5, f(8), f(8)),
         "rope": lambda: (dtype, numerics, 2, 1, 8, 1.0, f(2, 1, 8), f(2, 1, 8), index, f(4)),
@@ -389,3 +394,14 @@ def test_linear_gq_unknown_codes_are_not_supported(on_device, what):
         args[1 if what == "bits" else 3] = 3 if what == "bits" else CODES["LLAISYS_F32"]
         on_device.expect(on_device.finish(on_device("linear_gq", 0, None, *args)), NOT_SUPPORTED,
                          "bits = 3" if what == "bits" else "perm dtype")
+
+
+@pytest.mark.parametrize("op", ["lora_shrink", "lora_expand"])
+@pytest.mark.parametrize("bad", [2, -2, 1 << 40])
+def test_lora_adapter_out_of_range_names_it(on_device, op, bad):
+    if not on_device.has(op):
+        pytest.skip(f"{on_device.backend.name} does not implement {op}")
+    with DeviceBuffers(on_device) as buffers:
+        args = list(_op_args(buffers, op, F32, CODES["LLAISYS_NUMERICS_EXACT"]))
+        args[8] = buffers.upload(np.array([0, bad], dtype=np.int64))
+        on_device.expect(on_device.finish(on_device(op, 0, None, *args)), INVALID_ARGUMENT, f"adapters[1] = {bad}")

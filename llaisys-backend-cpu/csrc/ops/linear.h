@@ -79,7 +79,7 @@ class Scratch {
 };
 
 // One scratch per (thread, purpose). The thread team's threads persist, so this is allocated once.
-enum ScratchSlot { kSlotX = 0, kSlotCarry, kSlotMoeRows, kSlotMoeOut, kSlotMoeIndex, kSlotCount };
+enum ScratchSlot { kSlotX = 0, kSlotCarry, kSlotMoeRows, kSlotMoeOut, kSlotMoeIndex, kSlotLora, kSlotCount };
 inline Scratch& scratch(ScratchSlot slot) {
     static thread_local Scratch slots[kSlotCount];
     return slots[slot];

@@ -80,11 +80,11 @@ struct KPart {
 };
 
 // out rows [0, MR) (stride N) x columns [0, NR) = x rows (stride ldx) . weight rows (stride K) + bias, over
-// the part kp of k (the output is written when the part ends at K); meanwhile requests pf_lines cache lines
-// from pf on.
-template <class C, int MR, int NR, class T>
+// the part kp of k (the output is written when the part ends at K, rounded once to O: the weights' dtype, or
+// f32 for lora_shrink); meanwhile requests pf_lines cache lines from pf on.
+template <class C, int MR, int NR, class T, class O>
 LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64_t ldx, const T* __restrict w,
-                                    int64_t K, const T* __restrict bias, T* __restrict out, int64_t N,
+                                    int64_t K, const T* __restrict bias, O* __restrict out, int64_t N,
                                     const char* pf, int64_t pf_lines, KPart<typename C::Acc> kp) {
     using Acc = typename C::Acc;
     constexpr int KW = C::KW;
@@ -146,16 +146,16 @@ LLAISYS_ALWAYS_INLINE void dot_tile(const typename C::XElem* __restrict x, int64
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) out[i * N + j] = from_f32<T>(bias ? sums[i][j] + to_f32(bias[j]) : sums[i][j]);
+        for (int j = 0; j < NR; ++j) out[i * N + j] = from_f32<O>(bias ? sums[i][j] + to_f32(bias[j]) : sums[i][j]);
 }
 
 // Rows [0, R) of x against weight rows [n0, n1): tiles of NR weight rows, then the last few one at a time,
 // over the part kp of k; tile t keeps its accumulators at kp.carry + t * kCarrySlot.
 constexpr int kCarrySlot = 16;  // accumulators per tile (MR x NR <= 16)
 
-template <class C, int R, int NR, class T>
+template <class C, int R, int NR, class T, class O>
 LLAISYS_ALWAYS_INLINE void dot_rows(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
-                                    const T* bias, T* out, int64_t N, SlicePrefetch& pf, KPart<typename C::Acc> kp) {
+                                    const T* bias, O* out, int64_t N, SlicePrefetch& pf, KPart<typename C::Acc> kp) {
     static_assert(R * NR <= kCarrySlot, "a tile's accumulators fit its carry slot");
     auto next_tile = [&kp]() {  // this tile's part, then the carry moves to the next tile's slot
         const auto part = kp;
@@ -192,9 +192,9 @@ constexpr int64_t kStreamPrefetchBytes = int64_t(32) << 10;
 // tile keep the FMA units busy without more weight rows. (Groups of at most 4 rows, as this path had before,
 // read each weight row again per group: a verify of 4 drafts, 4 + 1 rows, cost 1.35-1.6x a decode step's
 // linear, f32 K = 576.)
-template <class C, int R, class T>
+template <class C, int R, class T, class O>
 LLAISYS_ALWAYS_INLINE void dot_stream(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
-                                      const T* bias, T* out, int64_t N) {
+                                      const T* bias, O* out, int64_t N) {
     const KPart<typename C::Acc> all{0, K, nullptr};
     const int64_t row_bytes = K * int64_t(sizeof(T));
     const int64_t ahead = R > 1 ? ceil_div(kStreamPrefetchBytes, row_bytes) : 0;  // rows
@@ -214,9 +214,9 @@ LLAISYS_ALWAYS_INLINE void dot_stream(const typename C::XElem* x, const T* w, in
 // (SlicePrefetch; after the last slice, the first of the next block), so that memory streams while they
 // compute. The row count of the last group is a template argument too, so that every tile keeps its
 // accumulators in registers.
-template <class C, int MR, int NR, class T>
+template <class C, int MR, int NR, class T, class O>
 LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1,
-                                     int64_t K, const T* bias, T* out, int64_t N) {
+                                     int64_t K, const T* bias, O* out, int64_t N) {
     static_assert(MR >= 1 && MR <= 4, "tiles of 1 to 4 rows of x");
     using Acc = typename C::Acc;
     if constexpr (NR == 1) {
@@ -261,7 +261,7 @@ LLAISYS_ALWAYS_INLINE void dot_block(int64_t mc, const typename C::XElem* x, con
             for (; i + MR <= mc; i += MR)  // (the weights come from L2, requested during the previous slice)
                 dot_rows<C, MR, NR>(x + i * K, w, s0, s1, K, bias, out + i * N, N, pf, part(i / MR));
             const auto* xi = x + i * K;
-            T* oi = out + i * N;
+            O* oi = out + i * N;
             switch (mc - i) {  // the last rows of x, fewer than MR
                 case 1: dot_rows<C, 1, NR>(xi, w, s0, s1, K, bias, oi, N, pf, part(i / MR)); break;
                 case 2: if constexpr (MR > 2) dot_rows<C, 2, NR>(xi, w, s0, s1, K, bias, oi, N, pf, part(i / MR)); break;
@@ -281,9 +281,9 @@ inline bool streams(int64_t mc, int64_t K, size_t x_bytes, int MR) {
 // linear.cpp, is the same call in a function built for AVX512-BF16).
 template <class C, int MR, class T>
 struct DotBlock {
-    template <int NR>
+    template <int NR, class O>
     static void run(int64_t mc, const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
-                    const T* bias, T* out, int64_t N) {
+                    const T* bias, O* out, int64_t N) {
         dot_block<C, MR, NR>(mc, x, w, n0, n1, K, bias, out, N);
     }
 };

@@ -396,6 +396,13 @@ void check_kernel_errors(DeviceContext& ctx) {
             throw InvalidArgument("linear_gq: perm[" + std::to_string(record.b) + "] = " + std::to_string(record.a) +
                                   " is outside [0, " + std::to_string(record.c) + ") (position " +
                                   std::to_string(record.b) + "; out is undefined)");
+        case kLoraShrinkAdapterOutOfRange:
+        case kLoraExpandAdapterOutOfRange:
+            throw InvalidArgument(std::string(record.code == kLoraShrinkAdapterOutOfRange ? "lora_shrink"
+                                                                                           : "lora_expand") +
+                                  ": adapters[" + std::to_string(record.b) + "] = " + std::to_string(record.a) +
+                                  " is not an adapter slot in [-1, " + std::to_string(record.c) +
+                                  ") (its row was not written)");
         default:
             throw InvalidArgument("a kernel reported error code " + std::to_string(record.code));
     }

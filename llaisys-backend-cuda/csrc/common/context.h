@@ -33,6 +33,8 @@ enum KernelErrorCode : int {
     kMoeExpertOutOfRange = 11,  // a = expert id, b = row, c = slot
     kLogprobsNoDistribution = 12,  // a = 0 (NaN), 1 (+inf) or 2 (all -inf), b = position of the maximum
     kGqPermOutOfRange = 13,        // a = perm value, b = position, c = K
+    kLoraShrinkAdapterOutOfRange = 14,  // a = adapter slot, b = row, c = S
+    kLoraExpandAdapterOutOfRange = 15,  // a = adapter slot, b = row, c = S
 };
 
 struct KernelErrorRecord {

@@ -17,7 +17,7 @@ from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64,
 # The ABI's version, major.minor (backend.h explains the policy). A library's api_version() is
 # major * 1000 + minor; one built before minors existed returns its plain major (< 1000), read as major.0.
 API_MAJOR = 6  # LLAISYS_API_VERSION_MAJOR: bumped by a breaking change; another major is refused
-API_MINOR = 1  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
+API_MINOR = 2  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
 API_VERSION = API_MAJOR * 1000 + API_MINOR  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
@@ -194,6 +194,10 @@ OP_SLOTS: dict[str, list] = {
     # dtype, bits (4 / 8), group_size, perm_dtype (I32 / I64), M, N, K, out [M,N], x [M,K], weight uint8
     # [NB,K*bits/32,64], scales f16 [NB,G,16], zeros uint8 [NB,G,16] (llaisys.ops.gq), bias [N] or NULL, perm [K] or NULL
     "linear_gq": [c_int, c_int, _i64, c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p],
+    # dtype (of x and a), M, K, R, S, h f32 [M,R], x [M,K], a [S,R,K], adapters int64 [M] (-1: none), scales f32 [S]
+    "lora_shrink": [c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
+    # dtype (of out and b), M, R, N, S, out [M,N] (in place), h f32 [M,R], b [S,R,N], adapters int64 [M] (-1: none)
+    "lora_expand": [c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 
@@ -214,7 +218,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 
 # The minor version of API_MAJOR that added a slot, for the slots added after API_MAJOR.0 (backend.h lists the
 # same). A library built for an older minor lacks them: core treats them as missing even if it exports the name.
-SLOT_SINCE: dict[str, int] = {"linear_gq": 1}
+SLOT_SINCE: dict[str, int] = {"linear_gq": 1, "lora_shrink": 2, "lora_expand": 2}
 
 
 def split_version(version: int) -> tuple[int, int]:

@@ -131,6 +131,10 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
     "embedding_q": lambda dtype, fmt, n_index, dim, vocab, out, index, weight, scales: (
         n_index * dim * _size(dtype), n_index * I64, *_q_blocks(fmt, vocab, dim)),
     "linear_gq": _linear_gq,
+    "lora_shrink": lambda dtype, M, K, R, S, h, x, a, adapters, scales: (
+        M * R * F32, M * K * _size(dtype), S * R * K * _size(dtype), M * I64, S * F32),
+    "lora_expand": lambda dtype, M, R, N, S, out, h, b, adapters: (
+        M * N * _size(dtype), M * R * F32, S * R * N * _size(dtype), M * I64),
 }
 
 # op -> positions of its pointer (void*) arguments among the arguments after device and stream
@@ -146,7 +150,8 @@ WRITES: dict[str, frozenset[int]] = {
     "swiglu": frozenset({0}), "sample": frozenset({0}), "mask_logits": frozenset({0}),
     "penalize_logits": frozenset({0}), "logprobs": frozenset({1, 2}), "geglu_tanh": frozenset({0}),
     "scale": frozenset({0}), "moe_linear_i8": frozenset({0}), "linear_q": frozenset({0}),
-    "embedding_q": frozenset({0}), "linear_gq": frozenset({0}),
+    "embedding_q": frozenset({0}), "linear_gq": frozenset({0}), "lora_shrink": frozenset({0}),
+    "lora_expand": frozenset({0}),
 }
 
 

@@ -66,13 +66,14 @@
  *
  * Slots added in a minor version of this major (each line "  <major>.<minor>: slot, slot"):
  *   6.1: linear_gq
+ *   6.2: lora_shrink, lora_expand
  *
  * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
  * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
  * (LLAISYS_ATTR_HOST_ADDRESSABLE, after synchronizing the op's stream), else on host copies of its buffers
  * (memcpy D2H, the CPU kernel, memcpy H2D of the buffers it writes). LLAISYS_FALLBACK=0 makes it an error. */
 #define LLAISYS_API_VERSION_MAJOR 6
-#define LLAISYS_API_VERSION_MINOR 1
+#define LLAISYS_API_VERSION_MINOR 2
 #define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
@@ -571,6 +572,35 @@ LLAISYS_OP int LLAISYS_FN(linear_gq)(int device, void* stream, int dtype, int bi
                                      int perm_dtype, int64_t M, int64_t N, int64_t K, void* out, const void* x,
                                      const void* weight, const void* scales, const void* zeros, const void* bias,
                                      const void* perm);
+
+/* Batched LoRA adapters (Punica's SGMV: every row of a batch may use another adapter, or none). A layer's update
+ * for row m with adapter s = adapters[m] is scale[s] * (x[m] @ A[s]^T) @ B[s], made in two steps:
+ *     h = lora_shrink(x, A, adapters, scales)        [M, R] f32 (R the padded rank)
+ *     out += lora_expand(h, B, adapters)             in place, in out's dtype
+ * adapters int64 [M]: each row's slot in [0, S), or -1 (no adapter). The slots are data only the kernel reads: a
+ * value outside [-1, S) is LLAISYS_INVALID_ARGUMENT naming it, never a read outside the adapters (the CPU refuses
+ * before writing anything; an accelerator reports it at the next synchronizing call, the rows of the valid slots
+ * possibly written). Consecutive rows of one slot (a segment) may share the slot's loads, but the arithmetic of
+ * a row is fixed by its own data and the sizes: the same bits alone, in any batch and on any number of threads. */
+
+/* [op] LoRA shrink: h [M, R] f32 = per row m with s = adapters[m] >= 0:
+ *     h[m, r] = scales[s] * (sum over k of x[m, k] * a[s, r, k])
+ * the products summed in f32 (x and a widen exactly) in an order that depends on K only, then times the f32
+ * scale; rows with s = -1 get h[m, :] = 0. x [M, K] and a [S, R, K] (zero-padded rows of a lower rank allowed) in
+ * `dtype`, scales f32 [S], adapters int64 [M]. K may be 0 (h = scales[s] * 0). h shares no memory with the other
+ * buffers. */
+LLAISYS_OP int LLAISYS_FN(lora_shrink)(int device, void* stream, int dtype, int64_t M, int64_t K, int64_t R,
+                                       int64_t S, void* h, const void* x, const void* a, const void* adapters,
+                                       const void* scales);
+
+/* [op] LoRA expand, in place: per row m with s = adapters[m] >= 0 and every n:
+ *     out[m, n] = round(out[m, n] + (sum over r ascending of h[m, r] * b[s, r, n]))
+ * the sum in f32 (one FMA chain per output, r = 0, 1, ..., R - 1), then one f32 add to out's value and one
+ * rounding to `dtype`. h f32 [M, R], b [S, R, N] (B transposed: a row's update is a sum of rows of b) and out
+ * [M, N] in `dtype`, adapters int64 [M]. Rows with s = -1 are not touched (not even rewritten); R = 0 leaves out
+ * as it is. out shares no memory with h, b or adapters. */
+LLAISYS_OP int LLAISYS_FN(lora_expand)(int device, void* stream, int dtype, int64_t M, int64_t R, int64_t N,
+                                       int64_t S, void* out, const void* h, const void* b, const void* adapters);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */
