@@ -30,6 +30,7 @@ from .families.qwen2 import Qwen2
 from .families.qwen3 import Qwen3
 from .families.registry import MODEL_CLASSES
 from .loading import gguf, loader
+from .loading import lora as _adapter_reader  # noqa: F401  (model.load_lora reads adapters through it)
 from .loading.safetensors import Checkpoint, SafetensorsFile
 from .text.tokenizer import load_tokenizer
 

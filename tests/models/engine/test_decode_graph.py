@@ -72,7 +72,7 @@ def test_verify_steps_of_speculative_decoding_are_replayed_too(pair, name):
     stats = graphed.last_stats
     assert stats.draft_tokens > 0
     shapes = list(graphed._decode_graphs._steps)
-    assert any(rows[0] > 1 for rows in shapes), shapes  # a verify shape was captured
+    assert any(rows[0] > 1 for rows, _ in shapes), shapes  # a verify shape was captured (keys: rows, LoRA)
     steps = stats.new_tokens - stats.accepted_tokens  # forwards of the reply (one token each, plus kept drafts)
     assert graphed._decode_graphs.replays >= steps - 2 * len(shapes) - 1  # each shape: one eager warm-up
 

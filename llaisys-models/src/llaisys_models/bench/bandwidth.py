@@ -53,6 +53,10 @@ def _nbytes(weight: Linear | Int8Experts) -> int:
     """A tensor's bytes, or a quantized weight's (its blocks, scales, and zero points and permutation if any)."""
     import llaisys
 
+    from ..families.weights import Adapted
+
+    if isinstance(weight, Adapted):  # (the LoRA adapters beside it are read per adapted row only: not counted)
+        return _nbytes(weight.base)
     if isinstance(weight, llaisys.Tensor):
         return weight.nbytes
     extra = [getattr(weight, name, None) for name in ("zeros", "perm")]  # (GPTQ / AWQ: GQWeight)

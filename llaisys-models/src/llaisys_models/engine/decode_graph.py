@@ -39,8 +39,9 @@ class _DecodeStep:
     them. It refers to its pool weakly: a graph holds the pool's tensors, so a pool that is gone (or grown:
     new tensors) must take its graphs with it, never be kept alive by them."""
 
-    def __init__(self, pool: KVPool, rows: tuple[int, ...]):
-        self.step = static_step_inputs(rows, pool.num_blocks, pool.shape.device)  # tables as wide as the pool
+    def __init__(self, pool: KVPool, rows: tuple[int, ...], adapters: bool):
+        # tables as wide as the pool; each row's LoRA slot where the step has adapters
+        self.step = static_step_inputs(rows, pool.num_blocks, pool.shape.device, adapters)
         self.pool, self.generation = weakref.ref(pool), pool.generation
         self.graph: llaisys.Graph | None = None
         self.numerics = None  # the model's numerics when captured (a benchmark may switch it)
@@ -68,7 +69,8 @@ class DecodeGraphs:
         # capture) an op of the step that runs on the CPU backend, which a graph cannot record (llaisys.fallback)
         self.why_off = llaisys.why_no_graphs(model.device)
         self.enabled = not self.why_off
-        self._steps: dict[tuple[int, ...], _DecodeStep] = {}
+        # by rows per sequence, and whether rows have LoRA adapters (the step then runs their ops)
+        self._steps: dict[tuple[tuple[int, ...], bool], _DecodeStep] = {}
         self.replays = 0  # decode steps served by a graph (tests and benchmarks read it)
 
     def run(self, pool: KVPool, host: HostStep) -> llaisys.Tensor | None:
@@ -80,18 +82,19 @@ class DecodeGraphs:
         if rows != host.logits_of or max(rows) > MAX_ROWS:
             return None  # a prefill chunk (rows whose logits nobody wants), or a long verify
         self.release(None)  # the graphs of pools that are gone
-        entry = self._steps.get(rows)
+        key = rows, host.adapters is not None
+        entry = self._steps.get(key)
         if entry is not None and not (entry.fits(pool) and entry.numerics in (None, self.model.numerics)):
-            self._drop(rows)
+            self._drop(key)
             entry = None
         if entry is None:
             if len(self._steps) >= MAX_SHAPES:
                 self._drop(next(iter(self._steps)))
-            entry = self._steps[rows] = _DecodeStep(pool, rows)
+            entry = self._steps[key] = _DecodeStep(pool, rows, host.adapters is not None)
         load_step_inputs(entry.step, host)
         if entry.graph is None and not self._ready(pool, entry):
             entry.eager_steps += 1
-            return self.model._run_step(pool, entry.step)
+            return self.model._step(pool, entry.step)
         assert entry.graph is not None and entry.logits is not None  # captured: the graph and the logits it writes
         entry.graph.replay()
         self.replays += 1
@@ -108,7 +111,7 @@ class DecodeGraphs:
         workspace = self.model._workspace(entry.step.num_tokens)
         try:
             with graph.capture():
-                logits = self.model._run_step(pool, entry.step)
+                logits = self.model._step(pool, entry.step)
         except llaisys.NotSupportedError as e:  # e.g. an op that falls back: no step of this model can be captured
             graph.close()
             self.enabled, self.why_off = False, str(e)
@@ -124,14 +127,14 @@ class DecodeGraphs:
 
     def release(self, pool: KVPool | None) -> None:
         """Drop the graphs captured on ``pool`` (a pool its owner is done with), and those of pools gone."""
-        for rows in [rows for rows, entry in self._steps.items() if entry.pool() in (None, pool)]:
-            self._drop(rows)
+        for key in [key for key, entry in self._steps.items() if entry.pool() in (None, pool)]:
+            self._drop(key)
 
-    def _drop(self, rows: tuple[int, ...]) -> None:
-        entry = self._steps.pop(rows)
+    def _drop(self, key: tuple[tuple[int, ...], bool]) -> None:
+        entry = self._steps.pop(key)
         with contextlib.suppress(llaisys.LlaisysError):
             entry.close()
 
     def clear(self) -> None:
-        for rows in list(self._steps):
-            self._drop(rows)
+        for key in list(self._steps):
+            self._drop(key)

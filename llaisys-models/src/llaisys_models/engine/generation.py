@@ -29,6 +29,7 @@ from .thinking import ThinkingRule
 
 if TYPE_CHECKING:
     from ..families.config import ModelConfig
+    from ..lora.adapter import LoRAAdapter
     from .kv_cache import KVPool
     from .step_inputs import Batch
 
@@ -148,6 +149,8 @@ class GenerationMixin:
 
         def forward_batch(self, pool: KVPool, batch: Batch, logits_of: list[int] | None = None) -> llaisys.Tensor: ...
 
+        def lora_for(self, name: str | None) -> LoRAAdapter | None: ...
+
     @property
     def generator(self) -> Generator:
         if self._generator is None:
@@ -156,7 +159,8 @@ class GenerationMixin:
 
     def generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                  temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None, speculative=None,
-                 num_speculative_tokens: int | None = None, grammar=None, thinking=None, **penalties) -> list[int]:
+                 num_speculative_tokens: int | None = None, grammar=None, thinking=None, lora: str | None = None,
+                 **penalties) -> list[int]:
         """Prompt + new tokens; stops right after an EOS token (which is included).
 
         top_k=1 (or temperature=0) is greedy. ``eos_token_ids=()`` never stops early. A prompt that starts
@@ -173,38 +177,42 @@ class GenerationMixin:
         ``thinking``: a reasoning model's ``thinking.ThinkingRule`` for this prompt (text/reasoning.py's
         ``parser.rule(prompt, budget)``): its thinking tokens are at most the rule's budget, after which the
         rule's end of the thinking is appended, and the ``grammar`` applies only after the thinking.
+        ``lora``: the name of a loaded LoRA adapter (``load_lora``) to generate under; None: the base model.
         """
         ids = self.check_input_ids(input_ids)
         return ids + list(self.stream_generate(ids, max_new_tokens, top_k, top_p, temperature, seed,
                                                eos_token_ids=eos_token_ids, speculative=speculative,
                                                num_speculative_tokens=num_speculative_tokens, grammar=grammar,
-                                               thinking=thinking, **penalties))
+                                               thinking=thinking, lora=lora, **penalties))
 
     def stream_generate(self, input_ids, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                         temperature: float = 1.0, seed: int | None = None, *, eos_token_ids=None,
                         speculative=None, num_speculative_tokens: int | None = None, grammar=None,
-                        thinking=None, **penalties) -> PyGenerator[int, None, None]:
+                        thinking=None, lora: str | None = None, **penalties) -> PyGenerator[int, None, None]:
         """Yield each new token as soon as it is chosen (the EOS token included; a verify step of speculative
         decoding yields several at once). Arguments are checked here, before the first token is asked for;
-        ``thinking``, ``penalties``: as ``generate``."""
+        ``thinking``, ``lora``, ``penalties``: as ``generate``."""
         ids = self.check_input_ids(input_ids)
         params = self._params(max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids,
                               resolve_speculation(speculative, num_speculative_tokens, self), grammar,
-                              thinking=thinking, **penalties)
+                              thinking=thinking, lora=self.lora_for(lora), **penalties)
         self.check_length(len(ids) + params.max_tokens)
         return self.generator.stream(ids, params)
 
     def generate_batch(self, prompts, max_new_tokens: int, top_k: int = 1, top_p: float = 1.0,
                        temperature: float = 1.0, seed=None, *, eos_token_ids=None, kv_memory: int | None = None,
                        max_running: int | None = None, max_batch_tokens: int = 128, speculative=None,
-                       num_speculative_tokens: int | None = None, grammar=None, **penalties) -> list[list[int]]:
+                       num_speculative_tokens: int | None = None, grammar=None, lora=None,
+                       **penalties) -> list[list[int]]:
         """``generate`` for a list of prompts at once (continuous batching: one forward per step for all of
         them); each result equals ``generate(prompt, ...)`` with the same seed. ``seed``: None (a random
         seed per prompt), one int for every prompt, or one per prompt. ``kv_memory``: the KV pool's bytes
         (None: room for every sequence at full length; less makes the scheduler preempt and recompute, with
         the same results). ``speculative``, ``num_speculative_tokens`` and the penalties (``repetition_penalty``,
         ``frequency_penalty``, ``presence_penalty``, ``logit_bias``): as ``generate``, for every prompt.
-        ``grammar``: as ``generate``: one for every prompt, or a list with one (or None) per prompt."""
+        ``grammar``: as ``generate``: one for every prompt, or a list with one (or None) per prompt. ``lora``: one
+        adapter name (or None) for every prompt, or a list with one per prompt: the base model and any adapters in
+        one batch (at most ``max_loras`` adapters run at once; the others wait their turn)."""
         prompts = [self.check_input_ids(p) for p in prompts]
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
@@ -212,9 +220,12 @@ class GenerationMixin:
         grammars = list(grammar) if isinstance(grammar, (list, tuple)) else [grammar] * len(prompts)
         if len(grammars) != len(prompts):
             raise llaisys.LlaisysValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+        names = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(names) != len(prompts):
+            raise llaisys.LlaisysValueError(f"{len(names)} LoRA adapter names for {len(prompts)} prompts")
         speculation = resolve_speculation(speculative, num_speculative_tokens, self)
         params = [self._params(max_new_tokens, top_k, top_p, temperature, s, eos_token_ids, speculation, gr,
-                               **penalties) for s, gr in zip(seeds, grammars)]
+                               lora=self.lora_for(name), **penalties) for s, gr, name in zip(seeds, grammars, names)]
         if not prompts or max_new_tokens == 0:
             return [list(p) for p in prompts]
         if kv_memory is None:
@@ -233,7 +244,7 @@ class GenerationMixin:
         return [seq.tokens for seq in sequences]
 
     def _params(self, max_new_tokens, top_k, top_p, temperature, seed, eos_token_ids, speculation=None,
-                grammar=None, *, thinking=None,
+                grammar=None, *, thinking=None, lora=None,
                 repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                 logit_bias=None) -> SamplingParams:
         check_max_new_tokens(max_new_tokens)
@@ -247,7 +258,7 @@ class GenerationMixin:
         eos = None if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         return SamplingParams(int(max_new_tokens), float(temperature), float(top_p), int(min(top_k, 1 << 62)),
                               None if seed is None else int(seed), eos_token_ids=eos, speculation=speculation,
-                              grammar=grammar, thinking=thinking,
+                              grammar=grammar, thinking=thinking, lora=lora,
                               repetition_penalty=check_repetition_penalty(repetition_penalty),
                               frequency_penalty=check_frequency_penalty(frequency_penalty),
                               presence_penalty=check_presence_penalty(presence_penalty),

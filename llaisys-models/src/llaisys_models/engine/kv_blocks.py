@@ -1,7 +1,8 @@
 """The paged KV cache's bookkeeping, in plain Python: which block holds which positions of which sequence.
 
     blocks = BlockManager(num_blocks, block_size)   # no device: tests drive it directly
-    seq = blocks.sequence(scope)          # an empty block table (scope: whose prefix cache it may use)
+    seq = blocks.sequence(scope, adapter) # an empty block table (scope: whose prefix cache it may use; adapter:
+                                          # the LoRA adapter its keys and values are computed under, or None)
     seq.adopt_prefix(prompt, limit)       # reuse cached blocks that hold the prompt's start
     seq.reserve(n)                        # blocks for n positions (False: the pool is out)
     child = seq.fork(n)                   # a second sequence sharing the first n positions' blocks
@@ -13,8 +14,9 @@ block's tensors in ``copy_block``.
 
 Prefix sharing. A full block is indexed by (its parent, its token ids): the chain of parents makes the key
 cover the whole prefix, and a dict lookup compares the token ids themselves, so a match is exact (no hash
-collision can share the wrong keys). The parent of a sequence's first block is the root of its scope: two
-scopes (tenants of a server) never see each other's blocks. Sequences that start with the same tokens hold
+collision can share the wrong keys). The parent of a sequence's first block is the root of its scope and
+adapter: two scopes (tenants of a server) never see each other's blocks, and keys computed under one LoRA
+adapter (or none) never serve a sequence under another. Sequences that start with the same tokens hold
 the same blocks (reference counted). When a sequence ends, its last, partly filled block is kept too (as a
 child of its parent), so a follow-up turn or an edited message reuses every token before the first
 difference: the best-matching child block is copied into a new block of the sequence (copy on write) and
@@ -33,14 +35,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 import llaisys
 
 
 @dataclasses.dataclass(frozen=True)
 class Root:
-    """The parent of a sequence's first block: one per scope."""
+    """The parent of a sequence's first block: one per scope and LoRA adapter (its uid; 0: none)."""
     scope: str = ""
+    adapter: int = 0
+
+
+class Adapter(Protocol):
+    """A LoRA adapter as the KV cache knows it (lora/adapter.py): a load's unique id."""
+    uid: int
 
 
 Parent = Hashable  # a block id (int) or a Root
@@ -75,8 +84,8 @@ class BlockManager:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def sequence(self, scope: str = "") -> SequenceKV:
-        return SequenceKV(self, scope)
+    def sequence(self, scope: str = "", adapter: Adapter | None = None) -> SequenceKV:
+        return SequenceKV(self, scope, adapter)
 
     def copy_block(self, dst: int, src: int) -> None:
         """Copy block ``src``'s keys and values into ``dst`` (copy on write): the pool's tensors do (kv_cache)."""
@@ -167,11 +176,11 @@ class BlockManager:
         if tokens and block not in self._entry and self._reachable(parent):
             self._add_entry(block, parent, tokens)
 
-    def match(self, tokens: list[int], limit: int, scope: str = "") -> tuple[list[int], int | None, int]:
-        """Cached blocks of ``scope`` holding the longest prefix of ``tokens[:limit]``: (full blocks, a block
-        whose first ``n`` positions continue it (to copy), n)."""
+    def match(self, tokens: list[int], limit: int, root: Root = Root()) -> tuple[list[int], int | None, int]:
+        """Cached blocks under ``root`` (a scope and adapter) holding the longest prefix of ``tokens[:limit]``:
+        (full blocks, a block whose first ``n`` positions continue it (to copy), n)."""
         bs, start = self.block_size, 0
-        parent: Parent = Root(scope)
+        parent: Parent = root
         full: list[int] = []
         while start + bs <= limit:
             block = self._index.get((parent, tuple(tokens[start:start + bs])))
@@ -210,11 +219,14 @@ class BlockManager:
 
 
 class SequenceKV:
-    """One sequence's block table and the token ids whose keys/values are stored, in ``scope``."""
+    """One sequence's block table and the token ids whose keys/values are stored, in ``scope``, computed under
+    ``adapter`` (a LoRA adapter, or None: the base model's)."""
 
-    def __init__(self, blocks: BlockManager, scope: str = "") -> None:
+    def __init__(self, blocks: BlockManager, scope: str = "", adapter: Adapter | None = None) -> None:
         self.manager = blocks
         self.scope = scope
+        self.adapter = adapter
+        self.root = Root(scope, 0 if adapter is None else adapter.uid)
         self.blocks: list[int] = []
         self.tokens: list[int] = []
 
@@ -223,7 +235,7 @@ class SequenceKV:
 
     def _parent(self, b: int) -> Parent:
         """The index parent of the sequence's block ``b``."""
-        return self.blocks[b - 1] if b else Root(self.scope)
+        return self.blocks[b - 1] if b else self.root
 
     def blocks_for(self, length: int) -> int:
         """New blocks needed to hold ``length`` positions."""
@@ -248,7 +260,7 @@ class SequenceKV:
         m = self.manager
         if not m.prefix_caching or limit <= 0:
             return 0
-        full, source, n = m.match(tokens, limit, self.scope)
+        full, source, n = m.match(tokens, limit, self.root)
         for block in full:
             m.incref(block)
         self.blocks = list(full)
@@ -270,7 +282,7 @@ class SequenceKV:
         if not 0 < length <= len(self.tokens):
             raise ValueError(f"cannot fork {length} positions of a sequence of {len(self.tokens)}")
         m, bs = self.manager, self.manager.block_size
-        child = SequenceKV(m, self.scope)
+        child = SequenceKV(m, self.scope, self.adapter)
         full = length // bs
         copied: list[int] = []  # the partly filled last block's copy
         if length % bs:

@@ -40,6 +40,7 @@ class SamplingParams:
     logprobs: int | None = None  # each chosen token's log-probability and this many top alternatives
     # (0 .. 20); None: off (nothing computed or copied)
     thinking: object = None  # a thinking.ThinkingRule (a reasoning model's thinking: budget, grammar after it), or None
+    lora: object = None  # the lora.LoRAAdapter the sequence runs under (the model's loaded adapter), or None: the base
 
     @property
     def greedy(self) -> bool:

@@ -400,7 +400,9 @@ class Scheduler:
                 if not (newcomer and self._make_room(seq)):
                     return
                 continue
-            kv = self.pool.sequence(seq.scope)
+            if not self._adapter_fits(seq):  # its LoRA adapter would be one more than the slots hold
+                return
+            kv = self.pool.sequence(seq.scope, seq.adapter)
             # the last token is always computed: its logits choose the next one
             reused = 0 if whole else kv.adopt_prefix(seq.tokens, len(seq.tokens) - 1)
             # room for the pending part (whole: for every position the sequence may reach), keeping a block of
@@ -485,6 +487,14 @@ class Scheduler:
         while drafts and not seq.kv.reserve(len(seq.kv) + 1 + len(drafts)):
             drafts.pop()
         return drafts
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may run beside the running sequences: a forward holds at most ``max_loras`` LoRA
+        adapters (the model's slots, lora/slots.py), so one more adapter waits for a running one to finish."""
+        if seq.adapter is None:
+            return True
+        running = {s.adapter.uid for s in self.running if s.adapter is not None}
+        return seq.adapter.uid in running or len(running) < getattr(self.model, "max_loras", 0)
 
     def _make_room(self, newcomer: Sequence) -> bool:
         """Preempt the newest sequence of the group running the most (more than one, of ``newcomer``'s priority or

@@ -18,6 +18,7 @@ from .sampling import MASK64, SamplingParams, TokenLogprob
 from .thinking import ThinkingState
 
 if TYPE_CHECKING:
+    from ..lora.adapter import LoRAAdapter
     from .grammar import Matcher, TokenMask
     from .speculative.config import Speculation
     from .thinking import ThinkingRule
@@ -42,6 +43,7 @@ class Sequence:
         self.seed = params.seed & MASK64 if params.seed is not None else secrets.randbits(63)
         self.eos = eos
         self.scope = scope  # whose cached prefix blocks this sequence may reuse (a server's tenant)
+        self.adapter = cast("LoRAAdapter | None", params.lora)  # its LoRA adapter (prefix blocks are keyed by it too)
         self.tag = tag  # the caller's object
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.kv: SequenceKV | None = None  # its blocks while admitted

@@ -29,6 +29,7 @@ class StepInputs:
     query_start: llaisys.Tensor   # int32 [num_seqs + 1]: first row of each sequence
     logit_rows: llaisys.Tensor | None  # int64 [R]: the rows whose logits are wanted (None: every row)
     num_tokens: int
+    adapters: llaisys.Tensor | None = None  # int64 [T]: each row's LoRA slot, -1: none (None: no row has one)
 
 
 STATIC = ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start")
@@ -47,6 +48,7 @@ class HostStep:
     query_start: np.ndarray   # int32 [num_seqs + 1]
     logit_rows: np.ndarray | None  # int64 [R]
     logits_of: tuple[int, ...] | None
+    adapters: np.ndarray | None = None  # int64 [T]: each row's LoRA slot (lora/slots.py), or None
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -102,19 +104,22 @@ def step_inputs(host: HostStep, device) -> StepInputs:
     """The device tensors of a step."""
     tensors = {name: llaisys.from_numpy(getattr(host, name), device) for name in STATIC}
     rows = None if host.logit_rows is None else llaisys.from_numpy(host.logit_rows, device)
-    return StepInputs(**tensors, logit_rows=rows, num_tokens=len(host.tokens))
+    adapters = None if host.adapters is None else llaisys.from_numpy(host.adapters, device)
+    return StepInputs(**tensors, logit_rows=rows, num_tokens=len(host.tokens), adapters=adapters)
 
 
-def static_step_inputs(rows: tuple[int, ...], table_width: int, device) -> StepInputs:
+def static_step_inputs(rows: tuple[int, ...], table_width: int, device, adapters: bool = False) -> StepInputs:
     """Buffers for steps that append ``rows[i]`` tokens to sequence i and want the logits of every row (a
     decode step: all ones; a verify step of speculative decoding: 1 + the drafts), with block tables
-    ``table_width`` wide, filled by ``load_step_inputs``: the fixed inputs of a captured graph."""
+    ``table_width`` wide (and, for steps with LoRA adapters, each row's slot), filled by ``load_step_inputs``:
+    the fixed inputs of a captured graph."""
     n, t, zeros = len(rows), sum(rows), llaisys.zeros
     return StepInputs(tokens=zeros((t,), llaisys.int64, device), positions=zeros((t,), llaisys.int64, device),
                       slots=zeros((t,), llaisys.int64, device),
                       block_tables=zeros((n, table_width), llaisys.int32, device),
                       seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
-                      logit_rows=None, num_tokens=t)
+                      logit_rows=None, num_tokens=t,
+                      adapters=zeros((t,), llaisys.int64, device) if adapters else None)
 
 
 def load_step_inputs(step: StepInputs, host: HostStep) -> None:
@@ -125,3 +130,6 @@ def load_step_inputs(step: StepInputs, host: HostStep) -> None:
     tables[:, :host.block_tables.shape[1]] = host.block_tables
     for name in STATIC:
         getattr(step, name).load(tables if name == "block_tables" else getattr(host, name))
+    if step.adapters is not None:
+        assert host.adapters is not None  # (the buffers were made for steps with adapters)
+        step.adapters.load(host.adapters)

@@ -22,6 +22,7 @@ from ..engine.generation import GenerationMixin
 from ..engine.kv_cache import KVPool, KVShape
 from ..engine.runner import ModelRunner
 from ..engine.step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
+from ..lora.model import LoRAMixin
 from ..parallel.vocab import gather_vocab
 from ..text.chat import TextMixin
 from . import rope_scaling
@@ -30,6 +31,7 @@ from .numerics import resolve as resolve_numerics
 from .weights import Weights, linear, weight_formats
 
 if TYPE_CHECKING:
+    from ..lora.adapter import LoRAAdapter
     from ..parallel.followers import Followers
 
 MAX_WORKSPACES = 64  # row counts kept as views of the work buffer
@@ -64,7 +66,7 @@ class Workspace:
             ...
 
 
-class CausalLM(GenerationMixin, TextMixin):
+class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
     """A decoder-only language model on one llaisys device.
 
     ``Family(path, device=None, dtype=None)`` loads a HuggingFace directory (``llaisys_models.load`` picks
@@ -76,6 +78,7 @@ class CausalLM(GenerationMixin, TextMixin):
     ``generate`` / ``stream_generate`` run one sequence at a time (calls from several threads take turns);
     ``generate_batch`` runs several together. To serve many users at once, use ``llaisys serve``'s engine.
     ``chat`` / ``complete`` take and return text (text.py), through ``tokenizer`` (loaded on first use).
+    ``load_lora`` / ``generate(..., lora=name)``: LoRA adapters beside the weights (lora/model.py).
     """
 
     def __init__(self, path: str | Path, device: str | llaisys.Device | None = None,
@@ -116,6 +119,7 @@ class CausalLM(GenerationMixin, TextMixin):
         self._workspace_base: Workspace | None = None
         self._workspaces: dict[int, Workspace] = {}
         self._decode_graphs = DecodeGraphs(self)
+        self.loras = {}  # LoRA adapters by name, once loaded (lora/model.py)
         self.set_rope()
 
     def set_rope(self) -> None:
@@ -234,6 +238,8 @@ class CausalLM(GenerationMixin, TextMixin):
         several), [R, vocab] in batch order, or of every row when ``logits_of`` is None."""
         host = host_step(batch, logits_of)
         with self._step_lock:
+            if self.lora is not None:  # each row's LoRA slot, its adapters placed in slots (None: no adapter)
+                host.adapters = self.lora.rows(batch)
             if self.followers is not None:  # every rank runs the step (rank 0 sends it first)
                 logits = self.followers.run_step(pool, host, self._forward)
             else:
@@ -247,24 +253,40 @@ class CausalLM(GenerationMixin, TextMixin):
         what rank 0 sends them, tensor_parallel/); the caller holds the step lock."""
         logits = self._decode_graphs.run(pool, host)  # a decode step, replayed from its graph
         if logits is None:
-            logits = self._run_step(pool, step_inputs(host, self.device))
+            logits = self._step(pool, step_inputs(host, self.device))
         return logits
 
-    def session(self) -> Session:
-        """One sequence fed by hand (teacher forcing, step-by-step checks), in a KV pool of its own."""
-        return Session(self)
+    def _step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
+        """``_run_step``, its adapted linears reading the step's LoRA slots (eager, and when a graph is captured)."""
+        if self.lora is not None:
+            self.lora.step.adapters = step.adapters
+        return self._run_step(pool, step)
 
-    def logits(self, input_ids) -> np.ndarray:
-        """Float32 logits [n, vocab] of every position of ``input_ids``, computed from scratch."""
-        return self.session().forward(input_ids, all_logits=True).numpy().astype(np.float32)
+    def session(self, lora: str | None = None) -> Session:
+        """One sequence fed by hand (teacher forcing, step-by-step checks), in a KV pool of its own; ``lora``: the
+        name of a loaded LoRA adapter it runs under."""
+        return Session(self, adapter=self.lora_for(lora))
+
+    def logits(self, input_ids, lora: str | None = None) -> np.ndarray:
+        """Float32 logits [n, vocab] of every position of ``input_ids``, computed from scratch (under the LoRA
+        adapter ``lora``, if named)."""
+        return self.session(lora).forward(input_ids, all_logits=True).numpy().astype(np.float32)
 
     def clear_decode_graphs(self) -> None:
         """Drop the captured decode steps (decode_graph.py) and the memory they hold; later decode steps
         capture again."""
         with self._step_lock:
-            self._decode_graphs.clear()
-            if self.followers is not None:
-                self.followers.clear_graphs()
+            self._graphs_stale()
+
+    def _graphs_stale(self) -> None:
+        self._decode_graphs.clear()
+        if self.followers is not None:
+            self.followers.clear_graphs()
+
+    def _drop_generator(self) -> None:
+        if self._generator is not None:
+            self.release_kv_pool(self._generator.pool)
+            self._generator = None
 
     def close(self) -> None:
         """End what the model holds beyond memory: a tensor-parallel model's other ranks leave and exit (they
@@ -291,10 +313,10 @@ class Session:
     appends them; ``truncate(n)`` keeps the first ``n``. Its KV pool (no prefix caching) grows as needed; its
     forwards go through a model runner of that pool (engine/runner.py), as the scheduler's do."""
 
-    def __init__(self, model: CausalLM, block_size: int = 16) -> None:
+    def __init__(self, model: CausalLM, block_size: int = 16, adapter: LoRAAdapter | None = None) -> None:
         self.model = model
         self.pool = model.new_kv_pool(num_blocks=1, block_size=block_size, prefix_caching=False)
-        self.kv = self.pool.sequence()
+        self.kv = self.pool.sequence(adapter=adapter)
         self.runner = ModelRunner(model, self.pool)
 
     def __len__(self) -> int:

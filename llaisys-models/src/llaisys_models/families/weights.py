@@ -1,7 +1,8 @@
 """The decoder's weights as its forward reads them, and the ops that read each stored kind.
 
 A linear's weight is a tensor in the model dtype, an ``Int8Weight`` (``quantize="int8"``), a ``BlockWeight``
-(int4, and a GGUF file's quantized tensors) or a ``GQWeight`` (a GPTQ / AWQ checkpoint's groups); ``linear`` /
+(int4, and a GGUF file's quantized tensors) or a ``GQWeight`` (a GPTQ / AWQ checkpoint's groups), any of them
+``Adapted`` by LoRA adapters (lora/: the adapters' low-rank pairs beside the base weight); ``linear`` /
 ``embedding`` / ``moe_linear`` run the op of its kind, so a family's forward reads the same whichever it is. The
 loaders (loading/) build these: what is read from where, and how it is quantized, is theirs.
 """
@@ -9,6 +10,7 @@ loaders (loading/) build these: what is read from where, and how it is quantized
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import llaisys
 
@@ -60,9 +62,28 @@ class Int8Experts:
     shape: tuple[int, int, int]  # [E, N, K]
 
 
+class AddsLoRA(Protocol):
+    """An adapted linear's LoRA slots (lora/slots.py)."""
+
+    def apply(self, out: llaisys.Tensor, x: llaisys.Tensor) -> None:
+        """out += scale * (x A^T) B^T, each row with the pair of its own adapter (rows with none: untouched)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapted:
+    """A linear with LoRA adapters beside its weight: ``base`` (any stored kind) and the adapters' pairs."""
+
+    base: Int8Weight | BlockWeight | GQWeight | llaisys.Tensor
+    lora: AddsLoRA
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.base.shape  # (every kind of base is [N, K])
+
+
 # a linear's weight: in the model dtype, int8, blocks (int4, and a GGUF file's quantized tensors), or a GPTQ / AWQ
-# checkpoint's groups
-Linear = llaisys.Tensor | Int8Weight | BlockWeight | GQWeight
+# checkpoint's groups; with LoRA adapters beside it or not
+Linear = llaisys.Tensor | Int8Weight | BlockWeight | GQWeight | Adapted
 Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
 Weight = Linear | Int8Experts  # any weight a loader places (a linear, stacked experts, a norm, a bias, a table)
 
@@ -123,8 +144,12 @@ def layer_weights(fields: dict) -> LayerWeights:
 
 
 def linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: Linear, bias: llaisys.Tensor | None = None) -> None:
-    """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, int8 or blocks."""
-    if isinstance(weight, BlockWeight):
+    """out = x @ weight.T + bias, whichever kind the weight is: a tensor in the model dtype, int8 or blocks (and
+    + each row's LoRA adapter's update where it is ``Adapted``)."""
+    if isinstance(weight, Adapted):
+        linear(out, x, weight.base, bias)
+        weight.lora.apply(out, x)
+    elif isinstance(weight, BlockWeight):
         llaisys.ops.linear_q(out, x, weight.weight, weight.scales, weight.fmt, bias)
     elif isinstance(weight, Int8Weight):
         llaisys.ops.linear_i8(out, x, weight.weight, weight.scales, bias)
@@ -157,8 +182,9 @@ def weight_formats(weights: Weights) -> tuple[str, ...]:
     """The quantized formats a model's matrices are held in ("int8", "q4_k", ...; none for float weights)."""
     matrices: list[object] = [weights.embed_tokens, weights.lm_head]
     for layer in weights.layers:
-        matrices += [layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.gate_proj, layer.up_proj,
-                     layer.down_proj]
+        linears = (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.gate_proj, layer.up_proj,
+                   layer.down_proj)
+        matrices += [m.base if isinstance(m, Adapted) else m for m in linears]
     for layer in weights.layers:
         if layer.experts is not None:
             matrices += [layer.experts.gate, layer.experts.up, layer.experts.down]

@@ -27,8 +27,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -36,8 +36,12 @@ import llaisys
 
 from ..engine.kv_cache import KVPool
 from ..engine.step_inputs import HostStep
-from ..errors import RankFailedError
-from .messages import Channel, Op, command, step_command
+from ..errors import ModelLoadError, RankFailedError
+from .messages import Channel, Op, command, exchange_errors, lora_load_command, step_command
+
+if TYPE_CHECKING:
+    from ..lora.adapter import LoRAAdapter
+    from ..lora.slots import LoRASlots
 
 STEP_TIMEOUTS = 3  # an accelerator step running this many group timeouts is taken as a hung rank
 Forward = Callable[[KVPool, HostStep], llaisys.Tensor]  # rank 0's model's step (CausalLM._forward)
@@ -78,6 +82,8 @@ class Followers:
         self._closing = False
         self._step_started: float | None = None  # monotonic time of the running step's start
         self._watch_steps = not group.device.type == "cpu"
+        self._lora: LoRASlots | None = None  # rank 0's LoRA slots, once enabled
+        self._told: list[int | None] = []  # the adapter (uid) the others were told each slot holds
         self._supervisor = threading.Thread(target=self._supervise, name="llaisys-tp-supervisor", daemon=True)
         self._supervisor.start()
         atexit.register(self.close)
@@ -98,25 +104,62 @@ class Followers:
     def clear_graphs(self) -> None:
         self._pending.append(command(Op.CLEAR))
 
+    def enable_lora(self, slots: LoRASlots) -> None:
+        """Rank 0's model made its LoRA slots: the others make theirs; ``slots`` is then watched for placements."""
+        self._lora, self._told = slots, [None] * slots.max_loras
+        self._pending.append(command(Op.LORA_ENABLE, slots.max_loras, slots.max_rank))
+
+    def load_lora(self, adapter: LoRAAdapter) -> None:
+        """Every other rank reads the adapter rank 0 has read (``adapter``: rank 0's part), and keeps its part if
+        every rank could; else a ModelLoadError names the first rank that could not and its error (the group goes
+        on, no rank keeping the adapter). The caller holds the model's step lock."""
+        with self._sending, self._failing("adapter load"):
+            self.channel.send(self._message(lora_load_command(adapter.uid, adapter.name, str(adapter.path))))
+            errors = exchange_errors(self.group, None)
+        for rank, error in enumerate(errors):
+            if error is not None:
+                raise ModelLoadError(f"adapter {adapter.name!r}: rank {rank} of the tensor-parallel group could not "
+                                     f"read {adapter.path}: {error}")
+
+    def forget_lora(self, adapter: LoRAAdapter) -> None:
+        self._pending.append(command(Op.LORA_FORGET, adapter.uid))
+
+    def merge_lora(self, adapter: LoRAAdapter) -> None:
+        self._pending.append(command(Op.LORA_MERGE, adapter.uid))
+
     def run_step(self, pool: KVPool, host: HostStep, forward: Forward) -> llaisys.Tensor:
         """``forward(pool, host)`` on rank 0, the others sent the same step first; any failure ends the group."""
-        with self._sending:
-            return self._run_step(pool, host, forward)
-
-    def _run_step(self, pool: KVPool, host: HostStep, forward: Forward) -> llaisys.Tensor:
-        self.check()
-        words = [self._pending.popleft() for _ in range(len(self._pending))]
-        self._step_started = time.monotonic()
-        try:
-            self.channel.send(np.concatenate([*words, step_command(pool.follower_id, host)]))
+        with self._sending, self._failing("step"):
+            self.channel.send(self._message(step_command(pool.follower_id, host)))
             logits = forward(pool, host)
             if self._watch_steps:
                 llaisys.synchronize(self.group.device)  # (the step is over when the device is done with it)
             return logits
+
+    def _message(self, last: np.ndarray) -> np.ndarray:
+        """The commands pending, the LoRA slots' new adapters (placed by rank 0 for the step: LoRASlots.place),
+        then ``last``."""
+        words = [self._pending.popleft() for _ in range(len(self._pending))]
+        if self._lora is not None:
+            for slot, held in enumerate(self._lora.slots):
+                uid = None if held.adapter is None else held.adapter.uid
+                if uid is not None and uid != self._told[slot]:
+                    words.append(command(Op.LORA_PLACE, slot, uid))
+                    self._told[slot] = uid
+        return np.concatenate([*words, last])
+
+    @contextlib.contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """Around what every rank must take part in (a step, an adapter's load): any failure ends the group (a
+        LlaisysError is raised as RankFailedError with the group's one line); a step not ending is watched."""
+        self.check()
+        self._step_started = time.monotonic()
+        try:
+            yield
         except BaseException as e:
             # a rank that has ended is the cause (rank 0's collective may see it before the supervisor does)
             self.fail(self.failure or self._ended_rank() or
-                      f"rank 0's step failed: {type(e).__name__}: {e}".splitlines()[0])
+                      f"rank 0's {what} failed: {type(e).__name__}: {e}".splitlines()[0])
             if isinstance(e, llaisys.LlaisysError):
                 raise RankFailedError(self.failure) from None
             raise

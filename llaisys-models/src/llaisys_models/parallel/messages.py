@@ -7,20 +7,32 @@ A message is int64 words: commands one after the other, each [opcode, its words.
     COPY      pool, dst, src                      a block copied on write (prefix caching, forks)
     DROP      pool                                the pool is gone (and its captured decode steps)
     CLEAR                                         drop the captured decode steps
-    STEP      pool, T, S, W, R, L, tokens [T], positions [T], slots [T], block_tables [S*W], seq_lens [S],
-              query_start [S+1], logit_rows [R] (R = -1: none), logits_of [S] (L = 0: none)
+    STEP      pool, T, S, W, R, L, A, tokens [T], positions [T], slots [T], block_tables [S*W], seq_lens [S],
+              query_start [S+1], logit_rows [R] (R = -1: none), logits_of [S] (L = 0: none),
+              adapters [T] (each row's LoRA slot; A = 0: none)
     STOP                                          leave the group
+    LORA_ENABLE  max_loras, max_rank              the LoRA slots (model.enable_lora)
+    LORA_LOAD    uid, n, m, name [ceil(n/8)], path [ceil(m/8)]
+                                                  read the adapter (n bytes of UTF-8 name, m bytes of path, packed
+                                                  into words) and cut this rank's part of it, then every rank's
+                                                  error or none through one all-gather (``exchange_errors``)
+    LORA_PLACE   slot, uid                        the adapter is in the slot now (rank 0's LoRASlots.place)
+    LORA_FORGET  uid                              the adapter is unloaded
+    LORA_MERGE   uid                              the adapter is folded into the base weights (and unloaded)
 
 The block bookkeeping stays on rank 0 (kv_blocks.py): the others only apply what it decided, in order, so
-that every rank's pools hold the same blocks. ``send`` broadcasts one block of FIRST words (the magic, the
-length, the message's first words: a decode step of a few sequences fits), then the rest, if any, in a second
-broadcast; ``receive`` is its other side. A message travels as device tensors (the collectives' buffers live on
-the device).
+that every rank's pools hold the same blocks; so do LoRA adapters' slots (lora/slots.py): rank 0 picks the slot,
+the others put the same adapter (known to every rank by rank 0's uid) there before the step that reads it.
+
+``send`` broadcasts one block of FIRST words (the magic, the length, the message's first words: a decode step of
+a few sequences fits), then the rest, if any, in a second broadcast; ``receive`` is its other side. A message
+travels as device tensors (the collectives' buffers live on the device).
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,11 +51,18 @@ class Op(enum.IntEnum):
     CLEAR = 5
     STEP = 6
     STOP = 7
+    LORA_ENABLE = 8
+    LORA_LOAD = 9
+    LORA_PLACE = 10
+    LORA_FORGET = 11
+    LORA_MERGE = 12
 
 
 MAGIC = 0x4C4C5450  # "LLTP": a header that is not one of rank 0's is a broken group, not a command
 FIRST = 1024  # words of the first broadcast (8 KiB): [MAGIC, length, the message's first FIRST - 2 words]
-_ARGS = {Op.NEW_POOL: 3, Op.GROW: 2, Op.COPY: 3, Op.DROP: 1, Op.CLEAR: 0, Op.STOP: 0}
+_ARGS = {Op.NEW_POOL: 3, Op.GROW: 2, Op.COPY: 3, Op.DROP: 1, Op.CLEAR: 0, Op.STOP: 0, Op.LORA_ENABLE: 2,
+         Op.LORA_PLACE: 2, Op.LORA_FORGET: 1, Op.LORA_MERGE: 1}
+ERROR_WORDS = 128  # words per rank of exchange_errors: a length, then up to 1016 bytes of one line
 
 
 def command(op: Op, *args: int) -> np.ndarray:
@@ -55,27 +74,71 @@ def command(op: Op, *args: int) -> np.ndarray:
 def step_command(pool: int, host: HostStep) -> np.ndarray:
     s, w = host.block_tables.shape
     r = -1 if host.logit_rows is None else len(host.logit_rows)
-    parts = [np.array([Op.STEP, pool, len(host.tokens), s, w, r, host.logits_of is not None], np.int64),
+    parts = [np.array([Op.STEP, pool, len(host.tokens), s, w, r, host.logits_of is not None,
+                       host.adapters is not None], np.int64),
              host.tokens, host.positions, host.slots, host.block_tables.reshape(-1), host.seq_lens, host.query_start]
     if host.logit_rows is not None:
         parts.append(host.logit_rows)
     if host.logits_of is not None:
         parts.append(np.asarray(host.logits_of, np.int64))
+    if host.adapters is not None:
+        parts.append(host.adapters)
     return np.concatenate([np.asarray(p, np.int64) for p in parts])
 
 
+def lora_load_command(uid: int, name: str, path: str) -> np.ndarray:
+    """LORA_LOAD: the adapter ``name`` at ``path`` (absolute: every rank reads it), keyed ``uid`` on every rank."""
+    name_bytes, path_bytes = name.encode(), os.fsencode(path)
+    return np.concatenate([np.array([Op.LORA_LOAD, uid, len(name_bytes), len(path_bytes)], np.int64),
+                           _words(name_bytes), _words(path_bytes)])
+
+
+def _words(data: bytes) -> np.ndarray:
+    """``data`` packed into int64 words (zero bytes after it, to a whole word)."""
+    return np.frombuffer(data + bytes(-len(data) % 8), np.int64)
+
+
+def _bytes(words: np.ndarray, n: int) -> bytes:
+    return np.ascontiguousarray(words, np.int64).tobytes()[:n]
+
+
+def exchange_errors(group: llaisys.distributed.Group, error: str | None) -> list[str | None]:
+    """Every rank's ``error`` (one line, or None where the rank succeeded), rank r's at [r], through one
+    all-gather of the group (every rank calls it; a line is cut at 1016 bytes)."""
+    mine = np.zeros(ERROR_WORDS, np.int64)
+    if error is not None:
+        data = error.encode(errors="replace")[:(ERROR_WORDS - 1) * 8]
+        mine[0] = len(data) + 1  # (0: no error)
+        words = _words(data)
+        mine[1:1 + len(words)] = words
+    out = llaisys.empty((group.world_size, ERROR_WORDS), llaisys.int64, group.device)
+    group.all_gather(out, llaisys.from_numpy(mine, group.device))
+    return [None if row[0] == 0 else _bytes(row[1:], int(row[0]) - 1).decode(errors="replace")
+            for row in out.numpy()]
+
+
 def decode(words: np.ndarray) -> Iterator[tuple[Op, tuple[Any, ...]]]:
-    """The commands of a message: (Op, args tuple of ints) or (Op.STEP, (pool, HostStep))."""
+    """The commands of a message: (Op, args tuple of ints), (Op.STEP, (pool, HostStep)) or
+    (Op.LORA_LOAD, (uid, name, path))."""
     at = 0
     while at < len(words):
         op = Op(int(words[at]))
+        if op == Op.LORA_LOAD:
+            uid, n, m = (int(v) for v in words[at + 1:at + 4])
+            at += 4
+            name = _bytes(words[at:at + -(-n // 8)], n).decode()
+            at += -(-n // 8)
+            path = os.fsdecode(_bytes(words[at:at + -(-m // 8)], m))
+            at += -(-m // 8)
+            yield op, (uid, name, path)
+            continue
         if op != Op.STEP:
             n = _ARGS[op]
             yield op, tuple(int(v) for v in words[at + 1:at + 1 + n])
             at += 1 + n
             continue
-        pool, t, s, w, r, has_logits_of = (int(v) for v in words[at + 1:at + 7])
-        at += 7
+        pool, t, s, w, r, has_logits_of, has_adapters = (int(v) for v in words[at + 1:at + 8])
+        at += 8
 
         def take(n: int, dtype: type[np.integer[Any]] = np.int64) -> np.ndarray:
             nonlocal at
@@ -88,7 +151,8 @@ def decode(words: np.ndarray) -> Iterator[tuple[Op, tuple[Any, ...]]]:
         seq_lens, query_start = take(s, np.int32), take(s + 1, np.int32)
         rows = take(r) if r >= 0 else None
         logits_of = tuple(int(v) for v in take(s)) if has_logits_of else None
-        yield op, (pool, HostStep(tokens, positions, slots, tables, seq_lens, query_start, rows, logits_of))
+        adapters = take(t) if has_adapters else None
+        yield op, (pool, HostStep(tokens, positions, slots, tables, seq_lens, query_start, rows, logits_of, adapters))
 
 
 class Channel:

@@ -17,15 +17,18 @@ import contextlib
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import llaisys
 
 from ..engine.kv_cache import KVPool
 from ..families.causal_lm import CausalLM
+from ..lora.adapter import LoRAAdapter
+from ..lora.shard import put
 from . import store
 from .launcher import RankSpec
 from .layout import Layout
-from .messages import Channel, Op, decode
+from .messages import Channel, Op, decode, exchange_errors
 from .options import LoadOptions
 
 
@@ -106,6 +109,7 @@ def follow(model: CausalLM, group: llaisys.distributed.Group) -> None:
     """Apply rank 0's messages (messages.py) to ``model`` until STOP."""
     channel = Channel(group)
     pools: dict[int, KVPool] = {}  # rank 0's pool ids -> this rank's pools
+    adapters: dict[int, LoRAAdapter] = {}  # rank 0's LoRA adapters (their uids) -> this rank's parts of them
     while True:
         for op, args in decode(channel.receive()):
             if op == Op.STOP:
@@ -126,6 +130,36 @@ def follow(model: CausalLM, group: llaisys.distributed.Group) -> None:
                     model.release_kv_pool(pool)
             elif op == Op.CLEAR:
                 model.clear_decode_graphs()
+            elif op == Op.LORA_ENABLE:
+                model.enable_lora(*args)
+            elif op == Op.LORA_LOAD:
+                if (adapter := _load_lora(model, group, *args)) is not None:
+                    adapters[adapter.uid] = adapter
+            elif op == Op.LORA_PLACE:
+                assert model.lora is not None  # (enabled before any adapter is loaded)
+                put(model.lora, args[0], adapters[args[1]])
+            elif op == Op.LORA_FORGET:
+                if (adapter := adapters.pop(args[0], None)) is not None:
+                    model.unload_lora(adapter.name)
+            elif op == Op.LORA_MERGE:
+                model.merge_lora(adapters.pop(args[0]).name)  # (and unloads it)
+
+
+def _load_lora(model: CausalLM, group: llaisys.distributed.Group, uid: int, name: str,
+               path: str) -> LoRAAdapter | None:
+    """This rank's part of the adapter rank 0 loads, kept if every rank could read it (each says through one
+    all-gather: a rank's failure fails rank 0's load_lora, naming the rank, and the group goes on)."""
+    adapter, error = None, None
+    try:
+        adapter = model._read_lora(name, Path(path), uid)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+    errors = exchange_errors(group, error)  # (every rank takes part, whatever its own read did)
+    if adapter is None or any(e is not None for e in errors):
+        return None
+    with model._step_lock:
+        model._add_lora(adapter)
+    return adapter
 
 
 def main() -> int:
