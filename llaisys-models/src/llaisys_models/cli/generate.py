@@ -144,6 +144,9 @@ def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--presence-penalty", type=float, default=None, metavar="P",
                    help="OpenAI's: each logit lowered by P once its token is in the reply, -2 to 2 (default: 0 = off)")
     add_generation_config_argument(p)
+    p.add_argument("--lora", type=Path, default=None, metavar="PATH",
+                   help="generate under the LoRA adapter at PATH (a PEFT directory or a llama.cpp GGUF adapter), "
+                        "applied beside the model's weights (default: the model alone)")
     speculative_flags.add_arguments(p, "(greedy and seeded replies are the same as without it)")
     add_reasoning_arguments(p)
     p.set_defaults(func=_command(run_generate))
@@ -260,6 +263,24 @@ def _load(args: argparse.Namespace) -> tuple[CausalLM, Tokenizer, float]:
     return model, tokenizer, elapsed
 
 
+LORA_NAME = "adapter"  # the name --lora's adapter is loaded under
+
+
+def _load_lora(model: CausalLM, path: Path) -> str:
+    """The adapter at ``path`` (--lora) loaded into ``model`` (its slots sized to its rank): its name. A one-line
+    error names --lora where it cannot be read or does not fit the model."""
+    from llaisys import LlaisysError, LlaisysValueError
+
+    try:
+        adapter = model.load_lora(LORA_NAME, path)
+    except (LlaisysError, OSError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise LlaisysValueError(f"--lora {path}: {message}") from None
+    print(f"LoRA adapter {path}: rank {adapter.rank}, {len(adapter.pairs)} linears ({', '.join(adapter.targets)})",
+          file=sys.stderr)
+    return LORA_NAME
+
+
 def _quiet_transformers() -> None:
     """Keep transformers' notices (advisories, "sequence longer than model_max_length", ...) off the
     console: the command says what matters itself, in one line."""
@@ -350,6 +371,8 @@ def run_generate(args: argparse.Namespace) -> int:
     speculation, _ = speculative_flags.from_arguments(args, model)
     if speculation is not None:
         sampling["speculative"] = speculation
+    if args.lora is not None:
+        sampling["lora"] = _load_lora(model, args.lora)
     if args.chat:
         return _chat(model, tokenizer, args, sampling, reasoning)
     ids = encode(tokenizer, prompt, chat=not args.raw)

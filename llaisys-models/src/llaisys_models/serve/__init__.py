@@ -12,6 +12,7 @@ From the top down (each imports only what is below it):
     openai/           OpenAI's endpoints, each a protocol (request and response bodies), a serving (request ->
                       engine jobs -> events -> response) and a router: chat/, completions/, responses/, models/
     server.py         Server: what the routes share (engine, tokenizers, grammars, the model's limits)
+    lora.py           LoRA adapters served by name; /v1/load_lora_adapter, /v1/unload_lora_adapter
     tenancy.py        API keys and tenants, cache_salt and the cache scope
     hosts.py          a loopback server answers loopback Host names only
     request_body.py   a request's JSON body, bounded before it is read

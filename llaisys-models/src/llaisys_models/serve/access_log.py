@@ -11,8 +11,10 @@ others: /health, /metrics, /v1/models, every 4xx): the prompts' tokens, of which
 prefix cache (as the response reports them: whole blocks; ``-`` when the response was cut before saying), and the
 tokens generated, every choice's (a cancelled choice's up to its last delta). ``ttft``: from the request's arrival
 to its first generated token's reaching the HTTP side (``-`` where none came); ``duration``: to its end. ``finish``:
-the choices' finish reasons, each once. ``tenant``: the first 8 hex digits of the SHA-256 of the request's API key
-(``-`` where the server needs none, or the key was wrong). No line holds a key, a prompt or any text generated.
+the choices' finish reasons, each once. ``adapter`` (only in the lines of requests under a LoRA adapter,
+serve/lora.py, after ``finish``): the adapter's name. ``tenant``: the first 8 hex digits of the SHA-256 of the
+request's API key (``-`` where the server needs none, or the key was wrong). No line holds a key, a prompt or any
+text generated.
 
 ``configure`` sends the server's log (these lines and its warnings) to stderr as ``llaisys serve --log-level`` and
 ``--log-format`` (``text``, or ``json``: one object a line, the same fields) say.
@@ -57,6 +59,7 @@ class Entry:
         self.reasons: list[str | None] = []  # each choice's finish reason (None: still open)
         self.cached: int | None = None
         self.first_token: float | None = None
+        self.adapter: str | None = None  # the LoRA adapter the request runs under (None: the base model)
 
     def generating(self, prompt_tokens: list[int], n: int) -> None:
         """The request goes to the engine: its prompts' token counts, each with ``n`` choices."""
@@ -84,6 +87,7 @@ class Entry:
         prompt_tokens = self.prompt_tokens
         generating = prompt_tokens is not None
         reasons = [reason or "cancelled" for reason in self.reasons]  # open at the end: its client went away
+        adapter = {} if self.adapter is None else {"adapter": self.adapter}
         return {
             "method": self.method, "path": self.path, "status": self.status,
             "prompt_tokens": sum(prompt_tokens) if prompt_tokens is not None else None,
@@ -92,6 +96,7 @@ class Entry:
             "ttft": None if self.first_token is None else round(self.first_token - self.start, 3),
             "duration": round(time.perf_counter() - self.start, 3),
             "finish": ",".join(dict.fromkeys(reasons)) or None,
+            **adapter,
             "tenant": self.tenant[:TENANT_DIGITS] or None,
             "client": self.client,
         }
@@ -137,6 +142,8 @@ def text_line(fields: dict[str, Any]) -> str:
     """The text form of a line's fields: method, path and status, then ``name=value`` (``-``: no value)."""
     def value(name: str) -> str:
         v = fields[name]
+        if name == "adapter":  # (a name of the client's: %-escaped as the path is, so the line stays one field each)
+            return quote(v, safe="/:@!$&()*+,;=")
         return "-" if v is None else f"{v:.3f}s" if name in ("ttft", "duration") else str(v)
 
     # the method and path as %-escapes where they are not plain URL characters: no client writes a line of its own

@@ -2,6 +2,7 @@
 
     routes.py                                   /  and  /health (open), /metrics
     openai/{chat,completions,responses,models}  /v1/...: each endpoint's protocol, serving and router
+    lora.py                                     /v1/load_lora_adapter, /v1/unload_lora_adapter (--allow-runtime-lora)
     tenancy.py                                  the API key every route but / and /health needs (401)
     hosts.py                                    a loopback server answers loopback names only (421)
     CORSMiddleware                              the --cors-origin origins' pages may call the API
@@ -27,7 +28,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from . import access_log, routes
+from . import access_log, lora, routes
 from .errors import APIError, error_body
 from .hosts import LocalHostsOnly
 from .openai.chat import router as chat
@@ -67,6 +68,8 @@ def create_app(server: Server) -> FastAPI:
     keyed = [Depends(key_required(server.tenants))]
     for router in (routes.metrics_router, models.router, chat.router, completions.router, responses.router):
         app.include_router(router(server), dependencies=keyed)
+    if server.adapters is not None and server.adapters.runtime:  # (else absent: 404, as vLLM without the flag)
+        app.include_router(lora.router(server), dependencies=keyed)
 
     if server.cors_origins:  # inside LocalHostsOnly: a preflight for a foreign Host is still refused
         app.add_middleware(CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST"],

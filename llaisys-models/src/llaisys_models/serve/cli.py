@@ -23,7 +23,7 @@ from ..cli.generate import (
 )
 from ..families import numerics
 from ..loading import quantize
-from .defaults import DEFAULT_MAX_TOKENS
+from .defaults import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, DEFAULT_MAX_TOKENS
 from .launch import bind, serve
 
 LOOPBACK = "127.0.0.1"
@@ -101,6 +101,20 @@ def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
                                        "\"ngram\" | \"draft\" | \"off\")")
     p.add_argument("--no-batching", action="store_true",
                    help="one forward pass per sequence, prompts in one piece (the unbatched engine, to compare)")
+    lora = p.add_argument_group(
+        "LoRA adapters", "Serve LoRA adapters beside the model, each under its own name: a request's \"model\" picks "
+                         "the base model or an adapter; the base model and the adapters share every batch. See "
+                         "docs/serving.md, 'LoRA adapters'.")
+    lora.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                      help="serve the adapter at PATH (a PEFT directory or a llama.cpp GGUF adapter) as the model "
+                           "NAME; repeatable (default: none)")
+    lora.add_argument("--max-loras", type=int, default=None, metavar="N",
+                      help=f"adapters in one batch; requests under one more wait (default {DEFAULT_MAX_LORAS})")
+    lora.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                      help=f"the largest rank of an adapter (default {DEFAULT_MAX_LORA_RANK})")
+    lora.add_argument("--allow-runtime-lora", action="store_true",
+                      help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's), which let every "
+                           "API key load adapter files from this machine (default: off; those routes are absent)")
     replicas = p.add_argument_group(
         "replicas on Ray", "Serve copies of the model through Ray Serve (the 'ray' extra), each with its own engine, "
                            "behind this one address: a conversation's next turn goes to the replica that holds its "
@@ -168,6 +182,7 @@ def checked_options(args: argparse.Namespace) -> tuple[Path, int | None, list[st
     tensor_parallel_options(args)
     check_reasoning_options(args)
     check_replica_options(args)
+    check_lora_options(args)
     kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
     speculative_flags.check_arguments(args)
     if args.trace_dir is not None:  # made and checked now, not after the model loaded; absolute for replicas
@@ -189,6 +204,30 @@ def check_reasoning_options(args: argparse.Namespace) -> None:
     parse_kwargs(args.chat_template_kwargs, "--chat-template-kwargs")
     if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
         raise LlaisysValueError(f"--thinking-token-budget = {args.thinking_token_budget} is out of range (at least 0)")
+
+
+def lora_enabled(args: argparse.Namespace) -> bool:
+    """Whether the options serve LoRA adapters (any of --lora, --max-loras, --max-lora-rank, --allow-runtime-lora)."""
+    return bool(getattr(args, "lora", None) or getattr(args, "max_loras", None) is not None
+                or getattr(args, "max_lora_rank", None) is not None or getattr(args, "allow_runtime_lora", False))
+
+
+def check_lora_options(args: argparse.Namespace) -> None:
+    """--lora (NAME=PATH each, names distinct and not --served-model-name), --max-loras and --max-lora-rank in
+    range; runtime loading with one server only (each replica would load its own)."""
+    from llaisys import LlaisysValueError
+
+    from ..lora.model import MAX_RANK
+    from .lora import parse_modules
+
+    parse_modules(args.lora, args.served_model_name)
+    for name, top in (("max_loras", 64), ("max_lora_rank", MAX_RANK)):
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= top:
+            raise LlaisysValueError(f"--{name.replace('_', '-')} = {value} is out of range (1 to {top})")
+    if args.allow_runtime_lora and args.replicas is not None:
+        raise LlaisysValueError("--allow-runtime-lora loads an adapter into one server: it cannot go with --replicas "
+                                "(give the adapters with --lora)")
 
 
 def check_replica_options(args: argparse.Namespace) -> None:

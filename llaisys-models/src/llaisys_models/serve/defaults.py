@@ -6,3 +6,6 @@ FastAPI (serve/cli.py)."""
 # yet a model that never stops (a 135M one ran 8,155 tokens, 202 s on a CPU, to the end of its context) ends within
 # about a minute there. Clients that send max_tokens get what they ask for.
 DEFAULT_MAX_TOKENS = 2048
+# LoRA adapters (--max-loras, --max-lora-rank): vLLM's defaults, as the model's own (lora/model.py)
+DEFAULT_MAX_LORAS = 4
+DEFAULT_MAX_LORA_RANK = 16

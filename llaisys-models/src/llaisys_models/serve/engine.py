@@ -28,6 +28,10 @@ its grammar's mask or advance, detokenizing, stop strings, log-probabilities' te
 fails the requests that were running, and the engine keeps serving either way. Each time it runs out of work it
 gives the memory the last requests freed back to the system (serve/heap.py).
 
+A request may run under a LoRA adapter of the model (``params.lora``; serve/lora.py): the scheduler mixes adapters
+in a batch (at most ``model.max_loras`` at once) and keys the prefix cache by adapter. The engine counts the requests
+under each adapter until they end, so that ``retire_adapter`` (an unload) can refuse new ones and wait for those.
+
 With ``trace_dir`` each request's spans (queue, prefill, decode steps, detokenizing) are written there as a
 Chrome trace file when it ends (serve/tracing.py); without it the engine checks one attribute per step.
 """
@@ -60,6 +64,7 @@ from .tracing import RequestTrace, RequestTracer
 if TYPE_CHECKING:
     from ..families.causal_lm import CausalLM
     from ..loading.files import PathArg
+    from ..lora.adapter import LoRAAdapter
     from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("llaisys.serve")
@@ -110,6 +115,11 @@ class Failed:
 Event = Delta | Finished | Failed  # what a request's ``emit`` is called with
 
 
+def adapter_of(params: SamplingParams) -> LoRAAdapter | None:
+    """The LoRA adapter a sequence runs under (None: the base model)."""
+    return cast("LoRAAdapter | None", params.lora)
+
+
 def choice_seed(seed: int | None, index: int) -> int | None:
     """The seed of a request's choice ``index``: the request's own for choice 0, else splitmix64 of (seed, -index)
     (``step_seed`` at a negative step, so no choice's seed is another's step seed); None stays None (random)."""
@@ -147,6 +157,7 @@ class Request:
         self.priority = priority
         self.leader = leader
         self.group: int | None = None  # its sequences' fairness group, once admitted (its leader's, if it has one)
+        self.holds_adapter = False  # counted among its LoRA adapter's users (Engine.submit) until it ends
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -188,6 +199,14 @@ class EngineUnavailable(RuntimeError):
 
 class EngineBusy(RuntimeError):
     """The waiting queue is full."""
+
+
+class AdapterRetired(RuntimeError):
+    """The request's LoRA adapter is being unloaded (``Engine.retire_adapter``): no new request may use it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the LoRA adapter '{name}' is being unloaded")
+        self.name = name
 
 
 class Engine:
@@ -232,6 +251,11 @@ class Engine:
         self.error: str | None = None  # why the engine thread ended, if it died
         self._worked = False  # the engine thread ran a step since it last gave freed memory back
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (log-probabilities' alternatives)
+        # LoRA adapters (by uid): the requests queued or running under each, and those being unloaded, which no
+        # new request may use (guarded by _adapters)
+        self._adapters = threading.Condition()
+        self._adapter_users: collections.Counter[int] = collections.Counter()
+        self._retired: set[int] = set()
 
     @property
     def max_length(self) -> int:
@@ -259,15 +283,56 @@ class Engine:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     def submit(self, request: Request) -> None:
-        """Queue a request (requests queued before ``start`` wait for it)."""
+        """Queue a request (requests queued before ``start`` wait for it). ``AdapterRetired``: its LoRA adapter
+        (``params.lora``) is being unloaded."""
+        adapter = adapter_of(request.params)
         with self._cv:
             if self._stopping:
                 raise EngineUnavailable(self.error or SHUTTING_DOWN, shutdown=self.error is None)
             if self.waiting >= self.max_waiting:
                 raise EngineBusy(f"{self.waiting} requests are already waiting; try again later")
+            if adapter is not None:
+                with self._adapters:
+                    if adapter.uid in self._retired:
+                        raise AdapterRetired(adapter.name)
+                    self._adapter_users[adapter.uid] += 1
+                    request.holds_adapter = True
             self._incoming.append(request)
             self.metrics.requests_received += 1
+            self.metrics.adapter_requests[adapter.name if adapter is not None else ""] += 1
             self._cv.notify()
+
+    def retire_adapter(self, adapter: LoRAAdapter, timeout: float | None = None) -> bool:
+        """Refuse new requests under ``adapter`` (``submit`` raises ``AdapterRetired``), then wait until none
+        queues or runs under it: True once none does (the model may unload it), False after ``timeout`` seconds.
+        Blocking: call it off the event loop and off the engine thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._adapters:
+            self._retired.add(adapter.uid)
+            while self._adapter_users[adapter.uid] > 0:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._adapters.wait(1.0 if left is None else min(left, 1.0))
+            return True
+
+    def adapter_users(self, adapter: LoRAAdapter) -> int:
+        """Requests queued or running under ``adapter``."""
+        with self._adapters:
+            return self._adapter_users[adapter.uid]
+
+    def _release_adapter(self, request: Request) -> None:
+        """``request`` has ended: it no longer holds its LoRA adapter."""
+        if request.holds_adapter:
+            request.holds_adapter = False
+            adapter = adapter_of(request.params)
+            assert adapter is not None  # (it holds one)
+            uid = adapter.uid
+            with self._adapters:
+                self._adapter_users[uid] -= 1
+                if self._adapter_users[uid] <= 0:
+                    del self._adapter_users[uid]
+                    self._adapters.notify_all()
 
     @property
     def waiting(self) -> int:
@@ -293,11 +358,13 @@ class Engine:
             ended = Failed(self.error or SHUTTING_DOWN, shutdown=self.error is None)
             for request in {id(choice_of(seq).request): choice_of(seq).request for seq in self._sequences}.values():
                 request.emit(ended)
+                self._release_adapter(request)
             with self._cv:
                 self._stopping = True
                 incoming, self._incoming = list(self._incoming), collections.deque()
             for request in incoming:
                 request.emit(ended)
+                self._release_adapter(request)
 
     def _wait_for_work(self) -> bool:
         with self._cv:
@@ -388,6 +455,8 @@ class Engine:
             assert seq.first_token_time is not None  # (the scheduler notes it with the token)
             self.metrics.observe_first_token(seq.first_token_time - seq.arrival_time)
         self.metrics.generation_tokens += 1
+        adapter = adapter_of(seq.params)
+        self.metrics.adapter_tokens[adapter.name if adapter is not None else ""] += 1
         ending = last and seq.finished
         stopped = False
         if ending and seq.finish_reason == "stop" and token in seq.eos:  # an EOS token: no text of its own
@@ -466,6 +535,8 @@ class Engine:
             else:
                 self.tracer.failed(request)
         request.emit(event)
+        if request.open == 0:  # (a Failed request's choices are all ended: open is 0)
+            self._release_adapter(request)
 
 
 class AsyncStream:

@@ -18,6 +18,7 @@ from ..cli import speculative_flags
 from ..cli.generate import split_cpu_threads, tensor_parallel_options
 
 if TYPE_CHECKING:
+    from ..families.causal_lm import CausalLM
     from .server import Server
     from .tenancy import Tenants
 
@@ -39,19 +40,46 @@ def load_server(args: Namespace, path: Path, kv_memory: int | None, tenants: Ten
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
                  dequantize=args.dequantize, **parallel)
+    name = args.served_model_name or default_model_name(path, args.model)
+    lora_paths = load_adapters(args, model, name)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
     speculation, draft = speculative_flags.from_arguments(args, model)
     engine = Engine(model, load_tokenizer(tokenizer_path), max_running=args.max_running,
                     max_batch_tokens=args.max_batch_tokens, kv_memory=kv_memory, block_size=args.block_size,
                     prefix_reuse=not args.no_prefix_reuse, batched=not args.no_batching,
                     speculation=speculation, draft=draft, trace_dir=getattr(args, "trace_dir", None))
-    name = args.served_model_name or default_model_name(path, args.model)
     sampling = generation_defaults.NONE if args.generation_config == "none" else None  # None: the model's
     return Server(engine, load_tokenizer(tokenizer_path), name, host=args.host, port=port,
                   cors_origins=args.cors_origin, tenants=tenants, default_max_tokens=args.default_max_tokens,
                   sampling=sampling, reasoning_parser=getattr(args, "reasoning_parser", "auto"),
                   chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
-                  thinking_token_budget=getattr(args, "thinking_token_budget", None))
+                  thinking_token_budget=getattr(args, "thinking_token_budget", None),
+                  allow_runtime_lora=getattr(args, "allow_runtime_lora", False), lora_paths=lora_paths)
+
+
+def load_adapters(args: Namespace, model: CausalLM, name: str) -> dict[str, str]:
+    """LoRA enabled on ``model`` (served as ``name``) where the options ask for adapters (--lora, --max-loras,
+    --max-lora-rank, --allow-runtime-lora), and every --lora adapter loaded: {name: path as given}. An adapter that
+    cannot load is a one-line error naming its option (the server does not start)."""
+    from llaisys import LlaisysError, LlaisysValueError
+
+    from .cli import lora_enabled
+    from .defaults import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
+    from .lora import parse_modules
+
+    if not lora_enabled(args):
+        return {}
+    modules = parse_modules(args.lora, name)
+    max_loras = DEFAULT_MAX_LORAS if args.max_loras is None else args.max_loras
+    max_rank = DEFAULT_MAX_LORA_RANK if args.max_lora_rank is None else args.max_lora_rank
+    model.enable_lora(max_loras=max_loras, max_lora_rank=max_rank)
+    for adapter_name, adapter_path in modules:
+        try:
+            model.load_lora(adapter_name, Path(adapter_path))
+        except (LlaisysError, OSError) as e:
+            message = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise LlaisysValueError(f"--lora {adapter_name}={adapter_path}: {message}") from None
+    return dict(modules)
 
 
 def serve(args: Namespace, path: Path, kv_memory: int | None, listener: socket.socket, keys: list[str]) -> int:
@@ -83,6 +111,11 @@ def serve(args: Namespace, path: Path, kv_memory: int | None, listener: socket.s
         budget = server.thinking_token_budget
         print(f"llaisys serve: replies think apart from their answers ({server.reasoning.name} reasoning parser; "
               f"{'unbounded' if budget is None else f'at most {budget} tokens'} by default)", file=sys.stderr)
+    if server.adapters is not None and model.lora is not None:
+        loaded = ", ".join(f"{a.name} (rank {a.rank})" for a in model.loras.values()) or "none yet"
+        print(f"llaisys serve: LoRA adapters: {loaded}; up to {model.max_loras} in a batch, rank {model.lora.max_rank} "
+              f"at most" + ("; loaded and unloaded at /v1/load_lora_adapter, /v1/unload_lora_adapter"
+                            if server.adapters.runtime else ""), file=sys.stderr)
     if server.unused_template_kwargs:
         print(f"llaisys serve: warning: the chat template reads no {', '.join(server.unused_template_kwargs)} "
               f"(--chat-template-kwargs): ignored", file=sys.stderr)

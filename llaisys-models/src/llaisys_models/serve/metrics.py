@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..engine.kv_cache import KVPool
@@ -21,6 +21,7 @@ class Engine(Protocol):
     metrics: EngineMetrics
     scheduler: Scheduler
     pool: KVPool
+    model: Any
 
     @property
     def running(self) -> int: ...
@@ -41,6 +42,9 @@ class EngineMetrics:
     finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by reason
     http_errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # by status
     client_disconnects: int = 0  # requests whose client hung up before its request was read (HTTP side)
+    # by LoRA adapter name ("": the base model): requests received, tokens generated
+    adapter_requests: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    adapter_tokens: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_seconds_sum += seconds
@@ -78,7 +82,7 @@ def families(engine: Engine, model_name: str) -> list[Family]:
     m = engine.metrics
     model = {"model": model_name}
     reasons = sorted(set(m.finished) | {"stop", "length", "cancelled", "error"})
-    return [
+    engine_families: list[Family] = [
         ("llaisys_requests_received_total", "counter", "Requests accepted into the engine's queue.",
          [("", model, m.requests_received)]),
         ("llaisys_requests_finished_total", "counter", "Requests the engine finished, by finish reason.",
@@ -121,4 +125,25 @@ def families(engine: Engine, model_name: str) -> list[Family]:
         ("llaisys_http_client_disconnects_total", "counter",
          "Requests whose client hung up before the request was read (not answered, not an error).",
          [("", model, m.client_disconnects)]),
+    ]
+    return engine_families + lora_families(engine, model)
+
+
+def lora_families(engine: Engine, model: dict[str, str]) -> list[Family]:
+    """Where the model serves LoRA adapters (``llaisys serve --lora``, ``--allow-runtime-lora``): requests and
+    generated tokens by adapter (label ``adapter``: its name, "" for the base model), and the adapters loaded."""
+    lora_model = getattr(engine, "model", None)
+    if getattr(lora_model, "lora", None) is None:
+        return []
+    m = engine.metrics
+    names = sorted(set(m.adapter_requests) | set(m.adapter_tokens) | {""})
+    return [
+        ("llaisys_lora_requests_total", "counter",
+         "Requests accepted into the engine's queue, by LoRA adapter (adapter=\"\": the base model).",
+         [("", {**model, "adapter": name}, m.adapter_requests[name]) for name in names]),
+        ("llaisys_lora_generation_tokens_total", "counter",
+         "Tokens generated, by LoRA adapter (adapter=\"\": the base model).",
+         [("", {**model, "adapter": name}, m.adapter_tokens[name]) for name in names]),
+        ("llaisys_lora_adapters_loaded", "gauge", "LoRA adapters loaded (requests may name them as their model).",
+         [("", model, len(getattr(lora_model, "loras", {})))]),
     ]

@@ -21,6 +21,7 @@ from . import metrics, structured
 from .defaults import DEFAULT_MAX_TOKENS
 from .engine import Engine
 from .errors import PathScrubber, error_body
+from .lora import ServedAdapters
 from .request_body import MAX_BODY_BYTES
 from .tenancy import Tenants
 from .tokenizer_pool import PromptTokenizers
@@ -43,6 +44,10 @@ class Server:
     template says; ``none``: the text as it comes); ``chat_template_kwargs``: the chat template's variables for
     every request (each may override them); ``thinking_token_budget``: the thinking's default budget (None:
     unbounded). A LlaisysValueError says which of them cannot apply to this model.
+
+    LoRA adapters (serve/lora.py): where the model has LoRA enabled (``model.enable_lora``, ``llaisys serve --lora``),
+    ``adapters`` serves its loaded adapters under their names (``lora_paths``: where each was read from, as given:
+    ``/v1/models``' ``root``), and ``allow_runtime_lora`` opens the endpoints that load and unload them.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, model_name: str, api_keys: Iterable[str] = (),
@@ -50,7 +55,8 @@ class Server:
                  cors_origins: Iterable[str] = (), tenants: Tenants | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, sampling: GenerationDefaults | None = None,
                  reasoning_parser: str = "auto", chat_template_kwargs: Mapping[str, Any] | None = None,
-                 thinking_token_budget: int | None = None) -> None:
+                 thinking_token_budget: int | None = None, allow_runtime_lora: bool = False,
+                 lora_paths: Mapping[str, str] | None = None) -> None:
         self.tenants = Tenants.of_keys(api_keys) if tenants is None else tenants  # (given: the keys' digests only)
         self.engine = engine
         self.tokenizer = tokenizer  # the HTTP side's own instance; the engine thread decodes with another
@@ -89,6 +95,12 @@ class Server:
         # what ``GET /metrics`` answers: this engine's metrics (a replica on Ray answers every replica's instead:
         # serve/replicas/deployments.py sets its own)
         self.metrics_text: Callable[[], str] = self.engine_metrics_text
+        # the model's LoRA adapters, served by name (None: LoRA is not enabled on the model)
+        self.adapters: ServedAdapters | None = None
+        if getattr(engine.model, "lora", None) is not None:
+            self.adapters = ServedAdapters(engine, model_name, runtime=allow_runtime_lora, paths=dict(lora_paths or {}))
+        elif allow_runtime_lora:
+            raise LlaisysValueError("runtime LoRA loading needs LoRA enabled on the model (model.enable_lora)")
 
     def engine_metrics_text(self) -> str:
         """This engine's metrics, in Prometheus' text format."""

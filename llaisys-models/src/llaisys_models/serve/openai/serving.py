@@ -1,6 +1,6 @@
-"""What every OpenAI endpoint's serving does alike: check the model named, queue the request's jobs with the
-engine, and turn the engine's events (``Delta``, ``Finished``, ``Failed``) into a whole response or a stream of
-chunks. A client that goes away cancels its request, whichever way it is answered.
+"""What every OpenAI endpoint's serving does alike: check the model named (the base model or a LoRA adapter),
+queue the request's jobs with the engine, and turn the engine's events (``Delta``, ``Finished``, ``Failed``) into
+a whole response or a stream of chunks. A client that goes away cancels its request, whichever way it is answered.
 """
 
 from __future__ import annotations
@@ -15,33 +15,48 @@ from fastapi.responses import JSONResponse, Response
 
 from ...engine.sampling import SamplingParams
 from .. import access_log, sse, structured
-from ..engine import AsyncStream, Delta, EngineBusy, EngineUnavailable, Failed, Finished, Usage
+from ..engine import AdapterRetired, AsyncStream, Delta, EngineBusy, EngineUnavailable, Failed, Finished, Usage
 from ..errors import APIError, error_body
+from ..lora import not_found
 from .protocol import ChoicesShape, ChoiceText, model_name
 from .reasoning import Thought
 from .sampling import LogprobRequest, penalties, sampling_params, speculation
 
 if TYPE_CHECKING:
+    from ...lora.adapter import LoRAAdapter
     from ..server import Server
 
 Job = tuple[list[int], SamplingParams]  # a prompt's token ids and how to sample its choices
 
 
-def check_model(server: Server, body: dict) -> None:
-    """A 404 unless the request's ``model`` is the served one (or it names none)."""
+def check_model(server: Server, body: dict) -> LoRAAdapter | None:
+    """The LoRA adapter the request's ``model`` names (serve/lora.py); None for the served model (or no ``model``);
+    a 404 for any other name."""
     name = model_name(body)
+    if server.adapters is not None:
+        return server.adapters.resolve(name)
     if name is not None and name != server.model_name:
-        raise APIError(404, f"the model '{name}' does not exist; this server serves '{server.model_name}'",
-                       "model", "model_not_found")
+        raise not_found(name, server.model_name)
+    return None
+
+
+def response_model(server: Server, adapter: LoRAAdapter | None) -> str:
+    """The ``model`` a response names: the adapter's name, or the served model's."""
+    return server.model_name if adapter is None else adapter.name
 
 
 def submit(server: Server, jobs: list[Job], access: access_log.Entry, cache_scope: str = "", n: int = 1,
-           keep_tokens: frozenset[int] = frozenset(), response_id: str | None = None, priority: int = 0) -> AsyncStream:
+           keep_tokens: frozenset[int] = frozenset(), response_id: str | None = None, priority: int = 0,
+           adapter: LoRAAdapter | None = None) -> AsyncStream:
     """Queue a request per (prompt ids, sampling parameters), each with ``n`` choices; they share cached prompt
     prefixes only with requests of the same ``cache_scope``; ``keep_tokens``: special tokens whose text the
     output keeps; ``access``: the HTTP request's access-log entry, which counts their events; ``response_id``:
-    the name of their trace files under --trace-dir; ``priority``: the request's (lower first). All are queued,
-    or none; the engine gives them one fair share together."""
+    the name of their trace files under --trace-dir; ``priority``: the request's (lower first); ``adapter``: the
+    LoRA adapter they run under (``check_model``'s; None: the base model). All are queued, or none; the engine
+    gives them one fair share together."""
+    if adapter is not None:
+        jobs = [(ids, dataclasses.replace(params, lora=adapter)) for ids, params in jobs]
+        access.adapter = adapter.name
     stream = AsyncStream(jobs, cache_scope=cache_scope, n=n, keep_tokens=keep_tokens, observe=access.observe,
                          trace_name=response_id, priority=priority)
     try:
@@ -53,6 +68,10 @@ def submit(server: Server, jobs: list[Job], access: access_log.Entry, cache_scop
     except EngineUnavailable as e:
         stream.cancel()
         raise APIError(503, str(e), None, "server_shutdown" if e.shutdown else "engine_unavailable") from None
+    except AdapterRetired as e:  # unloaded since check_model found it
+        stream.cancel()
+        raise not_found(e.name, server.model_name,
+                        server.adapters.names if server.adapters is not None else ()) from None
     access.generating([len(ids) for ids, _ in jobs], n)
     return stream
 

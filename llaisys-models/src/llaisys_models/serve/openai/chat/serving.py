@@ -22,7 +22,7 @@ from ..prompts import tokenize
 from ..protocol import ChoiceText, stream_flags
 from ..reasoning import ReasoningChoices, Thought, template_kwargs, thinking_budget, with_thinking
 from ..sampling import choices_n, logprob_request, priority
-from ..serving import UsageSum, check_model, collect, job_params, stream_chunks, submit
+from ..serving import UsageSum, check_model, collect, job_params, response_model, stream_chunks, submit
 from .protocol import ChatShape, chat_messages, logprobs_count
 from .tools import ToolRequest, chat_tools
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 async def create_chat_completion(server: Server, request: Request) -> Response | None:
     body = await read_json(request, server.max_body_bytes)
-    check_model(server, body)
+    adapter = check_model(server, body)
     stream, include_usage = stream_flags(body)
     tools = chat_tools(body)
     if tools is not None and server.tool_format is None:
@@ -47,12 +47,12 @@ async def create_chat_completion(server: Server, request: Request) -> Response |
                          template_kwargs=variables)
     params = with_thinking(server, job_params(server, body, len(ids), "messages", logprobs, constraint), ids, budget)
 
-    shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), server.model_name,
+    shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), response_model(server, adapter),
                       reasoning=server.reasoning is not None)
     keep = (server.tool_markers if tools is not None else frozenset()) | (server.reasoning.keep if server.reasoning
                                                                           else frozenset())
     events = submit(server, [(ids, params)], access_log.entry(request.scope), cache_scope=scope, n=n,
-                    keep_tokens=keep, response_id=shape.id, priority=priority(body))
+                    keep_tokens=keep, response_id=shape.id, priority=priority(body), adapter=adapter)
     usage = UsageSum([len(ids)], n)
     fmt = server.tool_format if tools is not None else None
     parsers = ToolParsers(fmt, tools, usage.choices)

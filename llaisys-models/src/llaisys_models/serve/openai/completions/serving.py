@@ -16,7 +16,7 @@ from ...tenancy import request_scope
 from ..prompts import tokenize
 from ..protocol import stream_flags
 from ..sampling import choices_n, logprob_request, priority
-from ..serving import Job, PlainText, UsageSum, check_model, collect, job_params, stream_chunks, submit
+from ..serving import Job, PlainText, UsageSum, check_model, collect, job_params, response_model, stream_chunks, submit
 from .protocol import CompletionShape, check_list_tokens, check_unsupported, completion_prompts, logprobs_count
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 async def create_completion(server: Server, request: Request) -> Response | None:
     body = await read_json(request, server.max_body_bytes)
-    check_model(server, body)
+    adapter = check_model(server, body)
     check_unsupported(body)
     stream, include_usage = stream_flags(body)
     prompts = completion_prompts(body, server.vocab_size, server.context, server.longest_token)
@@ -42,9 +42,9 @@ async def create_completion(server: Server, request: Request) -> Response | None
             check_list_tokens(sum(len(ids) for ids, _ in jobs), len(prompts), server.context,
                               "" if len(jobs) == len(prompts) else " at least")
 
-    shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", int(time.time()), server.model_name)
+    shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", int(time.time()), response_model(server, adapter))
     events = submit(server, jobs, access_log.entry(request.scope), cache_scope=scope, n=n, response_id=shape.id,
-                    priority=priority(body))
+                    priority=priority(body), adapter=adapter)
     usage = UsageSum([len(ids) for ids, _ in jobs], n)
     if stream:
         return sse.response(stream_chunks(server, events, shape, usage, include_usage, PlainText()))

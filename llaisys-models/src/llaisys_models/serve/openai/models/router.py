@@ -1,4 +1,4 @@
-"""The routes of the model list (one model: the served one) and its card."""
+"""The routes of the model list (the served model, then its LoRA adapters) and their cards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter
 
 from ...errors import APIError
-from .protocol import model_card, model_list
+from .protocol import card_of, model_list
 
 if TYPE_CHECKING:
     from ...server import Server
@@ -22,8 +22,9 @@ def router(server: Server) -> APIRouter:
 
     @api.get("/v1/models/{name:path}", response_model=None)
     async def get_model(name: str) -> dict:
-        if name != server.model_name:
+        card = card_of(server, name)
+        if card is None:
             raise APIError(404, f"the model '{name}' does not exist", "model", "model_not_found")
-        return model_card(server)
+        return card
 
     return api

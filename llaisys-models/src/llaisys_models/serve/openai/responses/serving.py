@@ -20,7 +20,7 @@ from ...tenancy import request_scope
 from ..prompts import tokenize
 from ..reasoning import template_kwargs, thinking_budget, with_thinking
 from ..sampling import priority, sampling_params, speculation
-from ..serving import UsageSum, check_model, collect, engine_failure, submit
+from ..serving import UsageSum, check_model, collect, engine_failure, response_model, submit
 from .protocol import ResponseObject, check_unsupported, input_messages
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 async def create_response(server: Server, request: Request) -> Response | None:
     """Text in (a string, or message items, and ``instructions``), text out (a reasoning model's thinking first)."""
     body = await read_json(request, server.max_body_bytes)
-    check_model(server, body)
+    adapter = check_model(server, body)
     check_unsupported(body)
     stream = field(body, "stream", "boolean", default=False)
     variables, budget = template_kwargs(server, body), thinking_budget(server, body)
@@ -40,11 +40,11 @@ async def create_response(server: Server, request: Request) -> Response | None:
                              default_max_tokens=server.default_max_tokens, defaults=server.sampling)
     params = structured.constrain(body, speculation(body, params, server.engine), constraint)
     params = with_thinking(server, params, ids, budget)
-    shape = ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), server.model_name, body, params,
+    shape = ResponseObject(f"resp_{uuid.uuid4().hex}", int(time.time()), response_model(server, adapter), body, params,
                            reasoning=server.reasoning is not None)
     events = submit(server, [(ids, params)], access_log.entry(request.scope), cache_scope=request_scope(request, body),
                     keep_tokens=server.reasoning.keep if server.reasoning else frozenset(), response_id=shape.id,
-                    priority=priority(body))
+                    priority=priority(body), adapter=adapter)
     split = server.reasoning.splitter(ids) if server.reasoning else None
     if stream:
         return sse.response(_response_events(server, events, shape, split))
