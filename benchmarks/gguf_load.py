@@ -90,7 +90,10 @@ def encode(values: np.ndarray, qtype, rng) -> np.ndarray:
     return blocks.reshape(values.shape[0], -1)
 
 
-def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
+def write_gguf(model_dir: Path, path: Path, type_name: str, placeholder_vocab: bool = False) -> None:
+    """The checkpoint as a GGUF file of ``type_name``. Without a vocabulary (tokenizer "none": llama-quantize and
+    llama-bench use dummy tokens), or with ``placeholder_vocab`` a byte-level BPE one of tokens "t0", "t1", ...
+    and one merge, for llama-server, which turns each new token into text (a file without one aborts there)."""
     import gguf
 
     from llaisys_models.loading.loader import config_file
@@ -111,7 +114,16 @@ def write_gguf(model_dir: Path, path: Path, type_name: str) -> None:
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
     writer.add_eos_token_id(c.eos_token_ids[0])
-    writer.add_tokenizer_model("none")  # no vocabulary: llama.cpp (llama-quantize, llama-bench) then uses dummy tokens
+    if placeholder_vocab:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list([f"t{i}" for i in range(c.vocab_size)])
+        writer.add_token_types([gguf.TokenType.NORMAL] * c.vocab_size)
+        writer.add_token_merges(["t 0"])
+        writer.add_bos_token_id(c.eos_token_ids[0])
+        writer.add_add_bos_token(False)
+    else:
+        writer.add_tokenizer_model("none")
 
     names = list(ckpt.infos)
     types = {name: qtype if len(ckpt.infos[name].shape) == 2 else gguf.GGMLQuantizationType.F32 for name in names}

@@ -60,6 +60,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from gguf_load import write_gguf  # noqa: E402
 from make_model import SHAPE, tensors, write_safetensors  # noqa: E402
 from make_model import config as hf_config  # noqa: E402
 
@@ -98,60 +99,6 @@ def write_peft_adapter(out: Path, base: Path, shape: dict, seed: int) -> None:
         "init_lora_weights": True, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None}, indent=2))
 
 
-def write_model_gguf(model_dir: Path, path: Path, type_name: str) -> None:
-    """The checkpoint as a GGUF file, as benchmarks/gguf_load.py's ``write_gguf`` writes it but with a vocabulary:
-    llama-server turns each new token into text, which a file of tokenizer "none" cannot (it aborts). The tokens
-    are placeholders ("t0", "t1", ...: a byte-level BPE vocabulary with one merge): the prompts are token ids."""
-    import gguf
-    from gguf_load import ROW_CHUNK, encode, gguf_name
-
-    from llaisys_models.loading.loader import config_file
-    from llaisys_models.loading.safetensors import Checkpoint
-
-    qtype = gguf.GGMLQuantizationType[type_name]
-    c = config_file(model_dir)
-    ckpt = Checkpoint(model_dir)
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_name(f"{model_dir.name} ({type_name})")
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_rope_freq_base(c.rope_theta)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_vocab_size(c.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list([f"t{i}" for i in range(c.vocab_size)])
-    writer.add_token_types([gguf.TokenType.NORMAL] * c.vocab_size)
-    writer.add_token_merges(["t 0"])
-    writer.add_eos_token_id(c.eos_token_ids[0])
-    writer.add_bos_token_id(c.eos_token_ids[0])
-    writer.add_add_bos_token(False)
-    names = list(ckpt.infos)
-    types = {name: qtype if len(ckpt.infos[name].shape) == 2 else gguf.GGMLQuantizationType.F32 for name in names}
-    for name in names:
-        block, size = gguf.GGML_QUANT_SIZES[types[name]]
-        nbytes = int(np.prod(ckpt.infos[name].shape)) // block * size
-        writer.add_tensor_info(gguf_name(name), ckpt.infos[name].shape, np.dtype(np.float32), nbytes,
-                               raw_dtype=types[name])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng = np.random.default_rng(0)
-    for name in names:
-        source = ckpt.tensor(name).numpy()
-        if source.ndim == 1:
-            writer.write_tensor_data(source.astype(np.float32))
-            continue
-        step = max(1, ROW_CHUNK // source.shape[1])  # a few rows at a time
-        writer.write_tensor_data(np.concatenate([encode(source[s:s + step].astype(np.float32), types[name], rng)
-                                                 for s in range(0, source.shape[0], step)]))
-    writer.close()
-
-
 def prepare(args) -> dict[str, Path]:
     """Write (once) the model, its GGUF file, the adapters and theirs; their paths."""
     shape = dict(SHAPE, num_hidden_layers=args.layers)
@@ -164,7 +111,7 @@ def prepare(args) -> dict[str, Path]:
         write_safetensors(model / "model.safetensors.part", tensors(shape), seed=0)
         (model / "model.safetensors.part").rename(model / "model.safetensors")
     if not paths["gguf"].exists():
-        write_model_gguf(model, paths["gguf"].with_suffix(".part"), args.llama_type)
+        write_gguf(model, paths["gguf"].with_suffix(".part"), args.llama_type, placeholder_vocab=True)
         paths["gguf"].with_suffix(".part").rename(paths["gguf"])
     for i, name in enumerate(ADAPTERS):
         peft = paths[name] = root / f"adapter-{name}"
