@@ -8,6 +8,7 @@
     child = seq.fork(n)                   # a second sequence sharing the first n positions' blocks
     ... a forward writes positions len(seq) .. n-1 ... seq.commit(new tokens)
     seq.release()                         # blocks back; cached ones stay findable
+    seq.drop_outside_window()             # (a model whose every layer slides) blocks no layer reads any more back
 
 The keys and values themselves live in ``kv_cache.KVPool``, a BlockManager that owns them and copies a
 block's tensors in ``copy_block``.
@@ -28,6 +29,13 @@ Freeing. A block whose count drops to 0 goes back to the free list, or — if in
 (least recently released first), whose blocks are reused only when the free list is empty; taking one
 unindexes it and everything indexed below it. Each block is always in exactly one state: in use (count > 0),
 cached (count 0, indexed) or free (count 0, not indexed); ``check()`` verifies it.
+
+Sliding windows. Where every layer of the model sees only its last ``window`` positions (Mistral, Phi-3, ...:
+``BlockManager.window``, set by the model's ``new_kv_pool``), the blocks wholly before the window of a sequence's
+next forward are never read again: ``drop_outside_window`` (the scheduler's, before each step) gives them back
+and leaves ``DROPPED`` in their table entries (a sequence's first ``dropped`` blocks). Given back, an indexed
+block stays cached under its parent like any released one; a block whose parent was given back before it filled
+is not indexed (DROPPED is no parent) (docs/design/kv-cache.md, "Sliding windows").
 """
 
 from __future__ import annotations
@@ -54,6 +62,13 @@ class Adapter(Protocol):
 
 Parent = Hashable  # a block id (int) or a Root
 
+# The table entry of a block a sequence gave back (``drop_outside_window``): no block, and no parent either
+# (never indexed, so ``_reachable`` is False for it); the step inputs send block 0 for it, which no kernel reads.
+DROPPED = -1
+# paged_attention reads no key before the window of a sequence's first query row but the <= 64 keys of a
+# kernel's key block that holds its first key (llaisys.ops.paged_attention): what stays held is counted from there
+WINDOW_READ_SLACK = 64
+
 
 class BlockManager:
     """Reference counts, free and cached lists and the prefix index of ``num_blocks`` blocks."""
@@ -64,6 +79,9 @@ class BlockManager:
                                             f"{block_size} and {num_blocks}")
         self.block_size = block_size
         self.prefix_caching = prefix_caching  # may be switched at any time: read at each adopt / commit
+        # the sliding window of every layer (positions), where the model's every layer slides; 0: some layer sees
+        # every position, so no block is ever given back before its sequence ends (drop_outside_window)
+        self.window = 0
         self.num_blocks = 0
         self._refs: list[int] = []
         self._free: collections.deque[int] = collections.deque()
@@ -229,13 +247,37 @@ class SequenceKV:
         self.root = Root(scope, 0 if adapter is None else adapter.uid)
         self.blocks: list[int] = []
         self.tokens: list[int] = []
+        self.dropped = 0  # leading blocks given back (drop_outside_window): DROPPED in ``blocks``
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def _parent(self, b: int) -> Parent:
-        """The index parent of the sequence's block ``b``."""
+        """The index parent of the sequence's block ``b`` (DROPPED, never reachable, after a dropped block)."""
         return self.blocks[b - 1] if b else self.root
+
+    def _window_start(self, length: int) -> int:
+        """The first position a forward from ``length`` on may read: the window of its first query, less the
+        key block a kernel reads it in (0: every position, or no window)."""
+        window = self.manager.window
+        if not window:
+            return 0
+        first = max(length - window + 1, 0)
+        return first // WINDOW_READ_SLACK * WINDOW_READ_SLACK
+
+    def drop_outside_window(self) -> int:
+        """Give back the blocks wholly before every layer's window of the next forward (which starts at
+        ``len(self)``): the pool's ``window`` (0: nothing to give back). Their entries become DROPPED. Returns how
+        many blocks were given back. Only a caller that never cuts the sequence back past the start of its next
+        forward may call it (the scheduler: a rejected draft is cut back to its step's start at the earliest)."""
+        upto = min(self._window_start(len(self.tokens)) // self.manager.block_size, len(self.blocks))
+        if upto <= self.dropped:
+            return 0
+        for b in range(self.dropped, upto):  # oldest first: a cached prefix is evicted from its start
+            self.manager.decref(self.blocks[b])
+            self.blocks[b] = DROPPED
+        given, self.dropped = upto - self.dropped, upto
+        return given
 
     def blocks_for(self, length: int) -> int:
         """New blocks needed to hold ``length`` positions."""
@@ -292,9 +334,11 @@ class SequenceKV:
             m.copy_block(copy, self.blocks[full])
             copied = [copy]
         for block in self.blocks[:full]:
-            m.incref(block)
+            if block != DROPPED:
+                m.incref(block)
         child.blocks = self.blocks[:full] + copied
         child.tokens = self.tokens[:length]
+        child.dropped = min(self.dropped, full)  # (its next forward, at length, reads none of them either)
         return child
 
     def commit(self, new_tokens: list[int]) -> None:
@@ -320,6 +364,9 @@ class SequenceKV:
         if not 0 <= length <= len(self.tokens):
             raise ValueError(f"cannot truncate a sequence of {len(self.tokens)} tokens to {length}")
         m, bs = self.manager, self.manager.block_size
+        if self.dropped and self._window_start(length) < self.dropped * bs:
+            raise RuntimeError(f"cannot cut the sequence back to {length} positions: the blocks before position "
+                               f"{self.dropped * bs}, which its windows would read, were given back")
         keep = -(-length // bs)
         for block in reversed(self.blocks[keep:]):
             m.decref(block)
@@ -343,9 +390,9 @@ class SequenceKV:
         if m.prefix_caching and len(self.tokens) % bs and len(self.blocks) > len(self.tokens) // bs:
             b = len(self.tokens) // bs
             m.index_partial(self.blocks[b], self._parent(b), tuple(self.tokens[b * bs:]))
-        for block in reversed(self.blocks):  # the last block first: cached leaves are evicted before parents
+        for block in reversed(self.blocks[self.dropped:]):  # the last first: cached leaves are evicted before parents
             m.decref(block)
-        self.blocks, self.tokens = [], []
+        self.blocks, self.tokens, self.dropped = [], [], 0
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -8,10 +8,13 @@ the plan (``runner.ModelRunner.execute``: the forward and every choice, a ``plan
 
     admit     (schedule) waiting sequences in fair order (engine/fairness.py: the best priority, then the request
               running the fewest sequences, then the oldest) while the pool has blocks for the whole prompt
-              (reusing cached prefix blocks of the sequence's scope) and there is room (max_running); a request
-              that runs nothing makes room by preempting the newest sequence of the request running the most
-              (if that one runs more than one)
-    schedule  every decoding sequence one token (oldest first; a sequence that needs a new block and finds
+              (reusing cached prefix blocks of the sequence's scope; where every layer's window gives blocks
+              back, for its first chunk: each chunk's are reserved as it is read) and there is room
+              (max_running); a request that runs nothing makes room by preempting the newest sequence of the
+              request running the most (if that one runs more than one)
+    schedule  blocks wholly before every layer's window of a sequence's next forward given back (a model whose
+              every layer slides: kv_blocks.SequenceKV.drop_outside_window), then
+              every decoding sequence one token (oldest first; a sequence that needs a new block and finds
               none preempts the newest sequence of the request running the most: its blocks are freed and it
               waits in the queue, before newer sequences of its standing, to be recomputed later — never an
               error), then prefill chunks of the sequences still reading their prompt within ``max_batch_tokens``,
@@ -408,6 +411,8 @@ class Scheduler:
             # room for the pending part (whole: for every position the sequence may reach), keeping a block of
             # growth for every running sequence
             length = seq.prompt_len + seq.params.max_tokens if whole else len(seq.tokens)
+            if self.pool.window and not whole:  # windows that give blocks back: a prompt's blocks are reserved
+                length = min(length, len(kv) + self.max_batch_tokens)  # chunk by chunk (_plan), as it is read
             if kv.blocks_for(length) + len(self.running) > self.pool.num_free or not kv.reserve(length):
                 kv.release()
                 if newcomer and self._make_room(seq):
@@ -429,6 +434,9 @@ class Scheduler:
     def _plan(self) -> list[tuple[Sequence, int, list[int]]]:
         """(sequence, pending tokens to run, drafted tokens to verify after them), oldest first."""
         plan: dict[int, tuple[Sequence, int, list[int]]] = {}
+        for seq in self.running:  # blocks before every layer's window (a model whose every layer slides) go back
+            if seq.kv is not None:  # (the next forward reads from len(seq.kv) - window on; kv_blocks.py)
+                seq.kv.drop_outside_window()
         for seq in list(self.running):  # decoding sequences: one token each, oldest first
             if seq.kv is None or seq.pending != 1:
                 continue
@@ -461,7 +469,13 @@ class Scheduler:
             by_id = {s.id: s for s in readers}
             for i, n in fairness.prefill_shares(readers, int(budget)).items():
                 plan[i] = (by_id[i], n, [])
-        return [plan[i] for i in sorted(plan)]
+        for i in sorted(plan):  # blocks for each prompt chunk (reserved at admission unless windows give back;
+            seq, n, _ = plan[i]  # a decoding sequence's are reserved above: nothing to take)
+            while seq.kv is not None and not seq.kv.reserve(len(seq.kv) + n):
+                victim = fairness.victim(self.running)  # out of blocks: as a decoding sequence (above)
+                assert victim is not None  # seq itself runs
+                self._preempt(victim)
+        return [plan[i] for i in sorted(plan) if plan[i][0].kv is not None]
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The tokens ``seq``'s drafter proposes to verify this step, with blocks reserved for them: at most

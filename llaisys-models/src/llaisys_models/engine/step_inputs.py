@@ -78,11 +78,14 @@ def host_step(batch: Batch, logits_of: list[int] | None = None) -> HostStep:
         if start + n > len(seq.blocks) * bs:
             raise RuntimeError(f"sequence needs {start + n} positions but holds blocks for "
                                f"{len(seq.blocks) * bs}; reserve first")
+        if start < seq.dropped * bs:
+            raise RuntimeError(f"sequence writes position {start} but gave back its blocks before {seq.dropped * bs}")
         pos = np.arange(start, start + n, dtype=np.int64)
         table = np.asarray(seq.blocks, dtype=np.int64)
         positions[row:row + n] = pos
         slots[row:row + n] = table[pos // bs] * bs + pos % bs
-        tables[i, :len(seq.blocks)] = seq.blocks
+        # (blocks a sequence gave back, before its windows: block 0, which the kernels check but never read)
+        tables[i, seq.dropped:len(seq.blocks)] = seq.blocks[seq.dropped:]
         seq_lens[i] = start + n
         row += n
         query_start[i + 1] = row

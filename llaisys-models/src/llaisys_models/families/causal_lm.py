@@ -207,6 +207,14 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
         c = self.config
         return KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
 
+    @property
+    def kv_window(self) -> int:
+        """The widest sliding window where every layer slides (Mistral, Phi-3, ...): a sequence's blocks wholly
+        before it are given back as it grows (kv_blocks.SequenceKV.drop_outside_window); 0 where a layer sees
+        every position (no window, or global layers beside sliding ones, as Gemma 3's)."""
+        windows = [self.config.window(i) for i in range(self.config.num_hidden_layers)]
+        return max(windows) if windows and all(windows) else 0
+
     def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
                     prefix_caching: bool = True) -> KVPool:
         """A paged KV cache for this model: ``num_blocks`` blocks of ``block_size`` positions, or as many as
@@ -220,6 +228,7 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
                 raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
                                                 f"positions ({block_size * self.kv_shape.bytes_per_token} bytes)")
         pool = KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+        pool.window = self.kv_window
         if self.followers is not None:  # the other ranks hold their kv heads of it
             self.followers.new_pool(pool)
         return pool
