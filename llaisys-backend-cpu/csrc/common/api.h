@@ -14,7 +14,8 @@
 // Exports that are not slots of the shared header (CPU-only introspection used by tests), named
 // LLAISYS_FN(name) like the slots.
 #define LLAISYS_EXPORT extern "C" __attribute__((visibility("default")))
-// The SIMD path the kernels take in this process: "portable", "avx2" or "avx512" (cpu_features.h).
+// The SIMD path the kernels take in this process: "portable", "avx2" or "avx512" on x86-64, "portable", "neon"
+// or "dotprod" on AArch64 (cpu_features.h).
 LLAISYS_EXPORT const char* LLAISYS_FN(simd_level)(void);
 
 namespace llaisys {

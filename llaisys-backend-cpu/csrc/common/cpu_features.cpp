@@ -4,10 +4,45 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
 #include "api.h"
 
 namespace llaisys::cpu {
 
+// Per architecture: detect() (the best level of this CPU) and kLevels (the architecture's levels, lowest first).
+#if defined(__aarch64__)
+#if defined(__linux__)
+// Bits of the kernel's AT_HWCAP (<asm/hwcap.h>: HWCAP_ASIMD, HWCAP_ASIMDDP; spelt out for older C libraries).
+static constexpr unsigned long kHwcapAsimd = 1ul << 1, kHwcapAsimdDp = 1ul << 20;
+#elif defined(__APPLE__)
+static bool sysctl_flag(const char* name) {  // hw.optional.* (absent: 0)
+    int value = 0;
+    size_t size = sizeof(value);
+    return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+#endif
+
+static Simd detect() {
+#if defined(__linux__)
+    const unsigned long hwcap = getauxval(AT_HWCAP);
+    if (!(hwcap & kHwcapAsimd)) return Simd::kPortable;
+    return hwcap & kHwcapAsimdDp ? Simd::kDotprod : Simd::kNeon;
+#elif defined(__APPLE__)
+    // every Apple arm64 CPU has Advanced SIMD; M1 and later also FEAT_DotProd (hw.optional.arm.*: macOS 12 on)
+    return sysctl_flag("hw.optional.arm.FEAT_DotProd") ? Simd::kDotprod : Simd::kNeon;
+#else
+    return Simd::kNeon;  // Advanced SIMD is part of every armv8-a application profile CPU
+#endif
+}
+
+// this architecture's levels, lowest first
+static constexpr Simd kLevels[] = {Simd::kPortable, Simd::kNeon, Simd::kDotprod};
+#else
 static Simd detect() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -20,13 +55,27 @@ static Simd detect() {
     return Simd::kPortable;
 }
 
+static constexpr Simd kLevels[] = {Simd::kPortable, Simd::kAvx2, Simd::kAvx512};
+#endif
+
+// LLAISYS_CPU_SIMD applied to ``best``: one of this architecture's levels up to ``best`` runs; a level above it
+// (this CPU lacks it) or another name is reported in one line, and ``best`` runs.
 static Simd from_env(Simd best) {
     const char* env = std::getenv("LLAISYS_CPU_SIMD");
     if (!env || !*env) return best;
-    for (Simd level : {Simd::kPortable, Simd::kAvx2, Simd::kAvx512})
-        if (!std::strcmp(env, simd_name(level))) return int(level) < int(best) ? level : best;
-    std::fprintf(stderr, "llaisys-backend-cpu: ignoring LLAISYS_CPU_SIMD=%s (valid: portable, avx2, avx512); using %s\n",
-                 env, simd_name(best));
+    char valid[64] = "";
+    for (Simd level : kLevels) {
+        if (!std::strcmp(env, simd_name(level))) {
+            if (int(level) <= int(best)) return level;
+            std::fprintf(stderr, "llaisys-backend-cpu: LLAISYS_CPU_SIMD=%s: this CPU lacks it; using %s\n", env,
+                         simd_name(best));
+            return best;
+        }
+        std::snprintf(valid + std::strlen(valid), sizeof(valid) - std::strlen(valid), "%s%s", *valid ? ", " : "",
+                      simd_name(level));
+    }
+    std::fprintf(stderr, "llaisys-backend-cpu: ignoring LLAISYS_CPU_SIMD=%s (valid: %s); using %s\n", env, valid,
+                 simd_name(best));
     return best;
 }
 
@@ -37,8 +86,13 @@ Simd simd_level() {
 
 const char* simd_name(Simd level) {
     switch (level) {
+#if defined(__aarch64__)
+        case Simd::kDotprod: return "dotprod";
+        case Simd::kNeon: return "neon";
+#else
         case Simd::kAvx512: return "avx512";
         case Simd::kAvx2: return "avx2";
+#endif
         default: return "portable";
     }
 }

@@ -1,13 +1,19 @@
 // What the CPU can run: the SIMD level the kernels take (detected once, capped by
-// LLAISYS_CPU_SIMD=portable|avx2|avx512) and single features that some kernels use when present.
+// LLAISYS_CPU_SIMD=portable|avx2|avx512 on x86-64, portable|neon|dotprod on AArch64) and single features that
+// some kernels use when present.
 #pragma once
 
 namespace llaisys::cpu {
 
-enum class Simd : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// The levels of x86-64 (portable < avx2 < avx512) and of AArch64 (portable < neon < dotprod); a process only
+// ever sees its own architecture's. AArch64: neon is Advanced SIMD (every armv8-a CPU: Cortex-A53 on); dotprod
+// adds sdot / udot (armv8.2-a's FEAT_DotProd: Cortex-A55 / A76 and later, Neoverse N1 / V1 / N2, Graviton 2 to
+// 4, Apple M1 on), which the int8 and block-quantized linears use for their byte dot products.
+enum class Simd : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kNeon = 3, kDotprod = 4 };
 
-// Best level both the CPU and LLAISYS_CPU_SIMD allow (read once per process; an unknown value of
-// LLAISYS_CPU_SIMD is reported on stderr once and ignored).
+// Best level both the CPU and LLAISYS_CPU_SIMD allow (read once per process; a level above the CPU's is
+// capped to the CPU's; an unknown value of LLAISYS_CPU_SIMD, such as another architecture's level, is
+// reported on stderr once and ignored).
 Simd simd_level();
 const char* simd_name(Simd level);
 

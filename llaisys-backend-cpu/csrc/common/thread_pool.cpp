@@ -41,6 +41,8 @@ void futex_wake_all(std::atomic<uint32_t>& word) {
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");  // the spin-wait hint (a no-op on cores without SMT)
 #endif
 }
 

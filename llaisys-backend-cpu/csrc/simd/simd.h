@@ -1,29 +1,34 @@
 // The SIMD vocabulary of the CPU kernels: one header, included by every op source in csrc/ops/.
 //
-// Build: setup.py compiles each op source once per instruction set, with -DLLAISYS_ISA=portable (baseline
-// x86-64), avx2 (AVX2 + FMA + F16C) or avx512 (F + BW + VL + DQ) and that set's -m flags. Everything the
-// source defines goes in namespace llaisys::cpu::LLAISYS_ISA (open it as `namespace llaisys::cpu::
-// LLAISYS_ISA`), so the three builds never share a symbol and the linker can never hand an AVX-512 copy of
-// a helper to the portable path (setup.py checks every avx2 / avx512 object for code outside its
-// namespace). Code that must exist once (the exported entry point, state shared by the ISAs) goes under
-// `#if LLAISYS_ISA_PORTABLE` and calls the build for the run-time SIMD level through LLAISYS_PER_ISA.
+// Build: setup.py compiles each op source once per instruction set of the target architecture, with
+// -DLLAISYS_ISA=<set> and that set's flags: on x86-64 portable (baseline x86-64), avx2 (AVX2 + FMA + F16C) or
+// avx512 (F + BW + VL + DQ); on AArch64 portable (armv8-a, the same lane loops as on x86-64, no fused
+// products), neon (armv8-a Advanced SIMD, vec128_neon.h) or dotprod (armv8.2-a + the sdot byte dot products,
+// the same header). Everything the source defines goes in namespace llaisys::cpu::LLAISYS_ISA (open it as
+// `namespace llaisys::cpu::LLAISYS_ISA`), so the builds never share a symbol and the linker can never hand an
+// AVX-512 (or sdot) copy of a helper to the portable path (setup.py checks every object but the portable ones
+// for code outside its namespace). Code that must exist once (the exported entry point, state shared by the
+// ISAs) goes under `#if LLAISYS_ISA_PORTABLE` and calls the build for the run-time SIMD level through
+// LLAISYS_PER_ISA.
 //
 // Vector types, f32 lanes:
-//   Vec8     8 lanes in every build: a ymm register (avx2, avx512: with masked tails and 32 registers), or
-//            on the portable path an array of 8 floats whose lane loops the compiler turns into SSE2
+//   Vec8     8 lanes in every build: a ymm register (avx2, avx512: with masked tails and 32 registers), a
+//            pair of 128-bit NEON registers (neon, dotprod), or on the portable path an array of 8 floats
+//            whose lane loops the compiler turns into SSE2 (or NEON) code
 //   Vec16    16 lanes, a zmm register (avx512 only)
 //   Vec      the widest of this build: Vec16 with AVX-512, else Vec8
 //   Vec8i, Vec16i: 32-bit integer lanes of the same widths (V::Int; bit work: bf16 rounding, exponents, bf16
 //            pairs; int8 dot products; codes unpacked from words): load(p) (W * 4 bytes), + & | ^ << >>,
 //            int_to_f32 (values, not bits) in every build (the portable Vec8i is an array: kernels written once
-//            over V::Int); in the avx2 / avx512 builds also sra(a, n) (arithmetic shift right), dot4_i8(acc, a, b) (+= the
-//            products of the 4 signed bytes of each lane), dot4_u8i8 (the same with unsigned a: vpdpbusd, on
-//            CPUs with AVX512-VNNI only: Vec16i; dot4_u8i8_bcast: b the 4 bytes at a pointer, in every lane),
-//            dot4_u7i8 (a in [0, 127]: vpmaddubsw without VNNI)
-// Each vector type V has (see vec_portable.h, vec256.h, vec512.h):
+//            over V::Int); in the avx2 / avx512 / neon / dotprod builds also sra(a, n) (arithmetic shift right),
+//            dot4_i8(acc, a, b) (+= the products of the 4 signed bytes of each lane; sdot in the dotprod build),
+//            dot4_u8i8 (the same with unsigned a: vpdpbusd, on CPUs with AVX512-VNNI only: Vec16i;
+//            dot4_u8i8_bcast: b the 4 bytes at a pointer, in every lane), dot4_u7i8 (a in [0, 127]: vpmaddubsw
+//            without VNNI)
+// Each vector type V has (see vec_portable.h, vec256.h, vec512.h, vec128_neon.h):
 //   V::W; V::zero(), V::set1(f), V::broadcast(const float* p) (every lane = *p);
 //   V::load(p), V::load_partial(p, n), v.store(p), v.store_partial(p, n), v.round_to<T>(): p points to
-//   float, bf16_t or f16_t (V::load also takes W bytes, uint8_t or int8_t, as integers: vec256.h, vec512.h; v.store(int8_t*) writes lanes holding integers in [-128, 127] as bytes); f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
+//   float, bf16_t or f16_t (V::load also takes W bytes, uint8_t or int8_t, as integers: vec256.h, vec512.h, vec128_neon.h; v.store(int8_t*) writes lanes holding integers in [-128, 127] as bytes); f16 / bf16 widen exactly to f32 and narrow with round to nearest even (NaN
 //   stays a quiet NaN); a partial access touches lanes [0, n) only (0 <= n <= W) and reads the rest as 0;
 //   + - * /, fmadd(a, b, c) = a*b + c, fnmadd(a, b, c) = c - a*b, mul_unfused(a, b) (never fused into an
 //   FMA), vmin / vmax (the second operand if either is NaN), vsqrt, round_nearest, mul_pow2(a, n) = a * 2^n,
@@ -49,11 +54,24 @@
 #define LLAISYS_ISA_LEVEL_portable 1
 #define LLAISYS_ISA_LEVEL_avx2 2
 #define LLAISYS_ISA_LEVEL_avx512 3
+#define LLAISYS_ISA_LEVEL_neon 4
+#define LLAISYS_ISA_LEVEL_dotprod 5
 #define LLAISYS_ISA_LEVEL_OF_(isa) LLAISYS_ISA_LEVEL_##isa
 #define LLAISYS_ISA_LEVEL_OF(isa) LLAISYS_ISA_LEVEL_OF_(isa)
 
 #if !defined(LLAISYS_ISA)
-#error "compile op sources with -DLLAISYS_ISA=portable|avx2|avx512 (setup.py does)"
+#error "compile op sources with -DLLAISYS_ISA=portable|avx2|avx512 (x86-64) or portable|neon|dotprod (aarch64) (setup.py does)"
+#elif LLAISYS_ISA_LEVEL_OF(LLAISYS_ISA) == 5
+#define LLAISYS_ISA_NEON 1
+#define LLAISYS_ISA_DOTPROD 1
+#if !(defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD))
+#error "LLAISYS_ISA=dotprod needs an aarch64 compiler and -march=armv8.2-a+dotprod"
+#endif
+#elif LLAISYS_ISA_LEVEL_OF(LLAISYS_ISA) == 4
+#define LLAISYS_ISA_NEON 1
+#if !(defined(__aarch64__) && defined(__ARM_NEON))
+#error "LLAISYS_ISA=neon needs an aarch64 compiler"
+#endif
 #elif LLAISYS_ISA_LEVEL_OF(LLAISYS_ISA) == 3
 #define LLAISYS_ISA_AVX512 1
 #if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
@@ -68,14 +86,14 @@
 #elif LLAISYS_ISA_LEVEL_OF(LLAISYS_ISA) == 1
 #define LLAISYS_ISA_PORTABLE 1
 #else
-#error "LLAISYS_ISA must be portable, avx2 or avx512"
+#error "LLAISYS_ISA must be portable, avx2, avx512, neon or dotprod"
 #endif
 
 #define LLAISYS_ALWAYS_INLINE inline __attribute__((always_inline))
 // Functions that use AVX512-BF16 instructions (only called after has_feature(Feature::kAvx512Bf16)).
 #define LLAISYS_TARGET_AVX512BF16 __attribute__((target("avx512bf16")))
 
-#if !defined(LLAISYS_ISA_PORTABLE)
+#if defined(LLAISYS_ISA_AVX2) || defined(LLAISYS_ISA_AVX512)
 // GCC 12 warns "__Y is (may be) used uninitialized" inside the AVX-512 intrinsics' own _mm512_undefined_*()
 // once they are inlined (a false positive, GCC bug 105593); silenced for the intrinsics header only.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -92,6 +110,8 @@
 #include "scalar.h"
 #if defined(LLAISYS_ISA_PORTABLE)
 #include "vec_portable.h"
+#elif defined(LLAISYS_ISA_NEON)
+#include "vec128_neon.h"
 #else
 #include "vec256.h"
 #endif
@@ -101,20 +121,31 @@
 
 // ---- calling the build of the run-time SIMD level (from code under #if LLAISYS_ISA_PORTABLE) ----------
 
-// Declares `DECL` (a function declaration) in the namespace of each build.
+// Declares `DECL` (a function declaration) in the namespace of each build of this architecture.
 #define LLAISYS_DECLARE_PER_ISA(DECL)          \
     namespace llaisys::cpu {                   \
     namespace portable { DECL; }               \
-    namespace avx2 { DECL; }                   \
-    namespace avx512 { DECL; }                 \
+    LLAISYS_DECLARE_PER_ISA_REST_(DECL)        \
     }
+#if defined(__aarch64__)
+#define LLAISYS_DECLARE_PER_ISA_REST_(DECL) namespace neon { DECL; } namespace dotprod { DECL; }
+#else
+#define LLAISYS_DECLARE_PER_ISA_REST_(DECL) namespace avx2 { DECL; } namespace avx512 { DECL; }
+#endif
 
 namespace llaisys::cpu {
+// The build of the run-time SIMD level (simd_level()), one of the three on x86-64 (portable, avx2,
+// avx512) or on AArch64 (portable, neon, dotprod).
 template <class F>
-inline F* pick_isa(F* portable, F* avx2, F* avx512) {
+inline F* pick_isa(F* portable, F* second, F* third) {
     switch (simd_level()) {
-        case Simd::kAvx512: return avx512;
-        case Simd::kAvx2: return avx2;
+#if defined(__aarch64__)
+        case Simd::kDotprod: return third;
+        case Simd::kNeon: return second;
+#else
+        case Simd::kAvx512: return third;
+        case Simd::kAvx2: return second;
+#endif
         default: return portable;
     }
 }
@@ -122,8 +153,13 @@ inline F* pick_isa(F* portable, F* avx2, F* avx512) {
 
 // The function `name` (declared with LLAISYS_DECLARE_PER_ISA) of the build this process runs:
 //     LLAISYS_PER_ISA(add)(dtype, n, c, a, b);
+#if defined(__aarch64__)
+#define LLAISYS_PER_ISA(name) \
+    (::llaisys::cpu::pick_isa(&::llaisys::cpu::portable::name, &::llaisys::cpu::neon::name, &::llaisys::cpu::dotprod::name))
+#else
 #define LLAISYS_PER_ISA(name) \
     (::llaisys::cpu::pick_isa(&::llaisys::cpu::portable::name, &::llaisys::cpu::avx2::name, &::llaisys::cpu::avx512::name))
+#endif
 
 namespace llaisys::cpu::LLAISYS_ISA {
 
@@ -141,6 +177,8 @@ template <class V>
 LLAISYS_ALWAYS_INLINE void hold_in_register(V& v) {
 #if defined(LLAISYS_ISA_PORTABLE)
     (void)v;
+#elif defined(LLAISYS_ISA_NEON)
+    __asm__("" : "+w"(v.lo), "+w"(v.hi));
 #else
     __asm__("" : "+v"(v.r));
 #endif
