@@ -20,7 +20,7 @@ import dataclasses
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -32,9 +32,6 @@ from ..families.weights import Adapted, Weights
 from ..parallel.layout import Layout, Part
 from ..parallel.shards import part_reader
 from .adapter import TARGETS, LoRAAdapter, LoRAPair
-
-if TYPE_CHECKING:
-    from .slots import LoRASlots
 
 # the ModelConfig fields a Layout reads: the checkpoint's config read again must give the loaded rank's own
 _SPLIT_BY = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim", "num_hidden_layers")
@@ -124,11 +121,3 @@ def read_part(read: Callable[[object, str, Path], LoRAAdapter], model: RankModel
     config = whole_config(model)
     adapter = shard_adapter(read(whole_view(model, layout, config), name, path), layout, config)
     return adapter if uid is None else dataclasses.replace(adapter, uid=uid)
-
-
-def put(slots: LoRASlots, slot: int, adapter: LoRAAdapter) -> None:
-    """Put ``adapter`` in ``slot`` of ``slots``, where rank 0's ``LoRASlots.place`` put it (the other ranks of a
-    tensor-parallel model do not choose slots: they follow rank 0)."""
-    for key, linear in slots.linears.items():
-        linear.place(slot, adapter.pairs.get(key))
-    slots.slots[slot] = dataclasses.replace(slots.slots[slot], adapter=adapter)

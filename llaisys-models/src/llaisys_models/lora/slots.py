@@ -69,8 +69,8 @@ class LoRALinear:
         if pair is not None:
             a[:pair.rank] = pair.a
             b[:pair.rank] = pair.b.T
-        self.a.slice(0, slot, slot + 1).load(_as(a, self.dtype))
-        self.b.slice(0, slot, slot + 1).load(_as(b, self.dtype))
+        self.a.slice(0, slot, slot + 1).load(a.astype(self.dtype.numpy))  # (bf16: ml_dtypes, to nearest even)
+        self.b.slice(0, slot, slot + 1).load(b.astype(self.dtype.numpy))
         self._scales[slot] = 0.0 if pair is None else pair.scale
         self.scales.load(self._scales)
 
@@ -81,11 +81,6 @@ class LoRALinear:
         h = self.rows.h(x.shape[0])
         llaisys.ops.lora_shrink(h, x, self.a, adapters, self.scales)
         llaisys.ops.lora_expand(out, h, self.b, adapters)
-
-
-def _as(values: np.ndarray, dtype: llaisys.DType) -> np.ndarray:
-    """A float32 array in ``dtype``'s numpy type (bf16: ml_dtypes, rounded to nearest even)."""
-    return values.astype(dtype.numpy)
 
 
 @dataclasses.dataclass
@@ -139,11 +134,16 @@ class LoRASlots:
                 continue
             free = [i for i, s in enumerate(self.slots) if s.adapter is None or s.last_used < self._clock]
             i = min(free, key=lambda j: (self.slots[j].adapter is not None, self.slots[j].last_used))
-            for key, linear in self.linears.items():
-                linear.place(i, adapter.pairs.get(key))
-            self.slots[i] = _Slot(adapter, self._clock)
+            self.put(i, adapter)
             slot_of[uid] = i
         return slot_of
+
+    def put(self, slot: int, adapter: LoRAAdapter) -> None:
+        """Copy ``adapter``'s pairs into ``slot`` of every adapted linear (zero where it adapts none); the slot now
+        holds it. (The other ranks of a tensor-parallel model put adapters where rank 0 placed them.)"""
+        for key, linear in self.linears.items():
+            linear.place(slot, adapter.pairs.get(key))
+        self.slots[slot] = _Slot(adapter, self._clock)
 
     def forget(self, adapter: LoRAAdapter) -> None:
         """``adapter`` is unloaded: its slot is free (its contents are overwritten by the next adapter placed)."""

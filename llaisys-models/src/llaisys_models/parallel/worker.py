@@ -24,7 +24,6 @@ import llaisys
 from ..engine.kv_cache import KVPool
 from ..families.causal_lm import CausalLM
 from ..lora.adapter import LoRAAdapter
-from ..lora.shard import put
 from . import store
 from .launcher import RankSpec
 from .layout import Layout
@@ -137,7 +136,7 @@ def follow(model: CausalLM, group: llaisys.distributed.Group) -> None:
                     adapters[adapter.uid] = adapter
             elif op == Op.LORA_PLACE:
                 assert model.lora is not None  # (enabled before any adapter is loaded)
-                put(model.lora, args[0], adapters[args[1]])
+                model.lora.put(args[0], adapters[args[1]])  # where rank 0's LoRASlots.place put it
             elif op == Op.LORA_FORGET:
                 if (adapter := adapters.pop(args[0], None)) is not None:
                     model.unload_lora(adapter.name)
