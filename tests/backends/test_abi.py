@@ -108,6 +108,8 @@ def _op_args(buffers, op, dtype, numerics):
     index = buffers.upload(np.array([0, 1], dtype=np.int64))
     q4_0_blocks = lambda: (buffers.upload(np.full((1, 1, 256), 0x98, np.uint8)),  # noqa: E731
                            buffers.upload(np.full((1, 1, 16), 0x3c00, np.uint16)))
+    q8_cache = lambda n: [buffers.upload(np.ones((2, 2, 1, n), np.uint8)) for _ in "kv"]  # noqa: E731
+    q8_scales = lambda: [buffers.upload(np.full((2, 2, 1), 0x3c00, np.uint16)) for _ in "kv"]  # noqa: E731
     return {
         "add": lambda: (dtype, 8, f(8), f(8), f(8)),
         "argmax": lambda: (dtype, 8, index, f(1), f(8)),
@@ -158,6 +160,11 @@ def _op_args(buffers, op, dtype, numerics):
         "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8), f(2, 2, 8),
                                     f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
         "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
+        # as paged_attention's, over int8 bytes [2, 2, 1, 8] with f16 scales [2, 2, 1] (1.0 = 0x3c00)
+        "paged_attention_q": lambda: (dtype, CODES["LLAISYS_KV_INT8"], 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8),
+                                      f(2, 2, 8), *q8_cache(8), *q8_scales(), i32(1, 0), i32(3), i32(0, 2)),
+        "paged_kv_write_q": lambda: (dtype, CODES["LLAISYS_KV_INT8"], 2, 1, 8, 8, 4, *q8_cache(8), *q8_scales(),
+                                     f(2, 1, 8), f(2, 1, 8), index),
     }[op]()
 
 

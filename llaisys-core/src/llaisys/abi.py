@@ -17,7 +17,7 @@ from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64,
 # The ABI's version, major.minor (backend.h explains the policy). A library's api_version() is
 # major * 1000 + minor; one built before minors existed returns its plain major (< 1000), read as major.0.
 API_MAJOR = 6  # LLAISYS_API_VERSION_MAJOR: bumped by a breaking change; another major is refused
-API_MINOR = 2  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
+API_MINOR = 3  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
 API_VERSION = API_MAJOR * 1000 + API_MINOR  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
@@ -62,6 +62,11 @@ class QFormat(enum.IntEnum):  # llaisys_qformat_t, LLAISYS_QFORMAT_<name>; llais
     Q6_K = 4
 
 
+class KVFormat(enum.IntEnum):  # llaisys_kv_format_t, LLAISYS_KV_<name>; a quantized paged KV cache's bytes
+    INT8 = 1
+    FP8_E4M3 = 2
+
+
 class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
     HOST_ADDRESSABLE = 0
     WARP_SIZE = 1
@@ -75,7 +80,7 @@ class DeviceAttr(enum.IntEnum):  # llaisys_device_attr_t, LLAISYS_ATTR_<name>
 # (C enum type, Python enum, prefix of its constants) for every enum of the header
 ENUMS = [("llaisys_status", Status, "LLAISYS_"), ("llaisys_dtype", DTypeCode, "LLAISYS_"),
          ("llaisys_memcpy_kind", MemcpyKind, "LLAISYS_MEMCPY_"), ("llaisys_numerics", Numerics, "LLAISYS_NUMERICS_"),
-         ("llaisys_qformat", QFormat, "LLAISYS_QFORMAT_"),
+         ("llaisys_qformat", QFormat, "LLAISYS_QFORMAT_"), ("llaisys_kv_format", KVFormat, "LLAISYS_KV_"),
          ("llaisys_device_attr", DeviceAttr, "LLAISYS_ATTR_")]
 
 
@@ -168,6 +173,14 @@ OP_SLOTS: dict[str, list] = {
                         _p, _p, _p, _p, _p, _p, _p],
     # dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k [T,Hkv,d], v [T,Hkv,dv], slot_mapping int64 [T]
     "paged_kv_write": [c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
+    # dtype, kv_format (KVFormat), T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window, scale,
+    # out, q, k_cache uint8 [blocks,bs,Hkv,d], v_cache uint8 [blocks,bs,Hkv,dv], k_scale f16 [blocks,bs,Hkv],
+    # v_scale f16 [blocks,bs,Hkv], block_tables, seq_lens, query_start (as paged_attention's)
+    "paged_attention_q": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double,
+                          _p, _p, _p, _p, _p, _p, _p, _p, _p],
+    # dtype (of k and v), kv_format, T, Hkv, d, dv, num_slots, k_cache, v_cache, k_scale, v_scale, k, v,
+    # slot_mapping
+    "paged_kv_write_q": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p],
     # dtype, numerics, n, out, gate, up
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
@@ -218,7 +231,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 
 # The minor version of API_MAJOR that added a slot, for the slots added after API_MAJOR.0 (backend.h lists the
 # same). A library built for an older minor lacks them: core treats them as missing even if it exports the name.
-SLOT_SINCE: dict[str, int] = {"linear_gq": 1, "lora_shrink": 2, "lora_expand": 2}
+SLOT_SINCE: dict[str, int] = {"linear_gq": 1, "lora_shrink": 2, "lora_expand": 2, "paged_attention_q": 3,
+                               "paged_kv_write_q": 3}
 
 
 def split_version(version: int) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from .ops.quant import FORMATS
 
 _ITEMSIZE = {d.code: d.itemsize for d in DType}
 _QFORMATS = {f.code: f for f in FORMATS.values()}
-I32, I64, F32, BF16 = 4, 8, 4, 2  # bytes of the index, table and scale buffers whose dtype the ABI fixes
+I32, I64, F32, F16, BF16 = 4, 8, 4, 2, 2  # bytes of the index, table and scale buffers whose dtype the ABI fixes
 
 
 def _size(dtype: int) -> int:
@@ -84,6 +84,20 @@ def _paged_attention(dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, bl
             num_seqs * I32, (num_seqs + 1) * I32)
 
 
+def _paged_attention_q(dtype, kv_format, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window,
+                       scale, out, q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, query_start):
+    s, rows = _size(dtype), num_blocks * block_size
+    return (T * H * dv * s, T * H * d * s, rows * Hkv * d, rows * Hkv * dv, rows * Hkv * F16, rows * Hkv * F16,
+            num_seqs * max_blocks * I32, num_seqs * I32, (num_seqs + 1) * I32)
+
+
+def _paged_kv_write_q(dtype, kv_format, T, Hkv, d, dv, num_slots, k_cache, v_cache, k_scale, v_scale, k, v,
+                      slot_mapping):
+    s = _size(dtype)
+    return (num_slots * Hkv * d, num_slots * Hkv * dv, num_slots * Hkv * F16, num_slots * Hkv * F16,
+            T * Hkv * d * s, T * Hkv * dv * s, T * I64)
+
+
 def _glu(dtype, numerics, n, out, gate, up):
     return (n * _size(dtype),) * 3
 
@@ -116,6 +130,8 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
     "paged_kv_write": lambda dtype, T, Hkv, d, dv, num_slots, k_cache, v_cache, k, v, slot_mapping: (
         num_slots * Hkv * d * _size(dtype), num_slots * Hkv * dv * _size(dtype), T * Hkv * d * _size(dtype),
         T * Hkv * dv * _size(dtype), T * I64),
+    "paged_attention_q": _paged_attention_q,
+    "paged_kv_write_q": _paged_kv_write_q,
     "swiglu": _glu,
     "sample": lambda dtype, n, out_idx, logits, temperature, top_k, top_p, seed: (I64, n * _size(dtype)),
     "mask_logits": lambda dtype, rows, vocab, logits, bitmask: (rows * vocab * _size(dtype), rows * _ceil(vocab, 32) * I32),
@@ -147,6 +163,7 @@ WRITES: dict[str, frozenset[int]] = {
     "linear_i8": frozenset({0}), "moe_router": frozenset({0, 1}), "moe_linear": frozenset({0}),
     "moe_combine": frozenset({0}), "rearrange": frozenset({0}), "rms_norm": frozenset({0}), "rope": frozenset({0}),
     "self_attention": frozenset({0}), "paged_attention": frozenset({0}), "paged_kv_write": frozenset({0, 1}),
+    "paged_attention_q": frozenset({0}), "paged_kv_write_q": frozenset({0, 1, 2, 3}),
     "swiglu": frozenset({0}), "sample": frozenset({0}), "mask_logits": frozenset({0}),
     "penalize_logits": frozenset({0}), "logprobs": frozenset({1, 2}), "geglu_tanh": frozenset({0}),
     "scale": frozenset({0}), "moe_linear_i8": frozenset({0}), "linear_q": frozenset({0}),

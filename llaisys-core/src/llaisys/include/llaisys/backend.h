@@ -67,13 +67,14 @@
  * Slots added in a minor version of this major (each line "  <major>.<minor>: slot, slot"):
  *   6.1: linear_gq
  *   6.2: lora_shrink, lora_expand
+ *   6.3: paged_kv_write_q, paged_attention_q
  *
  * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
  * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
  * (LLAISYS_ATTR_HOST_ADDRESSABLE, after synchronizing the op's stream), else on host copies of its buffers
  * (memcpy D2H, the CPU kernel, memcpy H2D of the buffers it writes). LLAISYS_FALLBACK=0 makes it an error. */
 #define LLAISYS_API_VERSION_MAJOR 6
-#define LLAISYS_API_VERSION_MINOR 2
+#define LLAISYS_API_VERSION_MINOR 3
 #define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
@@ -441,6 +442,35 @@ LLAISYS_OP int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, 
 LLAISYS_OP int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, int64_t Hkv, int64_t d,
                                           int64_t dv, int64_t num_slots, void* k_cache, void* v_cache,
                                           const void* k, const void* v, const void* slot_mapping);
+
+/* Quantized paged KV caches (6.3). Each (token, kv head) row of d keys (dv values) is stored as d (dv) bytes
+ * and one f16 scale: k_cache uint8 [num_slots, Hkv, d] and k_scale f16 [num_slots, Hkv] (v likewise), with
+ * num_slots = num_blocks * block_size. A stored byte b means x = decode(b) * scale, in f32. On write, in f32:
+ * amax = max |x| over the row, scale = f16(amax / QMAX) (round to nearest even), then each byte encodes
+ * x / scale (an f32 division) clamped to [-QMAX, QMAX], rounded to nearest even; a row whose f16 scale is 0
+ * stores 0 bytes and scale 0. The scale is at most 65504 (f16's largest: larger rows saturate). The formats: */
+typedef enum llaisys_kv_format {
+    LLAISYS_KV_INT8 = 1,    /* int8 two's complement, QMAX = 127, decode(b) = (int8_t)b */
+    LLAISYS_KV_FP8_E4M3 = 2 /* OCP float8 e4m3fn (bias 7, no infinities, 0x7f / 0xff NaN), QMAX = 448 */
+} llaisys_kv_format_t;
+
+/* [op] paged_kv_write into quantized caches of format kv_format (as paged_kv_write: slots, skips, the check
+ * before anything is written, no overlap). dtype is k's and v's (F32 / F16 / BF16). */
+LLAISYS_OP int LLAISYS_FN(paged_kv_write_q)(int device, void* stream, int dtype, int kv_format, int64_t T,
+                                            int64_t Hkv, int64_t d, int64_t dv, int64_t num_slots, void* k_cache,
+                                            void* v_cache, void* k_scale, void* v_scale, const void* k,
+                                            const void* v, const void* slot_mapping);
+
+/* [op] paged_attention (exact numerics) over quantized caches of format kv_format: every key and value read is
+ * decoded to f32 as decode(b) * scale first; the rest of paged_attention's contract holds unchanged (the
+ * masks, the window, the checks, batch invariance, out may be q). dtype is q's and out's. */
+LLAISYS_OP int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype, int kv_format, int64_t T,
+                                             int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
+                                             int64_t num_blocks, int64_t block_size, int64_t max_blocks,
+                                             int64_t window, double scale, void* out, const void* q,
+                                             const void* k_cache, const void* v_cache, const void* k_scale,
+                                             const void* v_scale, const void* block_tables, const void* seq_lens,
+                                             const void* query_start);
 
 /* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up (exactly); no other
  * overlap. */
