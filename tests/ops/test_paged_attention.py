@@ -394,3 +394,63 @@ def test_kv_write_frontend_checks(device):
     with pytest.raises(llaisys.LlaisysValueError, match="v has shape"):
         llaisys.ops.paged_kv_write(cache, llaisys.zeros((2, 4, 1, 8), f32, device), k,
                                    llaisys.zeros((3, 1, 8), f32, device), slots)
+
+
+VALUE_LANES = "LLAISYS_CPU_PAGED_VALUE_LANES"  # 0: no value-lanes decode form (read at each call)
+# decode rows (one chunk, several chunks, one key) and a sequence of 2 rows (2 G queries: value lanes for G <= 3)
+VALUE_LANES_SEQS = [(1, 1100), (1, 37), (1, 1), (1, 600), (2, 70)]
+
+
+def both_forms(run) -> tuple[np.ndarray, np.ndarray]:
+    """The bits of run() with the value-lanes form off, then on."""
+    before = os.environ.get(VALUE_LANES)
+    try:
+        os.environ[VALUE_LANES] = "0"
+        off = bits(run())
+        os.environ[VALUE_LANES] = "1"
+        on = bits(run())
+    finally:
+        if before is None:
+            os.environ.pop(VALUE_LANES, None)
+        else:
+            os.environ[VALUE_LANES] = before
+    return off, on
+
+
+def run_quantized(paged: Paged, fmt: str, window: int) -> llaisys.Tensor:
+    """paged_attention_q over paged's caches quantized as fmt (quantize_kv; its NaN rows get NaN scales)."""
+    dev = paged.device
+    k, ks = llaisys.ops.quantize_kv(paged.k_cache.to(torch.float32).numpy(), fmt)
+    v, vs = llaisys.ops.quantize_kv(paged.v_cache.to(torch.float32).numpy(), fmt)
+    out = nan_filled((paged.T, paged.H, paged.dv), paged.dtype, dev)
+    llaisys.ops.paged_attention_q(out, from_torch(paged.q, dev), *(llaisys.from_numpy(a, dev) for a in (k, v, ks, vs)),
+                                  from_torch(paged.tables, dev), from_torch(paged.seq_lens, dev),
+                                  from_torch(paged.query_start, dev), paged.scale, fmt, window)
+    return out
+
+
+def value_lanes_check_on_this_path(device="cpu"):
+    """The value-lanes decode form gives the query-lanes form's bits: G = 1..8 (8: never value lanes), each
+    dtype, plain and quantized caches, no window and one of 300 keys, odd d / dv, cache blocks of 1 to 64 rows
+    (64: f32 values read in place), keys over several chunks (shared among the threads where there are several)."""
+    dev, failures = llaisys.Device(device), []
+    shapes = ((64, 64, 64), (17, 20, 16), (64, 40, 5), (32, 32, 64), (24, 7, 16), (40, 33, 16), (16, 16, 1))
+    for G, (d, dv, block_size) in zip((1, 2, 3, 4, 6, 7, 8), shapes):  # (d, dv, block_size)
+        Hkv = 2 if G <= 4 else 1
+        for dtype in FLOAT_DTYPES:
+            paged = Paged(VALUE_LANES_SEQS, G * Hkv, Hkv, d, dv, block_size, dtype, dev, seed=G)
+            runs = {f"window {w}": (lambda w=w, paged=paged: paged.run(window=w)) for w in (0, 300)}
+            if G in (3, 4) and dtype != llaisys.float16:
+                runs |= {f"{fmt} window {w}": (lambda fmt=fmt, w=w, paged=paged: run_quantized(paged, fmt, w))
+                         for fmt in ("int8", "fp8") for w in (0, 300)}
+            for name, run in runs.items():
+                off, on = both_forms(run)
+                if not np.array_equal(off, on):
+                    failures.append(f"G={G} {dtype.name} {name}: {np.count_nonzero(off != on)} elements differ")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_value_lanes_form_is_bit_identical(device, level):
+    skip_unless_level_available(device, level)
+    run_under_simd(__name__, level, "t.value_lanes_check_on_this_path()")

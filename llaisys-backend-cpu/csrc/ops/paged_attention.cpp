@@ -1,6 +1,7 @@
-// paged_attention and paged_kv_write. Each build instantiates paged_attention.h with its tile shapes (8-lane
-// vectors everywhere: one vector type keeps results batch-invariant, and on Zen 4 ymm lanes give as many
-// FLOPs per cycle as zmm); the portable build also holds the exported entry points, which check the index
+// paged_attention and paged_kv_write, and their quantized-cache forms paged_attention_q and paged_kv_write_q
+// (kv_quant.h; the same kernel with another cache reader). Each build instantiates paged_attention.h with its
+// tile shapes (8-lane vectors everywhere: one vector type keeps results batch-invariant, and on Zen 4 ymm lanes
+// give as many FLOPs per cycle as zmm); the portable build also holds the exported entry points, which check the index
 // data the kernels read (offsets, lengths, block ids, slots) before touching memory.
 #include "paged_attention.h"
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "../common/api.h"
+#include "../common/cpu_features.h"
 #include "../common/thread_pool.h"
 
 namespace llaisys::cpu::LLAISYS_ISA {
@@ -31,7 +33,7 @@ struct PagedShapes {
 }  // namespace
 
 void paged_attention(int dtype, const PagedProblem& p) {
-    with_float_type(dtype, [&](auto tag) { paged_attention_typed<Vec8, PagedShapes, decltype(tag)>(p); });
+    with_float_type(dtype, [&](auto tag) { paged_attention_any_cache<Vec8, PagedShapes, decltype(tag)>(p); });
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
@@ -107,6 +109,10 @@ void paged_attention_hf(int dtype, const llaisys::cpu::attn::PagedProblem& p) {
     }
 }
 
+// The value-lanes decode form (paged_attention.h), read at each call so that one process can time or test the
+// two forms side by side: LLAISYS_CPU_PAGED_VALUE_LANES=0 keeps every tile in the query-lanes form (same bits).
+bool value_lanes() { return llaisys::cpu::env_switch_on("LLAISYS_CPU_PAGED_VALUE_LANES"); }
+
 }  // namespace
 
 using namespace llaisys;
@@ -124,8 +130,10 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
         if (T == 0 || H == 0 || dv == 0) return;
         if (window < 0) throw InvalidArgument("window = " + std::to_string(window) + " is negative");
         const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window,
-                                        float(scale), out, q, k_cache, v_cache, static_cast<const int32_t*>(block_tables),
-                                        static_cast<const int32_t*>(seq_lens), static_cast<const int32_t*>(query_start)};
+                                        float(scale), out, q, k_cache, v_cache,
+                                        static_cast<const int32_t*>(block_tables),
+                                        static_cast<const int32_t*>(seq_lens),
+                                        static_cast<const int32_t*>(query_start), 0, nullptr, nullptr, value_lanes()};
         check_batch(p);
         if (hf) {
             // rows outside every sequence are 0, as the exact kernel leaves them
@@ -163,6 +171,85 @@ int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, i
                 std::memcpy(vc + size_t(slots[t]) * vrow, vs + size_t(t) * vrow, vrow);
             }
         }, T * int64_t(krow + vrow) >= (int64_t(1) << 20));
+    });
+}
+
+namespace {
+
+void require_kv_format(int kv_format) {
+    if (kv_format != LLAISYS_KV_INT8 && kv_format != LLAISYS_KV_FP8_E4M3)
+        throw NotSupported("kv_format " + std::to_string(kv_format) + " is not supported");
+}
+
+// Quantizes token t's rows of k [T, Hkv, d] and v [T, Hkv, dv] (element type X) into slot `slot` of the byte
+// caches and their scales [num_slots, Hkv].
+template <int Fmt, class X>
+void quantize_token(int64_t t, int64_t slot, int64_t Hkv, int64_t d, int64_t dv, uint8_t* kc, uint8_t* vc,
+                    f16_t* ks, f16_t* vs, const X* k, const X* v) {
+    using llaisys::cpu::LLAISYS_ISA::kvq::quantize_row;
+    for (int64_t g = 0; g < Hkv; ++g) {
+        const int64_t src = t * Hkv + g, dst = slot * Hkv + g;
+        quantize_row<Fmt>(k + src * d, d, kc + dst * d, ks + dst);
+        quantize_row<Fmt>(v + src * dv, dv, vc + dst * dv, vs + dst);
+    }
+}
+
+}  // namespace
+
+int LLAISYS_FN(paged_kv_write_q)(int device, void* stream, int dtype, int kv_format, int64_t T, int64_t Hkv,
+                                 int64_t d, int64_t dv, int64_t num_slots, void* k_cache, void* v_cache,
+                                 void* k_scale, void* v_scale, const void* k, const void* v,
+                                 const void* slot_mapping) {
+    (void)device;
+    return launch("paged_kv_write_q", stream, [=] {
+        require_float_dtype(dtype);
+        require_kv_format(kv_format);
+        const int64_t* slots = static_cast<const int64_t*>(slot_mapping);
+        for (int64_t t = 0; t < T; ++t)  // (all checked before anything is written)
+            need(slots[t] < num_slots, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
+                                           " is past the cache's " + std::to_string(num_slots) + " slots");
+        auto* kc = static_cast<uint8_t*>(k_cache);
+        auto* vc = static_cast<uint8_t*>(v_cache);
+        auto* ks = static_cast<f16_t*>(k_scale);
+        auto* vs = static_cast<f16_t*>(v_scale);
+        const bool parallel = T * Hkv * (d + dv) >= (int64_t(1) << 18);
+        cpu::LLAISYS_ISA::with_float_type(dtype, [&](auto tag) {
+            using X = decltype(tag);
+            const X* kx = static_cast<const X*>(k);
+            const X* vx = static_cast<const X*>(v);
+            auto write = [&](auto fmt) {
+                cpu::LLAISYS_ISA::run_ranges(T, [&](int64_t t_begin, int64_t t_end) {
+                    for (int64_t t = t_begin; t < t_end; ++t)
+                        if (slots[t] >= 0)
+                            quantize_token<decltype(fmt)::value>(t, slots[t], Hkv, d, dv, kc, vc, ks, vs, kx, vx);
+                }, parallel);
+            };
+            if (kv_format == LLAISYS_KV_INT8) write(std::integral_constant<int, LLAISYS_KV_INT8>{});
+            else write(std::integral_constant<int, LLAISYS_KV_FP8_E4M3>{});
+        });
+    });
+}
+
+int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype, int kv_format, int64_t T, int64_t num_seqs,
+                                  int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks,
+                                  int64_t block_size, int64_t max_blocks, int64_t window, double scale, void* out,
+                                  const void* q, const void* k_cache, const void* v_cache, const void* k_scale,
+                                  const void* v_scale, const void* block_tables, const void* seq_lens,
+                                  const void* query_start) {
+    (void)device;
+    return launch("paged_attention_q", stream, [=] {
+        require_float_dtype(dtype);
+        require_kv_format(kv_format);
+        if (T == 0 || H == 0 || dv == 0) return;
+        if (window < 0) throw InvalidArgument("window = " + std::to_string(window) + " is negative");
+        const cpu::attn::PagedProblem p{T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window,
+                                        float(scale), out, q, k_cache, v_cache,
+                                        static_cast<const int32_t*>(block_tables),
+                                        static_cast<const int32_t*>(seq_lens),
+                                        static_cast<const int32_t*>(query_start), kv_format, k_scale, v_scale,
+                                        value_lanes()};
+        check_batch(p);
+        LLAISYS_PER_ISA(paged_attention)(dtype, p);
     });
 }
 #endif

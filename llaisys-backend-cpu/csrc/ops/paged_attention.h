@@ -24,12 +24,22 @@
 //   * one vector type per build (V), and no row form (its dot products would sum in another order).
 // Threads share (tile, chunk range) items, so the result never depends on the thread count either.
 //
+// The value-lanes form: a tile of n < W queries (decode: one row of G < W heads per (sequence, kv head))
+// leaves lanes idle in P V, so there it puts the value DIMENSIONS in the lanes: O [query][dv] += p_j * V[j]
+// (pv_values_tile). Each lane does exactly what a lane of the query-lanes form does for that (query, column):
+// alpha * O, then the same fmadd chain over the keys in the same order; scores, masks and the online softmax
+// are the query-lanes form's, and O goes back to OT [dv][lane] at the end of each chunk, so both forms give
+// the same bits. (Scores with the KEYS in the lanes were tried too, from the key block transposed: the
+// transpose cost more than the idle lanes, and even without it they gained under 10% at G = 3 and nothing at
+// G = 6 on an AVX-512 machine: the scores are not where a decode tile spends most of its time.)
+//
 // Compiled once per instruction set (see simd/simd.h): the templates land in namespace
 // llaisys::cpu::<isa>; paged_attention.cpp picks each build's tile shapes.
 #pragma once
 
 #include <type_traits>
 
+#include "kv_quant.h"
 #include "self_attention.h"
 
 namespace llaisys::cpu::attn {
@@ -45,6 +55,14 @@ struct PagedProblem {
     const int32_t* block_tables; // [num_seqs, max_blocks]
     const int32_t* seq_lens;     // [num_seqs]
     const int32_t* query_start;  // [num_seqs + 1]
+    // A quantized cache (paged_attention_q): 0, or the llaisys_kv_format of the byte caches (then k_cache
+    // uint8 [.., Hkv, d], v_cache uint8 [.., Hkv, dv]) and their f16 scales [num_blocks * block_size, Hkv].
+    int kv_format = 0;
+    const void* k_scale = nullptr;
+    const void* v_scale = nullptr;
+    // The value-lanes form for tiles of few queries (Paged::values_form); false only to test or time it
+    // against the query-lanes form (LLAISYS_CPU_PAGED_VALUE_LANES=0): both give the same bits.
+    bool value_lanes = true;
 };
 
 // One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1) of the tile's chunks
@@ -60,7 +78,7 @@ struct PagedItem {
 
 }  // namespace llaisys::cpu::attn
 
-// The paged attention of each build (dtype: LLAISYS_F32, _F16 or _BF16).
+// The paged attention of each build (dtype: LLAISYS_F32, _F16 or _BF16; p.kv_format: the cache's format).
 LLAISYS_DECLARE_PER_ISA(void paged_attention(int dtype, const attn::PagedProblem& p))
 
 namespace llaisys::cpu::LLAISYS_ISA {
@@ -72,25 +90,61 @@ using attn::PagedProblem;
 constexpr int64_t kChunkKeys = 512;
 static_assert(kChunkKeys % kBlockKeys == 0, "a chunk holds whole key blocks");
 
-// Keys [kb, kb + nb) of kv head g of one sequence (block table bt) as f32 rows: read in place when f32 and
-// inside one cache block, else gathered (and widened) into Kc / Vc.
+// The cache readers of paged_kv_block: the f32 key (value) row of kv head g at cache row `row`.
+// A plain cache of T rows: widened (f32 rows may also be read where they lie, kInPlace).
 template <class T>
-static inline void paged_kv_block(const T* kc, const T* vc, const int32_t* bt, int64_t bs, int64_t kb, int64_t nb,
+struct PlainKV {
+    static constexpr bool kInPlace = std::is_same_v<T, float>;
+    const T* kc;
+    const T* vc;
+    explicit PlainKV(const PagedProblem& p)
+        : kc(static_cast<const T*>(p.k_cache)), vc(static_cast<const T*>(p.v_cache)) {}
+    void key(int64_t row, int64_t Hkv, int64_t g, int64_t d, float* dst) const {
+        convert(kc + (row * Hkv + g) * d, dst, d);
+    }
+    void value(int64_t row, int64_t Hkv, int64_t g, int64_t dv, float* dst) const {
+        convert(vc + (row * Hkv + g) * dv, dst, dv);
+    }
+};
+
+// A quantized cache (kv_quant.h) of format Fmt: decode(byte) * the row's f16 scale, always gathered.
+template <int Fmt>
+struct QuantKV {
+    static constexpr bool kInPlace = false;
+    const uint8_t* kc;
+    const uint8_t* vc;
+    const f16_t* ks;  // [rows, Hkv]
+    const f16_t* vs;
+    explicit QuantKV(const PagedProblem& p)
+        : kc(static_cast<const uint8_t*>(p.k_cache)), vc(static_cast<const uint8_t*>(p.v_cache)),
+          ks(static_cast<const f16_t*>(p.k_scale)), vs(static_cast<const f16_t*>(p.v_scale)) {}
+    void key(int64_t row, int64_t Hkv, int64_t g, int64_t d, float* dst) const {
+        kvq::dequantize_row<Fmt>(kc + (row * Hkv + g) * d, ks[row * Hkv + g], d, dst);
+    }
+    void value(int64_t row, int64_t Hkv, int64_t g, int64_t dv, float* dst) const {
+        kvq::dequantize_row<Fmt>(vc + (row * Hkv + g) * dv, vs[row * Hkv + g], dv, dst);
+    }
+};
+
+// Keys [kb, kb + nb) of kv head g of one sequence (block table bt) as f32 rows: read in place when the reader
+// allows it (f32) and inside one cache block, else gathered (widened or decoded) into Kc / Vc.
+template <class KV>
+static inline void paged_kv_block(const KV& kv, const int32_t* bt, int64_t bs, int64_t kb, int64_t nb,
                                   int64_t Hkv, int64_t g, int64_t d, int64_t dv, float* Kc, float* Vc,
                                   const float*& Kp, int64_t& kstride, const float*& Vp, int64_t& vstride) {
-    if constexpr (sizeof(T) == 4) {
+    if constexpr (KV::kInPlace) {
         const int64_t off = kb % bs;
         if (off + nb <= bs) {
             const int64_t row = int64_t(bt[kb / bs]) * bs + off;
-            Kp = reinterpret_cast<const float*>(kc) + (row * Hkv + g) * d, kstride = Hkv * d;
-            Vp = reinterpret_cast<const float*>(vc) + (row * Hkv + g) * dv, vstride = Hkv * dv;
+            Kp = kv.kc + (row * Hkv + g) * d, kstride = Hkv * d;
+            Vp = kv.vc + (row * Hkv + g) * dv, vstride = Hkv * dv;
             return;
         }
     }
     for (int64_t j = 0; j < nb; ++j) {
         const int64_t pos = kb + j, row = int64_t(bt[pos / bs]) * bs + pos % bs;
-        convert(kc + (row * Hkv + g) * d, Kc + j * d, d);
-        convert(vc + (row * Hkv + g) * dv, Vc + j * dv, dv);
+        kv.key(row, Hkv, g, d, Kc + j * d);
+        kv.value(row, Hkv, g, dv, Vc + j * dv);
     }
     Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
 }
@@ -119,17 +173,51 @@ static inline void merge_chunks(const float* parts, int64_t n, int64_t stride, i
     }
 }
 
+// Value-lanes P V: O[q][c] = alpha[q] * O[q][c] + sum_j P[j][q] * V[j][c] for NQ queries from q0 and R vectors
+// of columns from c0 (the last one `last` columns wide when kTail), each an fmadd chain over j in order
+// (pv_tile's, with the product's operands in the other lanes). O rows are dv apart.
+template <class V, int NQ, int R, bool kTail>
+static inline void pv_values_tile(float* __restrict O, int64_t dv, const float* __restrict P, int64_t lanes,
+                                  int64_t nb, const float* __restrict Vp, int64_t vstride, int64_t q0, int64_t c0,
+                                  const float* alpha, int last) {
+    constexpr int W = V::W;
+    auto load = [&](const float* src, int r) {
+        return kTail && r == R - 1 ? V::load_partial(src + r * W, last) : V::load(src + r * W);
+    };
+    V acc[NQ][R];
+    LLAISYS_UNROLL for (int a = 0; a < NQ; ++a)
+        LLAISYS_UNROLL for (int r = 0; r < R; ++r)
+            acc[a][r] = load(O + (q0 + a) * dv + c0, r) * V::set1(alpha[q0 + a]);
+    const float* vrow = Vp + c0;
+    for (int64_t j = 0; j < nb; ++j, vrow += vstride) {
+        V x[R];
+        LLAISYS_UNROLL for (int r = 0; r < R; ++r) x[r] = load(vrow, r);
+        LLAISYS_UNROLL for (int a = 0; a < NQ; ++a) {
+            const V pv = V::broadcast(P + j * lanes + q0 + a);
+            LLAISYS_UNROLL for (int r = 0; r < R; ++r) acc[a][r] = fmadd(x[r], pv, acc[a][r]);
+        }
+    }
+    LLAISYS_UNROLL for (int a = 0; a < NQ; ++a) {
+        float* o = O + (q0 + a) * dv + c0;
+        LLAISYS_UNROLL for (int r = 0; r < R; ++r) {
+            if (kTail && r == R - 1) acc[a][r].store_partial(o + r * W, last);
+            else acc[a][r].store(o + r * W);
+        }
+    }
+}
+
 // Tile shapes of one build: register tiles (KR keys x MB vectors for the scores, R value columns x MB for
 // P V) for MB = 1, 2, 4 vectors of queries; MB up to kMaxMB.
 //   struct Shapes { static constexpr int kMaxMB; static constexpr int kr[3], r[3]; };  // index log2(MB)
 
-template <class V, class Shapes, class T>
+// T: the element type of q and out; KV: the cache reader (PlainKV<T>, or QuantKV of a format).
+template <class V, class Shapes, class T, class KV>
 struct Paged {
     static constexpr int W = V::W, BK = kBlockKeys, kMaxLanes = Shapes::kMaxMB * W;
 
     // Per-thread scratch layout (floats), sized for the widest tile.
     struct Scratch {
-        float *QT, *ST, *OT, *m, *l, *end, *start, *row, *Kc, *Vc, *parts;
+        float *QT, *ST, *OT, *m, *l, *end, *start, *row, *Kc, *Vc, *O, *parts;
     };
 
     const PagedProblem& p;
@@ -141,7 +229,7 @@ struct Paged {
         const int64_t dmax = (p.d > p.dv ? p.d : p.dv) + 64;
         return round16(p.d * kMaxLanes) + round16(int64_t(BK) * kMaxLanes) + round16(p.dv * kMaxLanes) +
                4 * round16(kMaxLanes) + round16(dmax) + round16(int64_t(BK) * p.d) + round16(int64_t(BK) * p.dv) +
-               round16(local_chunks * part_stride_max);
+               round16(int64_t(W) * p.dv) + round16(local_chunks * part_stride_max);
     }
 
     Scratch carve(float* sc) const {
@@ -157,6 +245,7 @@ struct Paged {
         s.row = sc; sc += round16(dmax);
         s.Kc = sc; sc += round16(int64_t(BK) * p.d);
         s.Vc = sc; sc += round16(int64_t(BK) * p.dv);
+        s.O = sc; sc += round16(int64_t(W) * p.dv);
         s.parts = sc;
         return s;
     }
@@ -195,6 +284,81 @@ struct Paged {
         }
     }
 
+    // Scores past a lane's bound masked to -inf: keys kb + jj >= bound[lane] (the causal end), or with
+    // kBefore, keys kb + jj < bound[lane] (the window's start).
+    template <int MB, bool kBefore>
+    static void mask_scores(float* ST, const float* bound, int64_t kb, int64_t nb) {
+        constexpr int LANES = MB * W;
+        const V neg_inf = V::set1(-__builtin_inff());
+        for (int b = 0; b < MB; ++b) {
+            const V e = V::load(bound + b * W);
+            for (int64_t jj = 0; jj < nb; ++jj) {
+                float* sp = ST + jj * LANES + b * W;
+                const auto below = lt_mask(V::set1(float(kb + jj)), e);
+                if constexpr (kBefore) select(below, neg_inf, V::load(sp)).store(sp);
+                else select(below, V::load(sp), neg_inf).store(sp);
+            }
+        }
+    }
+
+    // The online softmax of one key block, per lane: m and l updated, ST's scores replaced by exp(s - m),
+    // alpha[b] = the factor of the lanes' old O.
+    template <int MB>
+    static void online_softmax(Scratch& s, int64_t nb, V* alpha) {
+        constexpr int LANES = MB * W;
+        for (int b = 0; b < MB; ++b) {
+            V bmax = V::set1(-__builtin_inff());
+            for (int64_t jj = 0; jj < nb; ++jj) bmax = vmax(bmax, V::load(s.ST + jj * LANES + b * W));
+            const V mold = V::load(s.m + b * W);
+            const V mnew = vmax(mold, bmax);
+            const V msafe = select(lt_mask(mnew, V::set1(-3.0e38f)), V::zero(), mnew);  // no inf - inf
+            alpha[b] = vexp(mold - msafe);
+            V sum = V::zero();
+            for (int64_t jj = 0; jj < nb; ++jj) {
+                float* sp = s.ST + jj * LANES + b * W;
+                const V e = vexp(V::load(sp) - msafe);
+                e.store(sp);
+                sum = sum + e;
+            }
+            fmadd(V::load(s.l + b * W), alpha[b], sum).store(s.l + b * W);
+            mnew.store(s.m + b * W);
+        }
+    }
+
+    // The value-lanes form (see the top) for a tile of n queries: MB = 1 and fewer queries than lanes.
+    bool values_form(int64_t n) const { return p.value_lanes && n < W; }
+
+    // Value-lanes P V of a block of nb values (rows Vp, vstride apart) into O [query][dv] for n queries,
+    // P = ST [key][query lane], each query's old O scaled by its lane of alpha.
+    void values_pv(const float* Vp, int64_t vstride, int64_t nb, int64_t n, V alpha, Scratch& s) const {
+        const int64_t dv = p.dv;
+        alignas(64) float a[W];
+        alpha.store(a);
+        // NQ queries from q0 in register tiles of NQ x R column vectors (8 or 9 accumulators), then single
+        // vectors and a partial one for the last dv % W columns
+        auto group = [&](int64_t q0, auto nq, auto r) {
+            constexpr int NQ = decltype(nq)::value, R = decltype(r)::value;
+            int64_t c = 0;
+            for (; c + R * W <= dv; c += R * W)
+                pv_values_tile<V, NQ, R, false>(s.O, dv, s.ST, W, nb, Vp, vstride, q0, c, a, W);
+            for (; c + W <= dv; c += W) pv_values_tile<V, NQ, 1, false>(s.O, dv, s.ST, W, nb, Vp, vstride, q0, c, a, W);
+            if (c < dv) pv_values_tile<V, NQ, 1, true>(s.O, dv, s.ST, W, nb, Vp, vstride, q0, c, a, int(dv - c));
+        };
+        using I2 = std::integral_constant<int, 2>;
+        using I4 = std::integral_constant<int, 4>;
+        int64_t q0 = 0;
+        for (; q0 + 4 <= n; q0 += 4) group(q0, I4{}, I2{});
+        if (n - q0 == 3) group(q0, std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{});
+        else if (n - q0 == 2) group(q0, I2{}, I4{});
+        else if (n - q0 == 1) group(q0, std::integral_constant<int, 1>{}, I4{});
+    }
+
+    // O [query][dv] of the chunk into OT [dv][lane] (the other lanes 0), where merge_chunks and finish read it.
+    void values_to_lanes(int64_t n, Scratch& s) const {
+        for (int64_t c = 0; c < p.dv; ++c)
+            for (int64_t lane = 0; lane < W; ++lane) s.OT[c * W + lane] = lane < n ? s.O[lane * p.dv + c] : 0.0f;
+    }
+
     // Chunks [it.c0, it.c1) of one tile; each chunk's partial goes to `parts` (chunk c at c * stride),
     // except for a tile of one chunk, which finishes straight away.
     template <int MB>
@@ -205,11 +369,10 @@ struct Paged {
         const int64_t q0 = p.query_start[it.seq], L = p.query_start[it.seq + 1] - q0, S = p.seq_lens[it.seq];
         const int32_t* bt = p.block_tables + int64_t(it.seq) * p.max_blocks;
         const T* q = static_cast<const T*>(p.q);
-        const T* kc = static_cast<const T*>(p.k_cache);
-        const T* vc = static_cast<const T*>(p.v_cache);
+        const KV kv(p);
         int64_t f0;
         const int64_t n = tile_queries(it, f0), off = S - L;
-        const V neg_inf = V::set1(-__builtin_inff());
+        const bool by_values = MB == 1 && values_form(n);
 
         for (int64_t lane = 0; lane < LANES; ++lane) {
             if (lane < n) {
@@ -233,7 +396,8 @@ struct Paged {
 
         for (int64_t chunk = it.c0; chunk < it.c1; ++chunk) {
             for (int64_t lane = 0; lane < LANES; ++lane) s.m[lane] = -__builtin_inff(), s.l[lane] = 0.0f;
-            for (int64_t x = 0; x < dv * LANES; ++x) s.OT[x] = 0.0f;
+            if (by_values) std::memset(s.O, 0, sizeof(float) * size_t(n * dv));
+            else std::memset(s.OT, 0, sizeof(float) * size_t(dv * LANES));
             const int64_t c_start = chunk * kChunkKeys, ks = c_start > kfirst ? c_start : kfirst;
             const int64_t ke = c_start + kChunkKeys < kend ? c_start + kChunkKeys : kend;
 
@@ -241,55 +405,25 @@ struct Paged {
                 const int64_t nb = ke - kb < BK ? ke - kb : BK;
                 const float *Kp, *Vp;
                 int64_t kstride, vstride;
-                paged_kv_block(kc, vc, bt, p.block_size, kb, nb, Hkv, it.g, d, dv, s.Kc, s.Vc, Kp, kstride, Vp,
-                                    vstride);
+                paged_kv_block(kv, bt, p.block_size, kb, nb, Hkv, it.g, d, dv, s.Kc, s.Vc, Kp, kstride, Vp,
+                               vstride);
                 int64_t j = 0;
                 for (; j + KR <= nb; j += KR) qk_tile<V, MB, KR>(s.QT, Kp + j * kstride, kstride, d, s.ST + j * LANES);
                 for (; j < nb; ++j) qk_tile<V, MB, 1>(s.QT, Kp + j * kstride, kstride, d, s.ST + j * LANES);
-
-                if (kb + nb > min_end) {  // causal mask where the block crosses some query's end
-                    for (int b = 0; b < MB; ++b) {
-                        const V e = V::load(s.end + b * W);
-                        for (int64_t jj = 0; jj < nb; ++jj) {
-                            float* sp = s.ST + jj * LANES + b * W;
-                            select(lt_mask(V::set1(float(kb + jj)), e), V::load(sp), neg_inf).store(sp);
-                        }
-                    }
-                }
-                if (kb < max_start) {  // window mask where the block crosses some query's start
-                    for (int b = 0; b < MB; ++b) {
-                        const V st = V::load(s.start + b * W);
-                        for (int64_t jj = 0; jj < nb; ++jj) {
-                            float* sp = s.ST + jj * LANES + b * W;
-                            select(lt_mask(V::set1(float(kb + jj)), st), neg_inf, V::load(sp)).store(sp);
-                        }
-                    }
-                }
-
+                if (kb + nb > min_end) mask_scores<MB, false>(s.ST, s.end, kb, nb);  // past some query's end
+                if (kb < max_start) mask_scores<MB, true>(s.ST, s.start, kb, nb);    // before some query's start
                 V alpha[MB];
-                for (int b = 0; b < MB; ++b) {  // online softmax, per lane
-                    V bmax = neg_inf;
-                    for (int64_t jj = 0; jj < nb; ++jj) bmax = vmax(bmax, V::load(s.ST + jj * LANES + b * W));
-                    const V mold = V::load(s.m + b * W);
-                    const V mnew = vmax(mold, bmax);
-                    const V msafe = select(lt_mask(mnew, V::set1(-3.0e38f)), V::zero(), mnew);  // no inf - inf
-                    alpha[b] = vexp(mold - msafe);
-                    V sum = V::zero();
-                    for (int64_t jj = 0; jj < nb; ++jj) {
-                        float* sp = s.ST + jj * LANES + b * W;
-                        const V e = vexp(V::load(sp) - msafe);
-                        e.store(sp);
-                        sum = sum + e;
-                    }
-                    fmadd(V::load(s.l + b * W), alpha[b], sum).store(s.l + b * W);
-                    mnew.store(s.m + b * W);
+                online_softmax<MB>(s, nb, alpha);
+                if (by_values) {
+                    values_pv(Vp, vstride, nb, n, alpha[0], s);
+                } else {
+                    int64_t c = 0;
+                    for (; c + R <= dv; c += R) pv_tile<V, MB, R>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
+                    for (; c + 4 <= dv; c += 4) pv_tile<V, MB, 4>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
+                    for (; c < dv; ++c) pv_tile<V, MB, 1>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
                 }
-
-                int64_t c = 0;
-                for (; c + R <= dv; c += R) pv_tile<V, MB, R>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
-                for (; c + 4 <= dv; c += 4) pv_tile<V, MB, 4>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
-                for (; c < dv; ++c) pv_tile<V, MB, 1>(s.OT, s.ST, nb, Vp, vstride, c, alpha);
             }
+            if (by_values) values_to_lanes(n, s);
 
             if (it.nchunks == 1) {
                 finish<MB>(it, s.OT, s.l, s);
@@ -423,10 +557,21 @@ struct Paged {
     float* global_parts = nullptr;
 };
 
-template <class V, class Shapes, class T>
+template <class V, class Shapes, class T, class KV>
 void paged_attention_typed(const PagedProblem& p) {
-    Paged<V, Shapes, T> paged{p, 0, 0, 0};
+    Paged<V, Shapes, T, KV> paged{p, 0, 0, 0};
     paged.run();
+}
+
+// paged_attention of one build over the cache p.kv_format names, q / out of element type T.
+template <class V, class Shapes, class T>
+void paged_attention_any_cache(const PagedProblem& p) {
+    switch (p.kv_format) {
+        case 0: paged_attention_typed<V, Shapes, T, PlainKV<T>>(p); break;
+        case LLAISYS_KV_INT8: paged_attention_typed<V, Shapes, T, QuantKV<LLAISYS_KV_INT8>>(p); break;
+        case LLAISYS_KV_FP8_E4M3: paged_attention_typed<V, Shapes, T, QuantKV<LLAISYS_KV_FP8_E4M3>>(p); break;
+        default: break;  // (the entry point refuses other formats)
+    }
 }
 
 }  // namespace llaisys::cpu::LLAISYS_ISA
