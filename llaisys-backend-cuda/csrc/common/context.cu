@@ -331,6 +331,9 @@ void destroy_stream_context(StreamContext* ctx) {
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The paged op a kernel error came from: the quantized caches' ops (6.3) share the checks, under their own codes.
+static std::string paged_op(const char* op, bool quantized) { return std::string(op) + (quantized ? "_q" : ""); }
+
 void check_kernel_errors(DeviceContext& ctx) {
     std::lock_guard<std::mutex> lock(g_error_mutex);
     KernelErrorRecord record;
@@ -357,22 +360,30 @@ void check_kernel_errors(DeviceContext& ctx) {
         case kSampleAllNegInf:
             throw InvalidArgument("sample: every logit is -inf: nothing can be sampled");
         case kPagedSlotOutOfRange:
-            throw InvalidArgument("paged_kv_write: slot_mapping[" + std::to_string(record.b) + "] = " +
+        case kPagedQSlotOutOfRange:
+            throw InvalidArgument(paged_op("paged_kv_write", record.code == kPagedQSlotOutOfRange) +
+                                  ": slot_mapping[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " is past the cache's " + std::to_string(record.c) +
                                   " slots (nothing was written)");
         case kPagedQueryStart:
-            throw InvalidArgument("paged_attention: query_start[" + std::to_string(record.b) + "] = " +
+        case kPagedQQueryStart:
+            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQQueryStart) +
+                                  ": query_start[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " breaks 0 <= query_start[0] <= ... <= query_start" +
                                   "[num_seqs] <= " + std::to_string(record.c) + " (the query rows)");
         case kPagedSeqLen:
-            throw InvalidArgument("paged_attention: seq_lens[" + std::to_string(record.b) + "] = " +
+        case kPagedQSeqLen:
+            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQSeqLen) +
+                                  ": seq_lens[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " is below the sequence's query rows or above " +
                                   "max_blocks * block_size = " + std::to_string(record.c));
         case kMoeExpertOutOfRange:
             throw InvalidArgument("moe_linear: experts[" + std::to_string(record.b) + ", " + std::to_string(record.c) +
                                   "] = " + std::to_string(record.a) + " is not an expert id (its row was not written)");
         case kPagedBlockId:
-            throw InvalidArgument("paged_attention: block_tables entry " + std::to_string(record.b) + " = " +
+        case kPagedQBlockId:
+            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQBlockId) +
+                                  ": block_tables entry " + std::to_string(record.b) + " = " +
                                   std::to_string(record.a) + " is not a block in [0, " + std::to_string(record.c) +
                                   ")");
         case kPenaltyIdOutOfRange:

@@ -35,6 +35,11 @@ enum KernelErrorCode : int {
     kGqPermOutOfRange = 13,        // a = perm value, b = position, c = K
     kLoraShrinkAdapterOutOfRange = 14,  // a = adapter slot, b = row, c = S
     kLoraExpandAdapterOutOfRange = 15,  // a = adapter slot, b = row, c = S
+    // paged_kv_write_q / paged_attention_q: as kPagedSlotOutOfRange ... kPagedBlockId (the op named differs)
+    kPagedQSlotOutOfRange = 16,
+    kPagedQQueryStart = 17,
+    kPagedQSeqLen = 18,
+    kPagedQBlockId = 19,
 };
 
 struct KernelErrorRecord {

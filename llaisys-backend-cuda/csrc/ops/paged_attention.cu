@@ -17,6 +17,12 @@
 // synchronizing call reports it as LLAISYS_INVALID_ARGUMENT); nothing is read outside the caches.
 // paged_kv_write: one block per token; every block first checks every slot, so a slot past the cache
 // writes nothing at all. No allocation, no synchronisation.
+//
+// The quantized caches (6.3, kv_quant.cuh: a byte per value and an f16 scale per (token, kv head) row):
+// paged_attention_q is the same kernel body reading its keys and values through a cache reader (QuantCache:
+// decode(byte) * scale, in f32, where PlainCache widens T), so the masks, the window, the checks and the
+// arithmetic after the read are paged_attention's. paged_kv_write_q: one warp per (token, kv head), the k row
+// then the v row: one warp max of |x| (as integers), the scale, then each lane encodes its values.
 #include <algorithm>
 #include <climits>
 
@@ -24,6 +30,7 @@
 #include "../common/dtype.cuh"
 #include "../common/launch.h"
 #include "../common/reduce.cuh"
+#include "kv_quant.cuh"
 
 namespace llaisys::cuda {
 namespace {
@@ -32,22 +39,28 @@ constexpr int kThreads = 128;
 
 // ---- paged_kv_write -----------------------------------------------------------------------------------------
 
+// Every block checks every slot first (all threads call it): false if one is past the cache, which block 0
+// reports (code: paged_kv_write's or paged_kv_write_q's), and then no block writes anything.
+__device__ bool slots_in_range(int64_t n_tokens, int64_t num_slots, const int64_t* slots, KernelErrorRecord* error,
+                               int code) {
+    __shared__ BlockScratch<int> scratch;
+    int bad = 0;
+    for (int64_t t = threadIdx.x; t < n_tokens; t += blockDim.x) bad += slots[t] >= num_slots;
+    if (block_sum(bad, scratch) == 0) return true;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {  // the first bad slot
+        int64_t t = 0;
+        while (slots[t] < num_slots) ++t;
+        report_kernel_error(error, code, slots[t], t, num_slots);
+    }
+    return false;
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads) kv_write_kernel(int64_t n_tokens, int64_t k_row, int64_t v_row,
                                                            int64_t num_slots, T* k_cache, T* v_cache, const T* k,
                                                            const T* v, const int64_t* slots,
                                                            KernelErrorRecord* error) {
-    __shared__ BlockScratch<int> scratch;
-    int bad = 0;
-    for (int64_t t = threadIdx.x; t < n_tokens; t += blockDim.x) bad += slots[t] >= num_slots;
-    if (block_sum(bad, scratch) > 0) {  // nothing is written; the first bad slot is reported
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            int64_t t = 0;
-            while (slots[t] < num_slots) ++t;
-            report_kernel_error(error, kPagedSlotOutOfRange, slots[t], t, num_slots);
-        }
-        return;
-    }
+    if (!slots_in_range(n_tokens, num_slots, slots, error, kPagedSlotOutOfRange)) return;
     for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const int64_t slot = slots[t];
         if (slot < 0) continue;  // a skipped token
@@ -56,15 +69,87 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(int64_t n_tokens, in
     }
 }
 
+// ---- paged_kv_write_q ---------------------------------------------------------------------------------------
+
+// One warp quantizes one row of n values (x [n] -> bytes [n], *scale), every lane of the warp calling it.
+// Each lane takes the values lane, lane + WARP_SIZE, ...; the amax is exact (an integer max) whatever the order.
+template <class Format, class T>
+__device__ void quantize_row(int64_t n, const T* x, uint8_t* bytes, f16* scale) {
+    uint32_t amax_bits = 0;
+    for (int64_t c = lane_id(); c < n; c += WARP_SIZE) {
+        const uint32_t bits = abs_bits(to_float(x[c]));
+        amax_bits = bits > amax_bits ? bits : amax_bits;
+    }
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
+        const uint32_t other = __shfl_xor_sync(kFullMask, amax_bits, offset, WARP_SIZE);
+        amax_bits = other > amax_bits ? other : amax_bits;
+    }
+    const f16 s = kv_scale(__uint_as_float(amax_bits), Format::kQmax);
+    const float s32 = to_float(s);
+    if (lane_id() == 0) *scale = s;
+    for (int64_t c = lane_id(); c < n; c += WARP_SIZE)  // a zero (or NaN) scale stores zero bytes
+        bytes[c] = s32 > 0.0f ? kv_encode<Format>(to_float(x[c]), s32) : uint8_t(0);
+}
+
+// A warp per (token t, kv head h): the warps of the grid stride over the T * Hkv rows; skipped tokens (slot < 0)
+// are left alone. k [T, Hkv, d] -> k_cache [num_slots, Hkv, d] + k_scale [num_slots, Hkv]; v likewise with dv.
+template <class Format, class T>
+__global__ void __launch_bounds__(kThreads) kv_write_q_kernel(int64_t n_tokens, int64_t Hkv, int64_t d, int64_t dv,
+                                                             int64_t num_slots, uint8_t* k_cache, uint8_t* v_cache,
+                                                             f16* k_scale, f16* v_scale, const T* k, const T* v,
+                                                             const int64_t* slots, KernelErrorRecord* error) {
+    if (!slots_in_range(n_tokens, num_slots, slots, error, kPagedQSlotOutOfRange)) return;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / WARP_SIZE);
+    for (int64_t row = int64_t(blockIdx.x) * (blockDim.x / WARP_SIZE) + warp_id(); row < n_tokens * Hkv;
+         row += warps) {
+        const int64_t t = row / Hkv, h = row % Hkv, slot = slots[t];  // (the same in every lane of the warp)
+        if (slot < 0) continue;
+        const int64_t dst = slot * Hkv + h;
+        quantize_row<Format>(d, k + row * d, k_cache + dst * d, k_scale + dst);
+        quantize_row<Format>(dv, v + row * dv, v_cache + dst * dv, v_scale + dst);
+    }
+}
+
 // ---- paged_attention ------------------------------------------------------------------------------------------
 
+// The cache readers: key(i, c) / value(i, c) is element c of cache row i = slot * Hkv + kv head, in f32.
+// paged_attention's caches hold T [num_slots, Hkv, d | dv] (widened exactly).
 template <class T>
+struct PlainCache {
+    static constexpr bool kQuantized = false;
+    const T *k, *v;
+    int64_t d, dv;
+    __device__ float key(int64_t i, int64_t c) const { return to_float(k[i * d + c]); }
+    __device__ float value(int64_t i, int64_t c) const { return to_float(v[i * dv + c]); }
+};
+
+// paged_attention_q's: bytes [num_slots, Hkv, d | dv] and f16 scales [num_slots, Hkv], read as decode(b) * scale.
+template <class Format>
+struct QuantCache {
+    static constexpr bool kQuantized = true;
+    const uint8_t *k, *v;
+    const f16 *k_scale, *v_scale;
+    int64_t d, dv;
+    __device__ float key(int64_t i, int64_t c) const { return kv_decode<Format>(k[i * d + c], k_scale[i]); }
+    __device__ float value(int64_t i, int64_t c) const { return kv_decode<Format>(v[i * dv + c], v_scale[i]); }
+};
+
+// The error codes a kernel reports (context.cu names the op by them).
+template <class Cache>
+struct PagedErrors {
+    static constexpr int kQueryStart = Cache::kQuantized ? kPagedQQueryStart : kPagedQueryStart;
+    static constexpr int kSeqLen = Cache::kQuantized ? kPagedQSeqLen : kPagedSeqLen;
+    static constexpr int kBlockId = Cache::kQuantized ? kPagedQBlockId : kPagedBlockId;
+};
+
+template <class T, class Cache>
 struct PagedArgs {
     int64_t T_rows, num_seqs, H, Hkv, G, d, dv, num_blocks, block_size, max_blocks;
     int64_t window;  // sliding window (0: none)
     int bc;  // keys per tile
     float scale;
-    const T *q, *k_cache, *v_cache;
+    const T* q;
+    Cache cache;  // the keys and values (PlainCache or QuantCache)
     T* out;
     const int32_t *block_tables, *seq_lens, *query_start;
     KernelErrorRecord* error;
@@ -84,8 +169,9 @@ __device__ int count_bad(int64_t n, Bad bad, BlockScratch<int>& scratch) {
     return block_sum(count, scratch);
 }
 
-template <class T>
-__global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> a) {
+template <class T, class Cache>
+__global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T, Cache> a) {
+    using Errors = PagedErrors<Cache>;
     __shared__ BlockScratch<int> scratch;
     LLAISYS_DYNAMIC_SHARED(float, shared);
     const int tid = int(threadIdx.x);
@@ -100,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         if (reporter) {
             int64_t s = 0;
             while (!bad_offset(s)) ++s;
-            report_kernel_error(a.error, kPagedQueryStart, qs[s], s, a.T_rows);
+            report_kernel_error(a.error, Errors::kQueryStart, qs[s], s, a.T_rows);
         }
         return;
     }
@@ -109,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         if (reporter) {
             int64_t s = 0;
             while (!bad_length(s)) ++s;
-            report_kernel_error(a.error, kPagedSeqLen, a.seq_lens[s], s, capacity);
+            report_kernel_error(a.error, Errors::kSeqLen, a.seq_lens[s], s, capacity);
         }
         return;
     }
@@ -134,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         if (tid == 0) {
             int64_t b = 0;
             while (!bad_block(b)) ++b;
-            report_kernel_error(a.error, kPagedBlockId, table[b], s * a.max_blocks + b, a.num_blocks);
+            report_kernel_error(a.error, Errors::kBlockId, table[b], s * a.max_blocks + b, a.num_blocks);
         }
         return;
     }
@@ -164,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         const int nk = int(n_keys - k0 < bc ? n_keys - k0 : bc);
         for (int64_t p = tid; p < int64_t(nk) * d; p += blockDim.x) {
             const int64_t j = p / d, c = p % d;
-            kv_s[j * stride + c] = to_float(a.k_cache[(row_of(k0 + j) * a.Hkv + g) * d + c]);
+            kv_s[j * stride + c] = a.cache.key(row_of(k0 + j) * a.Hkv + g, c);
         }
         __syncthreads();
         for (int64_t p = tid; p < G * bc; p += blockDim.x) {  // scores; keys past the tile's end are -inf
@@ -204,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
         __syncthreads();
         for (int64_t p = tid; p < int64_t(nk) * dv; p += blockDim.x) {  // V replaces K in shared memory
             const int64_t j = p / dv, c = p % dv;
-            kv_s[j * stride + c] = to_float(a.v_cache[(row_of(k0 + j) * a.Hkv + g) * dv + c]);
+            kv_s[j * stride + c] = a.cache.value(row_of(k0 + j) * a.Hkv + g, c);
         }
         __syncthreads();
         for (int64_t p = tid; p < G * dv; p += blockDim.x) {  // acc += P V, keys in order
@@ -219,8 +305,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T> 
     for (int64_t p = tid; p < G * dv; p += blockDim.x) out[p] = from_float<T>(acc_s[p] / l_s[p / dv]);
 }
 
-template <class T>
-void paged_attention(StreamContext& s, PagedArgs<T> a) {
+template <class T, class Cache>
+void paged_attention(StreamContext& s, PagedArgs<T, Cache> a) {
     DeviceContext& dev = device_context(s.device);
     size_t bytes = 0;
     for (int bc = 64; bc >= 8 && !a.bc; bc /= 2) {  // the largest key tile that fits shared memory
@@ -231,12 +317,47 @@ void paged_attention(StreamContext& s, PagedArgs<T> a) {
         throw NotSupported("paged_attention: " + std::to_string(a.G) + " query heads per kv head with d=" +
                            std::to_string(a.d) + ", dv=" + std::to_string(a.dv) +
                            " need more shared memory than the device has");
-    auto kernel = &paged_attention_kernel<T>;
+    auto kernel = &paged_attention_kernel<T, Cache>;
     if (bytes > dev.max_shared_per_block)
         CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
     const dim3 grid(unsigned(a.T_rows), unsigned(a.Hkv), 1);
     LLAISYS_LAUNCH(kernel, grid, kThreads, bytes, s.stream, a);
+}
+
+// Checks the sizes both attention exports share and fills everything but q, out and the caches.
+template <class T, class Cache>
+bool paged_args(const char* op, int64_t T_rows, int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
+                int64_t num_blocks, int64_t block_size, int64_t max_blocks, int64_t window, double scale,
+                const void* block_tables, const void* seq_lens, const void* query_start, int device,
+                PagedArgs<T, Cache>& a) {
+    if (T_rows <= 0 || H <= 0 || dv <= 0) return false;  // nothing to compute
+    if (Hkv <= 0 || H % Hkv || d < 0 || num_seqs < 0 || block_size <= 0 || max_blocks < 0 || window < 0)
+        throw InvalidArgument(std::string(op) + ": inconsistent shapes T=" + std::to_string(T_rows) + " H=" +
+                              std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " block_size=" +
+                              std::to_string(block_size) + " window=" + std::to_string(window));
+    if (Hkv > 65535 || T_rows > INT32_MAX)
+        throw NotSupported(std::string(op) + ": more than 65535 kv heads or 2^31 - 1 query rows");
+    a.T_rows = T_rows, a.num_seqs = num_seqs, a.H = H, a.Hkv = Hkv, a.G = H / Hkv, a.d = d, a.dv = dv;
+    a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks, a.window = window;
+    a.scale = float(scale);
+    a.block_tables = static_cast<const int32_t*>(block_tables);
+    a.seq_lens = static_cast<const int32_t*>(seq_lens);
+    a.query_start = static_cast<const int32_t*>(query_start);
+    a.error = device_context(device).error_device;
+    return true;
+}
+
+// Calls f(Format{}) with the format struct of kv_format (kv_quant.cuh).
+template <class F>
+void dispatch_kv_format(int kv_format, F&& f) {
+    switch (kv_format) {
+        case LLAISYS_KV_INT8: f(KvInt8{}); break;
+        case LLAISYS_KV_FP8_E4M3: f(KvFp8E4M3{}); break;
+        default:
+            throw InvalidArgument("kv_format " + std::to_string(kv_format) +
+                                  " is not a llaisys_kv_format (1: int8, 2: fp8 e4m3)");
+    }
 }
 
 }  // namespace
@@ -257,24 +378,39 @@ int LLAISYS_FN(paged_attention)(int device, void* stream, int dtype, int numeric
         StreamContext& s = stream_context(device, stream);
         dispatch_float(dtype, [&](auto tag) {
             using E = decltype(tag);
-            if (T <= 0 || H <= 0 || dv <= 0) return;
-            if (Hkv <= 0 || H % Hkv || d < 0 || num_seqs < 0 || block_size <= 0 || max_blocks < 0 || window < 0)
-                throw InvalidArgument("paged_attention: inconsistent shapes T=" + std::to_string(T) + " H=" +
-                                      std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " block_size=" +
-                                      std::to_string(block_size) + " window=" + std::to_string(window));
-            if (Hkv > 65535 || T > INT32_MAX)
-                throw NotSupported("paged_attention: more than 65535 kv heads or 2^31 - 1 query rows");
-            PagedArgs<E> a{};
-            a.T_rows = T, a.num_seqs = num_seqs, a.H = H, a.Hkv = Hkv, a.G = H / Hkv, a.d = d, a.dv = dv;
-            a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks, a.window = window;
-            a.scale = float(scale);
-            a.q = static_cast<const E*>(q), a.k_cache = static_cast<const E*>(k_cache);
-            a.v_cache = static_cast<const E*>(v_cache), a.out = static_cast<E*>(out);
-            a.block_tables = static_cast<const int32_t*>(block_tables);
-            a.seq_lens = static_cast<const int32_t*>(seq_lens);
-            a.query_start = static_cast<const int32_t*>(query_start);
-            a.error = device_context(s.device).error_device;
+            PagedArgs<E, PlainCache<E>> a{};
+            if (!paged_args("paged_attention", T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window,
+                            scale, block_tables, seq_lens, query_start, s.device, a))
+                return;
+            a.q = static_cast<const E*>(q), a.out = static_cast<E*>(out);
+            a.cache = {static_cast<const E*>(k_cache), static_cast<const E*>(v_cache), d, dv};
             paged_attention(s, a);
+        });
+    });
+}
+
+int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype, int kv_format, int64_t T, int64_t num_seqs,
+                                  int64_t H, int64_t Hkv, int64_t d, int64_t dv, int64_t num_blocks,
+                                  int64_t block_size, int64_t max_blocks, int64_t window, double scale, void* out,
+                                  const void* q, const void* k_cache, const void* v_cache, const void* k_scale,
+                                  const void* v_scale, const void* block_tables, const void* seq_lens,
+                                  const void* query_start) {
+    using namespace llaisys::cuda;
+    return guard("paged_attention_q", [&] {
+        StreamContext& s = stream_context(device, stream);
+        dispatch_float(dtype, [&](auto tag) {
+            using E = decltype(tag);
+            dispatch_kv_format(kv_format, [&](auto format) {
+                using Cache = QuantCache<decltype(format)>;
+                PagedArgs<E, Cache> a{};
+                if (!paged_args("paged_attention_q", T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks,
+                                window, scale, block_tables, seq_lens, query_start, s.device, a))
+                    return;
+                a.q = static_cast<const E*>(q), a.out = static_cast<E*>(out);
+                a.cache = {static_cast<const uint8_t*>(k_cache), static_cast<const uint8_t*>(v_cache),
+                           static_cast<const f16*>(k_scale), static_cast<const f16*>(v_scale), d, dv};
+                paged_attention(s, a);
+            });
         });
     });
 }
@@ -294,6 +430,29 @@ int LLAISYS_FN(paged_kv_write)(int device, void* stream, int dtype, int64_t T, i
                            static_cast<E*>(k_cache), static_cast<E*>(v_cache), static_cast<const E*>(k),
                            static_cast<const E*>(v), static_cast<const int64_t*>(slot_mapping),
                            device_context(s.device).error_device);
+        });
+    });
+}
+
+int LLAISYS_FN(paged_kv_write_q)(int device, void* stream, int dtype, int kv_format, int64_t T, int64_t Hkv,
+                                 int64_t d, int64_t dv, int64_t num_slots, void* k_cache, void* v_cache,
+                                 void* k_scale, void* v_scale, const void* k, const void* v,
+                                 const void* slot_mapping) {
+    using namespace llaisys::cuda;
+    return guard("paged_kv_write_q", [&] {
+        StreamContext& s = stream_context(device, stream);
+        dispatch_float(dtype, [&](auto tag) {
+            using E = decltype(tag);
+            dispatch_kv_format(kv_format, [&](auto format) {
+                if (T <= 0 || Hkv <= 0) return;  // (d = dv = 0 still checks the slots and writes zero scales)
+                const DeviceContext& dev = device_context(s.device);
+                const unsigned blocks = blocks_for(T * Hkv, kThreads / WARP_SIZE, int64_t(dev.sm_count) * 16);
+                auto kernel = &kv_write_q_kernel<decltype(format), E>;
+                LLAISYS_LAUNCH(kernel, blocks, kThreads, 0, s.stream, T, Hkv, d, dv, num_slots,
+                               static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache),
+                               static_cast<f16*>(k_scale), static_cast<f16*>(v_scale), static_cast<const E*>(k),
+                               static_cast<const E*>(v), static_cast<const int64_t*>(slot_mapping), dev.error_device);
+            });
         });
     });
 }
