@@ -103,6 +103,7 @@ def test_metrics_show_the_kv_cache(chat_server):
     blocks = {state: m[f'llaisys_kv_cache_blocks{{{label},state="{state}"}}'] for state in ("used", "cached", "free")}
     assert sum(blocks.values()) == chat_server.engine.pool.num_blocks
     assert m[f"llaisys_kv_cache_bytes{{{label}}}"] == chat_server.engine.pool.nbytes
+    assert m[f'llaisys_kv_cache_capacity_tokens{{{label},cache_dtype="auto"}}'] == chat_server.engine.pool.capacity_tokens
     for name in ("llaisys_preemptions_total", "llaisys_fair_preemptions_total", "llaisys_recomputed_tokens_total",
                  "llaisys_engine_steps_total"):
         assert f"{name}{{{label}}}" in m

@@ -120,8 +120,18 @@ def test_the_cpu_without_proc_meminfo_asks_its_backend(tmp_path, monkeypatch):
 def test_describe_shows_the_size_in_a_unit_that_fits(nbytes, shown):
     """A 4 MiB cache was 'KV cache 0.00 GiB'."""
     pool = SimpleNamespace(nbytes=nbytes, num_blocks=4, block_size=16, capacity_tokens=64,
-                           shape=SimpleNamespace(bytes_per_token=nbytes // 64))
+                           shape=SimpleNamespace(bytes_per_token=nbytes // 64, kv_format=None))
     assert kv_memory.describe(pool).startswith(f"KV cache {shown}: 4 blocks of 16 positions (64 tokens, ")
+
+
+def test_describe_names_a_quantized_cache():
+    from llaisys_models.engine.kv_cache import KVPool, KVShape
+
+    shape = KVShape(2, 2, 64, llaisys.bfloat16, llaisys.Device("cpu", 0), "int8")
+    pool = KVPool(shape, 4, 16)
+    assert shape.bytes_per_token == 2 * 2 * 2 * (64 + 2)
+    assert kv_memory.describe(pool) == (f"KV cache {kv_memory.human_size(pool.nbytes)}: 4 blocks of 16 positions "
+                                        f"(64 tokens, 528 bytes each, keys and values in int8)")
 
 
 def test_cpu_ranks_of_a_split_model_share_the_quarter(monkeypatch):

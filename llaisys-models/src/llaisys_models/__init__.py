@@ -19,7 +19,7 @@ from ._version import __version__
 from .engine.generation import GenerationStats
 from .engine.grammar import Grammar, GrammarError
 from .engine.kv_blocks import BlockManager, SequenceKV
-from .engine.kv_cache import KVPool, KVShape
+from .engine.kv_cache import KVPool, KVShape, check_kv_cache_dtype
 from .engine.sampling import SamplingParams
 from .errors import ModelBusyError, ModelLoadError
 from .families.causal_lm import CausalLM, Session
@@ -49,7 +49,7 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo"
 def load(path: str | Path, device: str | llaisys.Device | None = None, dtype: str | llaisys.DType | None = None, *,
          progress: bool | None = None, mmap: bool | None = None, numerics: str | None = None,
          quantize: str | None = None, dequantize: bool = False, tensor_parallel: int | None = None,
-         distributed_executor: str | None = None) -> CausalLM:
+         distributed_executor: str | None = None, kv_cache_dtype: str = "auto") -> CausalLM:
     """The model in the HuggingFace directory (or GGUF file) ``path``, its class picked by the architecture
     its config names (``llaisys_models.families.registry``).
 
@@ -75,14 +75,26 @@ def load(path: str | Path, device: str | llaisys.Device | None = None, dtype: st
     in a placement group, one bundle per rank, on any node of the Ray cluster this process is in (or RAY_ADDRESS
     names, else one started here): GPUs anywhere, CPU ranks on rank 0's host (their collectives are shared
     memory) (``llaisys_models.parallel.ray_ranks``; the ``ray`` extra).
+    ``kv_cache_dtype`` "auto" (default) keeps the KV cache in the model's dtype; "int8" or "fp8" (e4m3) stores each
+    key and value in one byte with an f16 scale per token and kv head: about twice the tokens in the same memory
+    (``model.kv_cache_dtype``; docs/kv-cache-quantization.md measures what it costs).
     """
+    check_kv_cache_dtype(kv_cache_dtype)
     if tensor_parallel is None and distributed_executor is None:
-        return loader.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
-                           dequantize=dequantize)
-    from .parallel import launch  # (start-up: the ranks' machinery, for tensor_parallel alone)
+        model = loader.load(path, device, dtype, progress=progress, mmap=mmap, numerics=numerics, quantize=quantize,
+                            dequantize=dequantize)
+    else:
+        from .parallel import launch  # (start-up: the ranks' machinery, for tensor_parallel alone)
 
-    return launch.load(path, device, dtype, tensor_parallel=tensor_parallel, distributed_executor=distributed_executor,
-                       progress=progress, mmap=mmap, numerics=numerics, quantize=quantize, dequantize=dequantize)
+        model = launch.load(path, device, dtype, tensor_parallel=tensor_parallel,
+                            distributed_executor=distributed_executor, progress=progress, mmap=mmap,
+                            numerics=numerics, quantize=quantize, dequantize=dequantize)
+    try:
+        model.kv_cache_dtype = kv_cache_dtype
+    except BaseException:
+        model.close()  # (the ranks of a tensor-parallel model)
+        raise
+    return model
 
 
 __all__ = ["__version__", "BlockManager", "CausalLM", "Checkpoint", "DEMO_MODEL_DIR", "GenerationStats", "Grammar",

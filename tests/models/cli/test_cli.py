@@ -391,3 +391,24 @@ def test_quantize_is_offered_and_checked(capsys):
 def test_infer_test_refuses_int8(demo, capsys):
     assert main(["infer", "--test", "--quantize", "int8"]) == 2
     assert "--test checks llaisys against HF transformers token for token" in capsys.readouterr().err
+
+
+# -- --kv-cache-dtype ------------------------------------------------------------------------------------------
+
+def test_generate_with_an_int8_kv_cache(demo, capsys):
+    """The demo model adds as well with its keys and values in int8."""
+    assert main(["generate", "--device", "cpu", "--kv-cache-dtype", "int8", "--prompt", "12+34=",
+                 "--max-new-tokens", "8"]) == 0
+    assert capsys.readouterr().out.strip() == "46"
+
+
+def test_kv_cache_dtype_is_offered_and_checked(demo, capsys):
+    for command in ("generate", "serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--kv-cache-dtype {auto,int8,fp8}" in capsys.readouterr().out, command
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--kv-cache-dtype", "fp4", "--prompt", "1+1="])
+    assert e.value.code == 2 and "argument --kv-cache-dtype: invalid choice: 'fp4'" in capsys.readouterr().err
+    assert main(["infer", "--test", "--kv-cache-dtype", "int8"]) == 2
+    assert "--kv-cache-dtype int8 departs from by design" in capsys.readouterr().err

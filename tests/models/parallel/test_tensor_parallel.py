@@ -110,6 +110,26 @@ def test_bf16_within_near_ties(split, loaded_models):
     assert_rare_near_ties(one_rank(loaded_models, "bf16_mha_hd64"), split["bf16_mha_hd64"], "bf16_mha_hd64", "bf16")
 
 
+def test_a_quantized_kv_cache_is_quantized_on_every_rank(split, tiny_models):
+    """kv_cache_dtype="int8" on a split model: each rank stores its kv heads in int8 (rank 0's pool command says
+    so), so the tokens are the one-rank int8-cache model's (f32: the split moves values by ulps only)."""
+    name = "f32_gqa2_hd32"
+    model = split[name]
+    one = llaisys_models.load(tiny_models.path(name), device="cpu", kv_cache_dtype="int8")
+    plain = llaisys_models.load(tiny_models.path(name), device="cpu")
+    model.kv_cache_dtype = "int8"
+    try:
+        for length in LENGTHS:
+            ids = prompt(name, length, SPECS[name].vocab)
+            assert model.generate(ids, NEW, eos_token_ids=()) == one.generate(ids, NEW, eos_token_ids=())
+        ids = prompt(name, 64, SPECS[name].vocab)
+        got, want, unquantized = model.logits(ids), one.logits(ids), plain.logits(ids)
+        # (the other rank's heads too: an f32 cache there would leave half the int8 error)
+        assert np.abs(got - want).max() < 0.05 * np.abs(unquantized - want).max()
+    finally:
+        model.kv_cache_dtype = "auto"
+
+
 def test_int8_weights_are_split_then_quantized(tiny_models, loaded_models):
     """Each rank quantizes its own part (blocks of 16 rows, groups of 32 inputs): where the parts start on a
     block and a group, they are the one-rank model's int8 values to the bit. The logits then carry int8's

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from ..engine import kv_cache
 from ..families import numerics
 from ..loading import quantize
 from ..text.chat import DEFAULT_NEW_TOKENS  # generate's reply budget, shrunk to what the model's context leaves
@@ -59,6 +60,7 @@ def _common_arguments(parser: argparse.ArgumentParser, new_tokens_help: str) -> 
                         help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(parser)
     quantize.add_argument(parser)
+    kv_cache.add_argument(parser)
     add_tensor_parallel_argument(parser)
     parser.add_argument("--max-new-tokens", type=_count, default=None, metavar="N", help=new_tokens_help)
     parser.add_argument("--raw", action="store_true",
@@ -251,7 +253,7 @@ def _load(args: argparse.Namespace) -> tuple[CausalLM, Tokenizer, float]:
     parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize, **parallel)
+                 dequantize=args.dequantize, kv_cache_dtype=args.kv_cache_dtype, **parallel)
     elapsed = time.perf_counter() - t0
     tokenizer = load_tokenizer(path)
     weights = f" with {'/'.join(model.weight_formats)} weights" if model.weight_formats else ""
@@ -564,6 +566,9 @@ def run_infer(args: argparse.Namespace) -> int:
 
     from ..text.tokenizer import encode
 
+    if (args.test or args.strict) and args.kv_cache_dtype != "auto":
+        raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which "
+                                f"--kv-cache-dtype {args.kv_cache_dtype} departs from by design; run --test without it")
     if (args.test or args.strict) and args.quantize:
         raise LlaisysValueError(f"--test checks llaisys against HF transformers token for token, which --quantize "
                                 f"{args.quantize} departs from by design; run --test without --quantize")

@@ -2,7 +2,10 @@
 
     pool = KVPool(shape, num_blocks, block_size)   # keys[layer], values[layer]: [blocks, block_size, Hkv, d]
     seq = pool.sequence(scope)                     # a block table (kv_blocks.SequenceKV)
+    pool.layers[i].write(k, v, slots); pool.layers[i].attend(out, q, step, scale, numerics, window)
 
+The cache holds the model's dtype, or (``KVShape.cache_dtype`` "int8" / "fp8") one byte per key or value and an
+f16 scale per token and kv head (``llaisys.ops.paged_q``): about half the memory, so twice the tokens.
 Which block holds what, reference counts and the prefix index are the plain-Python ``BlockManager`` this
 class extends (kv_blocks.py); it adds only the tensors, and copies a block's when the manager copies on write.
 """
@@ -26,18 +29,78 @@ class PoolFollowers(Protocol):
     def copy_block(self, pool: KVPool, dst: int, src: int) -> None: ...
 
 
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # "auto": the model's dtype; else llaisys.ops.KV_FORMATS
+
+
+def add_argument(parser) -> None:
+    """``--kv-cache-dtype auto|int8|fp8`` on a CLI command that loads a model."""
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="how the KV cache stores keys and values: auto (the model's dtype, default), int8 or "
+                             "fp8 (e4m3): one byte each and an f16 scale per token and kv head, about twice the "
+                             "tokens in the same memory at a small loss of accuracy")
+
+
+def check_kv_cache_dtype(value) -> str:
+    if value not in KV_CACHE_DTYPES:
+        raise llaisys.LlaisysValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+                                        f"got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class KVShape:
-    """What one token's keys and values look like in every layer."""
+    """What one token's keys and values look like in every layer; ``cache_dtype`` how they are stored."""
     num_layers: int
     kv_heads: int
     head_dim: int
-    dtype: llaisys.DType
+    dtype: llaisys.DType  # the model's: what is written and what attention returns
     device: llaisys.Device
+    cache_dtype: str = "auto"
+
+    @property
+    def kv_format(self) -> str | None:
+        """The quantized format the cache stores ("int8" / "fp8"), None for the model's dtype."""
+        return None if self.cache_dtype == "auto" else self.cache_dtype
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+        if self.kv_format is None:
+            return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * self.num_layers * self.kv_heads * (self.head_dim + llaisys.float16.itemsize)  # bytes + scale
+
+
+class LayerKV:
+    """One layer's keys and values [blocks, block_size, Hkv, d] in the model's dtype: what its attention writes
+    a step's keys into and attends over."""
+
+    def __init__(self, keys: llaisys.Tensor, values: llaisys.Tensor):
+        self.keys, self.values = keys, values
+
+    def write(self, k: llaisys.Tensor, v: llaisys.Tensor, slots: llaisys.Tensor) -> None:
+        llaisys.ops.paged_kv_write(self.keys, self.values, k, v, slots)
+
+    def attend(self, out: llaisys.Tensor, q: llaisys.Tensor, step, scale: float, numerics: str, window: int) -> None:
+        llaisys.ops.paged_attention(out, q, self.keys, self.values, step.block_tables, step.seq_lens,
+                                    step.query_start, scale, numerics, window)
+
+
+class QuantizedLayerKV(LayerKV):
+    """One layer's keys and values as bytes [blocks, block_size, Hkv, d] of ``kv_format`` with f16 scales
+    [blocks, block_size, Hkv]. Attention over them computes in f32 whatever ``numerics`` says: HF has no such
+    cache whose rounding there would be to follow."""
+
+    def __init__(self, keys, values, key_scales, value_scales, kv_format: str):
+        super().__init__(keys, values)
+        self.key_scales, self.value_scales, self.kv_format = key_scales, value_scales, kv_format
+
+    def write(self, k, v, slots) -> None:
+        llaisys.ops.paged_kv_write_q(self.keys, self.values, self.key_scales, self.value_scales, k, v, slots,
+                                     self.kv_format)
+
+    def attend(self, out, q, step, scale, numerics, window) -> None:
+        llaisys.ops.paged_attention_q(out, q, self.keys, self.values, self.key_scales, self.value_scales,
+                                      step.block_tables, step.seq_lens, step.query_start, scale, self.kv_format,
+                                      window)
 
 
 class KVPool(BlockManager):
@@ -48,6 +111,9 @@ class KVPool(BlockManager):
         self.shape = shape
         self.keys: list[llaisys.Tensor] = []
         self.values: list[llaisys.Tensor] = []
+        self.key_scales: list[llaisys.Tensor] = []  # (a quantized cache's, else empty)
+        self.value_scales: list[llaisys.Tensor] = []
+        self.layers: list[LayerKV] = []
         self.generation = 0  # bumped whenever the tensors are reallocated (decode graphs point into them)
         # a tensor-parallel model's other ranks, whose pools (their kv heads) follow this one's blocks
         self.followers: PoolFollowers | None = None
@@ -56,15 +122,26 @@ class KVPool(BlockManager):
 
     def _allocate(self, num_blocks: int, kept: int) -> None:
         s = self.shape
-        keys: list[llaisys.Tensor] = []
-        values: list[llaisys.Tensor] = []
-        for layer in range(s.num_layers):
-            for new, old in ((keys, self.keys), (values, self.values)):
-                t = llaisys.empty((num_blocks, self.block_size, s.kv_heads, s.head_dim), s.dtype, s.device)
+        rows = (num_blocks, self.block_size, s.kv_heads)
+        shapes: dict[str, tuple[tuple[int, ...], llaisys.DType]]
+        if s.kv_format is None:
+            shapes = {"keys": ((*rows, s.head_dim), s.dtype), "values": ((*rows, s.head_dim), s.dtype)}
+        else:
+            shapes = {"keys": ((*rows, s.head_dim), llaisys.uint8), "values": ((*rows, s.head_dim), llaisys.uint8),
+                      "key_scales": (rows, llaisys.float16), "value_scales": (rows, llaisys.float16)}
+        for name, (shape, dtype) in shapes.items():
+            old, new = getattr(self, name), []
+            for layer in range(s.num_layers):
+                t = llaisys.empty(shape, dtype, s.device)
                 if kept:
                     llaisys.ops.rearrange(t.slice(0, 0, kept), old[layer])
                 new.append(t)
-        self.keys, self.values = keys, values
+            setattr(self, name, new)
+        if s.kv_format is None:
+            self.layers = [LayerKV(k, v) for k, v in zip(self.keys, self.values)]
+        else:
+            self.layers = [QuantizedLayerKV(*tensors, s.kv_format)
+                           for tensors in zip(self.keys, self.values, self.key_scales, self.value_scales)]
         self.generation += 1
 
     def grow(self, num_blocks: int) -> None:
@@ -83,7 +160,7 @@ class KVPool(BlockManager):
             seq.reserve(length)
 
     def copy_block(self, dst: int, src: int) -> None:
-        for t in (*self.keys, *self.values):
+        for t in (*self.keys, *self.values, *self.key_scales, *self.value_scales):
             llaisys.ops.rearrange(t.slice(0, dst, dst + 1), t.slice(0, src, src + 1))
         if self.followers is not None:
             self.followers.copy_block(self, dst, src)

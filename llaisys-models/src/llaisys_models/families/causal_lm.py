@@ -7,6 +7,7 @@ buffers one token row needs) and ``_run_step(pool, step)`` (every layer over one
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,10 +17,11 @@ import numpy as np
 
 import llaisys
 from llaisys.dtype import as_dtype
+from llaisys.plugins import NATIVE, OVERRIDE
 
 from ..engine.decode_graph import DecodeGraphs
 from ..engine.generation import GenerationMixin
-from ..engine.kv_cache import KVPool, KVShape
+from ..engine.kv_cache import KVPool, KVShape, check_kv_cache_dtype
 from ..engine.runner import ModelRunner
 from ..engine.step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
 from ..lora.model import LoRAMixin
@@ -120,6 +122,7 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
         self._workspaces: dict[int, Workspace] = {}
         self._decode_graphs = DecodeGraphs(self)
         self.loras = {}  # LoRA adapters by name, once loaded (lora/model.py)
+        self._kv_cache_dtype = "auto"
         self.set_rope()
 
     def set_rope(self) -> None:
@@ -203,9 +206,30 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
     # -- the KV cache -------------------------------------------------------------------
 
     @property
+    def kv_cache_dtype(self) -> str:
+        """How the KV pools made from now on store keys and values: "auto" (the model's dtype), "int8" or "fp8"
+        (one byte each and an f16 scale per token and kv head: engine/kv_cache.py)."""
+        return self._kv_cache_dtype
+
+    @kv_cache_dtype.setter
+    def kv_cache_dtype(self, value: str) -> None:
+        value = check_kv_cache_dtype(value)
+        if value != "auto":
+            sources = llaisys.capabilities(self.device)
+            for op in ("paged_kv_write_q", "paged_attention_q"):
+                if sources[op] not in (NATIVE, OVERRIDE):
+                    raise llaisys.LlaisysValueError(
+                        f"kv_cache_dtype={value!r}: the {self.device.type} backend has no {op} kernel (it would run "
+                        f"on the CPU through host copies); choose 'auto' there, or update the backend")
+        if value != self._kv_cache_dtype:
+            self._kv_cache_dtype = value
+            self._drop_generator()  # (its pool was made for the old dtype)
+
+    @property
     def kv_shape(self) -> KVShape:
         c = self.config
-        return KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+        return KVShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device,
+                       self._kv_cache_dtype)
 
     @property
     def kv_window(self) -> int:
@@ -216,18 +240,22 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
         return max(windows) if windows and all(windows) else 0
 
     def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
-                    prefix_caching: bool = True) -> KVPool:
+                    prefix_caching: bool = True, cache_dtype: str | None = None) -> KVPool:
         """A paged KV cache for this model: ``num_blocks`` blocks of ``block_size`` positions, or as many as
-        ``memory`` bytes hold. Sequences in it (``pool.sequence()``) are what ``forward_batch`` extends."""
+        ``memory`` bytes hold, storing ``cache_dtype`` (None: ``kv_cache_dtype``). Sequences in it
+        (``pool.sequence()``) are what ``forward_batch`` extends."""
+        shape = self.kv_shape
+        if cache_dtype is not None:
+            shape = dataclasses.replace(shape, cache_dtype=check_kv_cache_dtype(cache_dtype))
         if (num_blocks is None) == (memory is None):
             raise llaisys.LlaisysValueError("give the KV pool's size as num_blocks or as memory, not both")
         if num_blocks is None:
             assert memory is not None  # (one of the two is given: checked above)
-            num_blocks = memory // (block_size * self.kv_shape.bytes_per_token)
+            num_blocks = memory // (block_size * shape.bytes_per_token)
             if num_blocks < 1:
                 raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
-                                                f"positions ({block_size * self.kv_shape.bytes_per_token} bytes)")
-        pool = KVPool(self.kv_shape, num_blocks, block_size, prefix_caching=prefix_caching)
+                                                f"positions ({block_size * shape.bytes_per_token} bytes)")
+        pool = KVPool(shape, num_blocks, block_size, prefix_caching=prefix_caching)
         pool.window = self.kv_window
         if self.followers is not None:  # the other ranks hold their kv heads of it
             self.followers.new_pool(pool)

@@ -22,7 +22,7 @@ import numpy as np
 
 import llaisys
 
-from ..engine.kv_cache import KVPool
+from ..engine.kv_cache import KVPool, LayerKV
 from ..engine.step_inputs import StepInputs
 from ..errors import ModelLoadError, shown
 from .causal_lm import CausalLM, Workspace
@@ -56,12 +56,11 @@ class Gemma3(CausalLM):
         embedding(ws.x, step.tokens, self.weights.embed_tokens)
         llaisys.ops.scale(ws.x, ws.x, self.embed_scale)
         for i, layer in enumerate(self.weights.layers):
-            self._attention(layer, ws, pool.keys[i], pool.values[i], step, self.config.window(i))
+            self._attention(layer, ws, pool.layers[i], step, self.config.window(i))
             self._mlp(layer, ws)
         return self._logits(ws.x, step)
 
-    def _attention(self, w: LayerWeights, ws: Workspace, keys: llaisys.Tensor, values: llaisys.Tensor, step: StepInputs,
-                   window: int) -> None:
+    def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, ops, n, numerics, eps = self.config, llaisys.ops, ws.n, self.numerics, self.config.rms_norm_eps
         # a sliding layer's rope is plain, of base rope_local_theta; a global layer's the config's (scaled) one
         inv_freq, rope_scale = (self.local_rope_inv_freq, 1.0) if window else (self.rope_inv_freq, self.rope_scale)
@@ -73,9 +72,8 @@ class Gemma3(CausalLM):
         ops.rms_norm(ws.k, ws.k, w.k_norm, eps, numerics)
         ops.rope(ws.q, ws.q, step.positions, inv_freq, rope_scale, numerics)
         ops.rope(ws.k, ws.k, step.positions, inv_freq, rope_scale, numerics)
-        ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
-        ops.paged_attention(ws.attn, ws.q, keys, values, step.block_tables, step.seq_lens, step.query_start,
-                            c.attention_scale, numerics, window)
+        kv.write(ws.k, ws.v, step.slots)
+        kv.attend(ws.attn, ws.q, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)
         ops.rms_norm(ws.out, ws.out, w.attn_out_norm, eps, numerics)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import llaisys
 
+from ..engine.kv_cache import LayerKV
 from ..engine.step_inputs import StepInputs
 from .causal_lm import Workspace
 from .config import ConfigRules
@@ -31,8 +32,7 @@ class Olmo2(Qwen2):
     """OLMo 2: attention and MLP read the residual stream unnormed; their outputs are RMS-normed before they are
     added to it; q and k are RMS-normed over all heads together."""
 
-    def _attention(self, w: LayerWeights, ws: Workspace, keys: llaisys.Tensor, values: llaisys.Tensor,
-                   step: StepInputs, window: int) -> None:
+    def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, ops, n, numerics, eps = self.config, llaisys.ops, ws.n, self.numerics, self.config.rms_norm_eps
         k = ws.k.view(n, c.kv_size)
         linear(ws.q, ws.x, w.q_proj, w.q_bias)
@@ -44,9 +44,8 @@ class Olmo2(Qwen2):
         ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), step.positions, self.rope_inv_freq,
                  self.rope_scale, "exact")
         ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, "exact")
-        ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
-        ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
-                            c.attention_scale, numerics, window)
+        kv.write(ws.k, ws.v, step.slots)
+        kv.attend(ws.attn, ws.q_rot, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # (one rank: OLMo 2 is not split, parallel/layout.py)
         ops.rms_norm(ws.out, ws.out, w.attn_out_norm, eps, numerics)

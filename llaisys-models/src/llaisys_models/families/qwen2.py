@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import llaisys
 
-from ..engine.kv_cache import KVPool
+from ..engine.kv_cache import KVPool, LayerKV
 from ..engine.step_inputs import StepInputs
 from ..errors import ModelLoadError, shown
 from .causal_lm import CausalLM, Workspace
@@ -59,12 +59,11 @@ class Qwen2(CausalLM):
         ws = self._workspace(step.num_tokens)
         embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
-            self._attention(layer, ws, pool.keys[i], pool.values[i], step, self.config.window(i))
+            self._attention(layer, ws, pool.layers[i], step, self.config.window(i))
             self._mlp(layer, ws)
         return self._logits(ws.x, step)
 
-    def _attention(self, w: LayerWeights, ws: Workspace, keys: llaisys.Tensor, values: llaisys.Tensor, step: StepInputs,
-                   window: int) -> None:
+    def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, ops, n, numerics = self.config, llaisys.ops, ws.n, self.numerics
         ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
@@ -76,9 +75,8 @@ class Qwen2(CausalLM):
             ops.rms_norm(ws.k, ws.k, w.k_norm, c.rms_norm_eps, numerics)
         ops.rope(ws.q_rot, q, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
-        ops.paged_kv_write(keys, values, ws.k, ws.v, step.slots)
-        ops.paged_attention(ws.attn, ws.q_rot, keys, values, step.block_tables, step.seq_lens, step.query_start,
-                            c.attention_scale, numerics, window)
+        kv.write(ws.k, ws.v, step.slots)
+        kv.attend(ws.attn, ws.q_rot, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)
         ops.add(ws.x, ws.x, ws.out)

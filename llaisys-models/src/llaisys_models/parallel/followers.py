@@ -34,7 +34,7 @@ import numpy as np
 
 import llaisys
 
-from ..engine.kv_cache import KVPool
+from ..engine.kv_cache import KV_CACHE_DTYPES, KVPool
 from ..engine.step_inputs import HostStep
 from ..errors import ModelLoadError, RankFailedError
 from .messages import Channel, Op, command, exchange_errors, lora_load_command, step_command
@@ -92,7 +92,8 @@ class Followers:
 
     def new_pool(self, pool: KVPool) -> None:
         pool.followers, pool.follower_id = self, next(self._pool_ids)
-        self._pending.append(command(Op.NEW_POOL, pool.follower_id, pool.num_blocks, pool.block_size))
+        self._pending.append(command(Op.NEW_POOL, pool.follower_id, pool.num_blocks, pool.block_size,
+                                     KV_CACHE_DTYPES.index(pool.shape.cache_dtype)))
         weakref.finalize(pool, self._pending.append, command(Op.DROP, pool.follower_id))
 
     def grow(self, pool: KVPool, num_blocks: int) -> None:

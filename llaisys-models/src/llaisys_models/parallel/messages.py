@@ -2,7 +2,8 @@
 
 A message is int64 words: commands one after the other, each [opcode, its words...]:
 
-    NEW_POOL  pool, num_blocks, block_size        a KV pool (each rank holds its own kv heads of it)
+    NEW_POOL  pool, num_blocks, block_size, cache a KV pool (each rank holds its own kv heads of it);
+                                                  cache: its KV_CACHE_DTYPES index
     GROW      pool, num_blocks                    the pool grew (blocks and their contents stay)
     COPY      pool, dst, src                      a block copied on write (prefix caching, forks)
     DROP      pool                                the pool is gone (and its captured decode steps)
@@ -60,7 +61,7 @@ class Op(enum.IntEnum):
 
 MAGIC = 0x4C4C5450  # "LLTP": a header that is not one of rank 0's is a broken group, not a command
 FIRST = 1024  # words of the first broadcast (8 KiB): [MAGIC, length, the message's first FIRST - 2 words]
-_ARGS = {Op.NEW_POOL: 3, Op.GROW: 2, Op.COPY: 3, Op.DROP: 1, Op.CLEAR: 0, Op.STOP: 0, Op.LORA_ENABLE: 2,
+_ARGS = {Op.NEW_POOL: 4, Op.GROW: 2, Op.COPY: 3, Op.DROP: 1, Op.CLEAR: 0, Op.STOP: 0, Op.LORA_ENABLE: 2,
          Op.LORA_PLACE: 2, Op.LORA_FORGET: 1, Op.LORA_MERGE: 1}
 ERROR_WORDS = 128  # words per rank of exchange_errors: a length, then up to 1016 bytes of one line
 

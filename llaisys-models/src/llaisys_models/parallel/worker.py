@@ -21,7 +21,7 @@ from pathlib import Path
 
 import llaisys
 
-from ..engine.kv_cache import KVPool
+from ..engine.kv_cache import KV_CACHE_DTYPES, KVPool
 from ..families.causal_lm import CausalLM
 from ..lora.adapter import LoRAAdapter
 from . import store
@@ -118,8 +118,9 @@ def follow(model: CausalLM, group: llaisys.distributed.Group) -> None:
                 with model._step_lock:
                     model._forward(pools[pool], host)
             elif op == Op.NEW_POOL:
-                pool, num_blocks, block_size = args
-                pools[pool] = model.new_kv_pool(num_blocks, block_size=block_size, prefix_caching=False)
+                pool, num_blocks, block_size, cache = args
+                pools[pool] = model.new_kv_pool(num_blocks, block_size=block_size, prefix_caching=False,
+                                                cache_dtype=KV_CACHE_DTYPES[cache])
             elif op == Op.GROW:
                 pools[args[0]].grow(args[1])
             elif op == Op.COPY:

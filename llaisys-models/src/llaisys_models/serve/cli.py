@@ -21,6 +21,7 @@ from ..cli.generate import (
     add_tensor_parallel_argument,
     tensor_parallel_options,
 )
+from ..engine import kv_cache
 from ..families import numerics
 from ..loading import quantize
 from .defaults import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, DEFAULT_MAX_TOKENS
@@ -41,6 +42,7 @@ def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
                    help="compute dtype (default: the dtype the weights are stored in)")
     numerics.add_argument(p)
     quantize.add_argument(p)
+    kv_cache.add_argument(p)
     add_tensor_parallel_argument(p)
     add_generation_config_argument(p)
     p.add_argument("--host", default=LOOPBACK, help=f"address to bind (default {LOOPBACK}: this machine only)")

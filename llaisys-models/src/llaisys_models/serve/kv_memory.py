@@ -90,5 +90,6 @@ def human_size(nbytes: int) -> str:
 
 def describe(pool: KVPool) -> str:
     """One line for the start-up message: size, blocks, tokens."""
+    stored = "" if pool.shape.kv_format is None else f", keys and values in {pool.shape.kv_format}"
     return (f"KV cache {human_size(pool.nbytes)}: {pool.num_blocks} blocks of {pool.block_size} positions "
-            f"({pool.capacity_tokens} tokens, {pool.shape.bytes_per_token} bytes each)")
+            f"({pool.capacity_tokens} tokens, {pool.shape.bytes_per_token} bytes each{stored})")

@@ -39,7 +39,7 @@ def load_server(args: Namespace, path: Path, kv_memory: int | None, tenants: Ten
     parallel = tensor_parallel_options(args)
     split_cpu_threads(args.tensor_parallel)
     model = load(path, device=args.device, dtype=args.dtype, numerics=args.numerics, quantize=args.quantize,
-                 dequantize=args.dequantize, **parallel)
+                 dequantize=args.dequantize, kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), **parallel)
     name = args.served_model_name or default_model_name(path, args.model)
     lora_paths = load_adapters(args, model, name)
     # two tokenizers: the HTTP side encodes prompts while the engine thread decodes tokens
