@@ -150,6 +150,11 @@ def _op_args(buffers, op, dtype, numerics):
                                   buffers.upload(np.ones((4, 1, 1, 8, 16, 4), np.int8)),
                                   buffers.upload(np.full((4, 1, 1, 16), 0x3f80, np.uint16)),
                                   buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
+        # 4 experts [3, 32] in q4_0 blocks: weight uint8 [4, 1, 1, 256], scales uint8 [4, 1, 1, 32] (f16 1.0)
+        "moe_linear_q": lambda: (dtype, CODES["LLAISYS_QFORMAT_Q4_0"], 2, 2, 4, 3, 32, 0, f(2, 2, 3), f(2, 32),
+                                 buffers.upload(np.full((4, 1, 1, 256), 0x98, np.uint8)),
+                                 buffers.upload(np.full((4, 1, 1, 16), 0x3c00, np.uint16)),
+                                 buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "sample": lambda: (dtype, 8, index, f(8), 1.0, 0, 1.0, 0),
         "mask_logits": lambda: (dtype, 1, 8, f(8), i32(1)),
         # logits [8], chosen token 1, temperature 1, the top 2: ids int64 [2], values f32 [3]
@@ -196,7 +201,7 @@ def test_numerics_modes(on_device, op):
         on_device.expect(status, NOT_SUPPORTED, "numerics", str(UNKNOWN_NUMERICS))
 
 
-@pytest.mark.parametrize("op", ["linear_q", "embedding_q"])
+@pytest.mark.parametrize("op", ["linear_q", "embedding_q", "moe_linear_q"])
 def test_unknown_weight_format_is_not_supported(on_device, op):
     if not on_device.has(op):
         pytest.skip(f"{on_device.backend.name} does not implement {op}")

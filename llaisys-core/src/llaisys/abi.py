@@ -211,6 +211,9 @@ OP_SLOTS: dict[str, list] = {
     "lora_shrink": [c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p],
     # dtype (of out and b), M, R, N, S, out [M,N] (in place), h f32 [M,R], b [S,R,N], adapters int64 [M] (-1: none)
     "lora_expand": [c_int, _i64, _i64, _i64, _i64, _p, _p, _p, _p],
+    # dtype, fmt (QFormat), M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight and scales uint8 [E,..]
+    # (each expert's linear_q blocks of format fmt), experts int64 [M,k]
+    "moe_linear_q": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p, _p],
 }
 OP_LEADING_ARGS = [c_int, _p]  # (int device, void* stream) before every operator's own arguments
 
@@ -232,7 +235,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 # The minor version of API_MAJOR that added a slot, for the slots added after API_MAJOR.0 (backend.h lists the
 # same). A library built for an older minor lacks them: core treats them as missing even if it exports the name.
 SLOT_SINCE: dict[str, int] = {"linear_gq": 1, "lora_shrink": 2, "lora_expand": 2, "paged_attention_q": 3,
-                               "paged_kv_write_q": 3}
+                               "paged_kv_write_q": 3, "moe_linear_q": 3}
 
 
 def split_version(version: int) -> tuple[int, int]:

@@ -77,6 +77,12 @@ def _moe_linear_i8(dtype, M, k, E, N, K, x_per_slot, out, x, weight, scales, exp
     return (M * k * N * s, M * (k if x_per_slot else 1) * K * s, E * w, E * sc, M * k * I64)
 
 
+def _moe_linear_q(dtype, fmt, M, k, E, N, K, x_per_slot, out, x, weight, scales, experts):
+    s = _size(dtype)
+    w, sc = _q_blocks(fmt, N, K)
+    return (M * k * N * s, M * (k if x_per_slot else 1) * K * s, E * w, E * sc, M * k * I64)
+
+
 def _paged_attention(dtype, numerics, T, num_seqs, H, Hkv, d, dv, num_blocks, block_size, max_blocks, window, scale,
                      out, q, k_cache, v_cache, block_tables, seq_lens, query_start):
     s, rows = _size(dtype), num_blocks * block_size
@@ -151,6 +157,7 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
         M * R * F32, M * K * _size(dtype), S * R * K * _size(dtype), M * I64, S * F32),
     "lora_expand": lambda dtype, M, R, N, S, out, h, b, adapters: (
         M * N * _size(dtype), M * R * F32, S * R * N * _size(dtype), M * I64),
+    "moe_linear_q": _moe_linear_q,
 }
 
 # op -> positions of its pointer (void*) arguments among the arguments after device and stream
@@ -168,7 +175,7 @@ WRITES: dict[str, frozenset[int]] = {
     "penalize_logits": frozenset({0}), "logprobs": frozenset({1, 2}), "geglu_tanh": frozenset({0}),
     "scale": frozenset({0}), "moe_linear_i8": frozenset({0}), "linear_q": frozenset({0}),
     "embedding_q": frozenset({0}), "linear_gq": frozenset({0}), "lora_shrink": frozenset({0}),
-    "lora_expand": frozenset({0}),
+    "lora_expand": frozenset({0}), "moe_linear_q": frozenset({0}),
 }
 
 

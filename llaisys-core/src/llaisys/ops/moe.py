@@ -3,6 +3,7 @@
     moe_router(weights, experts, logits)          top k of softmax(logits) per row (renormalised or not)
     moe_linear(out, x, weight, experts)           out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T
     moe_linear_i8(out, x, weight, scales, experts)   the same with each expert's weight in linear_i8's int8 blocks
+    moe_linear_q(out, x, weight, scales, experts, fmt)   ... in linear_q's blocks of format fmt (a GGUF file's)
     moe_combine(out, y, weights)                  out[m] = sum_j weights[m, j] * y[m, j]
 
 moe_linear reads only the selected experts' matrices, each once for all the rows that chose it. Every op
@@ -12,10 +13,11 @@ Frontends as in ``elementwise``: plan, overlap test, kernel.
 
 from __future__ import annotations
 
-from ..dtype import bfloat16, int8
+from ..dtype import bfloat16, int8, uint8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .int8 import INT8_GROUP, int8_shapes
+from .quant import FORMATS, QUANT_FORMATS, QUANT_SUPER
 
 _router = new_plans()
 
@@ -157,6 +159,73 @@ def _plan_linear_i8(out, x, weight, scales, experts):
     # (an empty out still checks its expert ids: a wrong id is an error whatever the sizes)
     return remember(_linear_i8, (out._layout, x._layout, weight._layout, scales._layout, experts._layout),
                     (*kernel_for(op, device, m * k > 0), device, out.dtype.code, m, k, e, n, kk, int(per_slot)))
+
+
+_linear_q = new_plans()
+
+
+def moe_linear_q(out, x, weight, scales, experts, fmt: str) -> None:
+    """moe_linear with each expert's weight in ``linear_q``'s blocks of format ``fmt`` (q8_0, q4_0, q4_1, q4_k,
+    q6_k: a GGUF file's stacked experts as stored): out [M, k, N] = for each row m and slot j, linear_q of x_mj
+    (x[m] of x [M, K], or x[m, j] of x [M, k, K]) and expert experts[m, j]'s blocks, bit for bit what
+    ``linear_q`` gives for that row and expert alone. weight and scales uint8 [E, *quant_shapes(fmt, N, K)[i]]
+    hold each expert's blocks at [e] (``pack_quant`` of its matrix). experts int64 [M, k]; an id outside [0, E)
+    raises. out must share no memory with the others."""
+    try:
+        kernel, fail, device, code, fcode, m, k, e, n, kk, per_slot = _linear_q[
+            out._layout, x._layout, weight._layout, scales._layout, experts._layout, fmt]
+    except (AttributeError, KeyError, TypeError):
+        kernel, fail, device, code, fcode, m, k, e, n, kk, per_slot = _plan_linear_q(out, x, weight, scales,
+                                                                                     experts, fmt)
+    o_ptr, o_end = out._ptr, out._end
+    for name, t in (("x", x), ("weight", weight), ("scales", scales), ("experts", experts)):
+        if t._ptr < o_end and o_ptr < t._end:
+            check.overlap("moe_linear_q", "out", name)
+    status = kernel(device.index, current_stream_handle(device), code, fcode, m, k, e, n, kk, per_slot, o_ptr,
+                    x._ptr, weight._ptr, scales._ptr, experts._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_linear_q(out, x, weight, scales, experts, fmt):
+    op = "moe_linear_q"
+    device = check.tensors(op, out=out, x=x, weight=weight, scales=scales, experts=experts)
+    check.dtype(op, "out", out, check.FLOATS)
+    check.same_dtype(op, "out", out, x=x)
+    check.dtype(op, "weight", weight, (uint8,))
+    check.dtype(op, "scales", scales, (uint8,))
+    check.ndim(op, "experts", experts, 2)
+    check.index_tensor(op, "experts", experts)
+    check.ndim(op, "out", out, 3)
+    (m, k), n = experts.shape, out.shape[2]
+    if x.ndim not in (2, 3):
+        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
+    per_slot, kk = x.ndim == 3, x.shape[-1]
+    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
+    check.shape(op, "out", out, (m, k, n))
+    if fmt not in QUANT_FORMATS:
+        check.fail(op, f"fmt must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
+    f = FORMATS[fmt]
+    if f.record == QUANT_SUPER and kk % QUANT_SUPER:
+        check.fail(op, f"K = {kk} is not a multiple of {QUANT_SUPER}, which {fmt} blocks need (its super-blocks)")
+    if weight.ndim != 4 or scales.ndim != 4:
+        check.fail(op, f"weight and scales must be 4-d [E, ...] (each expert's {fmt} blocks, stacked), got shapes "
+                       f"{weight.shape} and {scales.shape}")
+    e = weight.shape[0]
+    weight_shape, scales_shape = f.shapes(n, kk)
+    if weight.shape != (e, *weight_shape):
+        check.fail(op, f"weight has shape {weight.shape}; expected {(e, *weight_shape)}: the {fmt} blocks of E = {e} "
+                       f"experts' [N, K] = [{n}, {kk}] matrices (N from out, K from x; llaisys.ops.pack_quant makes "
+                       f"each)")
+    if scales.shape != (e, *scales_shape):
+        check.fail(op, f"scales has shape {scales.shape}; expected {(e, *scales_shape)}: the {fmt} scale records of "
+                       f"E = {e} experts' [N, K] = [{n}, {kk}] matrices")
+    check.contiguous(op, out=out, x=x, weight=weight, scales=scales, experts=experts)
+    check.writable(op, "out", out)
+    # (an empty out still checks its expert ids: a wrong id is an error whatever the sizes)
+    key = (out._layout, x._layout, weight._layout, scales._layout, experts._layout, fmt)
+    return remember(_linear_q, key, (*kernel_for(op, device, m * k > 0), device, out.dtype.code, f.code, m, k, e, n,
+                                     kk, int(per_slot)))
 
 
 _combine = new_plans()

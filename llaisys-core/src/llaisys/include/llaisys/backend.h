@@ -67,7 +67,7 @@
  * Slots added in a minor version of this major (each line "  <major>.<minor>: slot, slot"):
  *   6.1: linear_gq
  *   6.2: lora_shrink, lora_expand
- *   6.3: paged_kv_write_q, paged_attention_q
+ *   6.3: paged_kv_write_q, paged_attention_q, moe_linear_q
  *
  * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
  * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
@@ -631,6 +631,20 @@ LLAISYS_OP int LLAISYS_FN(lora_shrink)(int device, void* stream, int dtype, int6
  * as it is. out shares no memory with h, b or adapters. */
 LLAISYS_OP int LLAISYS_FN(lora_expand)(int device, void* stream, int dtype, int64_t M, int64_t R, int64_t N,
                                        int64_t S, void* out, const void* h, const void* b, const void* adapters);
+
+/* [op] Grouped expert linear with block-quantized weights (a GGUF file's stacked experts as stored): out[m, j] =
+ * x_mj @ w_e^T for e = experts[m, j], out [M, k, N], experts int64 [M, k], x_mj = x[m] (x [M, K], x_per_slot 0)
+ * or x[m, j] (x [M, k, K], x_per_slot 1), and each expert's w_e [N, K] in linear_q's format `fmt` and blocks,
+ * stacked by expert: weight and scales uint8 [E, <linear_q's weight bytes of [N, K]>], [E, <its scales bytes>]
+ * (expert e's linear_q blocks at [e]; an unknown fmt is LLAISYS_NOT_SUPPORTED). out[m, j] is, bit for bit,
+ * linear_q (bias NULL) of the input x_mj and expert e's blocks: x_mj quantized per group of 32 as linear_q
+ * quantizes a row, the same integer dots and f32 chain, so no output depends on the batch. The rows are grouped
+ * by expert, so only the selected experts' blocks are read, each once for all the rows that chose it. An expert
+ * id outside [0, E) is LLAISYS_INVALID_ARGUMENT, as in moe_linear (nothing is written). K may be 0 (out = 0).
+ * out shares no memory with x, weight, scales or experts. */
+LLAISYS_OP int LLAISYS_FN(moe_linear_q)(int device, void* stream, int dtype, int fmt, int64_t M, int64_t k,
+                                        int64_t E, int64_t N, int64_t K, int x_per_slot, void* out, const void* x,
+                                        const void* weight, const void* scales, const void* experts);
 
 #endif /* LLAISYS_PREFIX */
 #endif /* LLAISYS_BACKEND_H */

@@ -1,5 +1,5 @@
-"""The quantized ops: linear_i8 and moe_linear_i8 (int8 weights, bf16 scales per 32 k), linear_q and embedding_q
-(the ggml block formats q8_0, q4_0, q4_1, q4_k, q6_k).
+"""The quantized ops: linear_i8 and moe_linear_i8 (int8 weights, bf16 scales per 32 k), linear_q, moe_linear_q and
+embedding_q (the ggml block formats q8_0, q4_0, q4_1, q4_k, q6_k).
 
 The linears quantize each row of x on the fly (backend.h: sx = max|x| / 127 per group of 32 k, round half to
 even), so the reference is x quantized the same way (in the same f32 arithmetic) times the exact weights the
@@ -223,10 +223,80 @@ def _moe_linear_i8_overlap(ctx: Ctx) -> None:
     refused(lambda: ops.moe_linear_i8(out, case.x, case.weight, case.scales, ctx.upload(case.ids)), "overlap")
 
 
+# ---- moe_linear_q: each (row, slot) output is linear_q of its input and its expert's blocks --------------------
+
+class MoeQuant:
+    """Stacked random experts [E, N, K] in format ``fmt`` (and each expert's blocks alone, for linear_q), x and ids."""
+
+    def __init__(self, ctx: Ctx, fmt: str, shape, per_slot: bool):
+        m, k, e, n, kk = shape
+        self.ctx, self.fmt, self.shape, self.per_slot = ctx, fmt, shape, per_slot
+        self.x, self.x32 = activations(ctx, (m, k, kk) if per_slot else (m, kk))
+        matrices = [quant_matrix(ctx, fmt, n, kk) for _ in range(e)]
+        self.w = [quant_weights(fmt, *params) for params in matrices]
+        self.blocks = [ops.pack_quant(fmt, *params) for params in matrices]
+        self.weight = ctx.upload(np.stack([b for b, _ in self.blocks]))
+        self.scales = ctx.upload(np.stack([s for _, s in self.blocks]))
+        self.ids = random_experts(ctx, m, k, e)
+
+    def run(self, x=None, ids=None):
+        x, ids = (self.x, self.ids) if x is None else (x, ids)
+        out = self.ctx.nan((ids.shape[0], ids.shape[1], self.shape[3]))
+        ops.moe_linear_q(out, x, self.weight, self.scales, self.ctx.upload(ids), self.fmt)
+        return out.numpy()
+
+    def input_of(self, r: int, j: int) -> np.ndarray:
+        """x_rj as float32 [K]: the row's input to its slot j."""
+        return self.x32[r, j] if self.per_slot else self.x32[r]
+
+    def expected(self) -> np.ndarray:
+        m, k, _, n, _ = self.shape
+        want = np.zeros((m, k, n))
+        for r in range(m):
+            for j in range(k):
+                want[r, j] = quantized_linear(self.input_of(r, j)[None], self.w[self.ids[r, j]])[0]
+        return want
+
+
+def _moe_linear_q(fmt: str, shape, per_slot: bool, ctx: Ctx) -> None:
+    case = MoeQuant(ctx, fmt, shape, per_slot)
+    close(case.run(), case.expected(), ctx.dtype, TOLERANCE[ctx.dtype])
+
+
+def _moe_linear_q_batch(fmt: str, ctx: Ctx) -> None:
+    """Every (row, slot) of a batch is, bit for bit, linear_q of that row alone with that expert's own blocks."""
+    case = MoeQuant(ctx, fmt, (13, 3, 4, 33, 256), fmt == "q4_1")
+    batched = case.run()
+    n = case.shape[3]
+    for r in range(case.shape[0]):
+        for j in range(case.shape[1]):
+            weight, scales = (ctx.upload(a) for a in case.blocks[case.ids[r, j]])
+            out = ctx.nan((1, n))
+            ops.linear_q(out, ctx.upload(case.input_of(r, j)[None].astype(ctx.dtype.numpy)), weight, scales, fmt)
+            identical(out.numpy()[0], batched[r, j], f"row {r} slot {j} (expert {case.ids[r, j]}) vs linear_q alone")
+
+
+def _moe_linear_q_bad_expert(ctx: Ctx) -> None:
+    case = MoeQuant(ctx, "q4_0", (2, 1, 3, 4, 32), False)
+
+    def call():
+        case.run(case.x, np.array([[1], [3]]))
+        synchronize(ctx.device)
+    refused(call, "3")
+
+
+def _moe_linear_q_overlap(ctx: Ctx) -> None:
+    case = MoeQuant(ctx, "q8_0", (2, 1, 2, 4, 40), False)
+    out = case.x.view(80).slice(0, 72, 80).view(2, 1, 4)
+    refused(lambda: ops.moe_linear_q(out, case.x, case.weight, case.scales, ctx.upload(case.ids), "q8_0"), "overlap")
+
+
 INT8_SHAPES = {ODD: [(1, 1, 1), (3, 17, 33), (1, 15, 31)], CONTIGUOUS: [(9, 17, 100), (17, 50, 33), (4, 40, 300)]}
 GROUP_SHAPES = {ODD: [(1, 1, 1), (3, 17, 33)], CONTIGUOUS: [(9, 17, 100), (17, 50, 64)]}
 K_SHAPES = {ODD: [(1, 1, 256), (3, 17, 512)], CONTIGUOUS: [(9, 20, 256)]}
 MOE_I8_SHAPES = {ODD: [(1, 2, 8, 17, 33), (3, 1, 3, 1, 1)], CONTIGUOUS: [(5, 2, 4, 50, 100), (2, 8, 16, 40, 300)]}
+MOE_Q_SHAPES = {ODD: [(1, 2, 8, 17, 33), (3, 1, 3, 1, 1)], CONTIGUOUS: [(5, 2, 4, 50, 100), (2, 8, 16, 40, 96)]}
+MOE_QK_SHAPES = {ODD: [(1, 2, 8, 17, 256), (3, 1, 3, 1, 256)], CONTIGUOUS: [(5, 2, 4, 50, 512)]}  # K formats
 
 
 def cases() -> list[Case]:
@@ -250,10 +320,19 @@ def cases() -> list[Case]:
             out += [Case("moe_linear_i8", dtype, layout, "M{} k{} E{} N{} K{}".format(*s) + (" per slot" if i % 2 else ""),
                          partial(_moe_linear_i8, s, i % 2 == 1)) for i, s in enumerate(moe_shapes)]
         out.append(Case("moe_linear_i8", dtype, BATCH, "M20 k2 E3 N33 K64 rows alone", _moe_linear_i8_batch))
+        for fmt in ops.QUANT_FORMATS:
+            for layout, moe_shapes in (MOE_QK_SHAPES if fmt in K_FORMATS else MOE_Q_SHAPES).items():
+                out += [Case("moe_linear_q", dtype, layout,
+                             f"{fmt} " + "M{} k{} E{} N{} K{}".format(*s) + (" per slot" if i % 2 else ""),
+                             partial(_moe_linear_q, fmt, s, i % 2 == 1)) for i, s in enumerate(moe_shapes)]
+            out.append(Case("moe_linear_q", dtype, BATCH, f"{fmt} M13 k3 E4 N33 K256 rows as linear_q",
+                            partial(_moe_linear_q_batch, fmt)))
     out += [Case("embedding_q", float32, PROPERTY, "index out of range is refused", _embedding_q_out_of_range),
             Case("linear_i8", float32, ALIASING, "out overlaps x", _linear_i8_overlap),
             Case("linear_q", float32, ALIASING, "out overlaps x", _linear_q_overlap),
-            Case("moe_linear_i8", float32, ALIASING, "out overlaps x", _moe_linear_i8_overlap)]
+            Case("moe_linear_i8", float32, ALIASING, "out overlaps x", _moe_linear_i8_overlap),
+            Case("moe_linear_q", float32, PROPERTY, "expert id out of range", _moe_linear_q_bad_expert),
+            Case("moe_linear_q", float32, ALIASING, "out overlaps x", _moe_linear_q_overlap)]
     return out
 
 
@@ -282,6 +361,13 @@ def _perf_moe_linear_i8(ctx: Ctx):
     return lambda: ops.moe_linear_i8(out, case.x, case.weight, case.scales, ids)
 
 
+def _perf_moe_linear_q(ctx: Ctx):
+    case = MoeQuant(ctx, "q4_k", (1, 8, 16, 768, 2048), False)
+    ids, out = ctx.upload(case.ids), ctx.nan((1, 8, 768))
+    return lambda: ops.moe_linear_q(out, case.x, case.weight, case.scales, ids, "q4_k")
+
+
 PERF = {"linear_i8": ("1x8960x1536", _perf_linear_i8), "linear_q": ("q4_k 1x8960x1536", _perf_linear_q),
         "embedding_q": ("q6_k 64 of 4096x1536", _perf_embedding_q),
-        "moe_linear_i8": ("M1 k8 E16 N768 K2048", _perf_moe_linear_i8)}
+        "moe_linear_i8": ("M1 k8 E16 N768 K2048", _perf_moe_linear_i8),
+        "moe_linear_q": ("q4_k M1 k8 E16 N768 K2048", _perf_moe_linear_q)}
