@@ -153,15 +153,16 @@ PATHS["avx512-no-vnni"] = {"LLAISYS_CPU_SIMD": "avx512", "LLAISYS_CPU_LINEAR_VNN
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_block_linears_every_simd_path(device, path):
-    """linear_i8's checks (test_linear_i8.check_all), moe_linear_i8's (test_moe_linear_i8.check_all) and
-    linear_q's, in one child process per path (they share the kernel; a child's start costs more than its
-    checks)."""
+    """linear_i8's checks (test_linear_i8.check_all), moe_linear_i8's (test_moe_linear_i8.check_all),
+    moe_linear_q's (test_moe_linear_q.check_all) and linear_q's, in one child process per path (they share the
+    kernel; a child's start costs more than its checks)."""
     env = PATHS[path]
     skip_unless_level_available(device, env["LLAISYS_CPU_SIMD"])
     if env == {"LLAISYS_CPU_SIMD": cpu_simd_level()}:
         pytest.skip("this process's own path: the tests above ran it")
     run_in_child(__name__, env, "import ops.test_linear_i8 as i8; i8.check_all(); "
-                 "import test_moe_linear_i8 as moe; moe.check_all(); t.check_all()", expect_level=env["LLAISYS_CPU_SIMD"])
+                 "import test_moe_linear_i8 as moe; moe.check_all(); import test_moe_linear_q as moe_q; "
+                 "moe_q.check_all(); t.check_all()", expect_level=env["LLAISYS_CPU_SIMD"])
 
 
 def test_linear_q_nan_in_a_group_poisons_its_row(device):

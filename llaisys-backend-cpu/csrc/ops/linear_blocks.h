@@ -163,7 +163,7 @@ LLAISYS_ALWAYS_INLINE void block_totals(const BlockPtrs& b, const QuantizedX& xq
 }
 
 // Block blk of the weight (of ceil(N / 16)) against rows [r0, r1) of x, in groups of up to kGemvMaxRows rows:
-// + bias, rounded once, stored to the same rows of out. (moe_linear_i8 calls it per expert, with the expert's
+// + bias, rounded once, stored to the same rows of out. (moe_blocks.h calls it per expert, with the expert's
 // blocks, quantized rows and outputs.)
 template <class V, class F, bool kVnni, class T>
 void block_rows_at(const BlockLinearArgs& a, const QuantizedX& xq, int64_t blk, int64_t r0, int64_t r1) {

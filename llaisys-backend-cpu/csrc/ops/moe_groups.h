@@ -1,5 +1,5 @@
-// What moe_linear and moe_linear_i8 share: the check of the expert ids (the exported entry points, before
-// anything is written) and the grouping of a step's (row, slot) pairs by expert.
+// What moe_linear, moe_linear_i8 and moe_linear_q share: the check of the expert ids (the exported entry points,
+// before anything is written) and the grouping of a step's (row, slot) pairs by expert.
 #pragma once
 
 #include <algorithm>
