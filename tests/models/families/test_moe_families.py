@@ -145,17 +145,18 @@ def test_moe_config_contradictions_are_refused(tiny_models, tmp_path, field, val
         llaisys_models.load(directory, device="cpu")
 
 
-def write_moe_gguf(directory, path, extra: dict | None = None):
+def write_moe_gguf(directory, path, extra: dict | None = None, experts_qtype=None):
     """The HF checkpoint in ``directory`` as llama.cpp's converter writes it: Mixtral as arch llama with
     llama.expert_count (Q/K rows permuted), Qwen3-MoE as arch qwen3moe with qwen3moe.expert_feed_forward_length
     (q_norm / k_norm as attn_{q,k}_norm); the experts of a layer stacked into ffn_{gate,up,down}_exps (Mixtral's
     w1, w3, w2), the router as ffn_gate_inp (a dense layer's MLP as ffn_{gate,up,down}); every tensor F32 (the
-    weights exactly). ``extra``: metadata keys to
-    add or replace (gguf_files.add_extra)."""
+    weights exactly), or the stacked experts in ``experts_qtype`` (a gguf.GGMLQuantizationType: gguf_files.quantize;
+    K types random blocks of the weights' spread). ``extra``: metadata keys to add or replace
+    (gguf_files.add_extra)."""
     import gguf
     from safetensors.torch import load_file
 
-    from helpers.gguf_files import add_extra, gguf_name, llama_permute
+    from helpers.gguf_files import add_extra, gguf_name, llama_permute, quantize
 
     c = json.loads((directory / "config.json").read_text())
     state = {name: w.float().numpy() for name, w in load_file(directory / "model.safetensors").items()}
@@ -198,8 +199,12 @@ def write_moe_gguf(directory, path, extra: dict | None = None):
         for hf, part in parts:
             tensors[f"blk.{i}.ffn_{part}_exps.weight"] = np.stack(
                 [state[f"{p}experts.{e}.{hf}.weight"] for e in range(experts)])
+    rng = np.random.default_rng(0)
     for name, w in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(w, np.float32))
+        if experts_qtype is not None and "_exps." in name:
+            writer.add_tensor(name, quantize(w, experts_qtype, rng), raw_dtype=experts_qtype)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(w, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -389,3 +394,96 @@ def test_a_device_without_the_moe_kernels_is_refused_naming_them(tiny_models, mo
     with pytest.raises(llaisys.BackendUnavailableError, match="moe_router"):
         llaisys_models.load(tiny_models.path("qwen3_moe_bf16"))  # no device can run it
     assert llaisys_models.load(tiny_models.path("f32_gqa2_hd32"), device="cpu").config.num_experts == 0
+
+
+# ---- a GGUF file's quantized experts kept in their blocks (moe_linear_q) --------------------------------------
+
+# A Qwen3-MoE whose matrices are all 256 wide, so its experts can be stored in every block format (the K formats'
+# super-blocks are 256): hidden 256, 8 experts of 256, top 2.
+BLOCKS_QWEN3_MOE = Spec(arch="qwen3_moe", dtype="f32", hidden=256, inter=256, heads=4, kv_heads=2, head_dim=64,
+                        layers=2, experts=8, top_k=2, moe_inter=256, norm_topk=True, seed=13)
+EXPERT_FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+
+
+@pytest.fixture(scope="module")
+def blocks_moe_directory(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("blocks_moe"), BLOCKS_QWEN3_MOE)
+
+
+def blocks_moe_file(directory, tmp_path, fmt: str):
+    import gguf
+
+    return write_moe_gguf(directory, tmp_path / f"experts-{fmt}.gguf",
+                          experts_qtype=gguf.GGMLQuantizationType[fmt.upper()])
+
+
+# The blocks model against the same file decoded to float32, teacher-forced along the latter's greedy tokens: its
+# only error is the experts' inputs quantized to int8 per 32 (as linear_q's), which can also flip a near-tied
+# routing choice and so change a position's logits wholesale (test_int8_experts_stay_within_the_int8_error). So:
+# the median relative logit error within test_gguf's mean bound for block linears, its argmax agreement bound, and
+# every position where the argmaxes differ a near-tie: the blocks' choice within NEAR_TIE_NOISE times the
+# position's rms logit error (the noise the int8 inputs add) of the exact maximum. Measured on this CPU (median,
+# max, agreement; 28 positions): q8_0 0.015, 0.021, 1.0; q4_0 0.016, 0.021, 0.96 (0.16x); q4_1 0.014, 0.34, 1.0;
+# q4_k 0.011, 0.39, 1.0; q6_k 0.013, 0.019, 0.93 (its two flips 0.16x and 2.2x the rms error); greedy tokens
+# identical but for q6_k.
+MEDIAN_RELATIVE_ERROR = 0.08
+MIN_ARGMAX_AGREEMENT = 0.75
+NEAR_TIE_NOISE = 4.0
+
+
+@pytest.mark.parametrize("fmt", EXPERT_FORMATS)
+def test_gguf_experts_stay_in_their_blocks(blocks_moe_directory, tmp_path, fmt, device):
+    """A file's quantized experts stay in their blocks (the rest of this file is F32): each stacked tensor takes
+    its blocks' bytes, the file's own (Q4_K: 4.625 bits a weight for the file's 4.5, its two levels of scales),
+    and the model decodes greedily as the same file decoded to float32 does, within the rule above."""
+    from llaisys_models.families.weights import BlockExperts
+    from llaisys_models.loading.gguf.reader import GGUFFile
+
+    skip_without_kernels(device, ["moe_linear_q"], "a GGUF file's experts in their blocks")
+    path = blocks_moe_file(blocks_moe_directory, tmp_path, fmt)
+    stored = llaisys_models.load(path, device=device, dtype="float32")
+    exact = llaisys_models.load(path, device=device, dtype="float32", dequantize=True)
+    assert stored.weight_formats == (fmt,) and exact.weight_formats == ()
+    stored_bits = {"q4_k": 4.625 / 4.5}.get(fmt, 1.0)
+    f = GGUFFile(path)
+    for i, layer in enumerate(stored.weights.layers):
+        for part in ("gate", "up", "down"):
+            w = getattr(layer.experts, part)
+            assert isinstance(w, BlockExperts) and w.fmt == fmt
+            held, file_bytes = w.weight.nbytes + w.scales.nbytes, f.tensors[f"blk.{i}.ffn_{part}_exps.weight"].nbytes
+            assert held == pytest.approx(file_bytes * stored_bits, rel=1e-9), (i, part, held, file_bytes)
+    ids = prompt("qwen3moe", 13, BLOCKS_QWEN3_MOE.vocab)
+    tokens = exact.generate(ids, 16, eos_token_ids=())
+    ours, want = (np.asarray(m.logits(tokens[:-1]), np.float64) for m in (stored, exact))
+    err = np.linalg.norm(ours - want, axis=1) / np.linalg.norm(want, axis=1)
+    agreement = np.mean(ours.argmax(-1) == want.argmax(-1))
+    same = stored.generate(ids, 16, eos_token_ids=()) == tokens
+    print(f"{fmt}: relative logit error median {np.median(err):.4f} max {err.max():.4f}, agreement {agreement:.3f}, "
+          f"greedy tokens identical: {same}")
+    assert np.median(err) <= MEDIAN_RELATIVE_ERROR and agreement >= MIN_ARGMAX_AGREEMENT, (err, agreement)
+    for p in np.flatnonzero(ours.argmax(-1) != want.argmax(-1)):
+        gap = want[p].max() - want[p][ours[p].argmax()]
+        noise = np.sqrt(np.mean((ours[p] - want[p]) ** 2))
+        print(f"  position {p}: exact gap {gap:.4g}, rms logit error {noise:.4g}")
+        assert gap <= NEAR_TIE_NOISE * noise, f"position {p}: not a near-tie ({gap:.4g} vs rms error {noise:.4g})"
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_gguf_block_experts_batch_decodes_as_each_prompt_alone(blocks_moe_directory, tmp_path, fmt, device):
+    skip_without_kernels(device, ["moe_linear_q"], "a GGUF file's experts in their blocks")
+    model = llaisys_models.load(blocks_moe_file(blocks_moe_directory, tmp_path, fmt), device=device)
+    prompts = [prompt("qwen3moe", n, BLOCKS_QWEN3_MOE.vocab) for n in (5, 17, 30)]
+    batched = model.generate_batch(prompts, 12, eos_token_ids=())
+    assert batched == [model.generate(p, 12, eos_token_ids=()) for p in prompts]
+
+
+def test_gguf_experts_decode_without_moe_linear_q(blocks_moe_directory, tmp_path, monkeypatch):
+    """A device without moe_linear_q (or dequantize=True) decodes the experts into the compute dtype, as before:
+    the same logits, bit for bit, either way."""
+    path = blocks_moe_file(blocks_moe_directory, tmp_path, "q4_0")
+    ids = prompt("qwen3moe", 9, BLOCKS_QWEN3_MOE.vocab)
+    decoded = llaisys_models.load(path, device="cpu", dequantize=True)
+    cpu_without(monkeypatch, ("moe_linear_q",))
+    without = llaisys_models.load(path, device="cpu")
+    assert without.weight_formats == () and isinstance(without.weights.layers[0].experts.gate, llaisys.Tensor)
+    np.testing.assert_array_equal(without.logits(ids), decoded.logits(ids))

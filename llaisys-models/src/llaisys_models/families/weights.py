@@ -62,6 +62,18 @@ class Int8Experts:
     shape: tuple[int, int, int]  # [E, N, K]
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockExperts:
+    """A mixture-of-experts layer's stacked expert matrices [E, N, K] kept in one of llaisys.ops.quant's block
+    formats (``fmt``: a GGUF file's experts as stored): expert e's blocks at ``weight[e]`` and ``scales[e]``
+    (``llaisys.ops.moe_linear_q``)."""
+
+    weight: llaisys.Tensor  # uint8 [E, *quant_shapes(fmt, N, K)[0]]
+    scales: llaisys.Tensor  # uint8 [E, *quant_shapes(fmt, N, K)[1]]
+    fmt: str
+    shape: tuple[int, int, int]  # [E, N, K]
+
+
 class AddsLoRA(Protocol):
     """An adapted linear's LoRA slots (lora/slots.py)."""
 
@@ -84,8 +96,9 @@ class Adapted:
 # a linear's weight: in the model dtype, int8, blocks (int4, and a GGUF file's quantized tensors), or a GPTQ / AWQ
 # checkpoint's groups; with LoRA adapters beside it or not
 Linear = llaisys.Tensor | Int8Weight | BlockWeight | GQWeight | Adapted
-Experts = llaisys.Tensor | Int8Experts  # stacked expert matrices: in the model dtype, or int8
-Weight = Linear | Int8Experts  # any weight a loader places (a linear, stacked experts, a norm, a bias, a table)
+Experts = llaisys.Tensor | Int8Experts | BlockExperts  # stacked expert matrices: in the model dtype, int8 or blocks
+Weight = Linear | Int8Experts | BlockExperts  # any weight a loader places (a linear, stacked experts, a norm, a bias,
+# a table)
 
 
 @dataclasses.dataclass
@@ -171,9 +184,11 @@ def embedding(out: llaisys.Tensor, index: llaisys.Tensor, table: llaisys.Tensor 
 
 def moe_linear(out: llaisys.Tensor, x: llaisys.Tensor, weight: Experts, experts: llaisys.Tensor) -> None:
     """out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T, whichever kind the stacked experts are: a tensor
-    [E, N, K] in the model dtype, or int8."""
+    [E, N, K] in the model dtype, int8, or a GGUF file's blocks."""
     if isinstance(weight, Int8Experts):
         llaisys.ops.moe_linear_i8(out, x, weight.weight, weight.scales, experts)
+    elif isinstance(weight, BlockExperts):
+        llaisys.ops.moe_linear_q(out, x, weight.weight, weight.scales, experts, weight.fmt)
     else:
         llaisys.ops.moe_linear(out, x, weight, experts)
 
@@ -188,6 +203,7 @@ def weight_formats(weights: Weights) -> tuple[str, ...]:
     for layer in weights.layers:
         if layer.experts is not None:
             matrices += [layer.experts.gate, layer.experts.up, layer.experts.down]
-    kinds = {m.fmt if isinstance(m, BlockWeight) else f"{m.fmt}-{m.bits}bit" if isinstance(m, GQWeight) else "int8"
-             for m in matrices if isinstance(m, (BlockWeight, Int8Weight, Int8Experts, GQWeight))}
+    kinds = {m.fmt if isinstance(m, (BlockWeight, BlockExperts))
+             else f"{m.fmt}-{m.bits}bit" if isinstance(m, GQWeight) else "int8"
+             for m in matrices if isinstance(m, (BlockWeight, Int8Weight, Int8Experts, BlockExperts, GQWeight))}
     return tuple(sorted(kinds))

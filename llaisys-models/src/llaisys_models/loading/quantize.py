@@ -331,6 +331,22 @@ def block_bytes(fmt: str, shape: tuple[int, int]) -> int:
     return sum(Arena.size_of(s) for s in llaisys.ops.quant_shapes(fmt, *shape))
 
 
+def experts_block_buffers(fmt: str, shape: tuple[int, int, int], device: llaisys.Device,
+                          arena: Arena | None = None) -> BlockBuffers:
+    """The (weight, scales) buffers of E stacked [N, K] matrices' ``fmt`` blocks ([E, *quant_shapes]: expert e's at
+    [e], as moe_linear_q reads them) on ``device`` (from ``arena``)."""
+    experts, n, k = shape
+    weight_shape, scales_shape = llaisys.ops.quant_shapes(fmt, n, k)
+    return BlockBuffers([((experts, *weight_shape), llaisys.uint8), ((experts, *scales_shape), llaisys.uint8)], device,
+                        arena)
+
+
+def experts_block_bytes(fmt: str, shape: tuple[int, int, int]) -> int:
+    """The arena bytes the ``fmt`` blocks of E stacked [N, K] matrices take."""
+    experts, n, k = shape
+    return sum(Arena.size_of((experts, *s)) for s in llaisys.ops.quant_shapes(fmt, n, k))
+
+
 # the formats quantized from floats
 QUANTIZERS: dict[str, RowQuantizer] = {"q4_0": quantize_rows_int4, "q8_0": quantize_rows_q8_0}
 

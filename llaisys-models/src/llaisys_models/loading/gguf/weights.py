@@ -9,7 +9,9 @@ mapped pages are dropped, so the load peaks at the converted weights plus one ch
 
 What each tensor becomes (``kind_of``), by default ("as stored", where the device has the kernels):
 - Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices (the linears, the lm_head and the token embedding) stay in their
-  blocks (gguf/blocks.py: llaisys' formats of the same names hold exactly the stored values);
+  blocks (gguf/blocks.py: llaisys' formats of the same names hold exactly the stored values), and so do a
+  mixture's stacked experts of those types (BlockExperts, run by moe_linear_q: the file's bytes, not several
+  times them) where the device has moe_linear_q;
 - Q5_0, Q5_1, Q5_K linears become int8 (decoded to float32, then quantized as ``quantize="int8"`` does:
   not exact; docs/quantization.md gives the error), the rest (F32 / F16 / BF16, Q2_K, Q3_K, Q5_* tables, norms, biases)
   is decoded into the compute dtype.
@@ -36,12 +38,22 @@ import llaisys
 from ...errors import ModelLoadError
 from ...families.config import ModelConfig
 from ...families.family import GGUF_TOP, Family
-from ...families.weights import BlockWeight, Int8Experts, Int8Weight, Weight, Weights, layer_weights
+from ...families.weights import BlockExperts, BlockWeight, Int8Experts, Int8Weight, Weight, Weights, layer_weights
 from ...parallel import shards
 from ...parallel.layout import DROP, Layout, Part
 from ..host_memory import host_buffer
 from ..progress import Progress
-from ..quantize import BLOCK_KERNELS, Arena, block_buffers, block_bytes, int8_experts, linear_mode, quantized_weight
+from ..quantize import (
+    BLOCK_KERNELS,
+    Arena,
+    block_buffers,
+    block_bytes,
+    experts_block_buffers,
+    experts_block_bytes,
+    int8_experts,
+    linear_mode,
+    quantized_weight,
+)
 from ..weights import EXPERTS, LINEARS, NORMS, plan
 from . import blocks, quants
 from .reader import GGUFFile
@@ -197,10 +209,14 @@ INT8_TYPES = (quants.Q.Q5_0, quants.Q.Q5_1, quants.Q.Q5_K)  # no llaisys format 
 FOUR_BIT = (quants.Q.Q4_0, quants.Q.Q4_1, quants.Q.Q4_K)
 
 
-def kind_of(field: str, qtype: quants.Q, quantize: str | None, dequantize: bool, blocks_ok: bool) -> str:
+def kind_of(field: str, qtype: quants.Q, quantize: str | None, dequantize: bool, blocks_ok: bool,
+            expert_blocks_ok: bool = False) -> str:
     """What the tensor of ``field`` stored as ``qtype`` becomes: "blocks", "int8", "int4", "q8_0" or "float" (this
-    module's docstring); ``blocks_ok``: the device has the block kernels."""
+    module's docstring); ``blocks_ok``: the device has the block kernels, ``expert_blocks_ok``: moe_linear_q."""
     kept = blocks_ok and qtype in blocks.FORMATS
+    if field in EXPERTS:  # (quantize: int8 experts; else float)
+        return "blocks" if expert_blocks_ok and qtype in blocks.FORMATS and not dequantize and quantize is None \
+            else "float"
     if field == "embed_tokens":
         return "blocks" if kept and not dequantize else "float"
     if field not in LINEARS:
@@ -234,6 +250,30 @@ def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], devic
                           [f"{name} (expert {e})" for e in range(experts)])
     f.release(name)
     return weight
+
+
+def block_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device,
+                  arena: Arena | None = None) -> BlockExperts:
+    """A stacked expert tensor [E, N, K] of the file kept in its blocks (gguf/blocks.py) on ``device`` (from
+    ``arena`` if given): expert e's rows (rows e N .. e N + N - 1 of the stored tensor) converted into slot [e] a
+    chunk of rows at a time, each chunk's mapped pages dropped as soon as it is done."""
+    info = f.tensors[name]
+    fmt, raw = blocks.FORMATS[info.type], f.raw(name)
+    experts, n, _ = shape
+    buffers = experts_block_buffers(fmt, shape, device, arena)
+    weight, scales = buffers.arrays  # [E, NB, ...]
+    step = max(1, CHUNK_BYTES // max(info.row_bytes, 1) // 16) * 16  # (whole blocks of 16 rows)
+    for e in range(experts):
+        for start in range(0, n, step):
+            end = min(n, start + step)
+            rows = (e * n + start, e * n + end)
+            f.populate(name, rows)
+            b0, b1 = start // 16, -(-end // 16)
+            blocks.convert_rows(raw[rows[0]:rows[1]], info.type, weight[e, b0:b1], scales[e, b0:b1])
+            f.release(name, rows)
+    f.release(name)
+    placed_weight, placed_scales = buffers.placed()
+    return BlockExperts(placed_weight, placed_scales, fmt, shape)
 
 
 def _part_shape(spec: tuple) -> tuple[int, ...]:
@@ -283,19 +323,23 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     permuted = family.gguf is not None and family.gguf.permuted_qk
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
+    expert_blocks_ok = llaisys.ops.implemented("moe_linear_q", device)
     i8_ok = llaisys.ops.implemented("linear_i8", device)
 
     def kind(field: str, spec: tuple) -> str:
-        return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok)
+        return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok, expert_blocks_ok)
+
+    def kept_bytes(field: str, spec: tuple) -> int:
+        fmt, shape = blocks.FORMATS[f.tensors[spec[0]].type], _part_shape(spec)
+        return experts_block_bytes(fmt, _stack(shape)) if field in EXPERTS else block_bytes(fmt, _matrix(shape))
 
     # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
     # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
-    kept = [(f.tensors[spec[0]].type, _matrix(_part_shape(spec))) for group in [top, *layers]
-            for field, spec in group.items()
+    kept = [kept_bytes(field, spec) for group in [top, *layers] for field, spec in group.items()
             if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
     arena = None
     if device.type == "cpu" and kept:
-        arena = Arena(sum(block_bytes(blocks.FORMATS[qtype], shape) for qtype, shape in kept), device)
+        arena = Arena(sum(kept), device)
     total = sum(math.prod(_part_shape(spec)) for group in [top, *layers] for spec in group.values()) * dtype.itemsize
     if layout is not None and layout.world > 1:
         total //= layout.world
@@ -320,7 +364,9 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
             if how == "int8" and not i8_ok:
                 how = "float"
             tensor: Weight
-            if how == "blocks":
+            if how == "blocks" and field in EXPERTS:
+                tensor = block_experts(f, name, _stack(shape), device, arena)
+            elif how == "blocks":
                 tensor = block_weight(f, name, _matrix(shape), device, rows, arena)
             elif how in ("int8", "int4", "q8_0"):
                 tensor = quantized(f, name, _matrix(shape), device, rows, how)
