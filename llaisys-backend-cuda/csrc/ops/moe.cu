@@ -20,6 +20,7 @@
 #include "../common/reduce.cuh"
 #include "linear.cuh"
 #include "linear_tc.cuh"
+#include "moe_ids.cuh"
 
 namespace llaisys::cuda {
 namespace {
@@ -159,14 +160,6 @@ __global__ void __launch_bounds__(kMoeThreads) moe_linear_tc_kernel(int64_t pair
     }
 }
 #endif
-
-// Reports the first pair whose expert id is outside [0, E) (its output row is left unwritten).
-__global__ void moe_check_ids_kernel(int64_t pairs, int64_t k, int64_t E, const int64_t* experts,
-                                     KernelErrorRecord* error) {
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < pairs; r += stride)
-        if (experts[r] < 0 || experts[r] >= E) report_kernel_error(error, kMoeExpertOutOfRange, experts[r], r / k, r % k);
-}
 
 template <class T>
 __global__ void moe_combine_kernel(int64_t M, int64_t k, int64_t N, T* out, const T* y, const T* weights) {

@@ -92,3 +92,43 @@ def test_embedding_q_index_out_of_range_is_reported(dev):
     with pytest.raises(SlotError) as info:
         dev.download(out)
     assert info.value.status == 1 and "index value 4 at position 1" in info.value.message
+
+
+# moe_linear_q: each (row, slot) output bit for bit linear_q of its input row and its expert's blocks alone
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("per_slot", [0, 1], ids=["per-row", "per-slot"])
+def test_moe_linear_q_is_linear_q_per_pair(dev, fmt, per_slot):
+    m, k, e, n = 5, 2, 3, 37
+    kk = 256 if fmt in K_FORMATS else 96
+    experts = [llaisys.ops.pack_quant(fmt, *random_blocks(fmt, n, kk, np.random.default_rng(10 + i)))
+               for i in range(e)]
+    weight = dev.upload(torch.from_numpy(np.stack([w for w, _ in experts])))
+    scales = dev.upload(torch.from_numpy(np.stack([s for _, s in experts])))
+    ids = torch.tensor([[0, 2], [1, 0], [2, 1], [2, 0], [1, 2]], dtype=torch.int64)
+    x = torch.randn((m, k, kk) if per_slot else (m, kk), generator=torch.Generator().manual_seed(11))
+    out = dev.empty((m, k, n), torch.float32)
+    dev.op("moe_linear_q", 0, FORMAT_CODE[fmt], m, k, e, n, kk, per_slot, out, dev.upload(x), weight, scales,
+           dev.upload(ids))
+    got = dev.download(out)
+    for r in range(m):
+        for j in range(k):
+            w, s = experts[int(ids[r, j])]
+            alone = dev.empty((1, n), torch.float32)
+            row = x[r, j] if per_slot else x[r]
+            dev.op("linear_q", 0, FORMAT_CODE[fmt], 1, n, kk, alone, dev.upload(row[None].contiguous()),
+                   dev.upload(torch.from_numpy(w)), dev.upload(torch.from_numpy(s)), None)
+            assert torch.equal(got[r, j], dev.download(alone)[0]), (fmt, r, j)
+
+
+def test_moe_linear_q_expert_out_of_range_is_reported(dev):
+    from host_exec.device import SlotError
+
+    w, s = llaisys.ops.pack_quant("q4_0", *random_blocks("q4_0", 4, 32, np.random.default_rng(12)))
+    weight = dev.upload(torch.from_numpy(np.stack([w, w])))
+    scales = dev.upload(torch.from_numpy(np.stack([s, s])))
+    out = dev.empty((2, 1, 4), torch.float32)
+    dev.op("moe_linear_q", 0, FORMAT_CODE["q4_0"], 2, 1, 2, 4, 32, 0, out, dev.upload(torch.randn(2, 32)), weight,
+           scales, dev.upload(torch.tensor([[1], [2]])))
+    with pytest.raises(SlotError) as info:
+        dev.download(out)
+    assert info.value.status == 1 and "experts[1, 0] = 2 is not an expert id" in info.value.message
