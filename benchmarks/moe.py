@@ -69,12 +69,13 @@ def tensors(layers: int) -> list[tuple[str, tuple[int, ...], float]]:
     return out
 
 
-def write_gguf(path: Path, layers: int) -> None:
+def add_metadata(writer, layers: int) -> None:
+    """The file's metadata: the model's shape, a byte-level vocabulary of SHAPE["vocab"] tokens (llama.cpp runs
+    it with dummy tokens)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    s, rng = SHAPE, np.random.default_rng(0)
-    writer = gguf.GGUFWriter(path, "llama")
+    s = SHAPE
     writer.add_name("random moe benchmark")
     writer.add_context_length(4096)
     writer.add_embedding_length(s["hidden"])
@@ -99,6 +100,14 @@ def write_gguf(path: Path, layers: int) -> None:
     writer.add_token_types([gguf.TokenType.NORMAL] * 257 + [gguf.TokenType.UNUSED] * (s["vocab"] - 257))
     writer.add_token_merges(["Ā Ā"])
     writer.add_eos_token_id(s["vocab"] - 1)
+
+
+def write_gguf(path: Path, layers: int) -> None:
+    import gguf
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(path, "llama")
+    add_metadata(writer, layers)
     specs = tensors(layers)
     for name, shape, _ in specs:
         dtype = gguf.GGMLQuantizationType.BF16 if len(shape) > 1 else gguf.GGMLQuantizationType.F32
