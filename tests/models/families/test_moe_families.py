@@ -424,8 +424,8 @@ def blocks_moe_file(directory, tmp_path, fmt: str):
 # every position where the argmaxes differ a near-tie: the blocks' choice within NEAR_TIE_NOISE times the
 # position's rms logit error (the noise the int8 inputs add) of the exact maximum. Measured on this CPU (median,
 # max, agreement; 28 positions): q8_0 0.015, 0.021, 1.0; q4_0 0.016, 0.021, 0.96 (0.16x); q4_1 0.014, 0.34, 1.0;
-# q4_k 0.011, 0.39, 1.0; q6_k 0.013, 0.019, 0.93 (its two flips 0.16x and 2.2x the rms error); greedy tokens
-# identical but for q6_k.
+# q4_k 0.011, 0.39, 1.0; q6_k 0.013, 0.019, 0.93 (its two flips 0.16x and 2.2x the rms error); Mixtral's q4_0
+# 0.010, 0.14, 0.96 (3.2x); greedy tokens identical but for q6_k and Mixtral's.
 MEDIAN_RELATIVE_ERROR = 0.08
 MIN_ARGMAX_AGREEMENT = 0.75
 NEAR_TIE_NOISE = 4.0
@@ -436,11 +436,26 @@ def test_gguf_experts_stay_in_their_blocks(blocks_moe_directory, tmp_path, fmt, 
     """A file's quantized experts stay in their blocks (the rest of this file is F32): each stacked tensor takes
     its blocks' bytes, the file's own (Q4_K: 4.625 bits a weight for the file's 4.5, its two levels of scales),
     and the model decodes greedily as the same file decoded to float32 does, within the rule above."""
+    skip_without_kernels(device, ["moe_linear_q"], "a GGUF file's experts in their blocks")
+    check_blocks_against_decoded(blocks_moe_file(blocks_moe_directory, tmp_path, fmt), fmt, "qwen3moe",
+                                 BLOCKS_QWEN3_MOE.vocab, device)
+
+
+def test_mixtral_gguf_experts_stay_in_their_blocks(tiny_models, tmp_path, device):
+    """Mixtral's layout (arch llama, Q / K rows permuted): its Q4_0 experts in their blocks, the same rule."""
+    import gguf
+
+    skip_without_kernels(device, ["moe_linear_q"], "a GGUF file's experts in their blocks")
+    name = "mixtral_f32"
+    path = write_moe_gguf(tiny_models.path(name), tmp_path / "mixtral-q4_0.gguf",
+                          experts_qtype=gguf.GGMLQuantizationType.Q4_0)
+    check_blocks_against_decoded(path, "q4_0", name, MOE_SPECS[name].vocab, device)
+
+
+def check_blocks_against_decoded(path, fmt: str, prompt_name: str, vocab: int, device) -> None:
     from llaisys_models.families.weights import BlockExperts
     from llaisys_models.loading.gguf.reader import GGUFFile
 
-    skip_without_kernels(device, ["moe_linear_q"], "a GGUF file's experts in their blocks")
-    path = blocks_moe_file(blocks_moe_directory, tmp_path, fmt)
     stored = llaisys_models.load(path, device=device, dtype="float32")
     exact = llaisys_models.load(path, device=device, dtype="float32", dequantize=True)
     assert stored.weight_formats == (fmt,) and exact.weight_formats == ()
@@ -452,7 +467,7 @@ def test_gguf_experts_stay_in_their_blocks(blocks_moe_directory, tmp_path, fmt, 
             assert isinstance(w, BlockExperts) and w.fmt == fmt
             held, file_bytes = w.weight.nbytes + w.scales.nbytes, f.tensors[f"blk.{i}.ffn_{part}_exps.weight"].nbytes
             assert held == pytest.approx(file_bytes * stored_bits, rel=1e-9), (i, part, held, file_bytes)
-    ids = prompt("qwen3moe", 13, BLOCKS_QWEN3_MOE.vocab)
+    ids = prompt(prompt_name, 13, vocab)
     tokens = exact.generate(ids, 16, eos_token_ids=())
     ours, want = (np.asarray(m.logits(tokens[:-1]), np.float64) for m in (stored, exact))
     err = np.linalg.norm(ours - want, axis=1) / np.linalg.norm(want, axis=1)
