@@ -452,19 +452,21 @@ void quantized() {
         for (int dt : kFloat)
             for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 32, 256}, {7, 48, 512}}) {
                 Rng rng(uint64_t(f.code * 100 + M) + dt);
-                const int64_t NB = N / 16, G = K / 32;
-                const Bytes w = random_bytes(NB * G * f.wbytes, rng);
+                // E experts' blocks, stacked (the blocks of an [E N, K] matrix): linear_q and embedding_q read
+                // the first expert's
+                const int64_t E = 3, NB = N / 16, G = K / 32;
+                const Bytes w = random_bytes(E * NB * G * f.wbytes, rng);
                 Bytes s;
                 if (f.code == LLAISYS_QFORMAT_Q4_K || f.code == LLAISYS_QFORMAT_Q6_K) {
                     const int64_t rec = f.code == LLAISYS_QFORMAT_Q4_K ? 320 : 288, head = f.code == LLAISYS_QFORMAT_Q4_K ? 64 : 32;
-                    for (int64_t r = 0; r < NB * (K / 256); ++r) {
+                    for (int64_t r = 0; r < E * NB * (K / 256); ++r) {
                         const Bytes d = f16_values(head / 2, rng, 0.0005, 0.004);
                         s.insert(s.end(), d.begin(), d.end());
                         for (int64_t i = head; i < rec; ++i)
                             s.push_back(f.code == LLAISYS_QFORMAT_Q4_K ? uint8_t(rng.below(64)) : uint8_t(int8_t(rng.below(127) - 63)));
                     }
                 } else {
-                    s = f16_values(NB * G * f.sbytes / 2, rng, -0.01, 0.01);
+                    s = f16_values(E * NB * G * f.sbytes / 2, rng, -0.01, 0.01);
                 }
                 const Bytes x = floats(dt, M * K, rng), b = floats(dt, N, rng);
                 check(tag("linear_q", dt, std::string(f.name) + " " + dims({M, N, K})), {{dt, size_t(M * N)}},
@@ -475,6 +477,13 @@ void quantized() {
                 check(tag("embedding_q", dt, std::string(f.name) + " " + dims({N, K})), {{dt, size_t(4 * K)}},
                       [&](const Lib& l, std::vector<Bytes>& o) {
                           return FN(l, embedding_q)(0, nullptr, dt, f.code, 4, K, N, o[0].data(), idx.data(), w.data(), s.data());
+                      });
+                std::vector<int64_t> experts;
+                for (int64_t i = 0; i < M * 2; ++i) experts.push_back(rng.below(E));
+                check(tag("moe_linear_q", dt, std::string(f.name) + " " + dims({M, 2, E, N, K})), {{dt, size_t(M * 2 * N)}},
+                      [&](const Lib& l, std::vector<Bytes>& o) {
+                          return FN(l, moe_linear_q)(0, nullptr, dt, f.code, M, 2, E, N, K, 0, o[0].data(), x.data(), w.data(),
+                                                     s.data(), experts.data());
                       });
             }
     // GPTQ / AWQ groups
