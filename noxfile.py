@@ -134,8 +134,9 @@ def _run_tiers(session: nox.Session, backend: str, env: dict | None = None) -> N
     if session.posargs:
         session.run("pytest", f"--backend={backend}", *session.posargs, env=env)
         return
-    session.run("pytest", f"--backend={backend}", "-m", "not slow", "--exitfirst", env=env)
-    session.run("pytest", f"--backend={backend}", "-m", "slow", env=env)
+    # (--durations: the slowest tests in the log, what to look at first when the run grows too long)
+    session.run("pytest", f"--backend={backend}", "-m", "not slow", "--exitfirst", "--durations=15", env=env)
+    session.run("pytest", f"--backend={backend}", "-m", "slow", "--durations=25", env=env)
 
 
 def _accelerator_checks(session: nox.Session, backend: str) -> None:
