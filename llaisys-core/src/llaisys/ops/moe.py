@@ -133,15 +133,7 @@ def _plan_linear_i8(out, x, weight, scales, experts):
     check.same_dtype(op, "out", out, x=x)
     check.dtype(op, "weight", weight, (int8,))
     check.dtype(op, "scales", scales, (bfloat16,))
-    check.ndim(op, "experts", experts, 2)
-    check.index_tensor(op, "experts", experts)
-    check.ndim(op, "out", out, 3)
-    (m, k), n = experts.shape, out.shape[2]
-    if x.ndim not in (2, 3):
-        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
-    per_slot, kk = x.ndim == 3, x.shape[-1]
-    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
-    check.shape(op, "out", out, (m, k, n))
+    m, k, n, kk, per_slot = _expert_rows(op, out, x, experts)
     if weight.ndim != 6:
         check.fail(op, f"weight must be 6-d [E, ceil(N / 16), ceil(K / 32), 8, 16, 4] (each expert's int8 blocks), "
                        f"got shape {weight.shape}")
@@ -194,15 +186,7 @@ def _plan_linear_q(out, x, weight, scales, experts, fmt):
     check.same_dtype(op, "out", out, x=x)
     check.dtype(op, "weight", weight, (uint8,))
     check.dtype(op, "scales", scales, (uint8,))
-    check.ndim(op, "experts", experts, 2)
-    check.index_tensor(op, "experts", experts)
-    check.ndim(op, "out", out, 3)
-    (m, k), n = experts.shape, out.shape[2]
-    if x.ndim not in (2, 3):
-        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
-    per_slot, kk = x.ndim == 3, x.shape[-1]
-    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
-    check.shape(op, "out", out, (m, k, n))
+    m, k, n, kk, per_slot = _expert_rows(op, out, x, experts)
     if fmt not in QUANT_FORMATS:
         check.fail(op, f"fmt must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
     f = FORMATS[fmt]
@@ -261,3 +245,17 @@ def _plan_combine(out, y, weights):
     return remember(_combine, (out._layout, y._layout, weights._layout),
                     (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, m, k, n))
 
+
+def _expert_rows(op: str, out, x, experts) -> tuple[int, int, int, int, bool]:
+    """The shapes the block-weight expert linears share: experts int64 [M, k], out [M, k, N], x [M, K] or
+    [M, k, K]; returns (M, k, N, K, whether x has one input per slot)."""
+    check.ndim(op, "experts", experts, 2)
+    check.index_tensor(op, "experts", experts)
+    check.ndim(op, "out", out, 3)
+    (m, k), n = experts.shape, out.shape[2]
+    if x.ndim not in (2, 3):
+        check.fail(op, f"x must be [M, K] (one input per row) or [M, k, K] (one per slot), got shape {x.shape}")
+    per_slot, kk = x.ndim == 3, x.shape[-1]
+    check.shape(op, "x", x, (m, k, kk) if per_slot else (m, kk))
+    check.shape(op, "out", out, (m, k, n))
+    return m, k, n, kk, per_slot

@@ -80,6 +80,18 @@ def _plan_paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, quer
     check.shape(op, "k_cache", k_cache, (num_blocks, block_size, kv_heads, d))
     check.shape(op, "v_cache", v_cache, (num_blocks, block_size, kv_heads, dv))
     check.shape(op, "out", out, (tokens, heads, dv))
+    num_seqs = check_batch(op, heads, kv_heads, block_size, block_tables, seq_lens, query_start)
+    check.contiguous(op, out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                     seq_lens=seq_lens, query_start=query_start)
+    check.writable(op, "out", out)
+    sizes = (tokens, num_seqs, heads, kv_heads, d, dv, num_blocks, block_size, block_tables.shape[1])
+    layouts = tuple(t._layout for t in (out, q, k_cache, v_cache, block_tables, seq_lens, query_start))
+    return remember(_attention, layouts, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, sizes))
+
+
+def check_batch(op: str, heads: int, kv_heads: int, block_size: int, block_tables, seq_lens, query_start) -> int:
+    """The head counts, the block size and the batch's index tensors (int32 block_tables [S, W], seq_lens [S],
+    query_start [S + 1]) of a paged attention; returns S."""
     if kv_heads == 0 or heads % kv_heads:
         check.fail(op, f"the {heads} query heads must be a multiple of the {kv_heads} kv heads")
     if block_size == 0:
@@ -91,12 +103,7 @@ def _plan_paged_attention(out, q, k_cache, v_cache, block_tables, seq_lens, quer
     check.shape(op, "seq_lens", seq_lens, (num_seqs,))
     check.dtype(op, "query_start", query_start, (int32,))
     check.shape(op, "query_start", query_start, (num_seqs + 1,))
-    check.contiguous(op, out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                     seq_lens=seq_lens, query_start=query_start)
-    check.writable(op, "out", out)
-    sizes = (tokens, num_seqs, heads, kv_heads, d, dv, num_blocks, block_size, block_tables.shape[1])
-    layouts = tuple(t._layout for t in (out, q, k_cache, v_cache, block_tables, seq_lens, query_start))
-    return remember(_attention, layouts, (*kernel_for(op, device, out.numel() > 0), device, out.dtype.code, sizes))
+    return num_seqs
 
 
 _kv_write = new_plans()

@@ -20,10 +20,10 @@ import ml_dtypes
 import numpy as np
 
 from ..abi import KVFormat
-from ..dtype import float16, int32, uint8
+from ..dtype import float16, uint8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
-from .paged import _MAX_WINDOW
+from .paged import _MAX_WINDOW, check_batch
 
 KV_FORMATS = {"int8": KVFormat.INT8, "fp8": KVFormat.FP8_E4M3}
 _QMAX = {"int8": 127.0, "fp8": 448.0}
@@ -126,17 +126,7 @@ def _plan_attention(out, q, k_cache, v_cache, k_scale, v_scale, block_tables, se
     (tokens, heads, d), kv_heads, dv = q.shape, k_cache.shape[2], v_cache.shape[3]
     num_blocks, block_size = _check_caches(op, k_cache, v_cache, k_scale, v_scale, kv_heads, d, dv)
     check.shape(op, "out", out, (tokens, heads, dv))
-    if kv_heads == 0 or heads % kv_heads:
-        check.fail(op, f"the {heads} query heads must be a multiple of the {kv_heads} kv heads")
-    if block_size == 0:
-        check.fail(op, "the caches' block size (dim 1) must be at least 1")
-    check.dtype(op, "block_tables", block_tables, (int32,))
-    check.ndim(op, "block_tables", block_tables, 2)
-    num_seqs = block_tables.shape[0]
-    check.dtype(op, "seq_lens", seq_lens, (int32,))
-    check.shape(op, "seq_lens", seq_lens, (num_seqs,))
-    check.dtype(op, "query_start", query_start, (int32,))
-    check.shape(op, "query_start", query_start, (num_seqs + 1,))
+    num_seqs = check_batch(op, heads, kv_heads, block_size, block_tables, seq_lens, query_start)
     check.contiguous(op, out=out, q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
                      block_tables=block_tables, seq_lens=seq_lens, query_start=query_start)
     check.writable(op, "out", out)
