@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from ..abi import KVFormat
@@ -49,6 +48,8 @@ def quantize_kv(x: np.ndarray, kv_format: str) -> tuple[np.ndarray, np.ndarray]:
     if kv_format == "int8":
         data = np.rint(y).astype(np.int8).view(np.uint8)
     else:
+        import ml_dtypes  # (here, not at import: a CLI's start-up imports llaisys.ops)
+
         data = y.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return data, scale
 
@@ -56,7 +57,12 @@ def quantize_kv(x: np.ndarray, kv_format: str) -> tuple[np.ndarray, np.ndarray]:
 def dequantize_kv(data: np.ndarray, scale: np.ndarray, kv_format: str) -> np.ndarray:
     """bytes uint8 [..., d] and scales float16 [...] -> float32 [..., d] (decode(b) * scale, in f32)."""
     data = np.asarray(data, np.uint8)
-    values = data.view(np.int8) if kv_format == "int8" else data.view(ml_dtypes.float8_e4m3fn)
+    if kv_format == "int8":
+        values = data.view(np.int8)
+    else:
+        import ml_dtypes
+
+        values = data.view(ml_dtypes.float8_e4m3fn)
     return values.astype(np.float32) * np.asarray(scale, np.float16).astype(np.float32)[..., None]
 
 
