@@ -219,10 +219,11 @@ def run_llama_bench(binary: str, path: Path, new: int, threads: int, extra: str 
     return float(rows[0]["avg_ts"])
 
 
-def q8_file(path: Path, quantizer: str, threads: int) -> Path:
-    out = path.with_name(path.stem.replace("bf16", "q8_0") + ".gguf")
+def quantized_file(path: Path, quantizer: str, threads: int, qtype: str = "Q8_0") -> Path:
+    """``path`` (a bf16 GGUF) requantized by llama-quantize into ``qtype``, beside it (made once)."""
+    out = path.with_name(path.stem.replace("bf16", qtype.lower()) + ".gguf")
     if not out.exists():
-        subprocess.run([quantizer, str(path), str(out), "Q8_0", str(threads)], check=True, capture_output=True)
+        subprocess.run([quantizer, str(path), str(out), qtype, str(threads)], check=True, capture_output=True)
     return out
 
 
@@ -258,7 +259,7 @@ def main() -> None:
     files = {"bf16": path}
     if args.llama_bench and "int8" in modes:
         quantizer = args.llama_quantize or str(Path(args.llama_bench).with_name("llama-quantize"))
-        files["int8"] = q8_file(path, quantizer, args.threads)
+        files["int8"] = quantized_file(path, quantizer, args.threads)
     variants = (args.llama_args or [""]) if args.llama_bench else []
     ours: dict[str, list[dict]] = {m: [] for m in modes}
     theirs: dict[tuple[str, str], list[float]] = {(m, v): [] for m in modes for v in variants}

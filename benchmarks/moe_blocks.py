@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_load import status_bytes  # noqa: E402
-from moe import add_metadata, run_llama_bench, tensors  # noqa: E402
+from moe import add_metadata, quantized_file, run_llama_bench, tensors  # noqa: E402
 
 POOL = 1 << 25  # random values drawn per standard deviation (64 MiB of bf16)
 
@@ -106,15 +106,6 @@ def run_llaisys(path: Path, new: int) -> dict:
                 expert_formats=formats, formats=model.weight_formats)
 
 
-def q4_k_m_file(bf16: Path, quantizer: str, threads: int) -> Path:
-    out = bf16.with_name(bf16.stem.replace("bf16", "q4_k_m") + ".gguf")
-    if not out.exists():
-        t = time.perf_counter()
-        subprocess.run([quantizer, str(bf16), str(out), "Q4_K_M", str(threads)], check=True, capture_output=True)
-        print(f"quantized {out} ({out.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s", flush=True)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/moe-blocks"))
@@ -142,7 +133,7 @@ def main() -> None:
         if not bf16.exists():
             write_gguf(bf16, args.layers)
         quantizer = args.llama_quantize or str(Path(args.llama_bench).with_name("llama-quantize"))
-        path = q4_k_m_file(bf16, quantizer, args.threads)
+        path = quantized_file(bf16, quantizer, args.threads, "Q4_K_M")
     size = path.stat().st_size
     ours: list[dict] = []
     theirs: list[float] = []

@@ -55,12 +55,14 @@ class Paged:
         q = self.q if q is None else q
         q = ctx.upload(q) if isinstance(q, np.ndarray) else q
         out = ctx.nan((q.shape[0], self.H, self.dv)) if out is None else out
-        ops.paged_attention(out, q, self.k_cache, self.v_cache,
-                            ctx.upload(self.tables if tables is None else tables),
-                            ctx.upload(self.seq_lens if seq_lens is None else seq_lens),
-                            ctx.upload(self.query_start if query_start is None else query_start),
-                            self.scale, window=self.window)
+        self._attend(out, q, ctx.upload(self.tables if tables is None else tables),
+                     ctx.upload(self.seq_lens if seq_lens is None else seq_lens),
+                     ctx.upload(self.query_start if query_start is None else query_start))
         return out
+
+    def _attend(self, out, q, tables, seq_lens, query_start) -> None:
+        ops.paged_attention(out, q, self.k_cache, self.v_cache, tables, seq_lens, query_start, self.scale,
+                            window=self.window)
 
     def expected(self) -> np.ndarray:
         out = np.zeros((self.T, self.H, self.dv))

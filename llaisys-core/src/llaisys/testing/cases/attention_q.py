@@ -17,16 +17,16 @@ from ...dtype import bfloat16, float16, float32
 from ...stream import synchronize
 from ..case import ALIASING, BATCH, CONTIGUOUS, IN_PLACE, ODD, PROPERTY, Case, Ctx
 from ..compare import TOLERANCE, close, identical, refused
-from ..references import attention
+from .attention import Paged
 
 FLOATS = (float32, float16, bfloat16)
 FORMATS = tuple(ops.KV_FORMATS)
 
 
-class PagedQ:
+class PagedQ(Paged):
     """A random batch in a quantized paged cache: sequences of (query rows L, keys S), their blocks in a shuffled
     order; unused rows hold random bytes with NaN scales (a read of a wrong row shows); ``lead`` / ``tail`` query
-    rows outside every sequence (their output must be 0)."""
+    rows outside every sequence (their output must be 0); run and expected are Paged's."""
 
     def __init__(self, ctx: Ctx, kv_format, seqs, H, Hkv, d, dv, block_size, lead=0, tail=0, spare_blocks=3,
                  window=0):
@@ -60,26 +60,9 @@ class PagedQ:
         self.k_scale, self.v_scale = (ctx.upload(s) for s in scales)
         self.scale = 1.0 / math.sqrt(d)
 
-    def run(self, q=None, query_start=None, seq_lens=None, tables=None, out=None):
-        ctx = self.ctx
-        q = self.q if q is None else q
-        q = ctx.upload(q) if isinstance(q, np.ndarray) else q
-        out = ctx.nan((q.shape[0], self.H, self.dv)) if out is None else out
-        ops.paged_attention_q(out, q, self.k_cache, self.v_cache, self.k_scale, self.v_scale,
-                              ctx.upload(self.tables if tables is None else tables),
-                              ctx.upload(self.seq_lens if seq_lens is None else seq_lens),
-                              ctx.upload(self.query_start if query_start is None else query_start),
-                              self.scale, self.kv_format, window=self.window)
-        return out
-
-    def expected(self) -> np.ndarray:
-        out = np.zeros((self.T, self.H, self.dv))
-        for s, (L, _) in enumerate(self.seqs):
-            if L:
-                a, b = int(self.query_start[s]), int(self.query_start[s + 1])
-                out[a:b] = attention(self.q[a:b].astype(np.float64), self.keys[s], self.values[s], self.scale,
-                                     self.window)
-        return out
+    def _attend(self, out, q, tables, seq_lens, query_start) -> None:
+        ops.paged_attention_q(out, q, self.k_cache, self.v_cache, self.k_scale, self.v_scale, tables, seq_lens,
+                              query_start, self.scale, self.kv_format, window=self.window)
 
 
 # (sequences as (query rows, keys), H, Hkv, d, dv, block_size, window)
