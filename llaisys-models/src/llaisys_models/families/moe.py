@@ -53,6 +53,7 @@ class SparseMlp(Qwen2):
         ops.swiglu(ws.expert_act, ws.expert_gate, ws.expert_up, self.numerics)
         moe_linear(ws.expert_out, ws.expert_act, e.down, ws.route_experts)
         ops.moe_combine(ws.out, ws.expert_out, ws.route_weights)
+        llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' rows of each expert (parallel/)
         ops.add(ws.x, ws.x, ws.out)
 
 

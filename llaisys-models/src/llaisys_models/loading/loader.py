@@ -87,7 +87,8 @@ def load_gguf(path: str | Path, device: str | llaisys.Device | None = None, dtyp
     and the device the kernels (gguf/weights.py); ``dequantize=True`` decodes every tensor into ``dtype`` instead
     (exactly the stored values in float32, as HF transformers reads the file); ``quantize="int8"`` / ``"int4"``
     requantizes the linears' weights (quantize.py). ``layout`` and ``group``: this rank's part of a
-    tensor-parallel model (its quantized matrices are decoded, then cut)."""
+    tensor-parallel model (its quantized matrices are decoded, then cut; a mixture's experts keep their blocks
+    where a rank's part can be whole blocks)."""
     # (start-up: these import the gguf package, ~0.15 s, which only a GGUF file needs)
     from .gguf import weights as gguf_weights
     from .gguf.config import model_config
@@ -103,6 +104,8 @@ def load_gguf(path: str | Path, device: str | llaisys.Device | None = None, dtyp
     top, layers = gguf_weights.tensor_plan(f, config, family)
     device = pick_device(device, quantize, family.kernels, experts=bool(config.sparse_layers))
     dtype = gguf_weights.default_dtype(f, top, layers) if dtype is None else float_dtype(dtype)
+    if layout is not None and layout.world > 1:
+        layout = gguf_weights.expert_layout(f, config, layers, layout, device, quantize, dequantize)
     weights = gguf_weights.load_weights(f, config, family, top, layers, dtype, device, progress=progress,
                                         quantize=quantize, dequantize=dequantize, layout=layout)
     local = config if layout is None else layout.local_config(config)

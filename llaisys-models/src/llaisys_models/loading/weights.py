@@ -350,8 +350,16 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dt
             assert isinstance(part, Part)  # (Layout.part: a Part, DROP or None)
             return get_part(field, spec, part)
 
-        def get_part(field: str, spec: tuple, part: Part) -> Linear:
+        def get_part(field: str, spec: tuple, part: Part) -> Weight:
             assert layout is not None  # (the part is the layout's)
+            if isinstance(spec[0], Stack):  # a sparse layer's experts: the same part of each one's matrix
+                stack = [infos[name] for name in spec[0]]
+                experts = shards.build_experts([_row_reader(info) for info in stack], spec[1][1:], part, dtype,
+                                               device, quantize, list(spec[0]))
+                for info in stack:
+                    info.file.release_pages(info.offset, info.nbytes)
+                bar.update(sum(info.nbytes for info in stack) // layout.world)
+                return experts
             info = infos[spec[0]]
             first, stop = spec[2] if len(spec) == 3 else (0, info.shape[0])  # (a part of a fused tensor)
             whole = not (quantize and field in LINEARS) and part.dim == 0 and part.rows in (None, part.stop - part.start)

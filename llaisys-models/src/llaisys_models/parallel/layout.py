@@ -4,10 +4,19 @@
                 features), its partial sums all-reduced; kv heads split like the q heads they serve, or
                 replicated when there are fewer kv heads than ranks (rank r then keeps the one its q heads read)
     MLP         gate/up: rows [r I/N, (r+1) I/N); down_proj: those columns, all-reduced
+    experts     (a mixture of experts) every expert split as the MLP is: rows [a, b) of each expert's gate/up,
+                those columns of its down, the I' = moe_intermediate_size features split as evenly as whole
+                granules allow (a GGUF file's experts kept in blocks: the block of their down matrices, 32 or 256
+                values, so that no rank's columns cut one); the router whole, so every rank routes each token to
+                the same experts; the weighted sum of a rank's expert outputs is its partial sum, all-reduced
     lm_head     rows of the vocabulary [r V', (r+1) V'), V' = ceil(V / N) (the last padded with zero rows),
                 the logits all-gathered; the embedding, the norms and q/k norms are whole on every rank
                 (per-head q/k norms only: OLMo 2's, over all heads, are not split)
     biases      split with their rows; o_proj's and down_proj's (added once to the sum) on rank 0 alone
+
+Experts are split by rows rather than handed out whole (expert parallelism): every rank then reads 1/N of each
+routed expert, so a decode step's work is even whatever the router picks (a token's k experts could all sit on
+one rank), and the all-reduce is the one the dense MLP already does.
 
 Splitting the lm_head (rather than replicating it) takes V' x hidden of each rank's memory and reads per
 token instead of V x hidden (for Qwen2-1.5B, 0.47 GB of 3.1 GB in bf16), for one all-gather of the step's
@@ -44,6 +53,7 @@ DROP = "drop"  # a weight this rank does not hold (a row-parallel bias: rank 0 a
 _BY_Q_HEADS = {"q_proj": 0, "q_bias": 0, "o_proj": 1}
 _BY_KV_HEADS = ("k_proj", "v_proj", "k_bias", "v_bias")
 _BY_MLP = {"gate_proj": 0, "up_proj": 0, "gate_bias": 0, "up_bias": 0, "down_proj": 1}
+_BY_EXPERT_WIDTH = {"experts_gate": 0, "experts_up": 0, "experts_down": 1}  # (a dim of each expert's matrix)
 _ON_RANK_0 = ("o_bias", "down_bias")
 
 
@@ -51,6 +61,9 @@ _ON_RANK_0 = ("o_bias", "down_bias")
 class Layout:
     rank: int
     world: int
+    # a mixture's experts are split into runs of whole granules of this many intermediate features (a GGUF
+    # file's experts kept in their blocks: the block size of their down matrices' type; 1 otherwise)
+    expert_granule: int = 1
 
     @staticmethod
     def check(config: ModelConfig, world: int) -> None:
@@ -60,8 +73,6 @@ class Layout:
             raise ModelLoadError(f"tensor_parallel must be >= 1, got {world}")
         if world == 1:
             return
-        if c.num_experts:
-            raise ModelLoadError(f"tensor parallelism does not split mixture-of-experts models ({c.architecture}) yet")
         if c.qk_norm_all_heads:  # (each rank would need the sums of squares of every rank's heads)
             raise ModelLoadError(f"tensor parallelism does not split an RMSNorm over all heads ({c.architecture}'s "
                                  f"q/k norms) yet")
@@ -73,6 +84,8 @@ class Layout:
             problems.append(f"num_key_value_heads = {kv} (a multiple or a divisor of the ranks)")
         if c.intermediate_size % world:
             problems.append(f"intermediate_size = {c.intermediate_size}")
+        if c.num_experts and c.moe_intermediate_size < world:
+            problems.append(f"moe_intermediate_size = {c.moe_intermediate_size} (at least a feature a rank)")
         if problems:
             raise ModelLoadError(f"{c.architecture} cannot be split over {world} ranks: {', '.join(problems)} "
                                  f"must divide evenly")
@@ -89,24 +102,34 @@ class Layout:
         head = self.rank // (self.world // kv)  # the kv head this rank's q heads read (replicated)
         return head, head + 1
 
+    def expert_width(self, c: ModelConfig) -> tuple[int, int]:
+        """The features [start, stop) of each expert's intermediate width this rank holds: whole granules, as
+        even a split as they allow (the first ranks one granule more)."""
+        g = self.expert_granule
+        base, extra = divmod(c.moe_intermediate_size // g, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return start * g, (start + base + (self.rank < extra)) * g
+
     def vocab_rows(self, c: ModelConfig) -> Part:
         per = -(-c.vocab_size // self.world)
         start = min(self.rank * per, c.vocab_size)
         return Part(0, start, min(start + per, c.vocab_size), rows=per)
 
     def local_config(self, c: ModelConfig) -> ModelConfig:
-        """The config of this rank's decoder: its heads, kv heads and MLP width (hidden size and vocabulary
-        stay: the residual stream is whole on every rank, and the logits are gathered whole)."""
+        """The config of this rank's decoder: its heads, kv heads and MLP (and experts') width (hidden size and
+        vocabulary stay: the residual stream is whole on every rank, and the logits are gathered whole)."""
         if self.world == 1:
             return c
         q0, q1 = self.q_heads(c)
         k0, k1 = self.kv_heads(c)
+        e0, e1 = self.expert_width(c)
         return dataclasses.replace(c, num_attention_heads=q1 - q0, num_key_value_heads=k1 - k0,
-                                   intermediate_size=c.intermediate_size // self.world)
+                                   intermediate_size=c.intermediate_size // self.world, moe_intermediate_size=e1 - e0)
 
     def part(self, field: str, c: ModelConfig) -> Part | str | None:
-        """This rank's part of weight ``field`` (a LayerWeights / Weights field name): a Part, DROP, or None
-        for the whole tensor."""
+        """This rank's part of weight ``field`` (a LayerWeights / Weights field name, or a sparse layer's
+        experts_gate / _up / _down: then the part of each expert's matrix): a Part, DROP, or None for the whole
+        tensor."""
         if self.world == 1:
             return None
         d = c.head_dim
@@ -119,6 +142,8 @@ class Layout:
         if field in _BY_MLP:
             per = c.intermediate_size // self.world
             return Part(_BY_MLP[field], self.rank * per, (self.rank + 1) * per)
+        if field in _BY_EXPERT_WIDTH:
+            return Part(_BY_EXPERT_WIDTH[field], *self.expert_width(c))
         if field in _ON_RANK_0:
             return None if self.rank == 0 else DROP
         if field == "lm_head":

@@ -18,7 +18,7 @@ import numpy as np
 import llaisys
 
 from ..loading.host_memory import bytes_of, host_buffer
-from ..loading.quantize import CHUNK_VALUES, BlockWeight, Int8Weight, quantized_weight
+from ..loading.quantize import CHUNK_VALUES, BlockWeight, Int8Experts, Int8Weight, int8_experts, quantized_weight
 from .layout import Part
 
 Reader = Callable[[int, int], np.ndarray]  # rows [start, stop) of a weight, as host floats
@@ -67,3 +67,25 @@ def build(read: Reader, shape: tuple[int, ...], part: Part | None, dtype: llaisy
     if quantize and len(shape) == 2:
         return quantized_weight(quantize, read, shape, device, name)
     return tensor_from_rows(read, shape, dtype, device)
+
+
+def build_experts(reads: list[Reader], shape: tuple[int, int], part: Part, dtype: llaisys.DType,
+                  device: llaisys.Device, quantize: str | None, names: list[str]) -> llaisys.Tensor | Int8Experts:
+    """``part`` of each of the len(reads) expert matrices of ``shape`` (expert e's rows read by ``reads[e]``),
+    stacked [E, N', K'] on ``device``: in int8 when ``quantize`` asks for any quantized format (a mixture's
+    experts are int8 for int4 too: loading/quantize.py), else in ``dtype``."""
+    cut = [part_reader(read, shape, part)[0] for read in reads]
+    n, k = part.shape(shape)
+    if quantize:
+        return int8_experts(cut, (n, k), device, names)
+
+    def stacked_rows(start: int, stop: int) -> np.ndarray:  # rows [start, stop) of the [E N', K'] stack
+        pieces = []
+        while start < stop:
+            e, row = divmod(start, n)
+            end = min(stop, (e + 1) * n)
+            pieces.append(cut[e](row, row + end - start))
+            start = end
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    return tensor_from_rows(stacked_rows, (len(reads) * n, k), dtype, device).view(len(reads), n, k)

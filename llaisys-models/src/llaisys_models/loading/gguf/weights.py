@@ -28,10 +28,12 @@ Gemma 3's norms are stored as 1 + w (the converter adds the 1), which is what th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 
 import llaisys
 
@@ -236,44 +238,87 @@ def quantized_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], devic
     """A stacked expert tensor [E, N, K] of the file as int8 experts (``quantize="int8"``) on ``device``: each
     expert's rows decoded to float32 a chunk at a time and quantized from there, expert by expert, the mapped
     pages of the experts before dropped (so a load holds the int8 result and about one expert's pages)."""
-    qtype, raw = f.tensors[name].type, f.raw(name)
     experts, n, k = shape
-
-    def reader(e: int) -> shards.Reader:
-        def read(start: int, end: int) -> np.ndarray:
-            if start == 0 and e:  # the experts before are quantized: their pages need not stay resident
-                f.release(name, (0, e * n))
-            return quants.dequantize(raw[e * n + start:e * n + end], qtype, np.empty((end - start, k), np.float32))
-        return read
-
-    weight = int8_experts([reader(e) for e in range(experts)], (n, k), device,
+    weight = int8_experts(expert_readers(f, name, shape), (n, k), device,
                           [f"{name} (expert {e})" for e in range(experts)])
     f.release(name)
     return weight
 
 
+def expert_readers(f: GGUFFile, name: str, shape: tuple[int, int, int]) -> list[shards.Reader]:
+    """Of a stacked expert tensor [E, N, K] of the file, a reader per expert of its rows decoded to float32 (expert
+    e's: rows e N .. e N + N - 1 of the stored tensor); the mapped pages of the experts before e are dropped when
+    e's first rows are read (the experts are read in order)."""
+    qtype, raw = f.tensors[name].type, f.raw(name)
+    _, n, k = shape
+
+    def reader(e: int) -> shards.Reader:
+        def read(start: int, end: int) -> np.ndarray:
+            if start == 0 and e:  # the experts before are converted: their pages need not stay resident
+                f.release(name, (0, e * n))
+            return quants.dequantize(raw[e * n + start:e * n + end], qtype, np.empty((end - start, k), np.float32))
+        return read
+
+    return [reader(e) for e in range(shape[0])]
+
+
 def block_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: llaisys.Device,
-                  arena: Arena | None = None) -> BlockExperts:
+                  arena: Arena | None = None, part: Part | None = None) -> BlockExperts:
     """A stacked expert tensor [E, N, K] of the file kept in its blocks (gguf/blocks.py) on ``device`` (from
     ``arena`` if given): expert e's rows (rows e N .. e N + N - 1 of the stored tensor) converted into slot [e] a
-    chunk of rows at a time, each chunk's mapped pages dropped as soon as it is done."""
+    chunk of rows at a time, each chunk's mapped pages dropped as soon as it is done. ``part`` (a rank's of each
+    expert's matrix, parallel/layout.py): only those rows, or those columns (``splits_blocks`` is False for it:
+    whole blocks of every row)."""
     info = f.tensors[name]
     fmt, raw = blocks.FORMATS[info.type], f.raw(name)
-    experts, n, _ = shape
-    buffers = experts_block_buffers(fmt, shape, device, arena)
+    experts, n, k = shape
+    rows_of, cols = (0, n), slice(None)  # of each expert's stored matrix
+    if part is not None and part.dim == 0:
+        rows_of = (part.start, part.stop)
+    elif part is not None:
+        block, type_size = GGML_QUANT_SIZES[info.type]
+        cols = slice(part.start // block * type_size, part.stop // block * type_size)
+    kept_shape = (experts, *_matrix(part.shape((n, k)))) if part is not None else (experts, n, k)
+    buffers = experts_block_buffers(fmt, kept_shape, device, arena)
     weight, scales = buffers.arrays  # [E, NB, ...]
+    rows = kept_shape[1]
     step = max(1, CHUNK_BYTES // max(info.row_bytes, 1) // 16) * 16  # (whole blocks of 16 rows)
     for e in range(experts):
-        for start in range(0, n, step):
-            end = min(n, start + step)
-            rows = (e * n + start, e * n + end)
-            f.populate(name, rows)
+        for start in range(0, rows, step):
+            end = min(rows, start + step)
+            stored = (e * n + rows_of[0] + start, e * n + rows_of[0] + end)
+            f.populate(name, stored)
             b0, b1 = start // 16, -(-end // 16)
-            blocks.convert_rows(raw[rows[0]:rows[1]], info.type, weight[e, b0:b1], scales[e, b0:b1])
-            f.release(name, rows)
+            chunk = raw[stored[0]:stored[1]] if part is None or part.dim == 0 else \
+                np.ascontiguousarray(raw[stored[0]:stored[1], cols])
+            blocks.convert_rows(chunk, info.type, weight[e, b0:b1], scales[e, b0:b1])
+            f.release(name, stored)
     f.release(name)
     placed_weight, placed_scales = buffers.placed()
-    return BlockExperts(placed_weight, placed_scales, fmt, shape)
+    return BlockExperts(placed_weight, placed_scales, fmt, kept_shape)
+
+
+def splits_blocks(part: Part, qtype: quants.Q) -> bool:
+    """Whether ``part`` of a matrix stored as ``qtype`` cuts through its blocks: a part of the columns that does not
+    start and end on a block (of 32 or 256 values; rows are never cut)."""
+    block, _ = GGML_QUANT_SIZES[qtype]
+    return part.dim == 1 and (part.start % block != 0 or part.stop % block != 0)
+
+
+def expert_layout(f: GGUFFile, config: ModelConfig, layers: list[dict], layout: Layout, device: llaisys.Device,
+                  quantize: str | None, dequantize: bool) -> Layout:
+    """``layout`` splitting a mixture's experts into whole blocks of their down matrices (Layout.expert_granule)
+    where they stay in their blocks and every rank can have one: its parts then keep the file's blocks (a part
+    of down's columns that cut a block would be decoded)."""
+    downs = [f.tensors[layer["experts_down"][0]].type for layer in layers if "experts_down" in layer]
+    expert_blocks_ok = llaisys.ops.implemented("moe_linear_q", device)
+    if not downs or any(kind_of("experts_down", qtype, quantize, dequantize, True, expert_blocks_ok) != "blocks"
+                        for qtype in downs):
+        return layout
+    granule = max(GGML_QUANT_SIZES[qtype][0] for qtype in downs)  # (32 or 256: the larger a multiple of the other)
+    if config.moe_intermediate_size % granule or config.moe_intermediate_size // granule < layout.world:
+        return layout
+    return dataclasses.replace(layout, expert_granule=granule)
 
 
 def _part_shape(spec: tuple) -> tuple[int, ...]:
@@ -319,7 +364,7 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
                  quantize: str | None = None, dequantize: bool = False, layout: Layout | None = None) -> Weights:
     """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
     quantized, or decoded into ``dtype``; with ``layout`` (parallel.layout.Layout), only this rank's part of
-    each (decoded, then cut: a rank's part is not kept in the file's blocks)."""
+    each: decoded, then cut, but for a mixture's experts, whose parts keep their blocks where they cut none."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     permuted = family.gguf is not None and family.gguf.permuted_qk
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
@@ -329,14 +374,27 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
     def kind(field: str, spec: tuple) -> str:
         return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok, expert_blocks_ok)
 
+    def part_of(field: str) -> Part | str | None:
+        return layout.part(field, config) if layout is not None else None
+
+    def kept_part(field: str, spec: tuple) -> bool:
+        """A rank's part of stacked experts kept in their blocks (a part of any other weight is cut from its
+        decoded rows, and so is a part of experts that would cut through their blocks)."""
+        part = part_of(field)
+        return isinstance(part, Part) and field in EXPERTS and kind(field, spec) == "blocks" and \
+            not splits_blocks(part, f.tensors[spec[0]].type)
+
     def kept_bytes(field: str, spec: tuple) -> int:
         fmt, shape = blocks.FORMATS[f.tensors[spec[0]].type], _part_shape(spec)
-        return experts_block_bytes(fmt, _stack(shape)) if field in EXPERTS else block_bytes(fmt, _matrix(shape))
+        if field in EXPERTS:
+            part = part_of(field)
+            e, n, k = _stack(shape)
+            return experts_block_bytes(fmt, (e, *_matrix(part.shape((n, k)))) if isinstance(part, Part) else (e, n, k))
+        return block_bytes(fmt, _matrix(shape))
 
     # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
-    # (a rank's part of a tensor-parallel model is cut from decoded rows instead)
     kept = [kept_bytes(field, spec) for group in [top, *layers] for field, spec in group.items()
-            if kind(field, spec) == "blocks" and (layout is None or layout.part(field, config) is None)]
+            if kind(field, spec) == "blocks" and (part_of(field) is None or kept_part(field, spec))]
     arena = None
     if device.type == "cpu" and kept:
         arena = Arena(sum(kept), device)
@@ -351,9 +409,21 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
                 rows = slice(*spec[2])
             elif permuted and field in PERMUTED:
                 rows = llama_row_order(shape[0], heads[PERMUTED[field]])
-            part = layout.part(field, config) if layout is not None else None
+            part = part_of(field)
             if part == DROP:
                 return None
+            if kept_part(field, spec):  # a rank's rows or columns of each expert, in their blocks
+                assert isinstance(part, Part)
+                kept = block_experts(f, name, _stack(shape), device, arena, part)
+                bar.update(math.prod(kept.shape) * dtype.itemsize)
+                return kept
+            if isinstance(part, Part) and field in EXPERTS:  # the same part of each expert's matrix, decoded
+                e, n, k = _stack(shape)
+                stack = shards.build_experts(expert_readers(f, name, (e, n, k)), (n, k), part, dtype, device,
+                                             quantize, [f"{name}[{i}]" for i in range(e)])
+                f.release(name)
+                bar.update(e * math.prod(part.shape((n, k))) * dtype.itemsize)
+                return stack
             if isinstance(part, Part):  # (else None: the whole tensor)
                 mode = linear_mode(quantize, field) if field in LINEARS else None
                 piece = shards.build(row_reader(f, name, shape, rows), shape, part, dtype, device, mode, name)
