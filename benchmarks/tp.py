@@ -5,6 +5,7 @@
     flock /work/bench.lock python benchmarks/tp.py --model /tmp/qwen2-1.5b-random              # CPU: TP=2 vs TP=1
     python benchmarks/tp.py --model /tmp/qwen2-1.5b-random --device cuda                       # every GPU vs one
     python benchmarks/tp.py --model M --device cuda --tensor-parallel 1 --through-communicator  # one GPU, via NCCL
+    python benchmarks/tp.py --model /tmp/moe-blocks/moe-12l-q4_k_m.gguf --dtype float32       # a GGUF file (MoE)
 
 On the CPU the comparison is at equal cores: TP=1 with all of them (OMP_NUM_THREADS = cores), TP=N with
 N ranks of cores/N threads each. Each configuration runs in its own process (a rank's thread count is
@@ -40,11 +41,19 @@ def prompt(vocab: int) -> list[int]:
     return np.random.default_rng(SEED).integers(0, vocab, size=PROMPT).tolist()
 
 
+def model_sizes(path: Path) -> tuple[int, int, int]:
+    """(vocabulary, hidden size, layers) of the model at ``path``: a HuggingFace directory or a GGUF file."""
+    from llaisys_models.loading.loader import model_config
+
+    config = model_config(path)
+    return config.vocab_size, config.hidden_size, config.num_hidden_layers
+
+
 def run_decode(args) -> dict:
     """One configuration (this process is rank 0): load, warm up, decode."""
     import llaisys_models
 
-    config = json.loads((args.model / "config.json").read_text())
+    vocab, _, _ = model_sizes(args.model)
     t0 = time.perf_counter()
     if args.ranks == 1 and not args.through_communicator:
         model = llaisys_models.load(args.model, device=args.device, dtype=args.dtype, progress=False)
@@ -53,7 +62,7 @@ def run_decode(args) -> dict:
 
         model = load_parallel(args.model, args.ranks, device=args.device, dtype=args.dtype, progress=False)
     load = time.perf_counter() - t0
-    ids = prompt(config["vocab_size"])
+    ids = prompt(vocab)
     model.generate(ids, 2, eos_token_ids=())  # warm-up: pages in, decode graphs captured
     tokens = model.generate(ids, args.decode_tokens, eos_token_ids=())[PROMPT:]
     stats = model.last_stats
@@ -65,16 +74,16 @@ def run_collectives(args) -> dict:
     """A decode step's collectives, without the model (this process is rank ``args.rank`` of ``args.ranks``)."""
     import llaisys
 
-    config = json.loads((args.model / "config.json").read_text())
+    vocab, hidden_size, layers = model_sizes(args.model)
     device = args.device if args.device == "cpu" else f"{args.device}:{args.rank}"
     group = llaisys.distributed.Group(bytes.fromhex(args.unique_id), args.rank, args.ranks, device)
-    hidden = llaisys.zeros((1, config["hidden_size"]), "bfloat16", device)
-    per = -(-config["vocab_size"] // args.ranks)
+    hidden = llaisys.zeros((1, hidden_size), "bfloat16", device)
+    per = -(-vocab // args.ranks)
     logits, gathered = llaisys.zeros((1, per), "bfloat16", device), llaisys.empty((args.ranks, 1, per), "bfloat16", device)
     from llaisys_models.parallel.messages import FIRST
 
     message = llaisys.zeros((FIRST,), "int64", device)  # a decode step's inputs: one broadcast
-    steps, layers, times = 200, config["num_hidden_layers"], {}
+    steps, times = 200, {}
     for name, op, count in (("all_reduce", lambda: group.all_reduce(hidden), 2 * layers),
                             ("all_gather", lambda: group.all_gather(gathered, logits), 1),
                             ("broadcast", lambda: group.broadcast(message, 0), 1)):

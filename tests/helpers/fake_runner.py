@@ -83,7 +83,8 @@ class ScriptedRunner:
         for s in plan.scheduled:
             kv = s.seq.kv
             assert kv is not None, "a planned sequence holds no blocks"
-            assert len(kv) + len(s.input_ids) <= len(kv.blocks) * kv.manager.block_size, "blocks not reserved"
+            assert all(len(kv) + len(s.input_ids) <= len(part.blocks) * kv.manager.block_size
+                       for part in kv.parts), "blocks not reserved"
             assert s.input_ids == s.seq.tokens[len(kv):len(kv) + s.num_tokens] + s.drafts
             kv.commit(s.input_ids)
         sampled = []

@@ -257,14 +257,14 @@ def test_through_a_communicator(tiny_models, adapters, device):
 
 def test_messages_round_trip():
     """LORA_LOAD's name and path packed into words (any length, UTF-8, a path's own bytes), and a STEP with each
-    row's slot, decode to what was sent, in order."""
+    row's slot and two layer groups' slots and tables, decode to what was sent, in order."""
     from llaisys_models.engine.step_inputs import HostStep
     from llaisys_models.parallel.messages import Op, command, decode, lora_load_command, step_command
 
     i64, i32 = np.int64, np.int32
-    host = HostStep(np.arange(5, dtype=i64), np.arange(5, dtype=i64), np.arange(5, dtype=i64),
-                    np.zeros((2, 3), i32), np.array([3, 2], i32), np.array([0, 3, 5], i32), None, (1, 1),
-                    np.array([-1, -1, -1, 0, 0], i64))
+    host = HostStep(np.arange(5, dtype=i64), np.arange(5, dtype=i64), np.arange(10, dtype=i64).reshape(2, 5),
+                    np.arange(12, dtype=i32).reshape(2, 2, 3), np.array([3, 2], i32), np.array([0, 3, 5], i32), None,
+                    (1, 1), np.array([-1, -1, -1, 0, 0], i64))
     path = "/tmp/adapters/sql \u00e9t\u00e9 \udcff"  # (an undecodable byte, as os.fsdecode gives it)
     words = np.concatenate([command(Op.LORA_ENABLE, 4, 16), lora_load_command(9, "s\u00e9", path),
                             command(Op.LORA_PLACE, 2, 9), step_command(3, host), command(Op.LORA_FORGET, 9)])
@@ -274,6 +274,8 @@ def test_messages_round_trip():
     pool, step = got[3][1]
     assert pool == 3 and step.logits_of == (1, 1) and step.logit_rows is None
     np.testing.assert_array_equal(step.adapters, host.adapters)
+    np.testing.assert_array_equal(step.slots, host.slots)
+    np.testing.assert_array_equal(step.block_tables, host.block_tables)
     assert list(decode(step_command(3, HostStep(*[getattr(host, f) for f in ("tokens", "positions", "slots")],
                                                 host.block_tables, host.seq_lens, host.query_start, None,
                                                 None))))[0][1][1].adapters is None

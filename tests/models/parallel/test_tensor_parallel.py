@@ -130,6 +130,25 @@ def test_a_quantized_kv_cache_is_quantized_on_every_rank(split, tiny_models):
         model.kv_cache_dtype = "auto"
 
 
+def test_layer_groups_on_every_rank(tiny_models, loaded_models):
+    """Gemma 3's sliding layers beside a global one: every rank's pool has the same layer groups, and each step
+    carries each group's slots and tables (kv_cache.layer_groups), so the split model's f32 tokens are the one
+    rank's, past the window (24) too."""
+    name = "gemma3_f32"
+    model = llaisys_models.load(tiny_models.path(name), device="cpu", tensor_parallel=2)
+    try:
+        whole = one_rank(loaded_models, name)
+        assert len(model.kv_layer_groups) == 3
+        for length in (13, 64):
+            ids = prompt(name, length, SPECS[name].vocab)
+            assert model.generate(ids, NEW, eos_token_ids=()) == whole.generate(ids, NEW, eos_token_ids=()), length
+        prompts = [prompt(name, length, SPECS[name].vocab) for length in LENGTHS]
+        assert model.generate_batch(prompts, NEW, eos_token_ids=()) == \
+            whole.generate_batch(prompts, NEW, eos_token_ids=())
+    finally:
+        model.close()
+
+
 def test_int8_weights_are_split_then_quantized(tiny_models, loaded_models):
     """Each rank quantizes its own part (blocks of 16 rows, groups of 32 inputs): where the parts start on a
     block and a group, they are the one-rank model's int8 values to the bit. The logits then carry int8's

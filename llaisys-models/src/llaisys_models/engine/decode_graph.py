@@ -41,7 +41,7 @@ class _DecodeStep:
 
     def __init__(self, pool: KVPool, rows: tuple[int, ...], adapters: bool):
         # tables as wide as the pool; each row's LoRA slot where the step has adapters
-        self.step = static_step_inputs(rows, pool.num_blocks, pool.shape.device, adapters)
+        self.step = static_step_inputs(rows, pool.num_blocks, pool.shape.device, adapters, pool.num_groups)
         self.pool, self.generation = weakref.ref(pool), pool.generation
         self.graph: llaisys.Graph | None = None
         self.numerics = None  # the model's numerics when captured (a benchmark may switch it)

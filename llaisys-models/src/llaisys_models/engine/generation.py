@@ -90,7 +90,9 @@ class Generator:
 
     def __init__(self, model):
         self.model = model
-        self.pool = model.new_kv_pool(num_blocks=-(-FIRST_POOL_TOKENS // BLOCK_SIZE), block_size=BLOCK_SIZE)
+        # (a block table, and so blocks, for each of the model's layer groups: kv_cache.layer_groups)
+        self.pool = model.new_kv_pool(num_blocks=-(-FIRST_POOL_TOKENS // BLOCK_SIZE) * len(model.kv_layer_groups),
+                                      block_size=BLOCK_SIZE)
         # nothing else runs beside the one sequence: its prompt is read in one forward, or in chunks on the CPU
         chunk = CPU_PREFILL_CHUNK if model.device.type == "cpu" else 1 << 62
         self.scheduler = Scheduler(model, self.pool, max_running=1, max_batch_tokens=chunk)
@@ -116,7 +118,7 @@ class Generator:
             self.pool.prefix_caching = self.model.numerics == "exact"  # a benchmark may switch numerics
             total = len(ids) + params.max_tokens
             if total > self.pool.capacity_tokens:  # grow, at least doubling
-                blocks = -(-total // self.pool.block_size)
+                blocks = -(-total // self.pool.block_size) * self.pool.num_groups
                 self.pool.grow(max(blocks, 2 * self.pool.num_blocks))
             seq = self.scheduler.add(ids, params)
             yield from run(self.scheduler, seq, stats)
@@ -141,6 +143,9 @@ class GenerationMixin:
         def check_length(self, total: int) -> None: ...
 
         def check_input_ids(self, input_ids: object) -> list[int]: ...
+
+        @property
+        def kv_layer_groups(self) -> tuple: ...
 
         def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
                         prefix_caching: bool = True) -> KVPool: ...
@@ -229,7 +234,7 @@ class GenerationMixin:
         if not prompts or max_new_tokens == 0:
             return [list(p) for p in prompts]
         if kv_memory is None:
-            blocks = sum(-(-(len(p) + max_new_tokens) // BLOCK_SIZE) for p in prompts)
+            blocks = sum(-(-(len(p) + max_new_tokens) // BLOCK_SIZE) for p in prompts) * len(self.kv_layer_groups)
             pool = self.new_kv_pool(num_blocks=blocks, block_size=BLOCK_SIZE)
         else:
             pool = self.new_kv_pool(memory=kv_memory, block_size=BLOCK_SIZE)

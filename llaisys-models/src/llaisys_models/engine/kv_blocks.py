@@ -35,7 +35,9 @@ Sliding windows. Where every layer of the model sees only its last ``window`` po
 next forward are never read again: ``drop_outside_window`` (the scheduler's, before each step) gives them back
 and leaves ``DROPPED`` in their table entries (a sequence's first ``dropped`` blocks). Given back, an indexed
 block stays cached under its parent like any released one; a block whose parent was given back before it filled
-is not indexed (DROPPED is no parent) (docs/design/kv-cache.md, "Sliding windows").
+is not indexed (DROPPED is no parent) (docs/design/kv-cache.md, "Sliding windows"). Where global layers sit beside
+sliding ones (Gemma 3), each group of layers has a table of its own (``GroupedSequenceKV``: a SequenceKV per group,
+with that group's window), all in one manager, so the sliding groups give back while the global ones hold on.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ import llaisys
 
 @dataclasses.dataclass(frozen=True)
 class Root:
-    """The parent of a sequence's first block: one per scope and LoRA adapter (its uid; 0: none)."""
+    """The parent of a sequence's first block: one per scope, LoRA adapter (its uid; 0: none) and layer group (a
+    pool of several: kv_cache.py; each group's blocks hold other layers' keys, so each has its own chains)."""
     scope: str = ""
     adapter: int = 0
+    group: int = 0
 
 
 class Adapter(Protocol):
@@ -98,9 +102,17 @@ class BlockManager:
             self._refs.extend([0] * (num_blocks - self.num_blocks))
             self.num_blocks = num_blocks
 
+    num_groups = 1  # (a KVPool of several layer groups: a block table for each)
+
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def gives_back(self) -> bool:
+        """Whether sequences give blocks back as they grow (sliding windows): their prompts are then reserved
+        chunk by chunk, as they are read (the scheduler)."""
+        return bool(self.window)
 
     def sequence(self, scope: str = "", adapter: Adapter | None = None) -> SequenceKV:
         return SequenceKV(self, scope, adapter)
@@ -240,17 +252,26 @@ class SequenceKV:
     """One sequence's block table and the token ids whose keys/values are stored, in ``scope``, computed under
     ``adapter`` (a LoRA adapter, or None: the base model's)."""
 
-    def __init__(self, blocks: BlockManager, scope: str = "", adapter: Adapter | None = None) -> None:
+    def __init__(self, blocks: BlockManager, scope: str = "", adapter: Adapter | None = None, *,
+                 window: int | None = None, group: int = 0) -> None:
         self.manager = blocks
         self.scope = scope
         self.adapter = adapter
-        self.root = Root(scope, 0 if adapter is None else adapter.uid)
+        self.group = group  # (of a pool's layer groups: the block table of those layers)
+        self.root = Root(scope, 0 if adapter is None else adapter.uid, group)
+        # the sliding window of every layer this table serves (0: some sees every position); the pool's by default
+        self.window = blocks.window if window is None else window
         self.blocks: list[int] = []
         self.tokens: list[int] = []
         self.dropped = 0  # leading blocks given back (drop_outside_window): DROPPED in ``blocks``
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def parts(self) -> tuple[SequenceKV, ...]:
+        """The block table of each layer group (GroupedSequenceKV has several; this is one)."""
+        return (self,)
 
     def _parent(self, b: int) -> Parent:
         """The index parent of the sequence's block ``b`` (DROPPED, never reachable, after a dropped block)."""
@@ -259,7 +280,7 @@ class SequenceKV:
     def _window_start(self, length: int) -> int:
         """The first position a forward from ``length`` on may read: the window of its first query, less the
         key block a kernel reads it in (0: every position, or no window)."""
-        window = self.manager.window
+        window = self.window
         if not window:
             return 0
         first = max(length - window + 1, 0)
@@ -267,7 +288,7 @@ class SequenceKV:
 
     def drop_outside_window(self) -> int:
         """Give back the blocks wholly before every layer's window of the next forward (which starts at
-        ``len(self)``): the pool's ``window`` (0: nothing to give back). Their entries become DROPPED. Returns how
+        ``len(self)``): the sequence's ``window`` (0: nothing to give back). Their entries become DROPPED. Returns how
         many blocks were given back. Only a caller that never cuts the sequence back past the start of its next
         forward may call it (the scheduler: a rejected draft is cut back to its step's start at the earliest)."""
         upto = min(self._window_start(len(self.tokens)) // self.manager.block_size, len(self.blocks))
@@ -324,7 +345,7 @@ class SequenceKV:
         if not 0 < length <= len(self.tokens):
             raise ValueError(f"cannot fork {length} positions of a sequence of {len(self.tokens)}")
         m, bs = self.manager, self.manager.block_size
-        child = SequenceKV(m, self.scope, self.adapter)
+        child = SequenceKV(m, self.scope, self.adapter, window=self.window, group=self.group)
         full = length // bs
         copied: list[int] = []  # the partly filled last block's copy
         if length % bs:
@@ -393,6 +414,82 @@ class SequenceKV:
         for block in reversed(self.blocks[self.dropped:]):  # the last first: cached leaves are evicted before parents
             m.decref(block)
         self.blocks, self.tokens, self.dropped = [], [], 0
+
+
+class GroupedSequenceKV:
+    """One sequence of a pool whose layers are in several groups (kv_cache.LayerGroup: Gemma 3's global layers
+    and its sliding ones), each group's keys and values in blocks of its own: a SequenceKV per group (``parts``),
+    all in the one manager, the sliding groups' windows giving their blocks back as the sequence grows. Every
+    method is SequenceKV's, over every part, and every part always holds the same positions."""
+
+    def __init__(self, blocks: BlockManager, windows: Sequence[int], scope: str = "",
+                 adapter: Adapter | None = None) -> None:
+        self.manager = blocks
+        self.scope, self.adapter = scope, adapter
+        self.parts = tuple(SequenceKV(blocks, scope, adapter, window=w, group=g) for g, w in enumerate(windows))
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.parts[0].tokens
+
+    def blocks_for(self, length: int) -> int:
+        return sum(part.blocks_for(length) for part in self.parts)
+
+    def reserve(self, length: int) -> bool:
+        """Blocks for ``length`` positions in every group, or (too few free) none taken."""
+        if self.blocks_for(length) > self.manager.num_free:
+            return False
+        for part in self.parts:
+            taken = part.reserve(length)
+            assert taken  # (the free blocks cover every part's: checked above)
+        return True
+
+    def drop_outside_window(self) -> int:
+        return sum(part.drop_outside_window() for part in self.parts)
+
+    def adopt_prefix(self, tokens: list[int], limit: int) -> int:
+        """The longest prefix every group holds cached (a group's chain may have lost a block another kept)."""
+        reused = min(part.adopt_prefix(tokens, limit) for part in self.parts)
+        self._cut_to(reused)
+        return len(self)
+
+    def fork(self, length: int) -> GroupedSequenceKV | None:
+        children = []
+        for part in self.parts:
+            child = part.fork(length)
+            if child is None:  # no block for a copy: give back what the others took
+                for taken in children:
+                    taken.release()
+                return None
+            children.append(child)
+        fork = GroupedSequenceKV(self.manager, (), self.scope, self.adapter)
+        fork.parts = tuple(children)
+        return fork
+
+    def commit(self, new_tokens: list[int]) -> None:
+        for part in self.parts:
+            part.commit(new_tokens)
+
+    def truncate(self, length: int) -> None:
+        for part in self.parts:
+            part.truncate(length)
+        self._cut_to(len(self))
+
+    def _cut_to(self, length: int) -> None:
+        """Every part back to ``length`` positions (a part that could not copy its partial last block on
+        ``truncate`` dropped it: the others follow, so every part holds the same positions)."""
+        length = min(length, *(len(part) for part in self.parts))
+        while any(len(part) != length for part in self.parts):
+            for part in self.parts:
+                part.truncate(length)
+            length = min(len(part) for part in self.parts)
+
+    def release(self) -> None:
+        for part in self.parts:
+            part.release()
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

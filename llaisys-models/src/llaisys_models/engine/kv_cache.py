@@ -2,7 +2,11 @@
 
     pool = KVPool(shape, num_blocks, block_size)   # keys[layer], values[layer]: [blocks, block_size, Hkv, d]
     seq = pool.sequence(scope)                     # a block table (kv_blocks.SequenceKV)
-    pool.layers[i].write(k, v, slots); pool.layers[i].attend(out, q, step, scale, numerics, window)
+    pool.layers[i].write(k, v, step); pool.layers[i].attend(out, q, step, scale, numerics, window)
+
+Where global layers sit beside sliding ones (Gemma 3), the layers are in groups (``layer_groups``), each with a
+block table of its own in the step (``step.group_slots`` / ``group_tables``), and a block holds one group's
+keys and values: the sliding groups give their blocks back as a sequence grows.
 
 The cache holds the model's dtype, or (``KVShape.cache_dtype`` "int8" / "fp8") one byte per key or value and an
 f16 scale per token and kv head (``llaisys.ops.paged_q``): about half the memory, so twice the tokens.
@@ -13,11 +17,13 @@ class extends (kv_blocks.py); it adds only the tensors, and copies a block's whe
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import Protocol
 
 import llaisys
 
-from .kv_blocks import BlockManager
+from .kv_blocks import BlockManager, GroupedSequenceKV
 
 
 class PoolFollowers(Protocol):
@@ -69,18 +75,40 @@ class KVShape:
         return 2 * self.num_layers * self.kv_heads * (self.head_dim + llaisys.float16.itemsize)  # bytes + scale
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerGroup:
+    """Layers whose keys and values share a block table: model layers ``layers``, each sliding over ``window``
+    positions (0: each sees every position)."""
+    window: int
+    layers: tuple[int, ...]
+
+
+def layer_groups(windows: Sequence[int]) -> tuple[LayerGroup, ...]:
+    """The groups of a model whose layer i slides over ``windows[i]`` positions (0: sees every one): one group
+    where every layer has the same window; else each window's layers cut, in order, into runs of g layers, g the
+    greatest common divisor of their counts (Gemma 3's 4 global and 22 sliding layers: 2 + 11 groups of 2), so
+    that a block (g layers' keys and values of block_size positions) can serve any group, as vLLM's hybrid
+    allocator does. The sliding groups give their blocks back (kv_blocks.GroupedSequenceKV)."""
+    by_window: dict[int, list[int]] = {}
+    for layer, window in enumerate(windows):
+        by_window.setdefault(window, []).append(layer)
+    g = math.gcd(*(len(layers) for layers in by_window.values()))
+    return tuple(LayerGroup(window, tuple(layers[i:i + g])) for window, layers in by_window.items()
+                 for i in range(0, len(layers), g))
+
+
 class LayerKV:
     """One layer's keys and values [blocks, block_size, Hkv, d] in the model's dtype: what its attention writes
-    a step's keys into and attends over."""
+    a step's keys into and attends over, through the block table of its layer ``group``."""
 
-    def __init__(self, keys: llaisys.Tensor, values: llaisys.Tensor):
-        self.keys, self.values = keys, values
+    def __init__(self, keys: llaisys.Tensor, values: llaisys.Tensor, group: int = 0):
+        self.keys, self.values, self.group = keys, values, group
 
-    def write(self, k: llaisys.Tensor, v: llaisys.Tensor, slots: llaisys.Tensor) -> None:
-        llaisys.ops.paged_kv_write(self.keys, self.values, k, v, slots)
+    def write(self, k: llaisys.Tensor, v: llaisys.Tensor, step) -> None:
+        llaisys.ops.paged_kv_write(self.keys, self.values, k, v, step.group_slots[self.group])
 
     def attend(self, out: llaisys.Tensor, q: llaisys.Tensor, step, scale: float, numerics: str, window: int) -> None:
-        llaisys.ops.paged_attention(out, q, self.keys, self.values, step.block_tables, step.seq_lens,
+        llaisys.ops.paged_attention(out, q, self.keys, self.values, step.group_tables[self.group], step.seq_lens,
                                     step.query_start, scale, numerics, window)
 
 
@@ -89,26 +117,34 @@ class QuantizedLayerKV(LayerKV):
     [blocks, block_size, Hkv]. Attention over them computes in f32 whatever ``numerics`` says: HF has no such
     cache whose rounding there would be to follow."""
 
-    def __init__(self, keys, values, key_scales, value_scales, kv_format: str):
-        super().__init__(keys, values)
+    def __init__(self, keys, values, key_scales, value_scales, kv_format: str, group: int = 0):
+        super().__init__(keys, values, group)
         self.key_scales, self.value_scales, self.kv_format = key_scales, value_scales, kv_format
 
-    def write(self, k, v, slots) -> None:
-        llaisys.ops.paged_kv_write_q(self.keys, self.values, self.key_scales, self.value_scales, k, v, slots,
-                                     self.kv_format)
+    def write(self, k, v, step) -> None:
+        llaisys.ops.paged_kv_write_q(self.keys, self.values, self.key_scales, self.value_scales, k, v,
+                                     step.group_slots[self.group], self.kv_format)
 
     def attend(self, out, q, step, scale, numerics, window) -> None:
         llaisys.ops.paged_attention_q(out, q, self.keys, self.values, self.key_scales, self.value_scales,
-                                      step.block_tables, step.seq_lens, step.query_start, scale, self.kv_format,
-                                      window)
+                                      step.group_tables[self.group], step.seq_lens, step.query_start, scale,
+                                      self.kv_format, window)
 
 
 class KVPool(BlockManager):
-    """Keys and values of ``num_blocks`` blocks of ``block_size`` positions, for every layer."""
+    """Keys and values of ``num_blocks`` blocks of ``block_size`` positions, for every layer; or, given layer
+    ``groups`` (layer_groups: global layers beside sliding ones), for g layers (a group's), each group's
+    sequence holding blocks of its own (kv_blocks.GroupedSequenceKV)."""
 
-    def __init__(self, shape: KVShape, num_blocks: int, block_size: int = 16, *, prefix_caching: bool = True):
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int = 16, *, prefix_caching: bool = True,
+                 groups: tuple[LayerGroup, ...] | None = None):
         super().__init__(num_blocks, block_size, prefix_caching=prefix_caching)
         self.shape = shape
+        self.groups = groups or (LayerGroup(0, tuple(range(shape.num_layers))),)
+        if sorted(layer for group in self.groups for layer in group.layers) != list(range(shape.num_layers)) or \
+                len({len(group.layers) for group in self.groups}) != 1:
+            raise llaisys.LlaisysValueError(f"KV pool layer groups must hold each of the {shape.num_layers} layers "
+                                            f"once, in groups of one size: got {self.groups}")
         self.keys: list[llaisys.Tensor] = []
         self.values: list[llaisys.Tensor] = []
         self.key_scales: list[llaisys.Tensor] = []  # (a quantized cache's, else empty)
@@ -131,18 +167,47 @@ class KVPool(BlockManager):
                       "key_scales": (rows, llaisys.float16), "value_scales": (rows, llaisys.float16)}
         for name, (shape, dtype) in shapes.items():
             old, new = getattr(self, name), []
-            for layer in range(s.num_layers):
+            for slot in range(self.layers_per_block):
                 t = llaisys.empty(shape, dtype, s.device)
                 if kept:
-                    llaisys.ops.rearrange(t.slice(0, 0, kept), old[layer])
+                    llaisys.ops.rearrange(t.slice(0, 0, kept), old[slot])
                 new.append(t)
             setattr(self, name, new)
-        if s.kv_format is None:
-            self.layers = [LayerKV(k, v) for k, v in zip(self.keys, self.values)]
-        else:
-            self.layers = [QuantizedLayerKV(*tensors, s.kv_format)
-                           for tensors in zip(self.keys, self.values, self.key_scales, self.value_scales)]
+        # layer i: the tensors of its place in its group (a block holds one layer of each place), its group's table
+        place = {layer: (g, slot) for g, group in enumerate(self.groups) for slot, layer in enumerate(group.layers)}
+        self.layers = []
+        for layer in range(s.num_layers):
+            g, slot = place[layer]
+            if s.kv_format is None:
+                self.layers.append(LayerKV(self.keys[slot], self.values[slot], g))
+            else:
+                self.layers.append(QuantizedLayerKV(self.keys[slot], self.values[slot], self.key_scales[slot],
+                                                    self.value_scales[slot], s.kv_format, g))
         self.generation += 1
+
+    @property
+    def layers_per_block(self) -> int:
+        """Layers whose keys and values a block holds: every layer's, or one group's."""
+        return len(self.groups[0].layers)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def gives_back(self) -> bool:
+        return bool(self.window) or any(group.window for group in self.groups)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Positions of one sequence the blocks hold in every group (a sliding group gives blocks back as it
+        grows, so a sequence holds fewer, but a group may need them all before it does)."""
+        return self.num_blocks * self.block_size // self.num_groups
+
+    def sequence(self, scope: str = "", adapter=None):
+        if self.num_groups == 1:
+            return super().sequence(scope, adapter)
+        return GroupedSequenceKV(self, [group.window for group in self.groups], scope, adapter)
 
     def grow(self, num_blocks: int) -> None:
         """Have ``num_blocks`` blocks in all (more memory; block ids and their content stay)."""
@@ -167,7 +232,7 @@ class KVPool(BlockManager):
 
     @property
     def bytes_per_block(self) -> int:
-        return self.block_size * self.shape.bytes_per_token
+        return self.block_size * self.shape.bytes_per_token * self.layers_per_block // self.shape.num_layers
 
     @property
     def nbytes(self) -> int:

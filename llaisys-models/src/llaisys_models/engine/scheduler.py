@@ -330,8 +330,8 @@ class Scheduler:
                 kv = parent.kv.fork(parent.prompt_len)
             # room as admission asks: the whole length under whole-sequence numerics, a block of growth each
             length = seq.prompt_len + seq.params.max_tokens if whole else seq.prompt_len
-            if kv is not None and (kv.blocks_for(length) + len(self.running) > self.pool.num_free
-                                   or not kv.reserve(length)):
+            spare = self.pool.num_groups * len(self.running)
+            if kv is not None and (kv.blocks_for(length) + spare > self.pool.num_free or not kv.reserve(length)):
                 kv.release()
                 kv = None
             if kv is None:
@@ -411,9 +411,10 @@ class Scheduler:
             # room for the pending part (whole: for every position the sequence may reach), keeping a block of
             # growth for every running sequence
             length = seq.prompt_len + seq.params.max_tokens if whole else len(seq.tokens)
-            if self.pool.window and not whole:  # windows that give blocks back: a prompt's blocks are reserved
+            if self.pool.gives_back and not whole:  # windows that give blocks back: a prompt's blocks are reserved
                 length = min(length, len(kv) + self.max_batch_tokens)  # chunk by chunk (_plan), as it is read
-            if kv.blocks_for(length) + len(self.running) > self.pool.num_free or not kv.reserve(length):
+            spare = self.pool.num_groups * len(self.running)  # a block of growth for each running table
+            if kv.blocks_for(length) + spare > self.pool.num_free or not kv.reserve(length):
                 kv.release()
                 if newcomer and self._make_room(seq):
                     continue

@@ -23,13 +23,20 @@ Batch = list[tuple[SequenceKV, list[int]]]
 class StepInputs:
     tokens: llaisys.Tensor        # int64 [T]: the new token ids, sequence after sequence
     positions: llaisys.Tensor     # int64 [T]: their positions in their sequences (rope)
-    slots: llaisys.Tensor         # int64 [T]: cache row (block * block_size + offset) of each new token
-    block_tables: llaisys.Tensor  # int32 [num_seqs, max_blocks]
-    seq_lens: llaisys.Tensor      # int32 [num_seqs]: positions after this forward
-    query_start: llaisys.Tensor   # int32 [num_seqs + 1]: first row of each sequence
+    slots: llaisys.Tensor         # int64 [G, T]: per layer group, cache row (block * block_size + offset) of each token
+    block_tables: llaisys.Tensor  # int32 [G, num_seqs, max_blocks]: per layer group (kv_cache.layer_groups; G = 1
+    seq_lens: llaisys.Tensor      # int32 [num_seqs]: positions after this forward          but where global layers
+    query_start: llaisys.Tensor   # int32 [num_seqs + 1]: first row of each sequence        sit beside sliding ones)
     logit_rows: llaisys.Tensor | None  # int64 [R]: the rows whose logits are wanted (None: every row)
     num_tokens: int
     adapters: llaisys.Tensor | None = None  # int64 [T]: each row's LoRA slot, -1: none (None: no row has one)
+
+    def __post_init__(self) -> None:
+        # group g's slots [T] and tables [num_seqs, max_blocks]: views, what the layers of group g read
+        groups, t = self.slots.shape
+        _, n, width = self.block_tables.shape
+        self.group_slots = [self.slots.slice(0, g, g + 1).view(t) for g in range(groups)]
+        self.group_tables = [self.block_tables.slice(0, g, g + 1).view(n, width) for g in range(groups)]
 
 
 STATIC = ("tokens", "positions", "slots", "block_tables", "seq_lens", "query_start")
@@ -42,8 +49,8 @@ class HostStep:
     batch). What the other ranks of a tensor-parallel group receive for each step (tensor_parallel/)."""
     tokens: np.ndarray        # int64 [T]
     positions: np.ndarray     # int64 [T]
-    slots: np.ndarray         # int64 [T]
-    block_tables: np.ndarray  # int32 [num_seqs, max_blocks]
+    slots: np.ndarray         # int64 [G, T]: per layer group
+    block_tables: np.ndarray  # int32 [G, num_seqs, max_blocks]
     seq_lens: np.ndarray      # int32 [num_seqs]
     query_start: np.ndarray   # int32 [num_seqs + 1]
     logit_rows: np.ndarray | None  # int64 [R]
@@ -60,32 +67,34 @@ def host_step(batch: Batch, logits_of: list[int] | None = None) -> HostStep:
     """The inputs of one forward that appends ``ids`` to each sequence of ``batch``. ``logits_of[i]``: how many
     of sequence i's last new rows need logits (a bool: its last row or none; None: every row of the batch)."""
     manager = batch[0][0].manager
-    bs = manager.block_size
+    bs, groups = manager.block_size, len(batch[0][0].parts)
     lengths = [len(ids) for _, ids in batch]
     total = sum(lengths)
     tokens = np.fromiter((t for _, ids in batch for t in ids), np.int64, total)
     positions = np.empty(total, np.int64)
-    slots = np.empty(total, np.int64)
-    max_blocks = max(len(seq.blocks) for seq, _ in batch)
-    tables = np.zeros((len(batch), max_blocks), np.int32)
+    slots = np.empty((groups, total), np.int64)
+    max_blocks = max(len(part.blocks) for seq, _ in batch for part in seq.parts)
+    tables = np.zeros((groups, len(batch), max_blocks), np.int32)
     seq_lens = np.empty(len(batch), np.int32)
     query_start = np.zeros(len(batch) + 1, np.int32)
     row = 0
     for i, ((seq, _), n) in enumerate(zip(batch, lengths)):
-        if seq.manager is not manager:
+        if seq.manager is not manager or len(seq.parts) != groups:
             raise ValueError("every sequence of a forward must belong to the same KV pool")
         start = len(seq)
-        if start + n > len(seq.blocks) * bs:
-            raise RuntimeError(f"sequence needs {start + n} positions but holds blocks for "
-                               f"{len(seq.blocks) * bs}; reserve first")
-        if start < seq.dropped * bs:
-            raise RuntimeError(f"sequence writes position {start} but gave back its blocks before {seq.dropped * bs}")
         pos = np.arange(start, start + n, dtype=np.int64)
-        table = np.asarray(seq.blocks, dtype=np.int64)
+        for g, part in enumerate(seq.parts):  # (a block table per layer group: kv_cache.layer_groups)
+            if start + n > len(part.blocks) * bs:
+                raise RuntimeError(f"sequence needs {start + n} positions but holds blocks for "
+                                   f"{len(part.blocks) * bs}; reserve first")
+            if start < part.dropped * bs:
+                raise RuntimeError(f"sequence writes position {start} but gave back its blocks before "
+                                   f"{part.dropped * bs}")
+            table = np.asarray(part.blocks, dtype=np.int64)
+            slots[g, row:row + n] = table[pos // bs] * bs + pos % bs
+            # (blocks a sequence gave back, before its windows: block 0, which the kernels check but never read)
+            tables[g, i, part.dropped:len(part.blocks)] = part.blocks[part.dropped:]
         positions[row:row + n] = pos
-        slots[row:row + n] = table[pos // bs] * bs + pos % bs
-        # (blocks a sequence gave back, before its windows: block 0, which the kernels check but never read)
-        tables[i, seq.dropped:len(seq.blocks)] = seq.blocks[seq.dropped:]
         seq_lens[i] = start + n
         row += n
         query_start[i + 1] = row
@@ -111,15 +120,16 @@ def step_inputs(host: HostStep, device) -> StepInputs:
     return StepInputs(**tensors, logit_rows=rows, num_tokens=len(host.tokens), adapters=adapters)
 
 
-def static_step_inputs(rows: tuple[int, ...], table_width: int, device, adapters: bool = False) -> StepInputs:
+def static_step_inputs(rows: tuple[int, ...], table_width: int, device, adapters: bool = False,
+                       groups: int = 1) -> StepInputs:
     """Buffers for steps that append ``rows[i]`` tokens to sequence i and want the logits of every row (a
     decode step: all ones; a verify step of speculative decoding: 1 + the drafts), with block tables
-    ``table_width`` wide (and, for steps with LoRA adapters, each row's slot), filled by ``load_step_inputs``:
-    the fixed inputs of a captured graph."""
+    ``table_width`` wide for each of ``groups`` layer groups (and, for steps with LoRA adapters, each row's slot),
+    filled by ``load_step_inputs``: the fixed inputs of a captured graph."""
     n, t, zeros = len(rows), sum(rows), llaisys.zeros
     return StepInputs(tokens=zeros((t,), llaisys.int64, device), positions=zeros((t,), llaisys.int64, device),
-                      slots=zeros((t,), llaisys.int64, device),
-                      block_tables=zeros((n, table_width), llaisys.int32, device),
+                      slots=zeros((groups, t), llaisys.int64, device),
+                      block_tables=zeros((groups, n, table_width), llaisys.int32, device),
                       seq_lens=zeros((n,), llaisys.int32, device), query_start=zeros((n + 1,), llaisys.int32, device),
                       logit_rows=None, num_tokens=t,
                       adapters=zeros((t,), llaisys.int64, device) if adapters else None)
@@ -128,9 +138,9 @@ def static_step_inputs(rows: tuple[int, ...], table_width: int, device, adapters
 def load_step_inputs(step: StepInputs, host: HostStep) -> None:
     """Copy a step's inputs into the buffers of ``static_step_inputs`` (made for its rows per sequence); the
     block tables are padded with zeros to the buffers' width."""
-    width = step.block_tables.shape[1]
-    tables = np.zeros((host.block_tables.shape[0], width), np.int32)
-    tables[:, :host.block_tables.shape[1]] = host.block_tables
+    width = step.block_tables.shape[2]
+    tables = np.zeros((*host.block_tables.shape[:2], width), np.int32)
+    tables[:, :, :host.block_tables.shape[2]] = host.block_tables
     for name in STATIC:
         getattr(step, name).load(tables if name == "block_tables" else getattr(host, name))
     if step.adapters is not None:

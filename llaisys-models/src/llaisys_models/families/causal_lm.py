@@ -21,7 +21,7 @@ from llaisys.plugins import NATIVE, OVERRIDE
 
 from ..engine.decode_graph import DecodeGraphs
 from ..engine.generation import GenerationMixin
-from ..engine.kv_cache import KVPool, KVShape, check_kv_cache_dtype
+from ..engine.kv_cache import KVPool, KVShape, LayerGroup, check_kv_cache_dtype, layer_groups
 from ..engine.runner import ModelRunner
 from ..engine.step_inputs import Batch, HostStep, StepInputs, host_step, step_inputs
 from ..lora.model import LoRAMixin
@@ -235,9 +235,19 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
     def kv_window(self) -> int:
         """The widest sliding window where every layer slides (Mistral, Phi-3, ...): a sequence's blocks wholly
         before it are given back as it grows (kv_blocks.SequenceKV.drop_outside_window); 0 where a layer sees
-        every position (no window, or global layers beside sliding ones, as Gemma 3's)."""
+        every position (no window, or global layers beside sliding ones, as Gemma 3's: kv_layer_groups)."""
         windows = [self.config.window(i) for i in range(self.config.num_hidden_layers)]
         return max(windows) if windows and all(windows) else 0
+
+    @property
+    def kv_layer_groups(self) -> tuple[LayerGroup, ...]:
+        """The KV cache's layer groups (kv_cache.layer_groups): one, where every layer has the same window (or
+        every layer slides: kv_window); else a group per run of layers of one window, each with a block table
+        of its own, so the sliding ones give their blocks back while the global ones keep theirs."""
+        windows = [self.config.window(i) for i in range(self.config.num_hidden_layers)]
+        if self.kv_window or len(set(windows)) == 1:
+            return (LayerGroup(0, tuple(range(len(windows)))),)
+        return layer_groups(windows)
 
     def new_kv_pool(self, num_blocks: int | None = None, *, memory: int | None = None, block_size: int = 16,
                     prefix_caching: bool = True, cache_dtype: str | None = None) -> KVPool:
@@ -249,13 +259,15 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
             shape = dataclasses.replace(shape, cache_dtype=check_kv_cache_dtype(cache_dtype))
         if (num_blocks is None) == (memory is None):
             raise llaisys.LlaisysValueError("give the KV pool's size as num_blocks or as memory, not both")
+        groups = self.kv_layer_groups
         if num_blocks is None:
             assert memory is not None  # (one of the two is given: checked above)
-            num_blocks = memory // (block_size * shape.bytes_per_token)
-            if num_blocks < 1:
+            block_bytes = block_size * shape.bytes_per_token * len(groups[0].layers) // shape.num_layers
+            num_blocks = memory // block_bytes
+            if num_blocks < len(groups):
                 raise llaisys.LlaisysValueError(f"a KV budget of {memory} bytes holds no block of {block_size} "
-                                                f"positions ({block_size * shape.bytes_per_token} bytes)")
-        pool = KVPool(shape, num_blocks, block_size, prefix_caching=prefix_caching)
+                                                f"positions ({block_bytes * len(groups)} bytes)")
+        pool = KVPool(shape, num_blocks, block_size, prefix_caching=prefix_caching, groups=groups)
         pool.window = self.kv_window
         if self.followers is not None:  # the other ranks hold their kv heads of it
             self.followers.new_pool(pool)

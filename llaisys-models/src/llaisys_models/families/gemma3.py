@@ -72,7 +72,7 @@ class Gemma3(CausalLM):
         ops.rms_norm(ws.k, ws.k, w.k_norm, eps, numerics)
         ops.rope(ws.q, ws.q, step.positions, inv_freq, rope_scale, numerics)
         ops.rope(ws.k, ws.k, step.positions, inv_freq, rope_scale, numerics)
-        kv.write(ws.k, ws.v, step.slots)
+        kv.write(ws.k, ws.v, step)
         kv.attend(ws.attn, ws.q, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)

@@ -44,7 +44,7 @@ class Olmo2(Qwen2):
         ops.rope(ws.q_rot, ws.q.view(n, c.num_attention_heads, c.head_dim), step.positions, self.rope_inv_freq,
                  self.rope_scale, "exact")
         ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, "exact")
-        kv.write(ws.k, ws.v, step.slots)
+        kv.write(ws.k, ws.v, step)
         kv.attend(ws.attn, ws.q_rot, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # (one rank: OLMo 2 is not split, parallel/layout.py)

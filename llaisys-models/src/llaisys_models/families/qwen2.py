@@ -75,7 +75,7 @@ class Qwen2(CausalLM):
             ops.rms_norm(ws.k, ws.k, w.k_norm, c.rms_norm_eps, numerics)
         ops.rope(ws.q_rot, q, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         ops.rope(ws.k, ws.k, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
-        kv.write(ws.k, ws.v, step.slots)
+        kv.write(ws.k, ws.v, step)
         kv.attend(ws.attn, ws.q_rot, step, c.attention_scale, numerics, window)
         linear(ws.out, ws.attn.view(n, c.q_size), w.o_proj, w.o_bias)
         llaisys.distributed.all_reduce(ws.out, self.group)  # + the other ranks' heads (tensor parallelism)

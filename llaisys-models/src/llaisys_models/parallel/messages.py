@@ -8,9 +8,10 @@ A message is int64 words: commands one after the other, each [opcode, its words.
     COPY      pool, dst, src                      a block copied on write (prefix caching, forks)
     DROP      pool                                the pool is gone (and its captured decode steps)
     CLEAR                                         drop the captured decode steps
-    STEP      pool, T, S, W, R, L, A, tokens [T], positions [T], slots [T], block_tables [S*W], seq_lens [S],
-              query_start [S+1], logit_rows [R] (R = -1: none), logits_of [S] (L = 0: none),
-              adapters [T] (each row's LoRA slot; A = 0: none)
+    STEP      pool, G, T, S, W, R, L, A, tokens [T], positions [T], slots [G*T], block_tables [G*S*W],
+              seq_lens [S], query_start [S+1], logit_rows [R] (R = -1: none), logits_of [S] (L = 0: none),
+              adapters [T] (each row's LoRA slot; A = 0: none); G: the pool's layer groups (1 but where
+              global layers sit beside sliding ones), each with its slots and block tables
     STOP                                          leave the group
     LORA_ENABLE  max_loras, max_rank              the LoRA slots (model.enable_lora)
     LORA_LOAD    uid, n, m, name [ceil(n/8)], path [ceil(m/8)]
@@ -73,11 +74,12 @@ def command(op: Op, *args: int) -> np.ndarray:
 
 
 def step_command(pool: int, host: HostStep) -> np.ndarray:
-    s, w = host.block_tables.shape
+    g, s, w = host.block_tables.shape
     r = -1 if host.logit_rows is None else len(host.logit_rows)
-    parts = [np.array([Op.STEP, pool, len(host.tokens), s, w, r, host.logits_of is not None,
+    parts = [np.array([Op.STEP, pool, g, len(host.tokens), s, w, r, host.logits_of is not None,
                        host.adapters is not None], np.int64),
-             host.tokens, host.positions, host.slots, host.block_tables.reshape(-1), host.seq_lens, host.query_start]
+             host.tokens, host.positions, host.slots.reshape(-1), host.block_tables.reshape(-1), host.seq_lens,
+             host.query_start]
     if host.logit_rows is not None:
         parts.append(host.logit_rows)
     if host.logits_of is not None:
@@ -138,8 +140,8 @@ def decode(words: np.ndarray) -> Iterator[tuple[Op, tuple[Any, ...]]]:
             yield op, tuple(int(v) for v in words[at + 1:at + 1 + n])
             at += 1 + n
             continue
-        pool, t, s, w, r, has_logits_of, has_adapters = (int(v) for v in words[at + 1:at + 8])
-        at += 8
+        pool, g, t, s, w, r, has_logits_of, has_adapters = (int(v) for v in words[at + 1:at + 9])
+        at += 9
 
         def take(n: int, dtype: type[np.integer[Any]] = np.int64) -> np.ndarray:
             nonlocal at
@@ -147,8 +149,8 @@ def decode(words: np.ndarray) -> Iterator[tuple[Op, tuple[Any, ...]]]:
             at += n
             return out
 
-        tokens, positions, slots = take(t), take(t), take(t)
-        tables = take(s * w, np.int32).reshape(s, w)
+        tokens, positions, slots = take(t), take(t), take(g * t).reshape(g, t)
+        tables = take(g * s * w, np.int32).reshape(g, s, w)
         seq_lens, query_start = take(s, np.int32), take(s + 1, np.int32)
         rows = take(r) if r >= 0 else None
         logits_of = tuple(int(v) for v in take(s)) if has_logits_of else None
