@@ -136,7 +136,10 @@ class GroupedContentPool(ContentPool):
     def __init__(self, num_blocks: int, block_size: int, windows: list[int]):
         super().__init__(num_blocks, block_size)
         self.windows = windows
-        self.num_groups = len(windows)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
 
     @property
     def gives_back(self) -> bool:

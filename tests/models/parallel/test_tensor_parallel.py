@@ -205,19 +205,30 @@ def test_int4_weights_are_split_then_quantized(tiny_models):
 
 
 def test_gguf_file_split(tiny_models, tmp_path):
+    """Each rank keeps its part of every matrix in the file's Q8_0 blocks where the part cuts no block (rows always;
+    here columns too: o_proj's 64 and down_proj's 128 of 32-value blocks): q_proj's rows in HF order from Llama's
+    permuted ones, the replicated kv head, the tied lm_head's vocabulary rows. The tokens are the file's on one
+    rank, and a part is byte for byte those rows of the one-rank model's blocks."""
     from gguf import GGMLQuantizationType
 
     from helpers.gguf_files import write_gguf
 
-    name = "llama_f32_tied"  # Llama's permuted q/k rows, a tied lm_head
+    name = "llama_f32_tied"  # Llama's permuted q/k rows, a tied lm_head, 1 kv head (replicated)
     path = write_gguf(tiny_models.hf(name), tiny_models.path(name), tmp_path / "tiny.gguf", GGMLQuantizationType.Q8_0)
     model = llaisys_models.load(path, device="cpu", tensor_parallel=2)
     try:
-        # the ranks cut their parts from the decoded rows (a part does not keep the file's Q8_0 blocks): the
-        # one-rank model of the same values is the file decoded
-        whole = llaisys_models.load(path, device="cpu", dequantize=True)
-        ids = prompt(name, 13, 320)
-        assert model.generate(ids, NEW, eos_token_ids=()) == whole.generate(ids, NEW, eos_token_ids=())
+        whole = llaisys_models.load(path, device="cpu")
+        mine, all_of = model.weights.layers[0], whole.weights.layers[0]
+        for field, shape in (("q_proj", (64, 128)), ("k_proj", (32, 128)), ("o_proj", (128, 64)),
+                             ("gate_proj", (128, 128)), ("down_proj", (128, 128))):
+            weight = getattr(mine, field)
+            assert isinstance(weight, BlockWeight) and (weight.fmt, weight.shape) == ("q8_0", shape), field
+        assert isinstance(model.weights.lm_head, BlockWeight) and model.weights.lm_head.shape == (160, 128)
+        np.testing.assert_array_equal(mine.q_proj.weight.numpy(), all_of.q_proj.weight.numpy()[:4])  # (16-row blocks)
+        np.testing.assert_array_equal(mine.q_proj.scales.numpy(), all_of.q_proj.scales.numpy()[:4])
+        for length in (13, 64):
+            ids = prompt(name, length, 320)
+            assert model.generate(ids, NEW, eos_token_ids=()) == whole.generate(ids, NEW, eos_token_ids=())
     finally:
         model.close()
 

@@ -102,7 +102,10 @@ class BlockManager:
             self._refs.extend([0] * (num_blocks - self.num_blocks))
             self.num_blocks = num_blocks
 
-    num_groups = 1  # (a KVPool of several layer groups: a block table for each)
+    @property
+    def num_groups(self) -> int:
+        """Block tables a sequence has: one (a KVPool of several layer groups: one per group)."""
+        return 1
 
     @property
     def capacity_tokens(self) -> int:
@@ -457,7 +460,7 @@ class GroupedSequenceKV:
         return len(self)
 
     def fork(self, length: int) -> GroupedSequenceKV | None:
-        children = []
+        children: list[SequenceKV] = []
         for part in self.parts:
             child = part.fork(length)
             if child is None:  # no block for a copy: give back what the others took

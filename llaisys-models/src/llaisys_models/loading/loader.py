@@ -87,8 +87,8 @@ def load_gguf(path: str | Path, device: str | llaisys.Device | None = None, dtyp
     and the device the kernels (gguf/weights.py); ``dequantize=True`` decodes every tensor into ``dtype`` instead
     (exactly the stored values in float32, as HF transformers reads the file); ``quantize="int8"`` / ``"int4"``
     requantizes the linears' weights (quantize.py). ``layout`` and ``group``: this rank's part of a
-    tensor-parallel model (its quantized matrices are decoded, then cut; a mixture's experts keep their blocks
-    where a rank's part can be whole blocks)."""
+    tensor-parallel model (its quantized matrices keep their blocks where a rank's part cuts none, else are
+    decoded, then cut)."""
     # (start-up: these import the gguf package, ~0.15 s, which only a GGUF file needs)
     from .gguf import weights as gguf_weights
     from .gguf.config import model_config

@@ -181,14 +181,20 @@ CHUNK_BYTES = 8 << 20  # stored bytes converted per step of block_weight (their 
 
 
 def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys.Device,
-                 rows: np.ndarray | slice | None = None, arena: Arena | None = None) -> BlockWeight:
+                 rows: np.ndarray | slice | None = None, arena: Arena | None = None,
+                 columns: tuple[int, int] | None = None) -> BlockWeight:
     """One matrix of the file kept in its blocks (gguf/blocks.py: the llaisys format of its type) on ``device``
-    (from ``arena`` if given), rows reordered by ``rows`` if given; converted a chunk of rows at a time, each
-    chunk's mapped pages dropped as soon as it is done."""
+    (from ``arena`` if given), its rows those ``rows`` picks (a slice: rows of a fused tensor, or a rank's; an
+    array: reordered) of ``shape[0]``, its values ``columns`` [start, stop) of each row if given (whole blocks:
+    ``splits_blocks``); converted a chunk of rows at a time, each chunk's mapped pages dropped as soon as it is
+    done."""
     info = f.tensors[name]
     fmt, raw, first = blocks.FORMATS[info.type], f.raw(name), 0
-    if isinstance(rows, slice):  # a part of a fused tensor
+    if isinstance(rows, slice):  # a part of a fused tensor, or a rank's rows
         raw, first, rows = raw[rows], rows.start, None
+    if columns is not None:
+        block, type_size = GGML_QUANT_SIZES[info.type]
+        raw = raw[:, columns[0] // block * type_size:columns[1] // block * type_size]
     buffers = block_buffers(fmt, shape, device, arena)
     weight, scales = buffers.arrays
     n = shape[0]
@@ -199,7 +205,7 @@ def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys
             f.populate(name, (first + start, first + end))
         part = raw[start:end] if rows is None else raw[rows[start:end]]
         b0, b1 = start // 16, -(-end // 16)
-        blocks.convert_rows(part, info.type, weight[b0:b1], scales[b0:b1])
+        blocks.convert_rows(np.ascontiguousarray(part), info.type, weight[b0:b1], scales[b0:b1])
         if rows is None:
             f.release(name, (first + start, first + end))
     f.release(name)
@@ -364,7 +370,7 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
                  quantize: str | None = None, dequantize: bool = False, layout: Layout | None = None) -> Weights:
     """The weights of ``tensor_plan``'s plan on ``device``, each as ``kind_of`` says: kept in its blocks,
     quantized, or decoded into ``dtype``; with ``layout`` (parallel.layout.Layout), only this rank's part of
-    each: decoded, then cut, but for a mixture's experts, whose parts keep their blocks where they cut none."""
+    each: in its blocks where the part cuts none (kept_part), else decoded, then cut."""
     heads = {"q": config.num_attention_heads, "kv": config.num_key_value_heads}
     permuted = family.gguf is not None and family.gguf.permuted_qk
     blocks_ok = all(llaisys.ops.implemented(op, device) for op in BLOCK_KERNELS)
@@ -378,22 +384,28 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
         return layout.part(field, config) if layout is not None else None
 
     def kept_part(field: str, spec: tuple) -> bool:
-        """A rank's part of stacked experts kept in their blocks (a part of any other weight is cut from its
-        decoded rows, and so is a part of experts that would cut through their blocks)."""
+        """A rank's part of a matrix (or of each stacked expert) kept in its blocks: where it cuts none, and for
+        a matrix neither a fused tensor's rows nor the vocabulary's padded last share (those are cut from the
+        decoded rows)."""
         part = part_of(field)
-        return isinstance(part, Part) and field in EXPERTS and kind(field, spec) == "blocks" and \
-            not splits_blocks(part, f.tensors[spec[0]].type)
+        if not isinstance(part, Part) or kind(field, spec) != "blocks" or splits_blocks(part, f.tensors[spec[0]].type):
+            return False
+        return field in EXPERTS or (len(spec) < 3 and part.rows in (None, part.stop - part.start))
 
     def kept_bytes(field: str, spec: tuple) -> int:
         fmt, shape = blocks.FORMATS[f.tensors[spec[0]].type], _part_shape(spec)
+        part = part_of(field)
         if field in EXPERTS:
-            part = part_of(field)
             e, n, k = _stack(shape)
             return experts_block_bytes(fmt, (e, *_matrix(part.shape((n, k)))) if isinstance(part, Part) else (e, n, k))
-        return block_bytes(fmt, _matrix(shape))
+        return block_bytes(fmt, _matrix(part.shape(shape) if isinstance(part, Part) else shape))
 
     # On the CPU the blocks of every matrix kept as stored come from one arena (Arena: one huge-page rounding)
-    kept = [kept_bytes(field, spec) for group in [top, *layers] for field, spec in group.items()
+    entries = [(field, spec) for group in [top, *layers] for field, spec in group.items()]
+    split = layout is not None and layout.world > 1
+    if split and "lm_head" not in top:  # a tied lm_head: each rank's rows of the embedding, loaded apart
+        entries.append(("lm_head", top["embed_tokens"]))
+    kept = [kept_bytes(field, spec) for field, spec in entries
             if kind(field, spec) == "blocks" and (part_of(field) is None or kept_part(field, spec))]
     arena = None
     if device.type == "cpu" and kept:
@@ -412,11 +424,22 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
             part = part_of(field)
             if part == DROP:
                 return None
-            if kept_part(field, spec):  # a rank's rows or columns of each expert, in their blocks
+            if kept_part(field, spec) and field in EXPERTS:  # a rank's rows or columns of each expert, in blocks
                 assert isinstance(part, Part)
                 kept = block_experts(f, name, _stack(shape), device, arena, part)
                 bar.update(math.prod(kept.shape) * dtype.itemsize)
                 return kept
+            if kept_part(field, spec):  # a rank's rows or columns of a matrix, in its blocks
+                assert isinstance(part, Part)
+                if part.dim == 0:
+                    picked: np.ndarray | slice = slice(part.start, part.stop) if rows is None else \
+                        np.asarray(rows)[part.start:part.stop]
+                    matrix = block_weight(f, name, _matrix(part.shape(shape)), device, picked, arena)
+                else:
+                    matrix = block_weight(f, name, _matrix(part.shape(shape)), device, rows, arena,
+                                          (part.start, part.stop))
+                bar.update(math.prod(matrix.shape) * dtype.itemsize)
+                return matrix
             if isinstance(part, Part) and field in EXPERTS:  # the same part of each expert's matrix, decoded
                 e, n, k = _stack(shape)
                 stack = shards.build_experts(expert_readers(f, name, (e, n, k)), (n, k), part, dtype, device,
@@ -455,7 +478,6 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
         if "lm_head" in top:
             lm_head = get("lm_head", top["lm_head"])
         else:  # tied: the embedding itself (a tensor, or its blocks), or its own quantized copy (or this rank's rows)
-            split = layout is not None and layout.world > 1
             same = kind("lm_head", top["embed_tokens"]) == kind("embed_tokens", top["embed_tokens"])
             lm_head = embed if same and not split else get("lm_head", top["embed_tokens"])
     # (the embedding a table, the final norm a tensor, the lm_head a linear: none is dropped on any rank)
