@@ -17,8 +17,9 @@ namespace llaisys::cpu {
 // Per architecture: detect() (the best level of this CPU) and kLevels (the architecture's levels, lowest first).
 #if defined(__aarch64__)
 #if defined(__linux__)
-// Bits of the kernel's AT_HWCAP (<asm/hwcap.h>: HWCAP_ASIMD, HWCAP_ASIMDDP; spelt out for older C libraries).
-static constexpr unsigned long kHwcapAsimd = 1ul << 1, kHwcapAsimdDp = 1ul << 20;
+// Bits of the kernel's AT_HWCAP and AT_HWCAP2 (<asm/hwcap.h>: HWCAP_ASIMD, HWCAP_ASIMDDP, HWCAP2_BF16; spelt out
+// for older C libraries).
+static constexpr unsigned long kHwcapAsimd = 1ul << 1, kHwcapAsimdDp = 1ul << 20, kHwcap2Bf16 = 1ul << 14;
 #elif defined(__APPLE__)
 static bool sysctl_flag(const char* name) {  // hw.optional.* (absent: 0)
     int value = 0;
@@ -102,8 +103,15 @@ bool has_feature(Feature feature) {
     static const bool avx512bf16 = [] { __builtin_cpu_init(); return __builtin_cpu_supports("avx512bf16") != 0; }();
     static const bool avx512vnni = [] { __builtin_cpu_init(); return __builtin_cpu_supports("avx512vnni") != 0; }();
     switch (feature) {
-        case Feature::kAvx512Bf16: return avx512bf16;
+        case Feature::kBf16Pairs: return avx512bf16;
         case Feature::kAvx512Vnni: return avx512vnni;
+    }
+#elif defined(__aarch64__) && defined(__linux__)
+    if (feature == Feature::kBf16Pairs) return (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
+#elif defined(__aarch64__) && defined(__APPLE__)
+    if (feature == Feature::kBf16Pairs) {  // (M2 and later: hw.optional.arm.FEAT_BF16, macOS 12 on)
+        static const bool bf16 = sysctl_flag("hw.optional.arm.FEAT_BF16");
+        return bf16;
     }
 #endif
     (void)feature;

@@ -20,7 +20,7 @@ const char* simd_name(Simd level);
 // Extensions beyond a SIMD level, used by kernels that check them at run time (e.g. linear's bf16 dot
 // products). Each answer is cached.
 enum class Feature : int {
-    kAvx512Bf16,  // vdpbf16ps, vcvtne2ps2bf16
+    kBf16Pairs,   // bf16 pair dot products into f32 lanes: AVX512-BF16 (vdpbf16ps), AArch64 FEAT_BF16 (bfdot)
     kAvx512Vnni,  // vpdpbusd (int8 dot products)
 };
 bool has_feature(Feature feature);

@@ -12,9 +12,9 @@ void linear(const LinearArgs& a) {
     with_float_type(a.dtype, [&](auto tag) {
         using T = decltype(tag);
         if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(a.bias), a.M, a.N);
-#if defined(LLAISYS_ISA_AVX512)
+#if defined(LLAISYS_BF16_PAIR_CHAIN)
         if constexpr (std::is_same_v<T, bf16_t>) {
-            if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
+            if (has_feature(Feature::kBf16Pairs) && linear_bf16dot_allowed())
                 return linear_dot<Bf16PairChain, kMR, kNR, T, Bf16PairBlock>(a);
         }
 #endif

@@ -13,8 +13,9 @@
 // sum is rounded once to the output dtype.
 //
 // A chain type says how a step multiplies: FmaChain (f32 lanes; x as f32 rows, weights widened from
-// f32 / f16 / bf16 on load) or, in the avx512 build on CPUs with AVX512-BF16, Bf16PairChain (vdpbf16ps on
-// bf16 x and weights as they are, 32 values of k per step).
+// f32 / f16 / bf16 on load) or, on CPUs that multiply bf16 pairs, Bf16PairChain (bf16 x and weights as they
+// are, two values of k per lane and step: vdpbf16ps in the avx512 build with AVX512-BF16, 32 values a step;
+// bfdot in the dotprod build with AArch64's FEAT_BF16, 16 values a step).
 #pragma once
 
 #include <type_traits>
@@ -37,18 +38,18 @@ struct FmaChain {
     LLAISYS_ALWAYS_INLINE static V step(V acc, V x, V w) { return fmadd(x, w, acc); }
 };
 
-#if defined(LLAISYS_ISA_AVX512)
+#if defined(LLAISYS_ISA_AVX512) || defined(LLAISYS_ISA_DOTPROD)
+#define LLAISYS_BF16_PAIR_CHAIN 1  // (this build has Bf16PairChain: linear and moe_linear pick it at run time)
 struct Bf16PairChain {
-    using Acc = Vec16;
+    using Acc = Vec;
+    using Int = Vec::Int;
     using XElem = bf16_t;                 // x used as it is
-    static constexpr int KW = 32;         // 16 lanes x a (k, k + 1) pair
-    LLAISYS_ALWAYS_INLINE static Vec16i load(const bf16_t* p) { return Vec16i::load(p); }
-    LLAISYS_ALWAYS_INLINE static Vec16i load_partial(const bf16_t* p, int n) { return Vec16i::load_halves_partial(p, n); }
-    // (not always_inline: it can only be inlined into code built for AVX512-BF16; linear.cpp's caller
-    // of this chain has that target and inlines everything beneath it)
-    LLAISYS_TARGET_AVX512BF16 static inline Vec16 step(Vec16 acc, Vec16i x, Vec16i w) {
-        return dot_bf16_pairs(acc, x, w);
-    }
+    static constexpr int KW = 2 * Vec::W;  // each lane a (k, k + 1) pair
+    LLAISYS_ALWAYS_INLINE static Int load(const bf16_t* p) { return Int::load(p); }
+    LLAISYS_ALWAYS_INLINE static Int load_partial(const bf16_t* p, int n) { return Int::load_halves_partial(p, n); }
+    // (not always_inline: it can only be inlined into code built for the pair instructions; linear.cpp's
+    // caller of this chain has that target and inlines everything beneath it)
+    LLAISYS_TARGET_BF16_PAIRS static inline Vec step(Vec acc, Int x, Int w) { return dot_bf16_pairs(acc, x, w); }
 };
 #endif
 

@@ -68,9 +68,9 @@ void moe_linear(const MoeLinearArgs& a) {
         using T = decltype(tag);
         if (a.K == 0) return fill_rows_with_bias(static_cast<T*>(a.out), static_cast<const T*>(nullptr),
                                                  a.M * a.k, a.N);
-#if defined(LLAISYS_ISA_AVX512)
+#if defined(LLAISYS_BF16_PAIR_CHAIN)
         if constexpr (std::is_same_v<T, bf16_t>) {
-            if (has_feature(Feature::kAvx512Bf16) && linear_bf16dot_allowed())
+            if (has_feature(Feature::kBf16Pairs) && linear_bf16dot_allowed())
                 return moe_linear_dot<Bf16PairChain, T, Bf16PairBlock>(a);
         }
 #endif

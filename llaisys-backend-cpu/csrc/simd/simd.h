@@ -90,8 +90,13 @@
 #endif
 
 #define LLAISYS_ALWAYS_INLINE inline __attribute__((always_inline))
-// Functions that use AVX512-BF16 instructions (only called after has_feature(Feature::kAvx512Bf16)).
-#define LLAISYS_TARGET_AVX512BF16 __attribute__((target("avx512bf16")))
+// Functions that multiply bf16 pairs (dot_bf16_pairs: AVX512-BF16's vdpbf16ps, AArch64 FEAT_BF16's bfdot), only
+// called after has_feature(Feature::kBf16Pairs).
+#if defined(__aarch64__)
+#define LLAISYS_TARGET_BF16_PAIRS __attribute__((target("+bf16")))
+#else
+#define LLAISYS_TARGET_BF16_PAIRS __attribute__((target("avx512bf16")))
+#endif
 
 #if defined(LLAISYS_ISA_AVX2) || defined(LLAISYS_ISA_AVX512)
 // GCC 12 warns "__Y is (may be) used uninitialized" inside the AVX-512 intrinsics' own _mm512_undefined_*()

@@ -33,6 +33,11 @@ struct Vec8i {
         const uint8_t* b = static_cast<const uint8_t*>(p);
         return {vreinterpretq_u32_u8(vld1q_u8(b)), vreinterpretq_u32_u8(vld1q_u8(b + 16))};
     }
+    static Vec8i load_halves_partial(const void* p, int n) {  // n of 16 16-bit values, the rest 0
+        uint16_t buf[16] = {};
+        std::memcpy(buf, p, sizeof(uint16_t) * size_t(n));
+        return load(buf);
+    }
 };
 inline Vec8i operator+(Vec8i a, Vec8i b) { return {vaddq_u32(a.lo, b.lo), vaddq_u32(a.hi, b.hi)}; }
 inline Vec8i operator&(Vec8i a, Vec8i b) { return {vandq_u32(a.lo, b.lo), vandq_u32(a.hi, b.hi)}; }
@@ -255,5 +260,16 @@ inline Vec8 reduce_add_each(const Vec8 (&a)[8]) {
     const float32x4_t hi = vpaddq_f32(vpaddq_f32(s[4], s[5]), vpaddq_f32(s[6], s[7]));
     return {lo, hi};
 }
+
+#if defined(LLAISYS_ISA_DOTPROD)
+// acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1] in f32 lane i, for a and b holding 8 pairs of bf16 values (bfdot,
+// AArch64's FEAT_BF16: the pair's products and their sum with acc under the architecture's own rounding, which
+// is not vdpbf16ps'; both within linear's bf16 tolerance). Only for CPUs with it (has_feature(Feature::
+// kBf16Pairs)); the caller carries LLAISYS_TARGET_BF16_PAIRS too.
+LLAISYS_TARGET_BF16_PAIRS inline Vec8 dot_bf16_pairs(Vec8 acc, Vec8i a, Vec8i b) {
+    return {vbfdotq_f32(acc.lo, vreinterpretq_bf16_u32(a.lo), vreinterpretq_bf16_u32(b.lo)),
+            vbfdotq_f32(acc.hi, vreinterpretq_bf16_u32(a.hi), vreinterpretq_bf16_u32(b.hi))};
+}
+#endif
 
 }  // namespace llaisys::cpu::LLAISYS_ISA

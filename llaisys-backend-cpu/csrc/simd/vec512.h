@@ -149,9 +149,9 @@ template <class T> inline Vec16 Vec16::round_to() const {
 
 // acc + a[2i] * b[2i] + a[2i + 1] * b[2i + 1] in f32 lane i, for a and b holding 16 pairs of bf16 values
 // (vdpbf16ps: exact products, f32 sums; like every AVX512-BF16 op it reads bf16 subnormals as zero).
-// Only for CPUs with AVX512-BF16 (has_feature(Feature::kAvx512Bf16)); the caller carries
-// LLAISYS_TARGET_AVX512BF16 too.
-LLAISYS_TARGET_AVX512BF16 inline Vec16 dot_bf16_pairs(Vec16 acc, Vec16i a, Vec16i b) {
+// Only for CPUs with AVX512-BF16 (has_feature(Feature::kBf16Pairs)); the caller carries
+// LLAISYS_TARGET_BF16_PAIRS too.
+LLAISYS_TARGET_BF16_PAIRS inline Vec16 dot_bf16_pairs(Vec16 acc, Vec16i a, Vec16i b) {
     return _mm512_dpbf16_ps(acc.r, (__m512bh)a.r, (__m512bh)b.r);
 }
 

@@ -2,7 +2,9 @@
 g++-aarch64-linux-gnu (setup.py's compile_library, CXX=aarch64-linux-gnu-g++), and its ops run under qemu's
 user-mode emulation (qemu-aarch64-static, Debian's qemu-user-static) for each ARM SIMD level: ``-cpu cortex-a53``
 (Advanced SIMD only: the neon build), ``-cpu neoverse-n1`` (+ sdot: the dotprod build), ``-cpu max`` (every
-feature qemu emulates, SVE, bf16 and i8mm included: still the dotprod build, the top of the ladder).
+feature qemu emulates, SVE, bf16 and i8mm included: the dotprod build, its bf16 linears on bfdot, FEAT_BF16's
+pair dot products, picked at run time from AT_HWCAP2 as AVX512-BF16 is on x86-64; once more with
+LLAISYS_CPU_LINEAR_BF16DOT=0, its f32 chain).
 
 A C++ driver (aarch64_driver/driver.cpp, cross-compiled too) loads the library twice through its C ABI: one copy
 pinned to the portable build as the reference, one at the level the emulated CPU reports; it runs every op with a
@@ -38,9 +40,9 @@ QEMU = "qemu-aarch64-static"
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's aarch64 glibc and libstdc++ (libc6-arm64-cross)
 CACHE = Path(tempfile.gettempdir()) / "llaisys-backend-cpu-aarch64"
 
-# (qemu -cpu model, LLAISYS_CPU_SIMD) -> the level the library must pick there
-RUNS = {("cortex-a53", None): "neon", ("neoverse-n1", None): "dotprod", ("max", None): "dotprod",
-        ("max", "neon"): "neon"}
+# (qemu -cpu model, the environment's settings) -> the level the library must pick there
+RUNS = {("cortex-a53", ""): "neon", ("neoverse-n1", ""): "dotprod", ("max", ""): "dotprod",
+        ("max", "LLAISYS_CPU_LINEAR_BF16DOT=0"): "dotprod", ("max", "LLAISYS_CPU_SIMD=neon"): "neon"}
 
 BUILD = """
 import importlib.util, sys
@@ -111,7 +113,7 @@ def test_every_op_matches_the_portable_build_under_emulation(aarch64, cpu, setti
     library, reference, driver = aarch64
     level = RUNS[cpu, setting]
     run = _qemu(cpu, str(driver), str(library), str(reference), level,
-                env_extra={"LLAISYS_CPU_SIMD": setting} if setting else None)
+                env_extra=dict([setting.split("=")]) if setting else None)
     lines = run.stdout.splitlines()
     failed = [line for line in lines if line.startswith("FAIL")]
     assert run.returncode == 0 and not failed, (f"-cpu {cpu}: exit status {run.returncode}\n" + "\n".join(failed[:20])
@@ -133,18 +135,42 @@ int main(void) {
 """
 
 
+BFDOT_PROGRAM = r"""
+#include <arm_neon.h>
+#include <stdio.h>
+#include <sys/auxv.h>
+int main(void) {
+    if (!(getauxval(AT_HWCAP2) & (1ul << 14))) return 3;  /* HWCAP2_BF16: what the library's dispatch reads */
+    volatile uint32_t pair = 0x40003fc0u;  /* bf16 (1.5, 2.0) */
+    float32x4_t r = vbfdotq_f32(vdupq_n_f32(1), vreinterpretq_bf16_u32(vdupq_n_u32(pair)),
+                                vreinterpretq_bf16_u32(vdupq_n_u32(pair)));
+    printf("%g\n", vgetq_lane_f32(r, 0));
+    return 0;
+}
+"""
+
+
+def _static(tmp_path, name: str, program: str, march: str) -> str:
+    source, binary = tmp_path / f"{name}.c", tmp_path / name
+    source.write_text(program)
+    cc = CROSS_CXX.replace("g++", "gcc")
+    subprocess.run([cc if shutil.which(cc) else CROSS_CXX, "-x", "c", "-O1", "-static", f"-march={march}",
+                    str(source), "-o", str(binary)], check=True, timeout=300)
+    return str(binary)
+
+
 @pytest.mark.slow
 def test_the_emulated_cpus_refuse_what_they_lack(tmp_path):
     """What makes the levels' runs mean something: qemu's cortex-a53 raises SIGILL on sdot (so the neon run above
-    executed none), neoverse-n1 runs it; a static NEON program runs here at all."""
+    executed none), neoverse-n1 runs it; max has bfdot and says so in AT_HWCAP2 (so the max runs above took the
+    bf16 pair path), neoverse-n1 says it has not; a static NEON program runs here at all."""
     _tools_or_skip()
-    source, program = tmp_path / "sdot.c", tmp_path / "sdot"
-    source.write_text(SDOT_PROGRAM)
-    cc = CROSS_CXX.replace("g++", "gcc")
-    subprocess.run([cc if shutil.which(cc) else CROSS_CXX, "-x", "c", "-O1", "-static", "-march=armv8.2-a+dotprod",
-                    str(source), "-o", str(program)], check=True, timeout=300)
-    assert _qemu("neoverse-n1", str(program), timeout=60).stdout.strip() == "-23"  # 1 + 4 * (3 * -2)
-    assert _qemu("cortex-a53", str(program), timeout=60).returncode in (-4, 128 + 4)  # SIGILL
+    sdot = _static(tmp_path, "sdot", SDOT_PROGRAM, "armv8.2-a+dotprod")
+    assert _qemu("neoverse-n1", sdot, timeout=60).stdout.strip() == "-23"  # 1 + 4 * (3 * -2)
+    assert _qemu("cortex-a53", sdot, timeout=60).returncode in (-4, 128 + 4)  # SIGILL
+    bfdot = _static(tmp_path, "bfdot", BFDOT_PROGRAM, "armv8.2-a+dotprod+bf16")
+    assert _qemu("max", bfdot, timeout=60).stdout.strip() == "7.25"  # 1 + 1.5 * 1.5 + 2 * 2
+    assert _qemu("neoverse-n1", bfdot, timeout=60).returncode == 3
 
 
 @pytest.mark.slow
