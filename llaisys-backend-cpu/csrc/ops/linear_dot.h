@@ -189,23 +189,36 @@ constexpr int64_t kStreamPrefetchBytes = int64_t(32) << 10;
 // Weight rows [n0, n1) against all R <= kStreamRows rows of x, one weight row at a time: a tile of R x 1, so
 // that each thread reads its block of weights once, as one sequential stream, and every row of x takes the
 // weight line from a register (tiles of NR weight rows read NR streams a row apart, which the hardware
-// prefetchers served at ~27 GB/s where one stream ran at the full ~37 at K = 1536 on Zen 4). R chains per
-// tile keep the FMA units busy without more weight rows. (Groups of at most 4 rows, as this path had before,
-// read each weight row again per group: a verify of 4 drafts, 4 + 1 rows, cost 1.35-1.6x a decode step's
-// linear, f32 K = 576.)
+// prefetchers served at ~27 GB/s where one stream ran at the full ~37 at K = 1536 on Zen 4, with AVX-512). R
+// chains per tile keep the FMA units busy without more weight rows; one row of x with 8 lanes needs more
+// (below). (Groups of at most 4 rows, as this path had before, read each weight row again per group: a verify
+// of 4 drafts, 4 + 1 rows, cost 1.35-1.6x a decode step's linear, f32 K = 576.)
+//
+// One row of x against one weight row is one chain per lane, each multiply-add waiting for the one before it
+// (4 cycles). With 16 lanes that outruns memory; with 8 (avx2, NEON's register pairs, portable) it did not: a
+// bf16 decode step of the 1.5B shape ran at 68% of the memory bound (avx2 forced on a 2-core AVX-512 Xeon, 2
+// threads). There a single row of x takes kStreamWeightRows weight rows at a time (four chains, four streams a
+// row apart: 91%; two left the MLP's linears at 23-29 GB/s where four read 29-41); each output's chain, and so
+// its bits, stay the same.
+constexpr int kStreamWeightRows = Vec::W < 16 ? 4 : 1;
+
 template <class C, int R, class T, class O>
 LLAISYS_ALWAYS_INLINE void dot_stream(const typename C::XElem* x, const T* w, int64_t n0, int64_t n1, int64_t K,
                                       const T* bias, O* out, int64_t N) {
+    constexpr int NR = R == 1 ? kStreamWeightRows : 1;
     const KPart<typename C::Acc> all{0, K, nullptr};
     const int64_t row_bytes = K * int64_t(sizeof(T));
     const int64_t ahead = R > 1 ? ceil_div(kStreamPrefetchBytes, row_bytes) : 0;  // rows
     const int64_t lines = R > 1 ? ceil_div(row_bytes, 64) : 0;
-    for (int64_t n = n0; n < n1; ++n) {
+    int64_t n = n0;
+    for (; n + NR <= n1; n += NR) {
         const bool request = n + ahead < N;  // (the block after this one is, most of the time, this thread's next)
-        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N,
-                          request ? reinterpret_cast<const char*>(w + (n + ahead) * K) : nullptr, request ? lines : 0,
-                          all);
+        dot_tile<C, R, NR>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N,
+                           request ? reinterpret_cast<const char*>(w + (n + ahead) * K) : nullptr,
+                           request ? lines : 0, all);
     }
+    for (; n < n1; ++n)  // (the last rows of a block, where rows go in fours)
+        dot_tile<C, R, 1>(x, K, w + n * K, K, bias ? bias + n : nullptr, out + n, N, nullptr, 0, all);
 }
 
 // Weight rows [n0, n1) (a thread's unit of work) against rows [0, mc) of x. With NR == 1 (mc <= kStreamRows)
