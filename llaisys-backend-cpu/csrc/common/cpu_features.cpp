@@ -107,7 +107,10 @@ bool has_feature(Feature feature) {
         case Feature::kAvx512Vnni: return avx512vnni;
     }
 #elif defined(__aarch64__) && defined(__linux__)
-    if (feature == Feature::kBf16Pairs) return (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
+    if (feature == Feature::kBf16Pairs) {  // (read once, as the x86-64 answers are: linear asks every call)
+        static const bool bf16 = (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
+        return bf16;
+    }
 #elif defined(__aarch64__) && defined(__APPLE__)
     if (feature == Feature::kBf16Pairs) {  // (M2 and later: hw.optional.arm.FEAT_BF16, macOS 12 on)
         static const bool bf16 = sysctl_flag("hw.optional.arm.FEAT_BF16");

@@ -193,8 +193,7 @@ def block_weight(f: GGUFFile, name: str, shape: tuple[int, int], device: llaisys
     if isinstance(rows, slice):  # a part of a fused tensor, or a rank's rows
         raw, first, rows = raw[rows], rows.start, None
     if columns is not None:
-        block, type_size = GGML_QUANT_SIZES[info.type]
-        raw = raw[:, columns[0] // block * type_size:columns[1] // block * type_size]
+        raw = raw[:, column_bytes(info.type, *columns)]
     buffers = block_buffers(fmt, shape, device, arena)
     weight, scales = buffers.arrays
     n = shape[0]
@@ -282,8 +281,7 @@ def block_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: l
     if part is not None and part.dim == 0:
         rows_of = (part.start, part.stop)
     elif part is not None:
-        block, type_size = GGML_QUANT_SIZES[info.type]
-        cols = slice(part.start // block * type_size, part.stop // block * type_size)
+        cols = column_bytes(info.type, part.start, part.stop)
     kept_shape = (experts, *_matrix(part.shape((n, k)))) if part is not None else (experts, n, k)
     buffers = experts_block_buffers(fmt, kept_shape, device, arena)
     weight, scales = buffers.arrays  # [E, NB, ...]
@@ -302,6 +300,12 @@ def block_experts(f: GGUFFile, name: str, shape: tuple[int, int, int], device: l
     f.release(name)
     placed_weight, placed_scales = buffers.placed()
     return BlockExperts(placed_weight, placed_scales, fmt, kept_shape)
+
+
+def column_bytes(qtype: quants.Q, start: int, stop: int) -> slice:
+    """The bytes of each stored row that hold its values [start, stop), both on block boundaries (splits_blocks)."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    return slice(start // block * type_size, stop // block * type_size)
 
 
 def splits_blocks(part: Part, qtype: quants.Q) -> bool:
