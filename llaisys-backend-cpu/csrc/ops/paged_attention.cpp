@@ -1,5 +1,6 @@
-// paged_attention and paged_kv_write, and their quantized-cache forms paged_attention_q and paged_kv_write_q
-// (kv_quant.h; the same kernel with another cache reader). Each build instantiates paged_attention.h with its
+// paged_attention and paged_kv_write, their quantized-cache forms paged_attention_q and paged_kv_write_q
+// (kv_quant.h; the same kernel with another cache reader) and paged_latent_attention (MLA's latent cache: the
+// same kernel with the LatentKV reader). Each build instantiates paged_attention.h with its
 // tile shapes (8-lane vectors everywhere: one vector type keeps results batch-invariant, and on Zen 4 ymm lanes
 // give as many FLOPs per cycle as zmm); the portable build also holds the exported entry points, which check the index
 // data the kernels read (offsets, lengths, block ids, slots) before touching memory.
@@ -248,6 +249,24 @@ int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype, int kv_fo
                                         static_cast<const int32_t*>(seq_lens),
                                         static_cast<const int32_t*>(query_start), kv_format, k_scale, v_scale,
                                         value_lanes()};
+        check_batch(p);
+        LLAISYS_PER_ISA(paged_attention)(dtype, p);
+    });
+}
+int LLAISYS_FN(paged_latent_attention)(int device, void* stream, int dtype, int64_t T, int64_t num_seqs, int64_t H,
+                                       int64_t dc, int64_t dr, int64_t num_blocks, int64_t block_size,
+                                       int64_t max_blocks, double scale, void* out, const void* q,
+                                       const void* c_cache, const void* r_cache, const void* block_tables,
+                                       const void* seq_lens, const void* query_start) {
+    (void)device;
+    return launch("paged_latent_attention", stream, [=] {
+        require_float_dtype(dtype);
+        if (T == 0 || H == 0 || dc == 0) return;
+        cpu::attn::PagedProblem p{T, num_seqs, H, 1, dc + dr, dc, num_blocks, block_size, max_blocks, 0,
+                                  float(scale), out, q, c_cache, r_cache,
+                                  static_cast<const int32_t*>(block_tables), static_cast<const int32_t*>(seq_lens),
+                                  static_cast<const int32_t*>(query_start), 0, nullptr, nullptr, value_lanes()};
+        p.latent = true;
         check_batch(p);
         LLAISYS_PER_ISA(paged_attention)(dtype, p);
     });

@@ -63,6 +63,9 @@ struct PagedProblem {
     // The value-lanes form for tiles of few queries (Paged::values_form); false only to test or time it
     // against the query-lanes form (LLAISYS_CPU_PAGED_VALUE_LANES=0): both give the same bits.
     bool value_lanes = true;
+    // A latent cache (paged_latent_attention, DeepSeek's MLA): Hkv = 1, k_cache = c [rows, dv] and v_cache =
+    // r [rows, d - dv]; key j = (c[j], r[j]) and value j = c[j] (LatentKV).
+    bool latent = false;
 };
 
 // One unit of work: tile `tile` of (sequence `seq`, kv head `g`), key chunks [c0, c1) of the tile's chunks
@@ -126,8 +129,31 @@ struct QuantKV {
     }
 };
 
+// A latent cache (MLA): one kv head whose key row is the concatenation (c[row], r[row]) of the two caches and
+// whose value row is c[row], the key's first dv values: gathered once as keys, and the values read from them.
+template <class T>
+struct LatentKV {
+    static constexpr bool kInPlace = false;
+    static constexpr bool kValuesInKeys = true;
+    const T* c;
+    const T* r;
+    int64_t dr;
+    explicit LatentKV(const PagedProblem& p)
+        : c(static_cast<const T*>(p.k_cache)), r(static_cast<const T*>(p.v_cache)), dr(p.d - p.dv) {}
+    void key(int64_t row, int64_t, int64_t, int64_t d, float* dst) const {
+        convert(c + row * (d - dr), dst, d - dr);
+        convert(r + row * dr, dst + d - dr, dr);
+    }
+};
+
+template <class KV, class = void>
+struct ValuesInKeys : std::false_type {};
+template <class KV>
+struct ValuesInKeys<KV, std::void_t<decltype(KV::kValuesInKeys)>> : std::bool_constant<KV::kValuesInKeys> {};
+
 // Keys [kb, kb + nb) of kv head g of one sequence (block table bt) as f32 rows: read in place when the reader
-// allows it (f32) and inside one cache block, else gathered (widened or decoded) into Kc / Vc.
+// allows it (f32) and inside one cache block, else gathered (widened or decoded) into Kc / Vc (a latent cache's
+// values are its gathered keys' first dv columns).
 template <class KV>
 static inline void paged_kv_block(const KV& kv, const int32_t* bt, int64_t bs, int64_t kb, int64_t nb,
                                   int64_t Hkv, int64_t g, int64_t d, int64_t dv, float* Kc, float* Vc,
@@ -144,9 +170,11 @@ static inline void paged_kv_block(const KV& kv, const int32_t* bt, int64_t bs, i
     for (int64_t j = 0; j < nb; ++j) {
         const int64_t pos = kb + j, row = int64_t(bt[pos / bs]) * bs + pos % bs;
         kv.key(row, Hkv, g, d, Kc + j * d);
-        kv.value(row, Hkv, g, dv, Vc + j * dv);
+        if constexpr (!ValuesInKeys<KV>::value) kv.value(row, Hkv, g, dv, Vc + j * dv);
     }
-    Kp = Kc, kstride = d, Vp = Vc, vstride = dv;
+    Kp = Kc, kstride = d;
+    if constexpr (ValuesInKeys<KV>::value) Vp = Kc, vstride = d;
+    else Vp = Vc, vstride = dv;
 }
 
 // Merge chunk partials (m, l, OT at parts + s * stride, s < n) in chunk order into OT / l:
@@ -563,9 +591,10 @@ void paged_attention_typed(const PagedProblem& p) {
     paged.run();
 }
 
-// paged_attention of one build over the cache p.kv_format names, q / out of element type T.
+// paged_attention of one build over the cache p.kv_format (or p.latent) names, q / out of element type T.
 template <class V, class Shapes, class T>
 void paged_attention_any_cache(const PagedProblem& p) {
+    if (p.latent) return paged_attention_typed<V, Shapes, T, LatentKV<T>>(p);
     switch (p.kv_format) {
         case 0: paged_attention_typed<V, Shapes, T, PlainKV<T>>(p); break;
         case LLAISYS_KV_INT8: paged_attention_typed<V, Shapes, T, QuantKV<LLAISYS_KV_INT8>>(p); break;

@@ -331,8 +331,20 @@ void destroy_stream_context(StreamContext* ctx) {
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// The paged op a kernel error came from: the quantized caches' ops (6.3) share the checks, under their own codes.
+// The paged op a kernel error came from: the quantized caches' ops (6.3) and the latent attention (6.4) share the
+// checks, under their own codes.
 static std::string paged_op(const char* op, bool quantized) { return std::string(op) + (quantized ? "_q" : ""); }
+static std::string paged_attention_op(int code) {
+    switch (code) {
+        case kPagedQQueryStart:
+        case kPagedQSeqLen:
+        case kPagedQBlockId: return "paged_attention_q";
+        case kPagedLatentQueryStart:
+        case kPagedLatentSeqLen:
+        case kPagedLatentBlockId: return "paged_latent_attention";
+        default: return "paged_attention";
+    }
+}
 
 void check_kernel_errors(DeviceContext& ctx) {
     std::lock_guard<std::mutex> lock(g_error_mutex);
@@ -367,13 +379,15 @@ void check_kernel_errors(DeviceContext& ctx) {
                                   " slots (nothing was written)");
         case kPagedQueryStart:
         case kPagedQQueryStart:
-            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQQueryStart) +
+        case kPagedLatentQueryStart:
+            throw InvalidArgument(paged_attention_op(record.code) +
                                   ": query_start[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " breaks 0 <= query_start[0] <= ... <= query_start" +
                                   "[num_seqs] <= " + std::to_string(record.c) + " (the query rows)");
         case kPagedSeqLen:
         case kPagedQSeqLen:
-            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQSeqLen) +
+        case kPagedLatentSeqLen:
+            throw InvalidArgument(paged_attention_op(record.code) +
                                   ": seq_lens[" + std::to_string(record.b) + "] = " +
                                   std::to_string(record.a) + " is below the sequence's query rows or above " +
                                   "max_blocks * block_size = " + std::to_string(record.c));
@@ -382,7 +396,8 @@ void check_kernel_errors(DeviceContext& ctx) {
                                   "] = " + std::to_string(record.a) + " is not an expert id (its row was not written)");
         case kPagedBlockId:
         case kPagedQBlockId:
-            throw InvalidArgument(paged_op("paged_attention", record.code == kPagedQBlockId) +
+        case kPagedLatentBlockId:
+            throw InvalidArgument(paged_attention_op(record.code) +
                                   ": block_tables entry " + std::to_string(record.b) + " = " +
                                   std::to_string(record.a) + " is not a block in [0, " + std::to_string(record.c) +
                                   ")");

@@ -40,6 +40,10 @@ enum KernelErrorCode : int {
     kPagedQQueryStart = 17,
     kPagedQSeqLen = 18,
     kPagedQBlockId = 19,
+    // paged_latent_attention: as kPagedQueryStart ... kPagedBlockId (the op named differs)
+    kPagedLatentQueryStart = 20,
+    kPagedLatentSeqLen = 21,
+    kPagedLatentBlockId = 22,
 };
 
 struct KernelErrorRecord {

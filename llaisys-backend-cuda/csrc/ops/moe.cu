@@ -1,8 +1,13 @@
-// Mixture of experts (backend.h): moe_router, moe_linear, moe_combine. Each row is computed on its own, so a
-// row's result never depends on the other rows of the batch.
+// Mixture of experts (backend.h): moe_router, moe_router_grouped, moe_linear, moe_combine. Each row is computed on
+// its own, so a row's result never depends on the other rows of the batch.
 //
 // moe_router: a thread per row. The top k in the order (logit descending, expert id ascending; NaN last):
-// pick j is the best logit strictly after pick j - 1 in that order (k passes over the row, no arrays).
+// pick j is the best logit strictly after pick j - 1 in that order (next_pick: k passes over the row, no arrays).
+// moe_router_grouped (6.4, DeepSeek-V2 / V3): a thread per row, the same picks over the choice scores c = s + bias
+// (s = softmax or sigmoid, recomputed where read). A group's score is its group_top first picks' c summed in
+// order; the topk_group-th group in the order (score descending, group ascending) is found by topk_group picks
+// over the groups, and a group is kept iff it is not after that one (its score recomputed once per pass over
+// the experts). Then k picks over the experts (those of groups not kept are -inf), their s summed in pick order.
 // moe_linear: a warp per (expert, tile of weight rows); it walks the (row, slot) pairs in order, takes those
 // that chose its expert a tile at a time, and computes their tile with linear's own arithmetic, so that each
 // output is the bits linear gives for that row and expert alone, whatever the batch: in f16 / bf16 where
@@ -31,6 +36,27 @@ __device__ __forceinline__ bool router_before(float la, int64_t a, float lb, int
     return la > lb || (la == lb && a < b);
 }
 
+// A pick of a top k: its key (NaN already -inf) and id. The first pick is next_pick(n, key, no_pick()).
+struct RouterPick {
+    float key;
+    int64_t id;
+};
+__device__ __forceinline__ RouterPick no_pick() { return {INFINITY, -1}; }  // before every item
+
+// The first item of [0, n) strictly after `prev` in the router's order of keys key(i): pick j of a top k is
+// next_pick(pick j - 1), so a top k is k passes over the items, with no array. key(i) is called once per item,
+// in ascending i.
+template <class Key>
+__device__ RouterPick next_pick(int64_t n, Key&& key, RouterPick prev) {
+    RouterPick best{0.0f, -1};
+    for (int64_t i = 0; i < n; ++i) {
+        const float ki = router_key(key(i));
+        if (router_before(prev.key, prev.id, ki, i) && (best.id < 0 || router_before(ki, i, best.key, best.id)))
+            best = {ki, i};
+    }
+    return best;
+}
+
 template <class T>
 __global__ void moe_router_kernel(int64_t M, int64_t E, int64_t k, bool normalize, T* weights, int64_t* experts,
                                   const T* logits) {
@@ -40,31 +66,83 @@ __global__ void moe_router_kernel(int64_t M, int64_t E, int64_t k, bool normaliz
         float max = -INFINITY, sum = 0.0f;
         for (int64_t e = 0; e < E; ++e) max = fmaxf(max, to_float(row[e]));
         for (int64_t e = 0; e < E; ++e) sum += expf(to_float(row[e]) - max);
+        auto logit = [&](int64_t e) { return to_float(row[e]); };
         // pass 0 sums the k picks' probabilities (for normalize), pass 1 writes them
         float top = 0.0f;
         for (int pass = 0; pass < 2; ++pass) {
-            float prev = INFINITY;
-            int64_t prev_id = -1;
+            RouterPick pick = no_pick();
             for (int64_t j = 0; j < k; ++j) {
-                float best = 0.0f;
-                int64_t id = -1;
-                for (int64_t e = 0; e < E; ++e) {
-                    const float key = router_key(to_float(row[e]));
-                    if (router_before(prev, prev_id, key, e) && (id < 0 || router_before(key, e, best, id))) {
-                        best = key;
-                        id = e;
-                    }
-                }
-                const float p = expf(to_float(row[id]) - max) / sum;
+                pick = next_pick(E, logit, pick);
+                const float p = expf(to_float(row[pick.id]) - max) / sum;
                 if (pass == 0) {
                     top += p;
                 } else {
-                    experts[m * k + j] = id;
+                    experts[m * k + j] = pick.id;
                     weights[m * k + j] = from_float<T>(normalize ? p / top : p);
                 }
-                prev = best;
-                prev_id = id;
             }
+        }
+    }
+}
+
+// moe_router_grouped's sizes and options (checked by the export).
+struct GroupedRoute {
+    int64_t E, k, n_group, topk_group, group_top;
+    bool sigmoid, normalize;
+    float route_scale;
+    const float* bias;  // f32 [E] or null
+};
+
+template <class T>
+__global__ void moe_router_grouped_kernel(int64_t M, GroupedRoute r, T* weights, int64_t* experts,
+                                          const T* logits) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x, per = r.E / r.n_group;
+    for (int64_t m = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; m < M; m += stride) {
+        const T* row = logits + m * r.E;
+        float max = -INFINITY, sum = 0.0f;
+        if (!r.sigmoid) {
+            for (int64_t e = 0; e < r.E; ++e) max = fmaxf(max, to_float(row[e]));
+            for (int64_t e = 0; e < r.E; ++e) sum += expf(to_float(row[e]) - max);
+        }
+        auto score = [&](int64_t e) {  // s
+            const float x = to_float(row[e]);
+            return r.sigmoid ? 1.0f / (1.0f + expf(-x)) : expf(x - max) / sum;
+        };
+        auto choice = [&](int64_t e) { return r.bias ? score(e) + r.bias[e] : score(e); };  // c
+        auto group_score = [&](int64_t g) {  // its group_top largest c, summed largest first
+            auto member = [&](int64_t i) { return choice(g * per + i); };
+            RouterPick pick = no_pick();
+            float total = 0.0f;
+            for (int64_t j = 0; j < r.group_top; ++j) {
+                pick = next_pick(per, member, pick);
+                total += pick.key;
+            }
+            return total;
+        };
+        const bool limited = r.topk_group < r.n_group;
+        RouterPick last_group = no_pick();  // the topk_group-th group: the groups not after it are kept
+        if (limited)
+            for (int64_t j = 0; j < r.topk_group; ++j) last_group = next_pick(r.n_group, group_score, last_group);
+        int64_t group = -1;  // the group of the expert key() saw last, and whether it is kept
+        bool kept = true;
+        auto key = [&](int64_t e) {  // c, or -inf outside the kept groups (called in ascending e)
+            if (limited && e / per != group) {
+                group = e / per;
+                kept = !router_before(last_group.key, last_group.id, router_key(group_score(group)), group);
+            }
+            return kept ? choice(e) : -INFINITY;
+        };
+        int64_t* ids = experts + m * r.k;
+        float top = 0.0f;
+        RouterPick pick = no_pick();
+        for (int64_t j = 0; j < r.k; ++j) {
+            pick = next_pick(r.E, key, pick);
+            ids[j] = pick.id;
+            top += score(pick.id);
+        }
+        for (int64_t j = 0; j < r.k; ++j) {  // (this thread's own writes)
+            const float s = score(ids[j]);
+            weights[m * r.k + j] = from_float<T>((r.normalize ? s / (top + 1e-20f) : s) * r.route_scale);
         }
     }
 }
@@ -188,6 +266,40 @@ int LLAISYS_FN(moe_router)(int device, void* stream, int dtype, int64_t M, int64
             auto kernel = &moe_router_kernel<T>;
             const unsigned blocks = blocks_for(M, 64, int64_t(device_context(s.device).sm_count) * 4);
             LLAISYS_LAUNCH(kernel, blocks, 64, 0, s.stream, M, E, k, normalize != 0, static_cast<T*>(weights),
+                           static_cast<int64_t*>(experts), static_cast<const T*>(logits));
+        });
+    });
+}
+
+int LLAISYS_FN(moe_router_grouped)(int device, void* stream, int dtype, int64_t M, int64_t E, int64_t k, int scoring,
+                                   int64_t n_group, int64_t topk_group, int64_t group_top, int normalize,
+                                   double route_scale, void* weights, void* experts, const void* logits,
+                                   const void* bias) {
+    using namespace llaisys::cuda;
+    return guard("moe_router_grouped", [&] {
+        StreamContext& s = stream_context(device, stream);
+        const auto str = [](int64_t v) { return std::to_string(v); };
+        if (scoring != 0 && scoring != 1)
+            throw InvalidArgument("scoring = " + str(scoring) + " is not 0 (softmax) or 1 (sigmoid)");
+        if (n_group < 1 || E < 1 || E % n_group)
+            throw InvalidArgument("n_group = " + str(n_group) + " does not divide E = " + str(E));
+        if (topk_group < 1 || topk_group > n_group)
+            throw InvalidArgument("topk_group = " + str(topk_group) + " must be in [1, n_group = " + str(n_group) +
+                                  "]");
+        if (group_top < 1 || group_top > E / n_group)
+            throw InvalidArgument("group_top = " + str(group_top) + " must be in [1, E / n_group = " +
+                                  str(E / n_group) + "]");
+        if (k < 1 || k > topk_group * (E / n_group))
+            throw InvalidArgument("k = " + str(k) + " must be in [1, topk_group * E / n_group = " +
+                                  str(topk_group * (E / n_group)) + "]");
+        if (M <= 0) return;
+        const GroupedRoute route{E, k, n_group, topk_group, group_top, scoring == 1, normalize != 0,
+                                 float(route_scale), static_cast<const float*>(bias)};
+        dispatch_float(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            auto kernel = &moe_router_grouped_kernel<T>;
+            const unsigned blocks = blocks_for(M, 64, int64_t(device_context(s.device).sm_count) * 4);
+            LLAISYS_LAUNCH(kernel, blocks, 64, 0, s.stream, M, route, static_cast<T*>(weights),
                            static_cast<int64_t*>(experts), static_cast<const T*>(logits));
         });
     });

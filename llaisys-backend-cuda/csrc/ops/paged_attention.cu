@@ -2,8 +2,9 @@
 // and values in their slots; paged_attention is causal GQA attention of several sequences at once, each
 // reading its keys and values through its row of the block tables.
 //
-// paged_attention: one block per (query row t, kv head g). The block finds t's sequence s in query_start,
-// holds the G query heads of g (they share every K / V tile it loads) and walks its keys, [0, p] for the query
+// paged_attention: one block per (query row t, kv head g), or per (t, hb of g's G heads) where the G heads do
+// not fit shared memory at once. The block finds t's sequence s in query_start, holds its query heads of g (they
+// share every K / V tile it loads) and walks its keys, [0, p] for the query
 // at position p = i + S - L (its causal end), or with a sliding window [p - window + 1, p] (the keys before
 // are never read), in tiles of BC from its first key through the block table: K tile to shared memory, scores (one thread per
 // (head, key)), an online softmax per head (one warp per head), V tile, acc += P V (threads over (head,
@@ -23,6 +24,12 @@
 // decode(byte) * scale, in f32, where PlainCache widens T), so the masks, the window, the checks and the
 // arithmetic after the read are paged_attention's. paged_kv_write_q: one warp per (token, kv head), the k row
 // then the v row: one warp max of |x| (as integers), the scale, then each lane encodes its values.
+//
+// paged_latent_attention (6.4, DeepSeek's MLA in its absorbed form) is the same kernel body again, with one kv
+// head, no window and a third reader (LatentCache): key row j = concat(c[j], r[j]) (d = dc + dr), value row j
+// = c[j] (dv = dc), which the K tile already holds, so no V tile is loaded. Its H query heads all share the one
+// kv head: when they do not fit shared memory in one block, they are split over several blocks (a block holds
+// hb heads, hb a divisor of G; each head's arithmetic is the same whatever hb, so the bits depend on BC only).
 #include <algorithm>
 #include <climits>
 
@@ -112,11 +119,19 @@ __global__ void __launch_bounds__(kThreads) kv_write_q_kernel(int64_t n_tokens, 
 
 // ---- paged_attention ------------------------------------------------------------------------------------------
 
+// The error codes a kernel reports about the index data (context.cu names the op by them).
+template <int QueryStart, int SeqLen, int BlockId>
+struct PagedErrorCodes {
+    static constexpr int kQueryStart = QueryStart, kSeqLen = SeqLen, kBlockId = BlockId;
+};
+
 // The cache readers: key(i, c) / value(i, c) is element c of cache row i = slot * Hkv + kv head, in f32.
+// kValueInKey: value(i, c) is key(i, c) for c < dv (the K tile holds the values: no V tile is loaded).
 // paged_attention's caches hold T [num_slots, Hkv, d | dv] (widened exactly).
 template <class T>
 struct PlainCache {
-    static constexpr bool kQuantized = false;
+    using Errors = PagedErrorCodes<kPagedQueryStart, kPagedSeqLen, kPagedBlockId>;
+    static constexpr bool kValueInKey = false;
     const T *k, *v;
     int64_t d, dv;
     __device__ float key(int64_t i, int64_t c) const { return to_float(k[i * d + c]); }
@@ -126,7 +141,8 @@ struct PlainCache {
 // paged_attention_q's: bytes [num_slots, Hkv, d | dv] and f16 scales [num_slots, Hkv], read as decode(b) * scale.
 template <class Format>
 struct QuantCache {
-    static constexpr bool kQuantized = true;
+    using Errors = PagedErrorCodes<kPagedQQueryStart, kPagedQSeqLen, kPagedQBlockId>;
+    static constexpr bool kValueInKey = false;
     const uint8_t *k, *v;
     const f16 *k_scale, *v_scale;
     int64_t d, dv;
@@ -134,17 +150,24 @@ struct QuantCache {
     __device__ float value(int64_t i, int64_t c) const { return kv_decode<Format>(v[i * dv + c], v_scale[i]); }
 };
 
-// The error codes a kernel reports (context.cu names the op by them).
-template <class Cache>
-struct PagedErrors {
-    static constexpr int kQueryStart = Cache::kQuantized ? kPagedQQueryStart : kPagedQueryStart;
-    static constexpr int kSeqLen = Cache::kQuantized ? kPagedQSeqLen : kPagedSeqLen;
-    static constexpr int kBlockId = Cache::kQuantized ? kPagedQBlockId : kPagedBlockId;
+// paged_latent_attention's: c T [num_slots, dc] and r T [num_slots, dr] (one kv head); key row i = concat(c[i],
+// r[i]), value row i = c[i].
+template <class T>
+struct LatentCache {
+    using Errors = PagedErrorCodes<kPagedLatentQueryStart, kPagedLatentSeqLen, kPagedLatentBlockId>;
+    static constexpr bool kValueInKey = true;
+    const T *c, *r;
+    int64_t dc, dr;
+    __device__ float key(int64_t i, int64_t col) const {
+        return to_float(col < dc ? c[i * dc + col] : r[i * dr + (col - dc)]);
+    }
+    __device__ float value(int64_t i, int64_t col) const { return to_float(c[i * dc + col]); }
 };
 
 template <class T, class Cache>
 struct PagedArgs {
     int64_t T_rows, num_seqs, H, Hkv, G, d, dv, num_blocks, block_size, max_blocks;
+    int64_t hb;      // query heads per block: a divisor of G (the G heads of a kv head may span G / hb blocks)
     int64_t window;  // sliding window (0: none)
     int bc;  // keys per tile
     float scale;
@@ -155,10 +178,11 @@ struct PagedArgs {
     KernelErrorRecord* error;
 };
 
-// Floats of dynamic shared memory: q [G][d], the K / V tile [bc][max(d, dv) + 1] (padded: threads reading
-// different keys hit different banks), scores [G][bc], acc [G][dv], m / l / rescale [G].
-inline size_t paged_shared_bytes(int64_t G, int64_t d, int64_t dv, int bc) {
-    return size_t(G * d + bc * (std::max(d, dv) + 1) + G * bc + G * dv + 3 * G) * sizeof(float);
+// Floats of dynamic shared memory for a block of hb heads: q [hb][d], the K / V tile [bc][max(d, dv) + 1]
+// (padded: threads reading different keys hit different banks), scores [hb][bc], acc [hb][dv], m / l / rescale
+// [hb].
+inline size_t paged_shared_bytes(int64_t hb, int64_t d, int64_t dv, int bc) {
+    return size_t(hb * d + bc * (std::max(d, dv) + 1) + hb * bc + hb * dv + 3 * hb) * sizeof(float);
 }
 
 // The number of this block's threads that see a bad value, summed over the block (every thread calls it).
@@ -171,12 +195,13 @@ __device__ int count_bad(int64_t n, Bad bad, BlockScratch<int>& scratch) {
 
 template <class T, class Cache>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T, Cache> a) {
-    using Errors = PagedErrors<Cache>;
+    using Errors = typename Cache::Errors;
     __shared__ BlockScratch<int> scratch;
     LLAISYS_DYNAMIC_SHARED(float, shared);
     const int tid = int(threadIdx.x);
-    const int64_t t = blockIdx.x, g = blockIdx.y, G = a.G, d = a.d, dv = a.dv;
-    const bool reporter = t == 0 && g == 0 && tid == 0;  // one block reports errors about the whole batch
+    // this block: query row t, its heads [h0, h0 + G) (G = hb of them), all of kv head g
+    const int64_t t = blockIdx.x, h0 = int64_t(blockIdx.y) * a.hb, g = h0 / a.G, G = a.hb, d = a.d, dv = a.dv;
+    const bool reporter = t == 0 && blockIdx.y == 0 && tid == 0;  // one block reports errors about the whole batch
     const int32_t* qs = a.query_start;
     const int64_t capacity = a.max_blocks * a.block_size;
 
@@ -202,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T, 
 
     // Row t's sequence: the last s with qs[s] <= t (rows of empty sequences belong to the next one).
     int64_t lo = 0, hi = a.num_seqs;  // qs[lo] <= t < qs[hi] once t is inside [qs[0], qs[num_seqs])
-    T* out = a.out + (t * a.H + g * G) * dv;
+    T* out = a.out + (t * a.H + h0) * dv;
     if (t < qs[0] || t >= qs[a.num_seqs]) {
         for (int64_t p = tid; p < G * dv; p += blockDim.x) out[p] = from_float<T>(0.0f);
         return;
@@ -234,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T, 
     float* l_s = m_s + G;
     float* rescale_s = l_s + G;
 
-    const T* q = a.q + (t * a.H + g * G) * d;  // the G heads of kv head g are consecutive
+    const T* q = a.q + (t * a.H + h0) * d;  // the heads of kv head g are consecutive
     for (int64_t p = tid; p < G * d; p += blockDim.x) q_s[p] = to_float(q[p]);
     for (int64_t p = tid; p < G * dv; p += blockDim.x) acc_s[p] = 0.0f;
     for (int64_t r = tid; r < G; r += blockDim.x) {
@@ -288,11 +313,13 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(PagedArgs<T, 
             }
         }
         __syncthreads();
-        for (int64_t p = tid; p < int64_t(nk) * dv; p += blockDim.x) {  // V replaces K in shared memory
-            const int64_t j = p / dv, c = p % dv;
-            kv_s[j * stride + c] = a.cache.value(row_of(k0 + j) * a.Hkv + g, c);
+        if constexpr (!Cache::kValueInKey) {
+            for (int64_t p = tid; p < int64_t(nk) * dv; p += blockDim.x) {  // V replaces K in shared memory
+                const int64_t j = p / dv, c = p % dv;
+                kv_s[j * stride + c] = a.cache.value(row_of(k0 + j) * a.Hkv + g, c);
+            }
+            __syncthreads();
         }
-        __syncthreads();
         for (int64_t p = tid; p < G * dv; p += blockDim.x) {  // acc += P V, keys in order
             const int64_t r = p / dv, c = p % dv;
             const float* pr = s_s + r * bc;
@@ -309,23 +336,29 @@ template <class T, class Cache>
 void paged_attention(StreamContext& s, PagedArgs<T, Cache> a) {
     DeviceContext& dev = device_context(s.device);
     size_t bytes = 0;
-    for (int bc = 64; bc >= 8 && !a.bc; bc /= 2) {  // the largest key tile that fits shared memory
-        bytes = paged_shared_bytes(a.G, a.d, a.dv, bc);
-        if (bytes <= dev.max_shared_per_block_optin) a.bc = bc;
+    // all G heads of a kv head in one block with the largest key tile that fits shared memory, else the most
+    // heads (a divisor of G) that fit with some tile: fixed by G, d, dv and the device, never by the batch
+    for (int64_t hb = a.G; hb >= 1 && !a.bc; --hb) {
+        if (a.G % hb) continue;
+        for (int bc = 64; bc >= 8 && !a.bc; bc /= 2) {
+            bytes = paged_shared_bytes(hb, a.d, a.dv, bc);
+            if (bytes <= dev.max_shared_per_block_optin) a.bc = bc, a.hb = hb;
+        }
     }
     if (!a.bc)
-        throw NotSupported("paged_attention: " + std::to_string(a.G) + " query heads per kv head with d=" +
-                           std::to_string(a.d) + ", dv=" + std::to_string(a.dv) +
-                           " need more shared memory than the device has");
+        throw NotSupported("a query head with d=" + std::to_string(a.d) + ", dv=" + std::to_string(a.dv) +
+                           " needs more shared memory than the device has");
+    if (a.H / a.hb > 65535)
+        throw NotSupported("more than 65535 blocks of " + std::to_string(a.hb) + " query heads per query row");
     auto kernel = &paged_attention_kernel<T, Cache>;
     if (bytes > dev.max_shared_per_block)
         CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    const dim3 grid(unsigned(a.T_rows), unsigned(a.Hkv), 1);
+    const dim3 grid(unsigned(a.T_rows), unsigned(a.H / a.hb), 1);
     LLAISYS_LAUNCH(kernel, grid, kThreads, bytes, s.stream, a);
 }
 
-// Checks the sizes both attention exports share and fills everything but q, out and the caches.
+// Checks the sizes the attention exports share and fills everything but q, out and the caches.
 template <class T, class Cache>
 bool paged_args(const char* op, int64_t T_rows, int64_t num_seqs, int64_t H, int64_t Hkv, int64_t d, int64_t dv,
                 int64_t num_blocks, int64_t block_size, int64_t max_blocks, int64_t window, double scale,
@@ -336,8 +369,7 @@ bool paged_args(const char* op, int64_t T_rows, int64_t num_seqs, int64_t H, int
         throw InvalidArgument(std::string(op) + ": inconsistent shapes T=" + std::to_string(T_rows) + " H=" +
                               std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " block_size=" +
                               std::to_string(block_size) + " window=" + std::to_string(window));
-    if (Hkv > 65535 || T_rows > INT32_MAX)
-        throw NotSupported(std::string(op) + ": more than 65535 kv heads or 2^31 - 1 query rows");
+    if (T_rows > INT32_MAX) throw NotSupported(std::string(op) + ": more than 2^31 - 1 query rows");
     a.T_rows = T_rows, a.num_seqs = num_seqs, a.H = H, a.Hkv = Hkv, a.G = H / Hkv, a.d = d, a.dv = dv;
     a.num_blocks = num_blocks, a.block_size = block_size, a.max_blocks = max_blocks, a.window = window;
     a.scale = float(scale);
@@ -411,6 +443,29 @@ int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype, int kv_fo
                            static_cast<const f16*>(k_scale), static_cast<const f16*>(v_scale), d, dv};
                 paged_attention(s, a);
             });
+        });
+    });
+}
+
+int LLAISYS_FN(paged_latent_attention)(int device, void* stream, int dtype, int64_t T, int64_t num_seqs, int64_t H,
+                                       int64_t dc, int64_t dr, int64_t num_blocks, int64_t block_size,
+                                       int64_t max_blocks, double scale, void* out, const void* q,
+                                       const void* c_cache, const void* r_cache, const void* block_tables,
+                                       const void* seq_lens, const void* query_start) {
+    using namespace llaisys::cuda;
+    return guard("paged_latent_attention", [&] {
+        if (dc < 0 || dr < 0)
+            throw InvalidArgument("negative latent sizes dc=" + std::to_string(dc) + " dr=" + std::to_string(dr));
+        StreamContext& s = stream_context(device, stream);
+        dispatch_float(dtype, [&](auto tag) {
+            using E = decltype(tag);
+            PagedArgs<E, LatentCache<E>> a{};  // one kv head, keys of dc + dr, values of dc, no window
+            if (!paged_args("paged_latent_attention", T, num_seqs, H, 1, dc + dr, dc, num_blocks, block_size,
+                            max_blocks, 0, scale, block_tables, seq_lens, query_start, s.device, a))
+                return;
+            a.q = static_cast<const E*>(q), a.out = static_cast<E*>(out);
+            a.cache = {static_cast<const E*>(c_cache), static_cast<const E*>(r_cache), dc, dr};
+            paged_attention(s, a);
         });
     });
 }

@@ -17,7 +17,7 @@ from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int, c_int64,
 # The ABI's version, major.minor (backend.h explains the policy). A library's api_version() is
 # major * 1000 + minor; one built before minors existed returns its plain major (< 1000), read as major.0.
 API_MAJOR = 6  # LLAISYS_API_VERSION_MAJOR: bumped by a breaking change; another major is refused
-API_MINOR = 3  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
+API_MINOR = 4  # LLAISYS_API_VERSION_MINOR: bumped by a compatible one (a new optional or op slot)
 API_VERSION = API_MAJOR * 1000 + API_MINOR  # LLAISYS_API_VERSION
 UNIQUE_ID_BYTES = 128  # LLAISYS_UNIQUE_ID_BYTES: a communicator's unique id (comm_unique_id)
 
@@ -154,6 +154,9 @@ OP_SLOTS: dict[str, list] = {
     "linear_i8": [c_int, _i64, _i64, _i64, _p, _p, _p, _p, _p],
     # dtype, M, E, k, normalize, weights [M,k], experts int64 [M,k], logits [M,E]
     "moe_router": [c_int, _i64, _i64, _i64, c_int, _p, _p, _p],
+    # dtype, M, E, k, scoring (0 softmax, 1 sigmoid), n_group, topk_group, group_top, normalize, route_scale,
+    # weights [M,k], experts int64 [M,k], logits [M,E], bias f32 [E] or NULL
+    "moe_router_grouped": [c_int, _i64, _i64, _i64, c_int, _i64, _i64, _i64, c_int, c_double, _p, _p, _p, _p],
     # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight [E,N,K], experts int64 [M,k]
     "moe_linear": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p],
     # dtype, M, k, N, out [M,N], y [M,k,N], weights [M,k]
@@ -181,6 +184,10 @@ OP_SLOTS: dict[str, list] = {
     # dtype (of k and v), kv_format, T, Hkv, d, dv, num_slots, k_cache, v_cache, k_scale, v_scale, k, v,
     # slot_mapping
     "paged_kv_write_q": [c_int, c_int, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p, _p],
+    # dtype, T, num_seqs, H, dc, dr, num_blocks, block_size, max_blocks, scale, out [T,H,dc], q [T,H,dc+dr],
+    # c_cache [blocks,bs,dc], r_cache [blocks,bs,dr], block_tables, seq_lens, query_start (as paged_attention's)
+    "paged_latent_attention": [c_int, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, c_double, _p, _p, _p, _p,
+                               _p, _p, _p],
     # dtype, numerics, n, out, gate, up
     "swiglu": [c_int, c_int, _i64, _p, _p, _p],
     # dtype, n, out_idx int64 [1], logits [n], temperature, top_k, top_p, seed
@@ -235,7 +242,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 # The minor version of API_MAJOR that added a slot, for the slots added after API_MAJOR.0 (backend.h lists the
 # same). A library built for an older minor lacks them: core treats them as missing even if it exports the name.
 SLOT_SINCE: dict[str, int] = {"linear_gq": 1, "lora_shrink": 2, "lora_expand": 2, "paged_attention_q": 3,
-                               "paged_kv_write_q": 3, "moe_linear_q": 3}
+                               "paged_kv_write_q": 3, "moe_linear_q": 3, "paged_latent_attention": 4,
+                               "moe_router_grouped": 4}
 
 
 def split_version(version: int) -> tuple[int, int]:

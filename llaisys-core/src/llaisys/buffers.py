@@ -119,6 +119,8 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
     "linear_i8": _linear_i8,
     "moe_router": lambda dtype, M, E, k, normalize, weights, experts, logits: (
         M * k * _size(dtype), M * k * I64, M * E * _size(dtype)),
+    "moe_router_grouped": lambda dtype, M, E, k, scoring, n_group, topk_group, group_top, normalize, route_scale,
+    weights, experts, logits, bias: (M * k * _size(dtype), M * k * I64, M * E * _size(dtype), E * F32),
     "moe_linear": lambda dtype, M, k, E, N, K, x_per_slot, out, x, weight, experts: (
         M * k * N * _size(dtype), M * (k if x_per_slot else 1) * K * _size(dtype), E * N * K * _size(dtype),
         M * k * I64),
@@ -137,6 +139,11 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
         num_slots * Hkv * d * _size(dtype), num_slots * Hkv * dv * _size(dtype), T * Hkv * d * _size(dtype),
         T * Hkv * dv * _size(dtype), T * I64),
     "paged_attention_q": _paged_attention_q,
+    "paged_latent_attention": lambda dtype, T, num_seqs, H, dc, dr, num_blocks, block_size, max_blocks, scale, out,
+    q, c_cache, r_cache, block_tables, seq_lens, query_start: (
+        T * H * dc * _size(dtype), T * H * (dc + dr) * _size(dtype), num_blocks * block_size * dc * _size(dtype),
+        num_blocks * block_size * dr * _size(dtype), num_seqs * max_blocks * I32, num_seqs * I32,
+        (num_seqs + 1) * I32),
     "paged_kv_write_q": _paged_kv_write_q,
     "swiglu": _glu,
     "sample": lambda dtype, n, out_idx, logits, temperature, top_k, top_p, seed: (I64, n * _size(dtype)),
@@ -175,7 +182,8 @@ WRITES: dict[str, frozenset[int]] = {
     "penalize_logits": frozenset({0}), "logprobs": frozenset({1, 2}), "geglu_tanh": frozenset({0}),
     "scale": frozenset({0}), "moe_linear_i8": frozenset({0}), "linear_q": frozenset({0}),
     "embedding_q": frozenset({0}), "linear_gq": frozenset({0}), "lora_shrink": frozenset({0}),
-    "lora_expand": frozenset({0}), "moe_linear_q": frozenset({0}),
+    "lora_expand": frozenset({0}), "moe_linear_q": frozenset({0}), "paged_latent_attention": frozenset({0}),
+    "moe_router_grouped": frozenset({0, 1}),
 }
 
 

@@ -1,6 +1,7 @@
 """Mixture of experts: a token's MLP is the weighted sum of the k experts (of E) its router picks.
 
     moe_router(weights, experts, logits)          top k of softmax(logits) per row (renormalised or not)
+    moe_router_grouped(weights, experts, logits, bias, ...)   DeepSeek's group-limited top k (softmax or sigmoid)
     moe_linear(out, x, weight, experts)           out[m, j] = x[m] (or x[m, j]) @ weight[experts[m, j]].T
     moe_linear_i8(out, x, weight, scales, experts)   the same with each expert's weight in linear_i8's int8 blocks
     moe_linear_q(out, x, weight, scales, experts, fmt)   ... in linear_q's blocks of format fmt (a GGUF file's)
@@ -13,7 +14,10 @@ Frontends as in ``elementwise``: plan, overlap test, kernel.
 
 from __future__ import annotations
 
-from ..dtype import bfloat16, int8, uint8
+import itertools
+import math
+
+from ..dtype import bfloat16, float32, int8, uint8
 from . import _checks as check
 from ._dispatch import current_stream_handle, kernel_for, new_plans, remember
 from .int8 import INT8_GROUP, int8_shapes
@@ -57,6 +61,76 @@ def _plan_router(weights, experts, logits):
     check.writable(op, "experts", experts)
     return remember(_router, (weights._layout, experts._layout, logits._layout),
                     (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
+
+
+_grouped = new_plans()
+ROUTER_SCORINGS = {"softmax": 0, "sigmoid": 1}
+
+
+def moe_router_grouped(weights, experts, logits, bias=None, *, scoring: str = "softmax", n_group: int = 1,
+                       topk_group: int = 1, group_top: int = 1, normalize: bool = False,
+                       route_scale: float = 1.0) -> None:
+    """DeepSeek's group-limited router, per row of logits [M, E] in f32: s = softmax(row) or sigmoid(row)
+    (``scoring``), c = s + bias (bias f32 [E], DeepSeek-V3's e_score_correction_bias; None: c = s). With
+    ``n_group`` > 1 the experts are n_group consecutive groups; a group scores the sum of its ``group_top``
+    largest c (V2: 1, V3: 2), and only the ``topk_group`` best groups' experts can be chosen. experts int64 [M, k]
+    = the k largest c, descending (equal c by ascending id); weights [M, k] (logits' dtype) = their s, divided by
+    (their sum + 1e-20) when ``normalize``, times ``route_scale`` (routed_scaling_factor). No buffer may overlap
+    another."""
+    op = "moe_router_grouped"
+    tensors = (weights, experts, logits, bias)
+    try:
+        kernel, fail, device, code, m, e, k = _grouped[tuple(None if t is None else t._layout for t in tensors)]
+    except (AttributeError, KeyError):
+        kernel, fail, device, code, m, e, k = _plan_grouped(*tensors)
+    if scoring not in ROUTER_SCORINGS:
+        check.fail(op, f"scoring must be one of {', '.join(map(repr, ROUTER_SCORINGS))}, got {scoring!r}")
+    n_group = check.number(op, "n_group", n_group, 1, e, integer=True)
+    if e % n_group:
+        check.fail(op, f"n_group = {n_group} does not divide the {e} experts")
+    per_group = e // n_group
+    topk_group = check.number(op, "topk_group", topk_group, 1, n_group, integer=True)
+    group_top = check.number(op, "group_top", group_top, 1, per_group, integer=True)
+    if k > topk_group * per_group:
+        check.fail(op, f"k = {k} experts cannot be chosen from topk_group = {topk_group} groups of {per_group}")
+    route_scale = check.number(op, "route_scale", route_scale)
+    if not math.isfinite(route_scale):
+        check.fail(op, f"route_scale must be finite, got {route_scale!r}")
+    named = {"weights": weights, "experts": experts, "logits": logits, "bias": bias}
+    for a, b in itertools.combinations(named, 2):
+        x, y = named[a], named[b]
+        if x is not None and y is not None and x._ptr < y._end and y._ptr < x._end:
+            check.overlap(op, a, b)
+    status = kernel(device.index, current_stream_handle(device), code, m, e, k, ROUTER_SCORINGS[scoring], n_group,
+                    topk_group, group_top, int(bool(normalize)), float(route_scale), weights._ptr, experts._ptr,
+                    logits._ptr, None if bias is None else bias._ptr)
+    if status:
+        fail(status)
+
+
+def _plan_grouped(weights, experts, logits, bias):
+    op = "moe_router_grouped"
+    tensors = {"weights": weights, "experts": experts, "logits": logits}
+    if bias is not None:
+        tensors["bias"] = bias
+    device = check.tensors(op, **tensors)
+    check.dtype(op, "logits", logits, check.FLOATS)
+    check.same_dtype(op, "logits", logits, weights=weights)
+    check.ndim(op, "logits", logits, 2)
+    check.ndim(op, "weights", weights, 2)
+    (m, e), k = logits.shape, weights.shape[1]
+    check.shape(op, "weights", weights, (m, k))
+    check.index_tensor(op, "experts", experts, (m, k))
+    if not 1 <= k <= e:
+        check.fail(op, f"k = {k} (weights.shape[1]) must be in [1, {e}], the number of experts (logits.shape[1])")
+    if bias is not None:
+        check.dtype(op, "bias", bias, (float32,))
+        check.shape(op, "bias", bias, (e,))
+    check.contiguous(op, **tensors)
+    check.writable(op, "weights", weights)
+    check.writable(op, "experts", experts)
+    layouts = tuple(None if t is None else t._layout for t in (weights, experts, logits, bias))
+    return remember(_grouped, layouts, (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
 
 
 _linear = new_plans()

@@ -68,13 +68,14 @@
  *   6.1: linear_gq
  *   6.2: lora_shrink, lora_expand
  *   6.3: paged_kv_write_q, paged_attention_q, moe_linear_q
+ *   6.4: paged_latent_attention, moe_router_grouped
  *
  * Partial backends: [op] slots are all optional in practice. Core runs an op whose slot a library lacks with
  * the CPU backend's kernel: in place on the same pointers where the device is host-addressable
  * (LLAISYS_ATTR_HOST_ADDRESSABLE, after synchronizing the op's stream), else on host copies of its buffers
  * (memcpy D2H, the CPU kernel, memcpy H2D of the buffers it writes). LLAISYS_FALLBACK=0 makes it an error. */
 #define LLAISYS_API_VERSION_MAJOR 6
-#define LLAISYS_API_VERSION_MINOR 3
+#define LLAISYS_API_VERSION_MINOR 4
 #define LLAISYS_API_VERSION (LLAISYS_API_VERSION_MAJOR * 1000 + LLAISYS_API_VERSION_MINOR)
 
 /* Bytes of a communicator's unique id (comm_unique_id; NCCL's ncclUniqueId is 128). */
@@ -358,6 +359,19 @@ LLAISYS_OP int LLAISYS_FN(linear_i8)(int device, void* stream, int dtype, int64_
 LLAISYS_OP int LLAISYS_FN(moe_router)(int device, void* stream, int dtype, int64_t M, int64_t E, int64_t k,
                                       int normalize, void* weights, void* experts, const void* logits);
 
+/* [op] Group-limited router (DeepSeek-V2 / V3), per row of logits [M, E], in f32 (6.4): s = softmax(row) (scoring 0)
+ * or sigmoid(row) (scoring 1); c = s + bias (bias f32 [E], or NULL: c = s). With n_group > 1 the E experts are
+ * n_group consecutive groups of E / n_group; a group scores the sum of its group_top largest c (V2: 1, its
+ * max; V3: 2), the topk_group best groups are kept (equal scores by ascending group) and the others' experts
+ * set to c = -inf. experts int64 [M, k] = the k largest c, descending, equal c by ascending expert id (NaN as
+ * -inf); weights [M, k] (the dtype of logits) = their s (not c), divided by (their sum + 1e-20) when normalize
+ * is 1, times route_scale, rounded once. 1 <= k <= topk_group * E / n_group, E % n_group == 0, 1 <= topk_group
+ * <= n_group, 1 <= group_top <= E / n_group. No overlap between the buffers. */
+LLAISYS_OP int LLAISYS_FN(moe_router_grouped)(int device, void* stream, int dtype, int64_t M, int64_t E, int64_t k,
+                                              int scoring, int64_t n_group, int64_t topk_group, int64_t group_top,
+                                              int normalize, double route_scale, void* weights, void* experts,
+                                              const void* logits, const void* bias);
+
 /* [op] Grouped expert linear: out[m, j] = x_mj @ weight[experts[m, j]]^T for out [M, k, N], experts int64
  * [M, k], weight [E, N, K] (expert e's [N, K] matrix at weight + e * N * K) and x_mj = x[m] (x [M, K],
  * x_per_slot 0) or x[m, j] (x [M, k, K], x_per_slot 1). The rows are grouped by expert, so only the selected
@@ -471,6 +485,21 @@ LLAISYS_OP int LLAISYS_FN(paged_attention_q)(int device, void* stream, int dtype
                                              const void* k_cache, const void* v_cache, const void* k_scale,
                                              const void* v_scale, const void* block_tables, const void* seq_lens,
                                              const void* query_start);
+
+/* [op] Multi-head latent attention (DeepSeek's MLA) in its absorbed form, over a paged latent cache (6.4). Every
+ * token keeps one latent row per layer: c [num_slots, dc] (the compressed keys and values, c_kv) and r
+ * [num_slots, dr] (the rope key, shared by every head), num_slots = num_blocks * block_size, as paged_kv_write
+ * writes them (Hkv = 1, d = dc, dv = dr). Head h of query row i (q [T, H, dc + dr], W_uk already folded into
+ * its first dc values) scores key j as scale * (q[i, h, :dc] . c[j] + q[i, h, dc:] . r[j]) and out [T, H, dc]
+ * = softmax(scores) @ c (W_uv is applied after). Sequences, causal masks, block tables, the checks of the index
+ * data, rows of no sequence, exact numerics and batch invariance are paged_attention's with one kv head and no
+ * window. out shares no memory with the other buffers. */
+LLAISYS_OP int LLAISYS_FN(paged_latent_attention)(int device, void* stream, int dtype, int64_t T,
+                                                  int64_t num_seqs, int64_t H, int64_t dc, int64_t dr,
+                                                  int64_t num_blocks, int64_t block_size, int64_t max_blocks,
+                                                  double scale, void* out, const void* q, const void* c_cache,
+                                                  const void* r_cache, const void* block_tables,
+                                                  const void* seq_lens, const void* query_start);
 
 /* [op] out = up * gate / (1 + exp(-gate)) over n elements. out may be gate or up (exactly); no other
  * overlap. */
