@@ -142,6 +142,9 @@ def _op_args(buffers, op, dtype, numerics):
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "geglu_tanh": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "moe_router": lambda: (dtype, 2, 4, 2, 1, f(2, 2), buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4)),
+        # M = 2, E = 4 in 2 groups (keep 1, its top 2), k = 2, sigmoid, normalized, scale 2.5, a bias f32 [4]
+        "moe_router_grouped": lambda: (dtype, 2, 4, 2, 1, 2, 1, 2, 1, 2.5, f(2, 2),
+                                       buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4), f(4)),
         "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),
                                buffers.upload(np.array([[0, 1], [2, 3]], dtype=np.int64))),
         "moe_combine": lambda: (dtype, 2, 2, 3, f(2, 3), f(2, 2, 3), f(2, 2)),
@@ -164,6 +167,9 @@ def _op_args(buffers, op, dtype, numerics):
         # one sequence, 2 query rows over 3 keys in blocks 1 and 0 of 2 positions each
         "paged_attention": lambda: (dtype, numerics, 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8), f(2, 2, 8),
                                     f(2, 2, 1, 8), f(2, 2, 1, 8), i32(1, 0), i32(3), i32(0, 2)),
+        # as paged_attention's over a latent cache: H = 2, dc = 8, dr = 4, q [2, 2, 12], c [2, 2, 8], r [2, 2, 4]
+        "paged_latent_attention": lambda: (dtype, 2, 1, 2, 8, 4, 2, 2, 2, 0.35, f(2, 2, 8), f(2, 2, 12), f(2, 2, 8),
+                                           f(2, 2, 4), i32(1, 0), i32(3), i32(0, 2)),
         "paged_kv_write": lambda: (dtype, 2, 1, 8, 8, 4, f(2, 2, 1, 8), f(2, 2, 1, 8), f(2, 1, 8), f(2, 1, 8), index),
         # as paged_attention's, over int8 bytes [2, 2, 1, 8] with f16 scales [2, 2, 1] (1.0 = 0x3c00)
         "paged_attention_q": lambda: (dtype, CODES["LLAISYS_KV_INT8"], 2, 1, 2, 1, 8, 8, 2, 2, 2, 0, 0.35, f(2, 2, 8),
@@ -251,6 +257,22 @@ def test_paged_attention_checks_its_index_data(on_device, case):
         status = on_device("paged_attention", 0, None, F32, CODES["LLAISYS_NUMERICS_EXACT"], 2, 1, 2, 1, 8, 8, 2, 2, 2,
                            0, 0.35, f(2, 2, 8), f(2, 2, 8), f(2, 2, 1, 8), f(2, 2, 1, 8), i32(tables), i32(seq_lens),
                            i32(query_start))
+        on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
+
+
+@pytest.mark.parametrize("case", ["block id", "seq_len", "query_start"])
+def test_paged_latent_attention_checks_its_index_data(on_device, case):
+    """paged_attention's index data checks, over a latent cache: INVALID_ARGUMENT naming the bad value."""
+    if not on_device.has("paged_latent_attention"):
+        pytest.skip(f"{on_device.backend.name} does not implement paged_latent_attention")
+    tables, seq_lens, query_start, named = {"block id": ([1, 7], [3], [0, 2], "7"),
+                                            "seq_len": ([1, 0], [5], [0, 2], "5"),
+                                            "query_start": ([1, 0], [3], [0, 9], "9")}[case]
+    with DeviceBuffers(on_device) as buffers:
+        f = lambda *shape: buffers.alloc(4 * int(np.prod(shape)))  # noqa: E731
+        i32 = lambda values: buffers.upload(np.array(values, dtype=np.int32))  # noqa: E731
+        status = on_device("paged_latent_attention", 0, None, F32, 2, 1, 2, 8, 4, 2, 2, 2, 0.35, f(2, 2, 8),
+                           f(2, 2, 12), f(2, 2, 8), f(2, 2, 4), i32(tables), i32(seq_lens), i32(query_start))
         on_device.expect(on_device.finish(status), INVALID_ARGUMENT, named)
 
 

@@ -20,7 +20,7 @@ def test_case(device, case):
 
 def test_every_op_slot_in_every_floating_dtype_and_layout_class():
     ops = {c.op for c in CASES}
-    assert ops == set(OP_SLOTS) and len(ops) == 30
+    assert ops == set(OP_SLOTS) and len(ops) == 32
     for op in OP_SLOTS:
         dtypes = {c.dtype for c in CASES if c.op == op}
         assert {llaisys.float32, llaisys.float16, llaisys.bfloat16} <= dtypes, op
@@ -31,7 +31,7 @@ def test_every_op_slot_in_every_floating_dtype_and_layout_class():
     assert {c.op for c in CASES if c.layout == "strided"} == {"rearrange"}
     assert {c.op for c in CASES if c.layout == "batch-invariant"} == {
         "linear", "linear_i8", "linear_q", "linear_gq", "moe_linear", "moe_linear_i8", "moe_linear_q", "paged_attention",
-        "lora_shrink", "lora_expand", "paged_attention_q"}
+        "lora_shrink", "lora_expand", "paged_attention_q", "paged_latent_attention"}
     assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique (pytest ids, report lines)"
 
 

@@ -70,6 +70,35 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis, keepdims=True)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def grouped_router(logits: np.ndarray, k: int, bias: np.ndarray | None = None, scoring: str = "softmax",
+                   n_group: int = 1, topk_group: int = 1, group_top: int = 1, normalize: bool = False,
+                   route_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """moe_router_grouped (DeepSeek-V2 / V3) of logits [M, E]: (experts int64 [M, k], weights float64 [M, k]).
+    s = softmax or sigmoid of a row, c = s + bias (NaN as -inf); the topk_group groups whose group_top largest c
+    sum highest (equal sums: the lower group) keep their experts; the k largest c, equal c by ascending id; the
+    weights are their s, over (their sum + 1e-20) when normalizing, times route_scale."""
+    m, e = logits.shape
+    s = softmax(logits) if scoring == "softmax" else sigmoid(logits)
+    c = s if bias is None else s + bias
+    c = np.where(np.isnan(c), -np.inf, c)
+    if topk_group < n_group:
+        per = e // n_group
+        groups = -np.sort(-c.reshape(m, n_group, per), -1)[..., :group_top].sum(-1)
+        kept = np.zeros((m, n_group), bool)
+        np.put_along_axis(kept, np.argsort(-groups, 1, kind="stable")[:, :topk_group], True, 1)
+        c = np.where(np.repeat(kept, per, 1), c, -np.inf)
+    experts = np.argsort(-c, 1, kind="stable")[:, :k]
+    weights = np.take_along_axis(s, experts, 1)
+    if normalize:
+        weights = weights / (weights.sum(1, keepdims=True) + 1e-20)
+    return experts.astype(np.int64), weights * route_scale
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     finite_max = x.max()
     with np.errstate(divide="ignore"):

@@ -62,6 +62,20 @@ class KVShape:
     dtype: llaisys.DType  # the model's: what is written and what attention returns
     device: llaisys.Device
     cache_dtype: str = "auto"
+    value_dim: int = 0  # values per kv head where they differ from head_dim (0: head_dim)
+    # MLA (DeepSeek): the "keys" are each token's latent c (head_dim values), the "values" its rope key r
+    # (value_dim values), attended in the absorbed form (LatentLayerKV)
+    latent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.latent and self.kv_format is not None:
+            raise llaisys.LlaisysValueError(f"kv_cache_dtype={self.cache_dtype!r}: a latent (MLA) cache is kept in "
+                                            f"the model's dtype only; choose 'auto'")
+
+    @property
+    def values(self) -> int:
+        """Values per token and kv head."""
+        return self.value_dim or self.head_dim
 
     @property
     def kv_format(self) -> str | None:
@@ -71,8 +85,8 @@ class KVShape:
     @property
     def bytes_per_token(self) -> int:
         if self.kv_format is None:
-            return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
-        return 2 * self.num_layers * self.kv_heads * (self.head_dim + llaisys.float16.itemsize)  # bytes + scale
+            return self.num_layers * self.kv_heads * (self.head_dim + self.values) * self.dtype.itemsize
+        return self.num_layers * self.kv_heads * (self.head_dim + self.values + 2 * llaisys.float16.itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +124,17 @@ class LayerKV:
     def attend(self, out: llaisys.Tensor, q: llaisys.Tensor, step, scale: float, numerics: str, window: int) -> None:
         llaisys.ops.paged_attention(out, q, self.keys, self.values, step.group_tables[self.group], step.seq_lens,
                                     step.query_start, scale, numerics, window)
+
+
+class LatentLayerKV(LayerKV):
+    """One MLA layer's cache: each token's latent c [blocks, block_size, 1, dc] (``keys``) and rope key r [blocks,
+    block_size, 1, dr] (``values``), written as a kv head's keys and values and attended in the absorbed form
+    (llaisys.ops.paged_latent_attention: q [T, H, dc + dr] -> out [T, H, dc])."""
+
+    def attend(self, out, q, step, scale: float, numerics: str, window: int) -> None:
+        c, r = self.keys, self.values
+        llaisys.ops.paged_latent_attention(out, q, c.view(*c.shape[:2], c.shape[3]), r.view(*r.shape[:2], r.shape[3]),
+                                           step.group_tables[self.group], step.seq_lens, step.query_start, scale)
 
 
 class QuantizedLayerKV(LayerKV):
@@ -161,9 +186,9 @@ class KVPool(BlockManager):
         rows = (num_blocks, self.block_size, s.kv_heads)
         shapes: dict[str, tuple[tuple[int, ...], llaisys.DType]]
         if s.kv_format is None:
-            shapes = {"keys": ((*rows, s.head_dim), s.dtype), "values": ((*rows, s.head_dim), s.dtype)}
+            shapes = {"keys": ((*rows, s.head_dim), s.dtype), "values": ((*rows, s.values), s.dtype)}
         else:
-            shapes = {"keys": ((*rows, s.head_dim), llaisys.uint8), "values": ((*rows, s.head_dim), llaisys.uint8),
+            shapes = {"keys": ((*rows, s.head_dim), llaisys.uint8), "values": ((*rows, s.values), llaisys.uint8),
                       "key_scales": (rows, llaisys.float16), "value_scales": (rows, llaisys.float16)}
         for name, (shape, dtype) in shapes.items():
             old, new = getattr(self, name), []
@@ -178,7 +203,9 @@ class KVPool(BlockManager):
         self.layers = []
         for layer in range(s.num_layers):
             g, slot = place[layer]
-            if s.kv_format is None:
+            if s.latent:
+                self.layers.append(LatentLayerKV(self.keys[slot], self.values[slot], g))
+            elif s.kv_format is None:
                 self.layers.append(LayerKV(self.keys[slot], self.values[slot], g))
             else:
                 self.layers.append(QuantizedLayerKV(self.keys[slot], self.values[slot], self.key_scales[slot],

@@ -56,6 +56,33 @@ DECODER = ConfigRules("")  # the fields every decoder has, read as Llama's confi
 
 
 @dataclasses.dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2 / V3, deepseek.py): q through a low-rank pair (``q_lora_rank``;
+    0: one projection), keys and values through one latent of ``kv_lora_rank`` values beside a rope key of
+    ``qk_rope_head_dim`` values that every head shares; per head ``qk_nope_head_dim`` + ``qk_rope_head_dim`` query
+    / key values and ``v_head_dim`` values. ``rope_interleaved``: the rope dims are pairs (x0, x1), (x2, x3)..."""
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleaved: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedRouting:
+    """DeepSeek's router (llaisys.ops.moe_router_grouped): ``scoring`` "softmax" (V2) or "sigmoid" (V3, with the
+    e_score_correction_bias when ``corrected``), the experts in ``n_group`` groups of which the ``topk_group``
+    whose ``group_top`` best scores sum highest are eligible, weights normalised or not, times ``route_scale``."""
+    scoring: str
+    n_group: int
+    topk_group: int
+    group_top: int
+    route_scale: float
+    corrected: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     model_type: str
@@ -99,6 +126,11 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     sparse_layers: tuple[int, ...] = ()
+    # DeepSeek (deepseek.py): latent attention, its router, and the shared experts' MLP width beside the routed
+    # experts (0: none)
+    mla: LatentAttention | None = None
+    routing: GroupedRouting | None = None
+    shared_expert_size: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict, rules: ConfigRules = DECODER, architecture: str | None = None) -> ModelConfig:

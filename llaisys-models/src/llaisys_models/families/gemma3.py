@@ -65,6 +65,7 @@ class Gemma3(CausalLM):
         # a sliding layer's rope is plain, of base rope_local_theta; a global layer's the config's (scaled) one
         inv_freq, rope_scale = (self.local_rope_inv_freq, 1.0) if window else (self.rope_inv_freq, self.rope_scale)
         ops.rms_norm(ws.h, ws.x, w.input_norm, eps, numerics)
+        assert w.q_proj is not None and w.k_proj is not None and w.v_proj is not None  # (grouped-query)
         linear(ws.q.view(n, c.q_size), ws.h, w.q_proj, w.q_bias)
         linear(ws.k.view(n, c.kv_size), ws.h, w.k_proj, w.k_bias)
         linear(ws.v.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)

@@ -35,6 +35,7 @@ class Olmo2(Qwen2):
     def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, ops, n, numerics, eps = self.config, llaisys.ops, ws.n, self.numerics, self.config.rms_norm_eps
         k = ws.k.view(n, c.kv_size)
+        assert w.q_proj is not None and w.k_proj is not None and w.v_proj is not None  # (grouped-query)
         linear(ws.q, ws.x, w.q_proj, w.q_bias)
         linear(k, ws.x, w.k_proj, w.k_bias)
         linear(ws.v.view(n, c.kv_size), ws.x, w.v_proj, w.v_bias)

@@ -66,6 +66,7 @@ class Qwen2(CausalLM):
     def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, ops, n, numerics = self.config, llaisys.ops, ws.n, self.numerics
         ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
+        assert w.q_proj is not None and w.k_proj is not None and w.v_proj is not None  # (grouped-query)
         linear(ws.q, ws.h, w.q_proj, w.q_bias)
         linear(ws.k.view(n, c.kv_size), ws.h, w.k_proj, w.k_bias)
         linear(ws.v.view(n, c.kv_size), ws.h, w.v_proj, w.v_bias)

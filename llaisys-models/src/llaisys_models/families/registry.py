@@ -11,7 +11,7 @@ import dataclasses
 from types import ModuleType
 
 from ..errors import ModelLoadError, shown
-from . import gemma3, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe
+from . import deepseek_v2, deepseek_v3, gemma3, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe
 from .causal_lm import CausalLM
 from .config import ModelConfig, architectures
 from .family import Family, GGUFMetadata
@@ -39,6 +39,8 @@ ROWS = [Row(*row) for row in [
     ("Qwen3MoeForCausalLM",    "qwen3moe",         qwen3_moe),
     ("Gemma3ForCausalLM",      "gemma3",           gemma3),
     ("Olmo2ForCausalLM",       "olmo2",            olmo2),
+    ("DeepseekV2ForCausalLM",  None,               deepseek_v2),  # llama.cpp's "deepseek2": not read yet
+    ("DeepseekV3ForCausalLM",  None,               deepseek_v3),
 ]]
 
 FAMILIES: dict[str, Family] = {row.architecture: row.family for row in ROWS}

@@ -108,16 +108,17 @@ class ExpertWeights:
     gate: Experts  # [E, moe_intermediate, hidden]
     up: Experts  # [E, moe_intermediate, hidden]
     down: Experts  # [E, hidden, moe_intermediate]
+    router_bias: llaisys.Tensor | None = None  # f32 [E]: DeepSeek-V3's e_score_correction_bias (for the choice)
 
 
 @dataclasses.dataclass
 class LayerWeights:
     """One decoder layer's weights, each named as its forward reads it (a family's ``tensors`` say where each
     comes from in a checkpoint: family.py); None where the family has no such weight."""
-    q_proj: Linear
-    k_proj: Linear
-    v_proj: Linear
     o_proj: Linear
+    q_proj: Linear | None = None  # (None: MLA with q_lora_rank, whose q is q_a_proj then q_b_proj)
+    k_proj: Linear | None = None  # (None: MLA, whose keys and values come from kv_a_proj's latent)
+    v_proj: Linear | None = None
     input_norm: llaisys.Tensor | None = None  # of the attention's input (None: OLMo 2 norms the outputs alone)
     mlp_norm: llaisys.Tensor | None = None  # of the MLP's input (HF: post_attention_layernorm; Gemma:
     # pre_feedforward_layernorm)
@@ -136,6 +137,22 @@ class LayerWeights:
     gate_bias: llaisys.Tensor | None = None
     up_bias: llaisys.Tensor | None = None
     down_bias: llaisys.Tensor | None = None
+    # DeepSeek's latent attention (deepseek.py): q's low-rank pair and its norm, the latent's and the rope key's
+    # rows of kv_a_proj_with_mqa, the latent's norm, kv_b_proj (every head's W_uk and W_uv rows) and, derived
+    # from it at load, each head's W_uk^T [H, dc, dn] and W_uv [H, dv, dc]
+    q_a_proj: Linear | None = None
+    q_a_norm: llaisys.Tensor | None = None
+    q_b_proj: Linear | None = None
+    kv_a_proj: Linear | None = None
+    kv_rope_proj: Linear | None = None
+    kv_a_norm: llaisys.Tensor | None = None
+    kv_b_proj: llaisys.Tensor | None = None
+    uk_t: llaisys.Tensor | None = None
+    uv: llaisys.Tensor | None = None
+    # DeepSeekMoE's shared experts, beside the routed ones (one MLP moe_intermediate_size x n_shared wide)
+    shared_gate: Linear | None = None
+    shared_up: Linear | None = None
+    shared_down: Linear | None = None
 
 
 @dataclasses.dataclass
@@ -152,7 +169,8 @@ def layer_weights(fields: dict) -> LayerWeights:
     if "router" in fields:
         fields = dict(fields)
         fields["experts"] = ExpertWeights(fields.pop("router"),
-                                          *(fields.pop("experts_" + f) for f in ("gate", "up", "down")))
+                                          *(fields.pop("experts_" + f) for f in ("gate", "up", "down")),
+                                          router_bias=fields.pop("router_bias", None))
     return LayerWeights(**fields)
 
 
@@ -198,7 +216,8 @@ def weight_formats(weights: Weights) -> tuple[str, ...]:
     matrices: list[object] = [weights.embed_tokens, weights.lm_head]
     for layer in weights.layers:
         linears = (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.gate_proj, layer.up_proj,
-                   layer.down_proj)
+                   layer.down_proj, layer.q_a_proj, layer.q_b_proj, layer.kv_a_proj, layer.kv_rope_proj,
+                   layer.shared_gate, layer.shared_up, layer.shared_down)
         matrices += [m.base if isinstance(m, Adapted) else m for m in linears]
     for layer in weights.layers:
         if layer.experts is not None:

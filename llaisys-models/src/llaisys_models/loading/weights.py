@@ -54,9 +54,13 @@ from .safetensors import Checkpoint, TensorInfo
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
 # biases stay in the model dtype)
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+           "q_a_proj", "q_b_proj", "kv_a_proj", "kv_rope_proj", "shared_gate", "shared_up", "shared_down")
+# (DeepSeek's kv_b_proj stays in the model dtype: each head's W_uk and W_uv are derived from it at load)
 # the RMSNorm weights (of a layer, and the final "norm")
-NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm")
+NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm", "q_a_norm",
+         "kv_a_norm")
+F32_WEIGHTS = ("router_bias",)  # read as float32 whatever the model dtype (the router op adds it in f32)
 # ... and a sparse layer's stacked expert matrices (the router stays in the model dtype: quantize.py)
 EXPERTS = ("experts_gate", "experts_up", "experts_down")
 
@@ -76,6 +80,7 @@ def check_layer_count(checkpoint: Checkpoint, config: ModelConfig) -> None:
 
 
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj", "gate_bias", "up_bias", "down_bias")  # (a sparse layer has none)
+SPARSE_ONLY = ("shared_gate", "shared_up", "shared_down", "router_bias")  # (DeepSeek: a dense layer has none)
 
 
 def shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -89,7 +94,23 @@ def shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "o_bias": (h,),
         "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (h,),
         "q_norm": (q,) if c.qk_norm_all_heads else (d,), "k_norm": (kv,) if c.qk_norm_all_heads else (d,),
+        **_latent_shapes(c),
     }
+
+
+def _latent_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shapes of DeepSeek's latent attention weights and shared experts (none without MLA)."""
+    m = c.mla
+    if m is None:
+        return {}
+    h, heads, dc, dr = c.hidden_size, c.num_attention_heads, m.kv_lora_rank, m.qk_rope_head_dim
+    q = heads * (m.qk_nope_head_dim + dr)
+    shared, experts = c.shared_expert_size, c.num_experts
+    return {"q_proj": (q, h), "q_a_proj": (m.q_lora_rank, h), "q_a_norm": (m.q_lora_rank,),
+            "q_b_proj": (q, m.q_lora_rank), "kv_a_proj": (dc, h), "kv_rope_proj": (dr, h), "kv_a_norm": (dc,),
+            "kv_b_proj": (heads * (m.qk_nope_head_dim + m.v_head_dim), dc), "o_proj": (h, heads * m.v_head_dim),
+            "shared_gate": (shared, h), "shared_up": (shared, h), "shared_down": (h, shared),
+            "router_bias": (experts,)}
 
 
 def has(field: str, c: ModelConfig) -> bool:
@@ -105,6 +126,12 @@ def has(field: str, c: ModelConfig) -> bool:
         return c.qk_norm
     if field in ("attn_out_norm", "mlp_out_norm"):
         return c.sandwich_norms
+    if c.mla is not None and field in ("q_proj", "q_a_proj", "q_a_norm", "q_b_proj"):  # q low-rank, or not
+        return (field == "q_proj") == (c.mla.q_lora_rank == 0)
+    if field in ("shared_gate", "shared_up", "shared_down"):
+        return c.shared_expert_size > 0
+    if field == "router_bias":
+        return c.routing is not None and c.routing.corrected
     return True
 
 
@@ -128,7 +155,7 @@ def plan(config: ModelConfig, family: Family) -> tuple[dict[str, tuple], list[di
         sparse = i in c.sparse_layers
         layer = {}
         for field, name in {**family.tensors, **{f: n for f, (n, _) in fused.items()}}.items():
-            if not has(field, c) or (sparse and field in DENSE_MLP):
+            if not has(field, c) or (sparse and field in DENSE_MLP) or (not sparse and field in SPARSE_ONLY):
                 continue
             if field in fused:
                 layer[field] = _rows(p + name, fused[field][1], field, sizes)
@@ -331,6 +358,8 @@ def load_weights(checkpoint: Checkpoint, config: ModelConfig, family: Family, dt
                 return lambda spec: get_linear(spec, linear_mode(quantize, field))
             if field in EXPERTS:
                 return get_experts
+            if field in F32_WEIGHTS:
+                return lambda spec: materialize(infos[spec[0]], llaisys.float32, device)
             return get_norm if field in NORMS and config.norms_in_f32 else get
 
         def get_experts(spec: tuple) -> Experts:

@@ -73,6 +73,8 @@ class Layout:
             raise ModelLoadError(f"tensor_parallel must be >= 1, got {world}")
         if world == 1:
             return
+        if c.mla is not None:  # (its heads would split kv_b_proj's rows and the absorbed matrices, not yet written)
+            raise ModelLoadError(f"tensor parallelism does not split latent attention ({c.architecture}) yet")
         if c.qk_norm_all_heads:  # (each rank would need the sums of squares of every rank's heads)
             raise ModelLoadError(f"tensor parallelism does not split an RMSNorm over all heads ({c.architecture}'s "
                                  f"q/k norms) yet")

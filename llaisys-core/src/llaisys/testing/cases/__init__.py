@@ -6,9 +6,9 @@ import functools
 
 from ...abi import OP_SLOTS
 from ..case import Case
-from . import attention, attention_q, elementwise, gq, lora, moe, nn, quant, sampling
+from . import attention, attention_q, elementwise, gq, latent, lora, moe, nn, quant, sampling
 
-MODULES = (elementwise, nn, attention, attention_q, moe, quant, gq, lora, sampling)
+MODULES = (elementwise, nn, attention, attention_q, latent, moe, quant, gq, lora, sampling)
 
 
 @functools.cache

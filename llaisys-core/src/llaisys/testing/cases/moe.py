@@ -1,5 +1,5 @@
-"""moe_router, moe_linear and moe_combine: a token's MLP as the weighted sum of the k experts (of E) it picks.
-(moe_linear_i8, the int8 experts, is with the other quantized ops in ``quant``.)"""
+"""moe_router, moe_router_grouped, moe_linear and moe_combine: a token's MLP as the weighted sum of the k experts
+(of E) it picks. (moe_linear_i8, the int8 experts, is with the other quantized ops in ``quant``.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ...dtype import bfloat16, float16, float32, int64
 from ...stream import synchronize
 from ..case import ALIASING, BATCH, CONTIGUOUS, ODD, PROPERTY, Case, Ctx
 from ..compare import TOLERANCE, CaseFailed, close, identical, refused
-from ..references import descending, softmax
+from ..references import descending, grouped_router, softmax
 
 FLOATS = (float32, float16, bfloat16)
 
@@ -53,6 +53,72 @@ def _router_overlap(ctx: Ctx) -> None:
     experts = ctx.full((2, 2), 0, int64)
     weights = logits.view(16).slice(0, 0, 4).view(2, 2)  # the first 4 logits
     refused(lambda: ops.moe_router(weights, experts, logits), "overlap")
+
+
+# ---- moe_router_grouped: DeepSeek's group-limited top k (softmax or sigmoid, a choice bias, groups) -----------
+
+def _grouped_check(ctx: Ctx, logits: np.ndarray, k: int, bias: np.ndarray | None, **kw) -> None:
+    m, e = logits.shape
+    weights, experts = ctx.nan((m, k)), ctx.full((m, k), -1, int64)
+    ops.moe_router_grouped(weights, experts, ctx.upload(logits), None if bias is None else ctx.upload(bias), **kw)
+    want, p = grouped_router(logits.astype(np.float64), k, None if bias is None else bias.astype(np.float64), **kw)
+    got = experts.numpy()
+    if not np.array_equal(got, want):
+        row = int(np.argwhere((got != want).any(1))[0, 0])
+        raise CaseFailed(f"experts of row {row}: got {got[row].tolist()}, expected {want[row].tolist()} (the best "
+                         f"groups' experts by score descending, equal scores by ascending id)")
+    close(weights.numpy(), p, ctx.dtype, TOLERANCE[ctx.dtype], "weights")
+
+
+def _grouped(m: int, e: int, k: int, with_bias: bool, kw: dict, ctx: Ctx) -> None:
+    logits = (ctx.rng.standard_normal((m, e)) * 2).astype(ctx.dtype.numpy)
+    bias = (ctx.rng.standard_normal(e) * 0.1).astype(np.float32) if with_bias else None
+    _grouped_check(ctx, logits, k, bias, **kw)
+
+
+def _grouped_ties(ctx: Ctx) -> None:
+    """Equal scores go to the lower expert id, equal group scores to the lower group."""
+    logits = np.array([[2.0, 0.0, 1.0, 1.0, 2.0, 0.0, 1.0, 1.0],   # the 2 groups of 4 tie: group 0
+                       [1.0] * 8,                                  # everything ties
+                       [0.0, 3.0, 0.0, 3.0, 3.0, 0.0, 3.0, 0.0]])  # the groups tie, experts in pairs
+    for scoring in ("softmax", "sigmoid"):
+        for topk_group, want in ((1, [[0, 2, 3], [0, 1, 2], [1, 3, 0]]), (2, [[0, 4, 2], [0, 1, 2], [1, 3, 4]])):
+            _grouped_check(ctx, logits.astype(ctx.dtype.numpy), 3, None, scoring=scoring, n_group=2,
+                           topk_group=topk_group, group_top=1)
+            _grouped_check(ctx, logits[:, [0, 1, 4, 5, 2, 3, 6, 7]].astype(ctx.dtype.numpy), 3, None, scoring=scoring,
+                           n_group=4, topk_group=topk_group + 1, group_top=2)
+            experts = ctx.full((3, 3), -1, int64)
+            ops.moe_router_grouped(ctx.nan((3, 3)), experts, ctx.upload(logits.astype(ctx.dtype.numpy)),
+                                   scoring=scoring, n_group=2, topk_group=topk_group, group_top=1)
+            if experts.numpy().tolist() != want:
+                raise CaseFailed(f"{scoring}, topk_group {topk_group}: experts {experts.numpy().tolist()}, "
+                                 f"expected {want}")
+
+
+def _grouped_overlap(ctx: Ctx) -> None:
+    logits, _ = ctx.normal((2, 8))
+    experts = ctx.full((2, 2), 0, int64)
+    weights = logits.view(16).slice(0, 4, 8).view(2, 2)
+    refused(lambda: ops.moe_router_grouped(weights, experts, logits, n_group=2), "overlap")
+    bias = ctx.nan((8,), float32)
+    refused(lambda: ops.moe_router_grouped(bias.slice(0, 2, 6).view(2, 2), experts, logits, bias), "overlap")
+
+
+# (M, E, k, bias, keywords): greedy (one group), V2 (softmax, the groups' maxima), V3 (sigmoid, a bias, the
+# groups' top-2 sums, normalized, scaled), odd sizes (groups of 1 and 3, k = everything the kept groups hold)
+GROUPED = {
+    ODD: {"M1 E1 k1": (1, 1, 1, False, {}),
+          "M3 E6 k2 sigmoid bias, 3 groups of 2 keep 1, top 2": (3, 6, 2, True, dict(
+              scoring="sigmoid", n_group=3, topk_group=1, group_top=2, normalize=True)),
+          "M5 E15 k6 5 groups keep 2 (k = all they hold)": (5, 15, 6, False, dict(n_group=5, topk_group=2)),
+          "M4 E5 k3 5 groups of 1 keep 4, scale 0.5": (4, 5, 3, True, dict(
+              scoring="sigmoid", n_group=5, topk_group=4, route_scale=0.5))},
+    CONTIGUOUS: {"V2-Lite M17 E64 k6 greedy": (17, 64, 6, False, {}),
+                 "V2 M9 E160 k6 8 groups keep 3, scale 16": (9, 160, 6, False, dict(
+                     n_group=8, topk_group=3, route_scale=16.0)),
+                 "V3 M33 E256 k8 sigmoid bias 8 groups keep 4 top 2, normalized, scale 2.5": (33, 256, 8, True, dict(
+                     scoring="sigmoid", n_group=8, topk_group=4, group_top=2, normalize=True, route_scale=2.5))},
+}
 
 
 # ---- moe_linear: out[m, j] = x_mj @ weight[experts[m, j]].T ----------------------------------------------
@@ -134,6 +200,10 @@ def cases() -> list[Case]:
             out += [Case("moe_router", dtype, layout, f"M{m} E{e} k{k}{' normalized' if normalize else ''}",
                          partial(_router, m, e, k, normalize)) for normalize in (False, True)]
         out.append(Case("moe_router", dtype, PROPERTY, "ties by ascending id", _router_ties))
+        for layout, specs in GROUPED.items():
+            out += [Case("moe_router_grouped", dtype, layout, name, partial(_grouped, *spec))
+                    for name, spec in specs.items()]
+        out.append(Case("moe_router_grouped", dtype, PROPERTY, "ties by ascending id and group", _grouped_ties))
         for layout, shapes in MOE_LINEAR.items():
             out += [Case("moe_linear", dtype, layout, "M{} k{} E{} N{} K{}".format(*s) + (" per slot" if i % 2 else ""),
                          partial(_moe_linear, s, i % 2 == 1)) for i, s in enumerate(shapes)]
@@ -143,6 +213,7 @@ def cases() -> list[Case]:
         out.append(Case("moe_combine", dtype, CONTIGUOUS, "M16 k8 N1536", partial(_combine, 16, 8, 1536)))
     out += [Case("moe_linear", float32, PROPERTY, "expert id out of range", _moe_bad_expert),
             Case("moe_router", float32, ALIASING, "weights overlaps logits", _router_overlap),
+            Case("moe_router_grouped", float32, ALIASING, "weights overlaps logits or bias", _grouped_overlap),
             Case("moe_linear", float32, ALIASING, "out overlaps x", _moe_linear_overlap),
             Case("moe_combine", float32, ALIASING, "out overlaps y", _combine_overlap)]
     return out
@@ -152,6 +223,14 @@ def _perf_router(ctx: Ctx):
     logits, _ = ctx.normal((64, 128))
     weights, experts = ctx.nan((64, 8)), ctx.full((64, 8), 0, int64)
     return lambda: ops.moe_router(weights, experts, logits, True)
+
+
+def _perf_grouped(ctx: Ctx):
+    logits, _ = ctx.normal((64, 256))
+    bias, _ = ctx.normal((256,), 0.1, float32)
+    weights, experts = ctx.nan((64, 8)), ctx.full((64, 8), 0, int64)
+    return lambda: ops.moe_router_grouped(weights, experts, logits, bias, scoring="sigmoid", n_group=8, topk_group=4,
+                                          group_top=2, normalize=True, route_scale=2.5)
 
 
 def _perf_moe_linear(ctx: Ctx):
@@ -167,5 +246,6 @@ def _perf_combine(ctx: Ctx):
     return lambda: ops.moe_combine(out, y, w)
 
 
-PERF = {"moe_router": ("M64 E128 k8", _perf_router), "moe_linear": ("M1 k8 E16 N768 K2048", _perf_moe_linear),
+PERF = {"moe_router": ("M64 E128 k8", _perf_router),
+        "moe_router_grouped": ("M64 E256 k8 V3 (8 groups keep 4)", _perf_grouped), "moe_linear": ("M1 k8 E16 N768 K2048", _perf_moe_linear),
         "moe_combine": ("M64 k8 N2048", _perf_combine)}
