@@ -60,6 +60,9 @@ class Spec:
     window_pattern: int | None = None
     query_pre_attn_scalar: float | None = None  # gemma3
     local_rope_theta: float = 10000.0  # gemma3: the sliding layers' rope base
+    # DeepSeek (arch deepseek_v2 / deepseek_v3): MLA dims, groups, shared experts... as config keyword arguments
+    # (a tuple of pairs: the spec stays hashable); V3's e_score_correction_bias drawn from N(0, 0.1)
+    config_extra: tuple[tuple[str, object], ...] = ()
 
 
 SPECS = {
@@ -128,7 +131,28 @@ MOE_SPECS = {
     "qwen3_moe_bf16": Spec(arch="qwen3_moe", dtype="bf16", hidden=128, inter=192, heads=4, kv_heads=2, head_dim=64,
                            layers=2, experts=8, top_k=2, moe_inter=64, norm_topk=True, seed=10),
 }
-ALL_SPECS = {**SPECS, **MOE_SPECS}
+# DeepSeek checkpoints (tests/models/families/test_deepseek.py)
+DEEPSEEK_SPECS = {
+    # DeepSeek-V3: q low rank 48, latent 32 + rope key 8 (interleaved pairs), nope 16, v 24 != qk 24; 8 routed
+    # experts in 4 groups (2 eligible), top 3 by sigmoid score + correction bias, normalised, x 2.5; 1 shared
+    # expert; layer 0 dense
+    "deepseek_v3_f32": Spec(arch="deepseek_v3", dtype="f32", hidden=96, inter=160, heads=4, kv_heads=4, layers=3,
+                            experts=8, top_k=3, moe_inter=48, seed=11, config_extra=(
+                                ("q_lora_rank", 48), ("kv_lora_rank", 32), ("qk_rope_head_dim", 8),
+                                ("qk_nope_head_dim", 16), ("v_head_dim", 24), ("n_group", 4), ("topk_group", 2),
+                                ("n_shared_experts", 1), ("first_k_dense_replace", 1), ("norm_topk_prob", True),
+                                ("routed_scaling_factor", 2.5))),
+    # DeepSeek-V2-Lite-like: no q low rank, softmax routing in groups (group_limited_greedy), raw weights x 1.5,
+    # 2 shared experts, layer 0 dense
+    "deepseek_v2_f32": Spec(arch="deepseek_v2", dtype="f32", hidden=96, inter=160, heads=4, kv_heads=4, layers=3,
+                            experts=8, top_k=2, moe_inter=32, seed=12, config_extra=(
+                                ("q_lora_rank", None), ("kv_lora_rank", 32), ("qk_rope_head_dim", 16),
+                                ("qk_nope_head_dim", 16), ("v_head_dim", 16), ("n_group", 4), ("topk_group", 2),
+                                ("topk_method", "group_limited_greedy"), ("n_shared_experts", 2),
+                                ("first_k_dense_replace", 1), ("routed_scaling_factor", 1.5))),
+}
+DEEPSEEK_SPECS["deepseek_v3_bf16"] = dataclasses.replace(DEEPSEEK_SPECS["deepseek_v3_f32"], dtype="bf16", seed=13)
+ALL_SPECS = {**SPECS, **MOE_SPECS, **DEEPSEEK_SPECS}
 
 
 def write_tokenizer(directory: Path) -> None:
@@ -166,6 +190,9 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
     if spec.arch == "qwen3_moe":
         extra.update(num_experts=spec.experts, num_experts_per_tok=spec.top_k, moe_intermediate_size=spec.moe_inter,
                      norm_topk_prob=spec.norm_topk, mlp_only_layers=list(spec.dense_layers), decoder_sparse_step=1)
+    if spec.arch.startswith("deepseek"):
+        extra.update(n_routed_experts=spec.experts, num_experts_per_tok=spec.top_k,
+                     moe_intermediate_size=spec.moe_inter, **dict(spec.config_extra))
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta, **(spec.rope_scaling or {})}
     if spec.arch == "gemma3":
         extra.update(sliding_window_pattern=spec.window_pattern, query_pre_attn_scalar=spec.query_pre_attn_scalar)
@@ -185,6 +212,9 @@ def make_checkpoint(directory: Path, spec: Spec) -> Path:
                 p.normal_(0.0, 0.1)
             elif "norm" in name:  # (Gemma's norms multiply by 1 + w)
                 p.uniform_(-0.5, 0.5) if spec.arch == "gemma3" else p.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.1)
         if not spec.tie and spec.lm_head_spread:
             rows = torch.randn(spec.vocab, 1, generator=torch.Generator().manual_seed(spec.seed))
             model.lm_head.weight.mul_(torch.exp(rows * spec.lm_head_spread))

@@ -30,7 +30,7 @@ import numpy as np
 
 import llaisys
 
-from ..engine.kv_cache import KVPool, KVShape, LayerKV
+from ..engine.kv_cache import KVShape, LayerKV
 from ..engine.step_inputs import StepInputs
 from ..errors import ModelLoadError
 from .causal_lm import Workspace
@@ -73,7 +73,6 @@ class DeepSeek(SparseMlp):
             per_head = w.kv_b_proj.view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
             w.uk_t = per_head.slice(1, 0, m.qk_nope_head_dim).permute(0, 2, 1).contiguous()
             w.uv = per_head.slice(1, m.qk_nope_head_dim, m.qk_nope_head_dim + m.v_head_dim).contiguous()
-        self._head_ids = llaisys.empty((0, heads), llaisys.int64, self.device)
 
     @property
     def mla(self) -> LatentAttention:
@@ -95,6 +94,7 @@ class DeepSeek(SparseMlp):
             "kv_c": (1, dc),
             "kv_rope": (1, dr),  # as kv_a_proj gives it (interleaved pairs), then roped in half-split order
             "k_pe": (1, dr),
+            "head_ids": (llaisys.int64, heads),  # each row 0, 1, ..., H - 1: the heads as moe_linear's experts
         }
         if c.shared_expert_size:
             acts.update(shared_gate=(c.shared_expert_size,), shared_up=(c.shared_expert_size,),
@@ -117,14 +117,14 @@ class DeepSeek(SparseMlp):
             scale *= mscale * mscale
         return scale
 
-    def _heads(self, n: int) -> llaisys.Tensor:
-        """int64 [n, H], each row 0, 1, ..., H - 1: every row's heads as moe_linear's experts."""
-        if self._head_ids.shape[0] < n:
-            rows = max(n, 2 * self._head_ids.shape[0], 64)
-            ids = np.broadcast_to(np.arange(self.config.num_attention_heads, dtype=np.int64),
-                                  (rows, self.config.num_attention_heads))
-            self._head_ids = llaisys.from_numpy(np.ascontiguousarray(ids), self.device)
-        return self._head_ids.slice(0, 0, n)
+    def _workspace(self, n: int) -> Workspace:
+        base = self._workspace_base
+        ws = super()._workspace(n)
+        if self._workspace_base is not base:  # a new buffer: its head ids, set once (decode graphs read them)
+            rows, heads = self._workspace_base.head_ids.shape
+            ids = np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))
+            self._workspace_base.head_ids.load(np.ascontiguousarray(ids))
+        return ws
 
     def _rope_pairs(self, out: llaisys.Tensor, x: llaisys.Tensor) -> None:
         """out [n, heads, dr] (contiguous) = x [n, heads, dr] (a strided view) in half-split order: the interleaved
@@ -134,10 +134,6 @@ class DeepSeek(SparseMlp):
             x = x.view(n, heads, dr // 2, 2).permute(0, 1, 3, 2)
             out = out.view(n, heads, 2, dr // 2)
         llaisys.ops.rearrange(out, x)
-
-    def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
-        self._heads(step.num_tokens)  # (before any op: a decode graph captures ops only)
-        return super()._run_step(pool, step)
 
     def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
         c, m, ops, n, numerics = self.config, self.mla, llaisys.ops, ws.n, self.numerics
@@ -161,12 +157,11 @@ class DeepSeek(SparseMlp):
         ops.rope(ws.k_pe, ws.k_pe, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         kv.write(ws.kv_c, ws.k_pe, step)
         # absorbed attention: q_nope W_uk beside q_pe, over the latents; then W_uv per head, then o_proj
-        heads_ids = self._heads(n)
-        moe_linear(ws.latent, ws.q_nope, w.uk_t, heads_ids)
+        moe_linear(ws.latent, ws.q_nope, w.uk_t, ws.head_ids)
         ops.rearrange(ws.q_latent.slice(2, 0, dc), ws.latent)
         ops.rearrange(ws.q_latent.slice(2, dc, ws.q_latent.shape[2]), ws.q_pe)
         kv.attend(ws.latent, ws.q_latent, step, self.attention_scale, numerics, window)
-        moe_linear(ws.attn, ws.latent, w.uv, heads_ids)
+        moe_linear(ws.attn, ws.latent, w.uv, ws.head_ids)
         linear(ws.out, ws.attn.view(n, heads * m.v_head_dim), w.o_proj)
         ops.add(ws.x, ws.x, ws.out)
 

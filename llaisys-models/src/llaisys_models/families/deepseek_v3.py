@@ -5,8 +5,8 @@ their two best experts, the chosen weights normalised when norm_topk_prob, times
 from __future__ import annotations
 
 from .config import ConfigRules, flag
-from .family import Family
 from .deepseek import DEEPSEEK_KERNELS, EXPERTS, FUSED, TENSORS, DeepSeek, deepseek_fields, refuse_attention_bias
+from .family import Family
 
 
 class DeepseekV3(DeepSeek):

@@ -247,5 +247,6 @@ def _perf_combine(ctx: Ctx):
 
 
 PERF = {"moe_router": ("M64 E128 k8", _perf_router),
-        "moe_router_grouped": ("M64 E256 k8 V3 (8 groups keep 4)", _perf_grouped), "moe_linear": ("M1 k8 E16 N768 K2048", _perf_moe_linear),
+        "moe_router_grouped": ("M64 E256 k8 V3 (8 groups keep 4)", _perf_grouped),
+        "moe_linear": ("M1 k8 E16 N768 K2048", _perf_moe_linear),
         "moe_combine": ("M64 k8 N2048", _perf_combine)}
