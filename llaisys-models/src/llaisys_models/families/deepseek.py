@@ -26,18 +26,20 @@ the shared experts' MLP, which every token runs:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import llaisys
 
-from ..engine.kv_cache import KVShape, LayerKV
+from ..engine.kv_cache import KVPool, KVShape, LayerKV
 from ..engine.step_inputs import StepInputs
 from ..errors import ModelLoadError
 from .causal_lm import Workspace
 from .config import GroupedRouting, LatentAttention, flag, integer, number
 from .family import KERNELS, MOE_KERNELS, Experts
 from .moe import SparseMlp, expert_counts
-from .weights import LayerWeights, linear, moe_linear
+from .weights import LayerWeights, Linear, embedding, linear, moe_linear
 
 # the kernels a DeepSeek forward calls beyond the decoder's (family.KERNELS, MOE_KERNELS)
 DEEPSEEK_KERNELS = (*KERNELS, *MOE_KERNELS, "paged_latent_attention", "moe_router_grouped")
@@ -61,18 +63,40 @@ EXPERTS = Experts(router="mlp.gate.weight", gate="mlp.experts.{}.gate_proj.weigh
                   up="mlp.experts.{}.up_proj.weight", down="mlp.experts.{}.down_proj.weight")
 
 
+@dataclasses.dataclass(frozen=True)
+class LatentWeights:
+    """One layer's latent attention as the forward reads it: q's projection (after q_a_proj and its norm where
+    q_lora_rank), the latent's and the rope key's rows of kv_a_proj, the latent's norm, each head's W_uk^T
+    [H, dc, dn] and W_uv [H, dv, dc] (derived from kv_b_proj at load), o_proj."""
+    q_a_proj: Linear | None
+    q_a_norm: llaisys.Tensor | None
+    q_proj: Linear
+    kv_a_proj: Linear
+    kv_rope_proj: Linear
+    kv_a_norm: llaisys.Tensor
+    uk_t: llaisys.Tensor
+    uv: llaisys.Tensor
+    o_proj: Linear
+
+
+def latent_weights(w: LayerWeights, m: LatentAttention, heads: int) -> LatentWeights:
+    """A layer's LatentWeights from the weights its loader read (families/deepseek_v*.py name them)."""
+    q_proj = w.q_b_proj if w.q_a_proj is not None else w.q_proj
+    assert q_proj is not None and w.kv_a_proj is not None and w.kv_rope_proj is not None  # (the loader's plan)
+    assert w.kv_a_norm is not None and isinstance(w.kv_b_proj, llaisys.Tensor)  # (kv_b_proj in the model dtype)
+    per_head = w.kv_b_proj.view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+    uk_t = per_head.slice(1, 0, m.qk_nope_head_dim).permute(0, 2, 1).contiguous()
+    uv = per_head.slice(1, m.qk_nope_head_dim, m.qk_nope_head_dim + m.v_head_dim).contiguous()
+    return LatentWeights(w.q_a_proj, w.q_a_norm, q_proj, w.kv_a_proj, w.kv_rope_proj, w.kv_a_norm, uk_t, uv,
+                         w.o_proj)
+
+
 class DeepSeek(SparseMlp):
     """DeepSeek-V2 / V3: latent attention, and DeepSeekMoE after the first dense layers (module docstring)."""
 
     def _setup(self, *args, **kwargs) -> None:
         super()._setup(*args, **kwargs)
-        m = self.mla
-        heads = self.config.num_attention_heads
-        for w in self.weights.layers:  # W_uk[h]^T [dc, dn] and W_uv[h] [dv, dc] of each head, from kv_b_proj
-            assert isinstance(w.kv_b_proj, llaisys.Tensor)  # (kept in the model dtype: loading/weights.py)
-            per_head = w.kv_b_proj.view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
-            w.uk_t = per_head.slice(1, 0, m.qk_nope_head_dim).permute(0, 2, 1).contiguous()
-            w.uv = per_head.slice(1, m.qk_nope_head_dim, m.qk_nope_head_dim + m.v_head_dim).contiguous()
+        self.latent = [latent_weights(w, self.mla, self.config.num_attention_heads) for w in self.weights.layers]
 
     @property
     def mla(self) -> LatentAttention:
@@ -118,12 +142,12 @@ class DeepSeek(SparseMlp):
         return scale
 
     def _workspace(self, n: int) -> Workspace:
-        base = self._workspace_base
+        old = self._workspace_base
         ws = super()._workspace(n)
-        if self._workspace_base is not base:  # a new buffer: its head ids, set once (decode graphs read them)
-            rows, heads = self._workspace_base.head_ids.shape
-            ids = np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))
-            self._workspace_base.head_ids.load(np.ascontiguousarray(ids))
+        base = self._workspace_base
+        if base is not old and base is not None:  # a new buffer: its head ids, set once (decode graphs read them)
+            rows, heads = base.head_ids.shape
+            base.head_ids.load(np.ascontiguousarray(np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))))
         return ws
 
     def _rope_pairs(self, out: llaisys.Tensor, x: llaisys.Tensor) -> None:
@@ -135,15 +159,24 @@ class DeepSeek(SparseMlp):
             out = out.view(n, heads, 2, dr // 2)
         llaisys.ops.rearrange(out, x)
 
-    def _attention(self, w: LayerWeights, ws: Workspace, kv: LayerKV, step: StepInputs, window: int) -> None:
+    def _run_step(self, pool: KVPool, step: StepInputs) -> llaisys.Tensor:
+        ws = self._workspace(step.num_tokens)
+        embedding(ws.x, step.tokens, self.weights.embed_tokens)
+        for i, layer in enumerate(self.weights.layers):
+            self._latent_attention(self.latent[i], layer.input_norm, ws, pool.layers[i], step)
+            self._mlp(layer, ws)
+        return self._logits(ws.x, step)
+
+    def _latent_attention(self, w: LatentWeights, input_norm: llaisys.Tensor | None, ws: Workspace, kv: LayerKV,
+                          step: StepInputs) -> None:
         c, m, ops, n, numerics = self.config, self.mla, llaisys.ops, ws.n, self.numerics
         heads, dn, dc = c.num_attention_heads, m.qk_nope_head_dim, m.kv_lora_rank
-        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
+        ops.rms_norm(ws.h, ws.x, input_norm, c.rms_norm_eps, numerics)
         q = ws.q.view(n, heads * ws.q.shape[2])
         if w.q_a_proj is not None:  # q through its low-rank pair (q_lora_rank)
             linear(ws.q_a, ws.h, w.q_a_proj)
             ops.rms_norm(ws.q_a, ws.q_a, w.q_a_norm, c.rms_norm_eps, numerics)
-            linear(q, ws.q_a, w.q_b_proj)
+            linear(q, ws.q_a, w.q_proj)
         else:
             linear(q, ws.h, w.q_proj)
         ops.rearrange(ws.q_nope, ws.q.slice(2, 0, dn))
@@ -160,7 +193,7 @@ class DeepSeek(SparseMlp):
         moe_linear(ws.latent, ws.q_nope, w.uk_t, ws.head_ids)
         ops.rearrange(ws.q_latent.slice(2, 0, dc), ws.latent)
         ops.rearrange(ws.q_latent.slice(2, dc, ws.q_latent.shape[2]), ws.q_pe)
-        kv.attend(ws.latent, ws.q_latent, step, self.attention_scale, numerics, window)
+        kv.attend(ws.latent, ws.q_latent, step, self.attention_scale, numerics, 0)
         moe_linear(ws.attn, ws.latent, w.uv, ws.head_ids)
         linear(ws.out, ws.attn.view(n, heads * m.v_head_dim), w.o_proj)
         ops.add(ws.x, ws.x, ws.out)
@@ -182,6 +215,7 @@ class DeepSeek(SparseMlp):
         moe_linear(ws.expert_out, ws.expert_act, e.down, ws.route_experts)
         ops.moe_combine(ws.out, ws.expert_out, ws.route_weights)
         if w.shared_gate is not None:  # every token's shared experts, added to the routed ones
+            assert w.shared_up is not None and w.shared_down is not None  # (the loader's plan: all three)
             linear(ws.shared_gate, ws.h, w.shared_gate)
             linear(ws.shared_up, ws.h, w.shared_up)
             ops.swiglu(ws.shared_gate, ws.shared_gate, ws.shared_up, self.numerics)

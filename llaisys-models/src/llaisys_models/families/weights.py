@@ -138,8 +138,8 @@ class LayerWeights:
     up_bias: llaisys.Tensor | None = None
     down_bias: llaisys.Tensor | None = None
     # DeepSeek's latent attention (deepseek.py): q's low-rank pair and its norm, the latent's and the rope key's
-    # rows of kv_a_proj_with_mqa, the latent's norm, kv_b_proj (every head's W_uk and W_uv rows) and, derived
-    # from it at load, each head's W_uk^T [H, dc, dn] and W_uv [H, dv, dc]
+    # rows of kv_a_proj_with_mqa, the latent's norm, kv_b_proj (every head's W_uk and W_uv rows, from which the
+    # model derives the absorbed matrices at load)
     q_a_proj: Linear | None = None
     q_a_norm: llaisys.Tensor | None = None
     q_b_proj: Linear | None = None
@@ -147,8 +147,6 @@ class LayerWeights:
     kv_rope_proj: Linear | None = None
     kv_a_norm: llaisys.Tensor | None = None
     kv_b_proj: llaisys.Tensor | None = None
-    uk_t: llaisys.Tensor | None = None
-    uv: llaisys.Tensor | None = None
     # DeepSeekMoE's shared experts, beside the routed ones (one MLP moe_intermediate_size x n_shared wide)
     shared_gate: Linear | None = None
     shared_up: Linear | None = None
@@ -168,9 +166,9 @@ def layer_weights(fields: dict) -> LayerWeights:
     """A layer from its plan's fields (a sparse layer's router and experts_* fields become its ExpertWeights)."""
     if "router" in fields:
         fields = dict(fields)
-        fields["experts"] = ExpertWeights(fields.pop("router"),
-                                          *(fields.pop("experts_" + f) for f in ("gate", "up", "down")),
-                                          router_bias=fields.pop("router_bias", None))
+        router, bias = fields.pop("router"), fields.pop("router_bias", None)
+        gate, up, down = (fields.pop("experts_" + f) for f in ("gate", "up", "down"))
+        fields["experts"] = ExpertWeights(router, gate, up, down, router_bias=bias)
     return LayerWeights(**fields)
 
 
