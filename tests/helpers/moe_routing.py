@@ -34,22 +34,41 @@ import llaisys
 from helpers.parity_rule import near_tie, tie_tolerance
 
 
+def choice_scores(logits: np.ndarray, scoring: str, bias: np.ndarray | None) -> np.ndarray:
+    """What DeepSeek's grouped router ranks experts by, in float64: softmax or sigmoid of the router logits, plus
+    the correction bias where it has one (its "logits" in the rule above: both engines' ties are judged on it)."""
+    logits = logits.astype(np.float64)
+    if scoring == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        scores = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        scores /= scores.sum(axis=-1, keepdims=True)
+    return scores if bias is None else scores + bias.astype(np.float64)
+
+
 @contextlib.contextmanager
 def recorded_routing():
     """(router logits [rows, E] float64, experts int64 [rows, k]) of every moe_router call (llaisys.ops.moe_router,
-    which the model calls through the module at each sparse layer) while the block runs, in call order."""
+    which the model calls through the module at each sparse layer) while the block runs, in call order; for
+    moe_router_grouped (DeepSeek) the choice scores (``choice_scores``) stand for the logits."""
     calls: list[tuple[np.ndarray, np.ndarray]] = []
-    real = llaisys.ops.moe_router
+    real, real_grouped = llaisys.ops.moe_router, llaisys.ops.moe_router_grouped
 
     def record(weights, experts, logits, normalize=False):
         real(weights, experts, logits, normalize)
         calls.append((logits.numpy().astype(np.float64), experts.numpy().copy()))
 
-    llaisys.ops.moe_router = record
+    def record_grouped(weights, experts, logits, bias=None, **options):
+        real_grouped(weights, experts, logits, bias, **options)
+        scores = choice_scores(logits.numpy(), options.get("scoring", "softmax"),
+                               None if bias is None else bias.numpy())
+        calls.append((scores, experts.numpy().copy()))
+
+    llaisys.ops.moe_router, llaisys.ops.moe_router_grouped = record, record_grouped
     try:
         yield calls
     finally:
-        llaisys.ops.moe_router = real
+        llaisys.ops.moe_router, llaisys.ops.moe_router_grouped = real, real_grouped
 
 
 def llaisys_routing(model, tokens: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -62,8 +81,40 @@ def llaisys_routing(model, tokens: list[int]) -> tuple[list[np.ndarray], list[np
 
 
 def _routers(hf) -> list[torch.nn.Module]:
-    """HF's routers (``*TopKRouter``: forward(h) -> (logits, weights, indices)) in layer order."""
-    return [m for m in hf.modules() if type(m).__name__.endswith("TopKRouter")]
+    """HF's routers (``*TopKRouter``, DeepSeek's ``*TopkRouter``: forward(h) -> (logits, weights, indices)) in
+    layer order."""
+    return [m for m in hf.modules() if type(m).__name__.lower().endswith("topkrouter")]
+
+
+def _deepseek_scoring(router) -> str | None:
+    """"sigmoid" (V3) or "softmax" (V2) for a DeepSeek router (it has routed_scaling_factor); None for others."""
+    if not hasattr(router, "routed_scaling_factor"):
+        return None
+    return "sigmoid" if hasattr(router, "e_score_correction_bias") else "softmax"
+
+
+def _forced_weights(router, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """The weights HF's ``router`` gives the experts ``indices``, computed as it computes them for its own."""
+    scoring = _deepseek_scoring(router)
+    if scoring is None:
+        top = torch.softmax(logits.float(), dim=-1).gather(1, indices)
+        if getattr(router, "norm_topk_prob", True):  # (Mixtral always renormalises)
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top
+    scores = logits.float().sigmoid() if scoring == "sigmoid" else logits.float().softmax(dim=-1)
+    top = scores.gather(1, indices)
+    if scoring == "sigmoid" and router.norm_topk_prob:  # (DeepseekV2TopkRouter never renormalises)
+        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+    return top * router.routed_scaling_factor
+
+
+def _hf_choice_scores(router, logits: torch.Tensor) -> np.ndarray:
+    """What ``router`` ranks experts by (its logits; a DeepSeek router's choice_scores), float64."""
+    scoring = _deepseek_scoring(router)
+    if scoring is None:
+        return logits.double().numpy()
+    bias = router.e_score_correction_bias.double().numpy() if scoring == "sigmoid" else None
+    return choice_scores(logits.double().numpy(), scoring, bias)
 
 
 def hf_run(hf, tokens: list[int], forced: list[np.ndarray] | None = None):
@@ -79,12 +130,8 @@ def hf_run(hf, tokens: list[int], forced: list[np.ndarray] | None = None):
             logits, weights, indices = original(hidden_states)
             if forced is not None:
                 indices = torch.from_numpy(forced[i]).to(indices.device)
-                probs = torch.softmax(logits.float(), dim=-1)
-                top = probs.gather(1, indices)
-                if getattr(router, "norm_topk_prob", True):  # (Mixtral always renormalises)
-                    top = top / top.sum(dim=-1, keepdim=True)
-                weights = top.to(weights.dtype)
-            seen.append((logits.double().numpy(), indices.numpy()))
+                weights = _forced_weights(router, logits, indices).to(weights.dtype)
+            seen.append((_hf_choice_scores(router, logits), indices.numpy()))
             return logits, weights, indices
         return forward
 

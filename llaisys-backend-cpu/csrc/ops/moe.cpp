@@ -88,16 +88,16 @@ struct GroupedRoute {
 };
 
 template <class T>
-void route_grouped_row(const GroupedRoute& r, const T* logits, T* weights, int64_t* experts, std::vector<float>& s,
+void route_grouped_row(const GroupedRoute& r, const float* logits, T* weights, int64_t* experts, std::vector<float>& s,
                        std::vector<float>& c, std::vector<int64_t>& ids, std::vector<float>& group_score) {
     const int64_t E = r.E;
     if (r.sigmoid) {
-        for (int64_t e = 0; e < E; ++e) s[size_t(e)] = 1.0f / (1.0f + std::exp(-to_f32(logits[e])));
+        for (int64_t e = 0; e < E; ++e) s[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
     } else {
         float max = -std::numeric_limits<float>::infinity();
-        for (int64_t e = 0; e < E; ++e) max = std::max(max, to_f32(logits[e]));
+        for (int64_t e = 0; e < E; ++e) max = std::max(max, logits[e]);
         float sum = 0.0f;
-        for (int64_t e = 0; e < E; ++e) sum += (s[size_t(e)] = std::exp(to_f32(logits[e]) - max));
+        for (int64_t e = 0; e < E; ++e) sum += (s[size_t(e)] = std::exp(logits[e] - max));
         for (int64_t e = 0; e < E; ++e) s[size_t(e)] /= sum;
     }
     for (int64_t e = 0; e < E; ++e) {
@@ -167,7 +167,7 @@ int LLAISYS_FN(moe_router_grouped)(int device, void* stream, int dtype, int64_t 
                 groups(static_cast<size_t>(n_group));
             std::vector<int64_t> ids(static_cast<size_t>(E));
             for (int64_t m = 0; m < M; ++m)
-                llaisys::cpu::LLAISYS_ISA::route_grouped_row(r, static_cast<const T*>(logits) + m * E,
+                llaisys::cpu::LLAISYS_ISA::route_grouped_row(r, static_cast<const float*>(logits) + m * E,
                                                              static_cast<T*>(weights) + m * k,
                                                              static_cast<int64_t*>(experts) + m * k, s, c, ids,
                                                              groups);

@@ -155,7 +155,7 @@ OP_SLOTS: dict[str, list] = {
     # dtype, M, E, k, normalize, weights [M,k], experts int64 [M,k], logits [M,E]
     "moe_router": [c_int, _i64, _i64, _i64, c_int, _p, _p, _p],
     # dtype, M, E, k, scoring (0 softmax, 1 sigmoid), n_group, topk_group, group_top, normalize, route_scale,
-    # weights [M,k], experts int64 [M,k], logits [M,E], bias f32 [E] or NULL
+    # weights [M,k] (dtype), experts int64 [M,k], logits f32 [M,E], bias f32 [E] or NULL
     "moe_router_grouped": [c_int, _i64, _i64, _i64, c_int, _i64, _i64, _i64, c_int, c_double, _p, _p, _p, _p],
     # dtype, M, k, E, N, K, x_per_slot, out [M,k,N], x [M,K] or [M,k,K], weight [E,N,K], experts int64 [M,k]
     "moe_linear": [c_int, _i64, _i64, _i64, _i64, _i64, c_int, _p, _p, _p, _p],

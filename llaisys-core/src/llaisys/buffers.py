@@ -120,7 +120,7 @@ _EXTENTS: dict[str, Callable[..., tuple[int, ...]]] = {
     "moe_router": lambda dtype, M, E, k, normalize, weights, experts, logits: (
         M * k * _size(dtype), M * k * I64, M * E * _size(dtype)),
     "moe_router_grouped": lambda dtype, M, E, k, scoring, n_group, topk_group, group_top, normalize, route_scale,
-    weights, experts, logits, bias: (M * k * _size(dtype), M * k * I64, M * E * _size(dtype), E * F32),
+    weights, experts, logits, bias: (M * k * _size(dtype), M * k * I64, M * E * F32, E * F32),
     "moe_linear": lambda dtype, M, k, E, N, K, x_per_slot, out, x, weight, experts: (
         M * k * N * _size(dtype), M * (k if x_per_slot else 1) * K * _size(dtype), E * N * K * _size(dtype),
         M * k * I64),

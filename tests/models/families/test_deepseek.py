@@ -1,7 +1,7 @@
 """DeepSeek-V2 / V3 (latent attention, DeepSeekMoE) against HF transformers on tiny random checkpoints that
 transformers writes: greedy tokens identical (prompts 1, 13, 64 + 40 new) but at near-ties (f32: logits within
 1e-3 of the top one; the absorbed form sums in another order than HF's expanded one), rare as DESIGN's rule says;
-bf16 runs (batched == alone) but is not yet held to HF's tokens (see below); a batch decodes as each prompt alone (bf16, int8); the KV cache holds the latent, layers x (kv_lora_rank +
+in bf16 also at near-tied routing choices (the rule's MoE form, judged on the scores the router ranks by); a batch decodes as each prompt alone (bf16, int8); the KV cache holds the latent, layers x (kv_lora_rank +
 qk_rope_head_dim) values a token, measured from the pool; contradictory configs and checkpoints are refused naming
 the field or the tensor.
 """
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import llaisys_models
+from helpers.moe_routing import explain_by_routing
 from helpers.parity_rule import MAX_NEAR_TIE_RATE, check_against_reference
 from helpers.tiny_models import DEEPSEEK_SPECS, NEW_TOKENS, PROMPT_LENGTHS, prompt
 from llaisys_models.errors import ModelLoadError
@@ -24,14 +25,21 @@ pytestmark = pytest.mark.slow
 CLASSES = {"deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3"}
 
 
-# (bf16 is not in this list yet: its router logits round to bf16 where HF keeps them in f32, and the near-tie
-# rule's routing form, helpers/moe_routing.py, reads only moe_router's choices, not moe_router_grouped's)
-@pytest.mark.parametrize("name", ["deepseek_v3_f32", "deepseek_v2_f32"])
+def routing_rule(model, tiny_models, name: str, dtype: str):
+    """The near-tie rule's MoE form (helpers/moe_routing.py): ties judged on the choice scores DeepSeek's router
+    ranks experts by (sigmoid + correction bias, or softmax)."""
+    hf, exact = tiny_models.hf(name, dtype), tiny_models.hf(name, "f64")
+    return lambda context, mine, hf_token, where: explain_by_routing(model, hf, exact, context, mine, hf_token,
+                                                                     dtype, where)
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK_SPECS))
 def test_deepseek_greedy_matches_hf(name, tiny_models, device):
     spec = DEEPSEEK_SPECS[name]
     model = llaisys_models.load(tiny_models.path(name), device=device)
     assert type(model).__name__ == CLASSES[spec.arch]
-    ties = {length: check_against_reference(model, tiny_models.reference(name, length), spec.dtype)
+    ties = {length: check_against_reference(model, tiny_models.reference(name, length), spec.dtype,
+                                            routing_rule(model, tiny_models, name, spec.dtype))
             for length in PROMPT_LENGTHS}
     print(f"{name}: near-ties by prompt length: {ties}")
     assert sum(map(len, ties.values())) <= MAX_NEAR_TIE_RATE[spec.dtype] * len(PROMPT_LENGTHS) * NEW_TOKENS, ties

@@ -70,11 +70,11 @@ ROUTER_SCORINGS = {"softmax": 0, "sigmoid": 1}
 def moe_router_grouped(weights, experts, logits, bias=None, *, scoring: str = "softmax", n_group: int = 1,
                        topk_group: int = 1, group_top: int = 1, normalize: bool = False,
                        route_scale: float = 1.0) -> None:
-    """DeepSeek's group-limited router, per row of logits [M, E] in f32: s = softmax(row) or sigmoid(row)
+    """DeepSeek's group-limited router, per row of logits f32 [M, E]: s = softmax(row) or sigmoid(row)
     (``scoring``), c = s + bias (bias f32 [E], DeepSeek-V3's e_score_correction_bias; None: c = s). With
     ``n_group`` > 1 the experts are n_group consecutive groups; a group scores the sum of its ``group_top``
     largest c (V2: 1, V3: 2), and only the ``topk_group`` best groups' experts can be chosen. experts int64 [M, k]
-    = the k largest c, descending (equal c by ascending id); weights [M, k] (logits' dtype) = their s, divided by
+    = the k largest c, descending (equal c by ascending id); weights [M, k] (f32, f16 or bf16) = their s, divided by
     (their sum + 1e-20) when ``normalize``, times ``route_scale`` (routed_scaling_factor). No buffer may overlap
     another."""
     op = "moe_router_grouped"
@@ -114,8 +114,8 @@ def _plan_grouped(weights, experts, logits, bias):
     if bias is not None:
         tensors["bias"] = bias
     device = check.tensors(op, **tensors)
-    check.dtype(op, "logits", logits, check.FLOATS)
-    check.same_dtype(op, "logits", logits, weights=weights)
+    check.dtype(op, "weights", weights, check.FLOATS)
+    check.dtype(op, "logits", logits, (float32,))
     check.ndim(op, "logits", logits, 2)
     check.ndim(op, "weights", weights, 2)
     (m, e), k = logits.shape, weights.shape[1]
@@ -130,7 +130,7 @@ def _plan_grouped(weights, experts, logits, bias):
     check.writable(op, "weights", weights)
     check.writable(op, "experts", experts)
     layouts = tuple(None if t is None else t._layout for t in (weights, experts, logits, bias))
-    return remember(_grouped, layouts, (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
+    return remember(_grouped, layouts, (*kernel_for(op, device, m > 0), device, weights.dtype.code, m, e, k))
 
 
 _linear = new_plans()

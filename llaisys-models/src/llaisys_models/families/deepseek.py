@@ -42,7 +42,7 @@ from .moe import SparseMlp, expert_counts
 from .weights import LayerWeights, Linear, embedding, linear, moe_linear
 
 # the kernels a DeepSeek forward calls beyond the decoder's (family.KERNELS, MOE_KERNELS)
-DEEPSEEK_KERNELS = (*KERNELS, *MOE_KERNELS, "paged_latent_attention", "moe_router_grouped")
+DEEPSEEK_KERNELS = (*KERNELS, *MOE_KERNELS, "paged_latent_attention", "moe_router_grouped", "lora_shrink")
 
 # A layer's weights as HF names them (after "model.layers.{i}."): attention, the dense MLP of the first layers,
 # the shared experts of the others
@@ -97,6 +97,7 @@ class DeepSeek(SparseMlp):
     def _setup(self, *args, **kwargs) -> None:
         super()._setup(*args, **kwargs)
         self.latent = [latent_weights(w, self.mla, self.config.num_attention_heads) for w in self.weights.layers]
+        self._one = llaisys.from_numpy(np.ones(1, np.float32), self.device)  # (the router product's scale)
 
     @property
     def mla(self) -> LatentAttention:
@@ -119,6 +120,8 @@ class DeepSeek(SparseMlp):
             "kv_rope": (1, dr),  # as kv_a_proj gives it (interleaved pairs), then roped in half-split order
             "k_pe": (1, dr),
             "head_ids": (llaisys.int64, heads),  # each row 0, 1, ..., H - 1: the heads as moe_linear's experts
+            "router_logits": (llaisys.float32, c.num_experts),  # in f32, as DeepSeek's router computes them
+            "router_slot": (llaisys.int64,),  # 0 in every row: the router's f32 product's one slot
         }
         if c.shared_expert_size:
             acts.update(shared_gate=(c.shared_expert_size,), shared_up=(c.shared_expert_size,),
@@ -145,10 +148,17 @@ class DeepSeek(SparseMlp):
         old = self._workspace_base
         ws = super()._workspace(n)
         base = self._workspace_base
-        if base is not old and base is not None:  # a new buffer: its head ids, set once (decode graphs read them)
+        if base is not old and base is not None:  # a new buffer: its constants, set once (decode graphs read them)
             rows, heads = base.head_ids.shape
             base.head_ids.load(np.ascontiguousarray(np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))))
+            base.router_slot.load(np.zeros(rows, np.int64))
         return ws
+
+    def _router_logits(self, out: llaisys.Tensor, h: llaisys.Tensor, router: llaisys.Tensor,
+                       slots: llaisys.Tensor) -> None:
+        """out f32 [n, E] = h @ router^T summed in f32 and not rounded to the model dtype, as DeepSeek (and HF)
+        compute the router: lora_shrink's product, with the router as the one slot's [E, hidden] matrix."""
+        llaisys.ops.lora_shrink(out, h, router.view(1, *router.shape), slots, self._one)
 
     def _rope_pairs(self, out: llaisys.Tensor, x: llaisys.Tensor) -> None:
         """out [n, heads, dr] (contiguous) = x [n, heads, dr] (a strided view) in half-split order: the interleaved
@@ -204,7 +214,7 @@ class DeepSeek(SparseMlp):
         c, ops, e, routing = self.config, llaisys.ops, w.experts, self.config.routing
         assert routing is not None  # (deepseek_v2 / v3's config rules always set it)
         ops.rms_norm(ws.h, ws.x, w.mlp_norm, c.rms_norm_eps, self.numerics)
-        linear(ws.router_logits, ws.h, e.router)
+        self._router_logits(ws.router_logits, ws.h, e.router, ws.router_slot)
         ops.moe_router_grouped(ws.route_weights, ws.route_experts, ws.router_logits, e.router_bias,
                                scoring=routing.scoring, n_group=routing.n_group, topk_group=routing.topk_group,
                                group_top=routing.group_top, normalize=c.norm_topk_prob,

@@ -364,8 +364,8 @@ LLAISYS_OP int LLAISYS_FN(moe_router)(int device, void* stream, int dtype, int64
  * n_group consecutive groups of E / n_group; a group scores the sum of its group_top largest c (V2: 1, its
  * max; V3: 2), the topk_group best groups are kept (equal scores by ascending group) and the others' experts
  * set to c = -inf. experts int64 [M, k] = the k largest c, descending, equal c by ascending expert id (NaN as
- * -inf); weights [M, k] (the dtype of logits) = their s (not c), divided by (their sum + 1e-20) when normalize
- * is 1, times route_scale, rounded once. 1 <= k <= topk_group * E / n_group, E % n_group == 0, 1 <= topk_group
+ * -inf); weights [M, k] (`dtype`) = their s (not c), divided by (their sum + 1e-20) when normalize is 1, times
+ * route_scale, rounded once. logits are f32 whatever `dtype` (DeepSeek computes its router in f32). 1 <= k <= topk_group * E / n_group, E % n_group == 0, 1 <= topk_group
  * <= n_group, 1 <= group_top <= E / n_group. No overlap between the buffers. */
 LLAISYS_OP int LLAISYS_FN(moe_router_grouped)(int device, void* stream, int dtype, int64_t M, int64_t E, int64_t k,
                                               int scoring, int64_t n_group, int64_t topk_group, int64_t group_top,
