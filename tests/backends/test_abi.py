@@ -142,7 +142,8 @@ def _op_args(buffers, op, dtype, numerics):
         "swiglu": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "geglu_tanh": lambda: (dtype, numerics, 8, f(8), f(8), f(8)),
         "moe_router": lambda: (dtype, 2, 4, 2, 1, f(2, 2), buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4)),
-        # M = 2, E = 4 in 2 groups (keep 1, its top 2), k = 2, sigmoid, normalized, scale 2.5, a bias f32 [4]
+        # M = 2, E = 4 in 2 groups (keep 1, its top 2), k = 2, sigmoid, normalized, scale 2.5: weights [2, 2] in
+        # dtype (f32-sized: room for any), logits f32 [2, 4] whatever dtype is (ABI 6.4), a bias f32 [4]
         "moe_router_grouped": lambda: (dtype, 2, 4, 2, 1, 2, 1, 2, 1, 2.5, f(2, 2),
                                        buffers.upload(np.zeros((2, 2), np.int64)), f(2, 4), f(4)),
         "moe_linear": lambda: (dtype, 2, 2, 4, 3, 8, 0, f(2, 2, 3), f(2, 8), f(4, 3, 8),

@@ -1,11 +1,13 @@
 """ops.moe_router_grouped: DeepSeek's group-limited router against a float64 torch reference and HF's own.
 
-Per row of logits [M, E]: s = softmax or sigmoid, c = s + bias (DeepSeek-V3's e_score_correction_bias); with
-n_group > 1 only the topk_group best groups (a group scores the sum of its group_top largest c) keep their
-experts; the experts are the k largest c (equal c by ascending id), the weights their s (not c), normalized or
-not, times route_scale. DeepSeek-V2 is softmax, group_top 1, a scale, no normalization ("greedy" = one group);
-V3 is sigmoid, a bias, group_top 2, normalized, scaled. HF transformers' DeepseekV3TopkRouter must pick the
-same experts with the same weights (within f32 rounding). Every frontend check raises, naming the problem.
+Per row of logits f32 [M, E] (always f32: DeepSeek computes its router in f32): s = softmax or sigmoid, c = s + bias
+(DeepSeek-V3's e_score_correction_bias); with n_group > 1 only the topk_group best groups (a group scores the sum of
+its group_top largest c) keep their experts; the experts are the k largest c (equal c by ascending id), the weights
+(the op's dtype: f32, f16 or bf16, within that dtype's tolerance) their s (not c), normalized or not, times
+route_scale; f16 or bf16 logits are refused. DeepSeek-V2 is softmax, group_top 1, a scale, no normalization
+("greedy" = one group); V3 is sigmoid, a bias, group_top 2, normalized, scaled. HF transformers'
+DeepseekV3TopkRouter must pick the same experts with the same weights (within f32 rounding). Every frontend check
+raises, naming the problem.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import llaisys
-from helpers import FLOAT_DTYPES, TORCH_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
+from helpers import FLOAT_DTYPES, assert_close, from_torch, nan_filled, random, to_torch
 from helpers.references.moe import bits, grouped_router_reference
 
 GREEDY = dict(scoring="softmax")
@@ -38,10 +40,11 @@ CONFIGS = {
 }
 
 
-def route(logits: llaisys.Tensor, k: int, bias: llaisys.Tensor | None = None, **kw):
-    """(weights, experts as torch) of moe_router_grouped, the outputs prefilled with NaN and -1."""
+def route(logits: llaisys.Tensor, k: int, bias: llaisys.Tensor | None = None, dtype=llaisys.float32, **kw):
+    """(weights in ``dtype``, experts as torch) of moe_router_grouped over f32 logits, the outputs prefilled with
+    NaN and -1."""
     m = logits.shape[0]
-    weights = nan_filled((m, k), logits.dtype, logits.device)
+    weights = nan_filled((m, k), dtype, logits.device)
     experts = from_torch(torch.full((m, k), -1, dtype=torch.int64), logits.device)
     llaisys.ops.moe_router_grouped(weights, experts, logits, bias, **kw)
     return weights, to_torch(experts)
@@ -53,11 +56,13 @@ def random_bias(e: int, g: torch.Generator, scale: float = 0.3) -> torch.Tensor:
 
 
 def check(m, config, dtype, device, seed):
+    """f32 logits whatever ``dtype`` (the weights'): the experts exactly, the weights within ``dtype``'s tolerance."""
     e, k, with_bias, kw = config
     g = torch.Generator().manual_seed(seed)
-    logits, ref = random((m, e), dtype, device, g, scale=2.0)
+    logits, ref = random((m, e), llaisys.float32, device, g, scale=2.0)
     bias = random_bias(e, g) if with_bias else None
-    weights, experts = route(logits, k, None if bias is None else from_torch(bias, device), **kw)
+    weights, experts = route(logits, k, None if bias is None else from_torch(bias, device), dtype, **kw)
+    assert weights.dtype == dtype
     want_experts, want_weights = grouped_router_reference(ref, k, bias, **kw)
     assert torch.equal(experts, want_experts), f"experts {experts.tolist()} != {want_experts.tolist()}"
     assert_close(weights, want_weights)
@@ -101,14 +106,15 @@ def test_ties_go_to_the_lower_expert_and_the_lower_group(device, dtype):
     logits = torch.tensor([[2.0, 0.0, 1.0, 1.0, 2.0, 0.0, 1.0, 1.0],   # the 2 groups of 4 tie: group 0
                            [1.0] * 8,                                  # everything ties
                            [0.0, 3.0, 0.0, 3.0, 3.0, 0.0, 3.0, 0.0]])  # the groups tie, experts in pairs
-    lt = from_torch(logits.to(TORCH_DTYPES[dtype]), device)
+    lt = from_torch(logits, device)  # (f32; the weights in dtype)
     for scoring in ("softmax", "sigmoid"):
-        _, experts = route(lt, 3, scoring=scoring, n_group=2, topk_group=1)
+        _, experts = route(lt, 3, dtype=dtype, scoring=scoring, n_group=2, topk_group=1)
         assert experts.tolist() == [[0, 2, 3], [0, 1, 2], [1, 3, 0]], scoring
-        _, experts = route(lt, 3, scoring=scoring, n_group=2, topk_group=2)
+        _, experts = route(lt, 3, dtype=dtype, scoring=scoring, n_group=2, topk_group=2)
         assert experts.tolist() == [[0, 4, 2], [0, 1, 2], [1, 3, 4]], scoring
         # groups of 2 ranked by their pairs: row 1 ties everywhere, row 2's groups all tie
-        weights, experts = route(lt, 3, scoring=scoring, n_group=4, topk_group=2, group_top=2, normalize=True)
+        weights, experts = route(lt, 3, dtype=dtype, scoring=scoring, n_group=4, topk_group=2, group_top=2,
+                                 normalize=True)
         want_experts, want_weights = grouped_router_reference(logits, 3, scoring=scoring, n_group=4, topk_group=2,
                                                               group_top=2, normalize=True)
         assert torch.equal(experts, want_experts) and experts[1:].tolist() == [[0, 1, 2], [1, 3, 0]], scoring
@@ -133,11 +139,11 @@ def test_nan_scores_come_last(device):
 def test_rows_do_not_depend_on_the_batch(device, dtype):
     e, k, _, kw = CONFIGS["v3_e256_k8_8groups_keep4_top2"]
     g = torch.Generator().manual_seed(4)
-    logits, ref = random((20, e), dtype, device, g, scale=2.0)
+    logits, ref = random((20, e), llaisys.float32, device, g, scale=2.0)
     bias = from_torch(random_bias(e, g), device)
-    weights, experts = route(logits, k, bias, **kw)
+    weights, experts = route(logits, k, bias, dtype, **kw)
     for row in (0, 9, 19):
-        alone_w, alone_e = route(from_torch(ref[row:row + 1].to(TORCH_DTYPES[dtype]), device), k, bias, **kw)
+        alone_w, alone_e = route(from_torch(ref[row:row + 1].float(), device), k, bias, dtype, **kw)
         assert torch.equal(alone_e[0], experts[row])
         assert torch.equal(bits(to_torch(alone_w)[0]), bits(to_torch(weights)[row])), f"row {row}"
 
@@ -145,10 +151,11 @@ def test_rows_do_not_depend_on_the_batch(device, dtype):
 @pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
 def test_one_group_of_softmax_is_moe_router(device, dtype, normalize):
-    """softmax, one group, no bias, scale 1: moe_router's choice (by logit) and weights."""
+    """softmax, one group, no bias, scale 1: moe_router's choice (by logit) and weights. moe_router's logits are in
+    dtype; the grouped router gets the same values in f32 (exact), its weights in dtype."""
     g = torch.Generator().manual_seed(6)
-    logits, _ = random((17, 64), dtype, device, g, scale=2.0)
-    weights, experts = route(logits, 6, normalize=normalize)
+    logits, ref = random((17, 64), dtype, device, g, scale=2.0)
+    weights, experts = route(from_torch(ref.float(), device), 6, dtype=dtype, normalize=normalize)
     plain_w = nan_filled((17, 6), dtype, device)
     plain_e = from_torch(torch.full((17, 6), -1, dtype=torch.int64), device)
     llaisys.ops.moe_router(plain_w, plain_e, logits, normalize)
@@ -202,7 +209,7 @@ def test_matches_hf_deepseek_v3_router(device, shape):
 
 
 def test_frontend_checks(device):
-    f32, bf16, i32, i64 = llaisys.float32, llaisys.bfloat16, llaisys.int32, llaisys.int64
+    f32, f16, bf16, i32, i64 = llaisys.float32, llaisys.float16, llaisys.bfloat16, llaisys.int32, llaisys.int64
     z = lambda *shape, dtype=f32: llaisys.zeros(shape, dtype, device)  # noqa: E731
 
     def fails(match, weights=None, experts=None, logits=None, bias=None, **kw):
@@ -229,8 +236,13 @@ def test_frontend_checks(device):
     fails("bias has dtype bfloat16", bias=z(16, dtype=bf16))
     fails("bias has shape", bias=z(15))
     fails("bias has shape", bias=z(2, 8))
-    fails("weights has dtype bfloat16", weights=z(2, 4, dtype=bf16))
+    fails("weights has dtype int32", weights=z(2, 4, dtype=i32))
     fails("logits has dtype int32", logits=z(2, 16, dtype=i32))
+    # logits are f32 whatever the weights' dtype: f16 / bf16 logits are refused, even with weights of that dtype
+    for half in (f16, bf16):
+        fails(f"logits has dtype {half.name}; expected float32", logits=z(2, 16, dtype=half))
+        fails(f"logits has dtype {half.name}; expected float32", weights=z(2, 4, dtype=half),
+              logits=z(2, 16, dtype=half))
     fails("experts", experts=z(2, 4, dtype=i32))
     fails("experts", experts=z(2, 3, dtype=i64))
     fails("weights", weights=z(3, 4))
@@ -245,3 +257,21 @@ def test_frontend_checks(device):
     weights = nan_filled((2, 4), f32, device)
     fails("topk_group", weights=weights, n_group=4, topk_group=9)
     assert np.isnan(weights.numpy()).all()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_non_f32_logits_raise_naming_logits(device, dtype):
+    """Only f32 logits are routed: f16 or bf16 logits raise a ValueError naming logits (whatever the weights'
+    dtype), the outputs untouched; the same weights over f32 logits run."""
+    weights, experts = nan_filled((2, 4), dtype, device), from_torch(torch.full((2, 4), -1), device)
+    for half in (torch.float16, torch.bfloat16):
+        logits = from_torch(torch.zeros((2, 16), dtype=half), device)
+        with pytest.raises(llaisys.LlaisysError, match="logits") as info:
+            llaisys.ops.moe_router_grouped(weights, experts, logits, n_group=4, topk_group=2)
+        assert isinstance(info.value, ValueError)
+        assert "logits" in str(info.value) and "float32" in str(info.value), info.value
+        assert torch.isnan(to_torch(weights)).all() and (to_torch(experts) == -1).all()
+    llaisys.ops.moe_router_grouped(weights, experts, from_torch(torch.zeros((2, 16)), device), n_group=4,
+                                   topk_group=2)
+    assert to_torch(experts).tolist() == [[0, 1, 2, 3]] * 2  # (all tie: the lower groups, the lower ids)
+    assert_close(weights, torch.full((2, 4), 1 / 16, dtype=torch.float64))

@@ -11,7 +11,7 @@ from ... import ops
 from ...dtype import bfloat16, float16, float32, int64
 from ...stream import synchronize
 from ..case import ALIASING, BATCH, CONTIGUOUS, ODD, PROPERTY, Case, Ctx
-from ..compare import TOLERANCE, CaseFailed, close, identical, refused
+from ..compare import TOLERANCE, CaseFailed, as_f64, close, identical, refused
 from ..references import descending, grouped_router, softmax
 
 FLOATS = (float32, float16, bfloat16)
@@ -56,9 +56,11 @@ def _router_overlap(ctx: Ctx) -> None:
 
 
 # ---- moe_router_grouped: DeepSeek's group-limited top k (softmax or sigmoid, a choice bias, groups) -----------
+# (logits are f32 whatever the case's dtype, as DeepSeek computes its router in f32; the weights are the dtype's)
 
 def _grouped_check(ctx: Ctx, logits: np.ndarray, k: int, bias: np.ndarray | None, **kw) -> None:
     m, e = logits.shape
+    logits = logits.astype(np.float32)
     weights, experts = ctx.nan((m, k)), ctx.full((m, k), -1, int64)
     ops.moe_router_grouped(weights, experts, ctx.upload(logits), None if bias is None else ctx.upload(bias), **kw)
     want, p = grouped_router(logits.astype(np.float64), k, None if bias is None else bias.astype(np.float64), **kw)
@@ -71,8 +73,8 @@ def _grouped_check(ctx: Ctx, logits: np.ndarray, k: int, bias: np.ndarray | None
 
 
 def _grouped(m: int, e: int, k: int, with_bias: bool, kw: dict, ctx: Ctx) -> None:
-    logits = (ctx.rng.standard_normal((m, e)) * 2).astype(ctx.dtype.numpy)
-    bias = (ctx.rng.standard_normal(e) * 0.1).astype(np.float32) if with_bias else None
+    logits = (ctx.rng.standard_normal((m, e)) * 2).astype(np.float32)
+    bias = (ctx.rng.standard_normal(e) * 0.3).astype(np.float32) if with_bias else None
     _grouped_check(ctx, logits, k, bias, **kw)
 
 
@@ -83,20 +85,29 @@ def _grouped_ties(ctx: Ctx) -> None:
                        [0.0, 3.0, 0.0, 3.0, 3.0, 0.0, 3.0, 0.0]])  # the groups tie, experts in pairs
     for scoring in ("softmax", "sigmoid"):
         for topk_group, want in ((1, [[0, 2, 3], [0, 1, 2], [1, 3, 0]]), (2, [[0, 4, 2], [0, 1, 2], [1, 3, 4]])):
-            _grouped_check(ctx, logits.astype(ctx.dtype.numpy), 3, None, scoring=scoring, n_group=2,
-                           topk_group=topk_group, group_top=1)
-            _grouped_check(ctx, logits[:, [0, 1, 4, 5, 2, 3, 6, 7]].astype(ctx.dtype.numpy), 3, None, scoring=scoring,
-                           n_group=4, topk_group=topk_group + 1, group_top=2)
+            _grouped_check(ctx, logits, 3, None, scoring=scoring, n_group=2, topk_group=topk_group, group_top=1)
+            _grouped_check(ctx, logits[:, [0, 1, 4, 5, 2, 3, 6, 7]], 3, None, scoring=scoring, n_group=4,
+                           topk_group=topk_group + 1, group_top=2)
             experts = ctx.full((3, 3), -1, int64)
-            ops.moe_router_grouped(ctx.nan((3, 3)), experts, ctx.upload(logits.astype(ctx.dtype.numpy)),
+            ops.moe_router_grouped(ctx.nan((3, 3)), experts, ctx.upload(logits.astype(np.float32)),
                                    scoring=scoring, n_group=2, topk_group=topk_group, group_top=1)
             if experts.numpy().tolist() != want:
                 raise CaseFailed(f"{scoring}, topk_group {topk_group}: experts {experts.numpy().tolist()}, "
                                  f"expected {want}")
 
 
-def _grouped_overlap(ctx: Ctx) -> None:
+def _grouped_logits_dtype(ctx: Ctx) -> None:
+    """logits in the case's dtype (f16 or bf16) are refused, naming logits and float32, before any kernel runs:
+    the router reads f32 logits whatever its weights' dtype."""
+    weights, experts = ctx.nan((2, 2)), ctx.full((2, 2), -1, int64)
     logits, _ = ctx.normal((2, 8))
+    refused(lambda: ops.moe_router_grouped(weights, experts, logits, n_group=2), "logits", ctx.dtype.name, "float32")
+    if not np.isnan(as_f64(weights.numpy())).all() or (experts.numpy() != -1).any():
+        raise CaseFailed("refused, but the outputs were written")
+
+
+def _grouped_overlap(ctx: Ctx) -> None:
+    logits, _ = ctx.normal((2, 8), dtype=float32)
     experts = ctx.full((2, 2), 0, int64)
     weights = logits.view(16).slice(0, 4, 8).view(2, 2)
     refused(lambda: ops.moe_router_grouped(weights, experts, logits, n_group=2), "overlap")
@@ -204,6 +215,9 @@ def cases() -> list[Case]:
             out += [Case("moe_router_grouped", dtype, layout, name, partial(_grouped, *spec))
                     for name, spec in specs.items()]
         out.append(Case("moe_router_grouped", dtype, PROPERTY, "ties by ascending id and group", _grouped_ties))
+        if dtype != float32:
+            out.append(Case("moe_router_grouped", dtype, PROPERTY, f"{dtype.name} logits refused (logits are f32)",
+                            _grouped_logits_dtype))
         for layout, shapes in MOE_LINEAR.items():
             out += [Case("moe_linear", dtype, layout, "M{} k{} E{} N{} K{}".format(*s) + (" per slot" if i % 2 else ""),
                          partial(_moe_linear, s, i % 2 == 1)) for i, s in enumerate(shapes)]
@@ -226,7 +240,7 @@ def _perf_router(ctx: Ctx):
 
 
 def _perf_grouped(ctx: Ctx):
-    logits, _ = ctx.normal((64, 256))
+    logits, _ = ctx.normal((64, 256), dtype=float32)
     bias, _ = ctx.normal((256,), 0.1, float32)
     weights, experts = ctx.nan((64, 8)), ctx.full((64, 8), 0, int64)
     return lambda: ops.moe_router_grouped(weights, experts, logits, bias, scoring="sigmoid", n_group=8, topk_group=4,
