@@ -95,17 +95,17 @@ struct GroupedRoute {
 
 template <class T>
 __global__ void moe_router_grouped_kernel(int64_t M, GroupedRoute r, T* weights, int64_t* experts,
-                                          const T* logits) {
+                                          const float* logits) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x, per = r.E / r.n_group;
     for (int64_t m = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; m < M; m += stride) {
-        const T* row = logits + m * r.E;
+        const float* row = logits + m * r.E;  // (f32 whatever T: DeepSeek's router computes in f32)
         float max = -INFINITY, sum = 0.0f;
         if (!r.sigmoid) {
-            for (int64_t e = 0; e < r.E; ++e) max = fmaxf(max, to_float(row[e]));
-            for (int64_t e = 0; e < r.E; ++e) sum += expf(to_float(row[e]) - max);
+            for (int64_t e = 0; e < r.E; ++e) max = fmaxf(max, row[e]);
+            for (int64_t e = 0; e < r.E; ++e) sum += expf(row[e] - max);
         }
         auto score = [&](int64_t e) {  // s
-            const float x = to_float(row[e]);
+            const float x = row[e];
             return r.sigmoid ? 1.0f / (1.0f + expf(-x)) : expf(x - max) / sum;
         };
         auto choice = [&](int64_t e) { return r.bias ? score(e) + r.bias[e] : score(e); };  // c
@@ -300,7 +300,7 @@ int LLAISYS_FN(moe_router_grouped)(int device, void* stream, int dtype, int64_t 
             auto kernel = &moe_router_grouped_kernel<T>;
             const unsigned blocks = blocks_for(M, 64, int64_t(device_context(s.device).sm_count) * 4);
             LLAISYS_LAUNCH(kernel, blocks, 64, 0, s.stream, M, route, static_cast<T*>(weights),
-                           static_cast<int64_t*>(experts), static_cast<const T*>(logits));
+                           static_cast<int64_t*>(experts), static_cast<const float*>(logits));
         });
     });
 }

@@ -119,11 +119,13 @@ FORMS = {"v2": dict(scoring=0, bias=False, normalize=0, route_scale=16.0),
          "v3": dict(scoring=1, bias=True, normalize=1, route_scale=2.5)}
 
 
-def grouped_router(dev, logits, bias, k, scoring, n_group, topk_group, group_top, normalize, route_scale):
+def grouped_router(dev, logits, bias, k, scoring, n_group, topk_group, group_top, normalize, route_scale,
+                   dtype=torch.float32):
+    """experts, weights (``dtype``) of moe_router_grouped over f32 ``logits`` (its logits are f32 always)."""
     M, E = logits.shape
-    weights, experts = dev.empty((M, k), logits.dtype), dev.empty((M, k), torch.int64, fill=-1)
-    dev.op("moe_router_grouped", CODE[logits.dtype], M, E, k, scoring, n_group, topk_group, group_top, normalize,
-           route_scale, weights, experts, dev.upload(logits), None if bias is None else dev.upload(bias))
+    weights, experts = dev.empty((M, k), dtype), dev.empty((M, k), torch.int64, fill=-1)
+    dev.op("moe_router_grouped", CODE[dtype], M, E, k, scoring, n_group, topk_group, group_top, normalize,
+           route_scale, weights, experts, dev.upload(logits.float()), None if bias is None else dev.upload(bias))
     return dev.download(experts), dev.download(weights)
 
 
@@ -132,10 +134,10 @@ def grouped_router(dev, logits, bias, k, scoring, n_group, topk_group, group_top
                          ids=lambda x: x if isinstance(x, str) else None)
 def test_moe_router_grouped(dev, dtype, form, M, E, k, n_group, topk_group, group_top):
     f = FORMS[form]
-    logits = randn((M, E), dtype, M + E + 1, scale=2.0)
+    logits = randn((M, E), torch.float32, M + E + 1, scale=2.0)
     bias = randn((E,), torch.float32, E + 2, scale=0.5) if f["bias"] else None
     got_experts, got_weights = grouped_router(dev, logits, bias, k, f["scoring"], n_group, topk_group, group_top,
-                                              f["normalize"], f["route_scale"])
+                                              f["normalize"], f["route_scale"], dtype)
     want_experts, want_weights = grouped_reference(logits, bias, f["scoring"], n_group, topk_group, group_top, k,
                                                    f["normalize"], f["route_scale"])
     assert torch.equal(got_experts, want_experts)
