@@ -1,4 +1,4 @@
-"""``llaisys generate --speculative ngram|draft:PATH|off``: the same reply as without it, the drafts counted."""
+"""``llaisys generate --speculative ngram|mtp|draft:PATH|off``: the same reply as without it, the drafts counted."""
 
 from __future__ import annotations
 

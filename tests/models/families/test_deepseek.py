@@ -1,7 +1,8 @@
 """DeepSeek-V2 / V3 (latent attention, DeepSeekMoE) against HF transformers on tiny random checkpoints that
 transformers writes: greedy tokens identical (prompts 1, 13, 64 + 40 new) but at near-ties (f32: logits within
 1e-3 of the top one; the absorbed form sums in another order than HF's expanded one), rare as DESIGN's rule says;
-in bf16 also at near-tied routing choices (the rule's MoE form, judged on the scores the router ranks by); a batch decodes as each prompt alone (bf16, int8); the KV cache holds the latent, layers x (kv_lora_rank +
+in bf16 also at near-tied routing choices (the rule's MoE form, judged on the scores the router ranks by); a batch
+decodes as each prompt alone (bf16, int8); the KV cache holds the latent, layers x (kv_lora_rank +
 qk_rope_head_dim) values a token, measured from the pool; contradictory configs and checkpoints are refused naming
 the field or the tensor.
 """

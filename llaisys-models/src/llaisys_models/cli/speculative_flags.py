@@ -7,9 +7,10 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--speculative", default=None, metavar="ngram|draft:PATH|off",
-                        help=f"speculative decoding {what}: prompt lookup (ngram) or a draft model of the same "
-                             f"tokenizer (a path or Hub id); the output is the same as without it")
+    parser.add_argument("--speculative", default=None, metavar="ngram|mtp|draft:PATH|off",
+                        help=f"speculative decoding {what}: prompt lookup (ngram), the model's own multi-token-"
+                             f"prediction module (mtp: DeepSeek-V3) or a draft model of the same tokenizer (a path or "
+                             f"Hub id); the output is the same as without it")
     parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                         help="tokens drafted per step (default 4; needs --speculative)")
 
@@ -21,9 +22,9 @@ def check_arguments(args) -> None:
     method = args.speculative
     if method is None or method == "off":
         if args.num_speculative_tokens is not None:
-            raise LlaisysValueError("--num-speculative-tokens needs --speculative ngram|draft:PATH")
-    elif method != "ngram" and not (method.startswith("draft:") and method[len("draft:"):]):
-        raise LlaisysValueError(f"--speculative = {method!r}: use ngram, draft:PATH or off")
+            raise LlaisysValueError("--num-speculative-tokens needs --speculative ngram|mtp|draft:PATH")
+    elif method not in ("ngram", "mtp") and not (method.startswith("draft:") and method[len("draft:"):]):
+        raise LlaisysValueError(f"--speculative = {method!r}: use ngram, mtp, draft:PATH or off")
 
 
 def from_arguments(args, model):
@@ -36,8 +37,8 @@ def from_arguments(args, model):
     method, k = args.speculative, args.num_speculative_tokens
     if method is None or method == "off":
         return None, None
-    if method == "ngram":
-        return resolve("ngram", k, model), None
+    if method in ("ngram", "mtp"):
+        return resolve(method, k, model), None
     draft_model = load(method[len("draft:"):], device=model.device, numerics=model.numerics)
     drafter = DraftModelDrafter.of(draft_model, model)
     return resolve(drafter, k, model), drafter

@@ -123,6 +123,9 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
         self._decode_graphs = DecodeGraphs(self)
         self.loras = {}  # LoRA adapters by name, once loaded (lora/model.py)
         self._kv_cache_dtype = "auto"
+        # called after each forward_batch with its batch and the residual stream x [rows, hidden] of its rows (before
+        # the final norm), while the step lock is held: a drafter that reads the model's hidden states (deepseek_mtp)
+        self.hidden_listener: Callable[[Batch, llaisys.Tensor], None] | None = None
         self.set_rope()
 
     def set_rope(self) -> None:
@@ -293,6 +296,8 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
                 logits = self.followers.run_step(pool, host, self._forward)
             else:
                 logits = self._forward(pool, host)
+            if self.hidden_listener is not None:  # (a multi-token-prediction drafter: the rows' last hidden states)
+                self.hidden_listener(batch, self._workspace(len(host.tokens)).x)
         for seq, ids in batch:
             seq.commit(ids)
         return logits

@@ -131,6 +131,7 @@ class ModelConfig:
     mla: LatentAttention | None = None
     routing: GroupedRouting | None = None
     shared_expert_size: int = 0
+    num_nextn_predict_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules (after the layers)
 
     @classmethod
     def from_dict(cls, raw: dict, rules: ConfigRules = DECODER, architecture: str | None = None) -> ModelConfig:

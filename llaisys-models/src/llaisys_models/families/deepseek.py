@@ -27,16 +27,20 @@ the shared experts' MLP, which every token runs:
 from __future__ import annotations
 
 import dataclasses
+import threading
+from importlib import import_module
 
 import numpy as np
 
 import llaisys
 
 from ..engine.kv_cache import KVPool, KVShape, LayerKV
+from ..engine.speculative.drafters import Drafter
 from ..engine.step_inputs import StepInputs
 from ..errors import ModelLoadError
 from .causal_lm import Workspace
 from .config import GroupedRouting, LatentAttention, flag, integer, number
+from .deepseek_mtp import MTPDrafter, read_mtp
 from .family import KERNELS, MOE_KERNELS, Experts
 from .moe import SparseMlp, expert_counts
 from .weights import LayerWeights, Linear, embedding, linear, moe_linear
@@ -98,6 +102,8 @@ class DeepSeek(SparseMlp):
         super()._setup(*args, **kwargs)
         self.latent = [latent_weights(w, self.mla, self.config.num_attention_heads) for w in self.weights.layers]
         self._one = llaisys.from_numpy(np.ones(1, np.float32), self.device)  # (the router product's scale)
+        self._mtp_drafter: Drafter | None = None
+        self._mtp_lock = threading.Lock()
 
     @property
     def mla(self) -> LatentAttention:
@@ -149,10 +155,31 @@ class DeepSeek(SparseMlp):
         ws = super()._workspace(n)
         base = self._workspace_base
         if base is not old and base is not None:  # a new buffer: its constants, set once (decode graphs read them)
-            rows, heads = base.head_ids.shape
-            base.head_ids.load(np.ascontiguousarray(np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))))
-            base.router_slot.load(np.zeros(rows, np.int64))
+            self.fill_constants(base)
         return ws
+
+    @staticmethod
+    def fill_constants(ws: Workspace) -> None:
+        """A new work buffer's constant rows: each row's head ids 0 .. H - 1 and its router slot 0."""
+        rows, heads = ws.head_ids.shape
+        ws.head_ids.load(np.ascontiguousarray(np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))))
+        ws.router_slot.load(np.zeros(rows, np.int64))
+
+    # -- multi-token prediction (deepseek_mtp.py) -------------------------------------------------------------
+
+    def mtp_drafter(self) -> Drafter:
+        """The drafter of this model's multi-token-prediction module (``speculative="mtp"``), its weights read
+        from the checkpoint at the first call; a model whose checkpoint has none is refused."""
+        with self._mtp_lock:
+            if self._mtp_drafter is None:
+                if self.config.num_nextn_predict_layers < 1:
+                    raise llaisys.LlaisysValueError(f"{self.config.architecture} at {self.path} has no multi-token-"
+                                                    f"prediction module (num_nextn_predict_layers = 0)")
+                family = import_module(type(self).__module__).FAMILY
+                self.mtp = read_mtp(self.checkpoint, self.config, family, self.dtype, self.device, self.quantize)
+                self.mtp_latent = latent_weights(self.mtp.model.layers[0], self.mla, self.config.num_attention_heads)
+                self._mtp_drafter = MTPDrafter(self)
+            return self._mtp_drafter
 
     def _router_logits(self, out: llaisys.Tensor, h: llaisys.Tensor, router: llaisys.Tensor,
                        slots: llaisys.Tensor) -> None:
@@ -281,7 +308,9 @@ def deepseek_fields(raw: dict, layers: int, *, scoring: str, group_top: int, cor
     inter = integer(raw, "moe_intermediate_size")
     shared = integer(raw, "n_shared_experts", 0) if raw.get("n_shared_experts") is not None else 0
     mla = latent_attention(raw, interleaved)
-    return dict(qkv_bias=False, o_bias=False, fused_projections=True, mla=mla, head_dim=mla.qk_rope_head_dim,
+    mtp = integer(raw, "num_nextn_predict_layers", 0) if raw.get("num_nextn_predict_layers") is not None else 0
+    return dict(num_nextn_predict_layers=mtp, qkv_bias=False, o_bias=False, fused_projections=True, mla=mla,
+                head_dim=mla.qk_rope_head_dim,
                 routing=grouped_routing(raw, experts, per_token, scoring, group_top, corrected),
                 num_experts=experts, num_experts_per_tok=per_token, norm_topk_prob=normalize,
                 moe_intermediate_size=inter, shared_expert_size=inter * shared,

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from .causal_lm import CausalLM
 from .config import ConfigRules, ModelConfig
 
@@ -63,6 +65,12 @@ LLAMA_CPP_TENSORS = {
     # a sparse layer: the router, the experts' matrices stacked [E, rows, cols]
     "router": "ffn_gate_inp.weight", "experts_gate": "ffn_gate_exps.weight", "experts_up": "ffn_up_exps.weight",
     "experts_down": "ffn_down_exps.weight",
+    # latent attention (DeepSeek; kv_a_proj and kv_rope_proj are the rows of attn_kv_a_mqa: the family's fused), the
+    # shared experts and the router's correction bias
+    "q_a_proj": "attn_q_a.weight", "q_a_norm": "attn_q_a_norm.weight", "q_b_proj": "attn_q_b.weight",
+    "kv_a_norm": "attn_kv_a_norm.weight", "kv_b_proj": "attn_kv_b.weight",
+    "shared_gate": "ffn_gate_shexp.weight", "shared_up": "ffn_up_shexp.weight", "shared_down": "ffn_down_shexp.weight",
+    "router_bias": "exp_probs_b.bias",
 }
 
 
@@ -94,6 +102,16 @@ def _no_metadata(meta: GGUFMetadata, raw: dict) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Assembled:
+    """A weight a converter writes as several tensors (DeepSeek's kv_b_proj as attn_k_b and attn_v_b): their names
+    (after "blk.{i}."), the shape of each (numpy order) as the config implies, and how their values (decoded to
+    float32, in that order) make the weight as HF lays it out."""
+    parts: tuple[str, ...]
+    shapes: Callable[[ModelConfig], tuple[tuple[int, ...], ...]]
+    join: Callable[[ModelConfig, list[np.ndarray]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
 class GGUF:
     """How llama.cpp's converter (convert_hf_to_gguf.py) writes a family."""
 
@@ -106,6 +124,11 @@ class GGUF:
     window_pattern: int = 0  # llama.cpp's attention.sliding_window_pattern where the file has none (0: all layers)
     # a file of the architecture is this family's only if ``claims(metadata)`` (several families one name)
     claims: Callable[[GGUFMetadata], bool] | None = None
+    # weights a file may hold as parts instead (read so in a file without the tensor ``tensors`` names)
+    assembled: Mapping[str, Assembled] = dataclasses.field(default_factory=dict)
+    # latent attention: attention.key_length, value_length and rope.dimension_count are its sizes, which ``config``
+    # reads (not one head size for keys, values and rope, as the decoder's are checked)
+    latent_attention: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,8 +39,8 @@ ROWS = [Row(*row) for row in [
     ("Qwen3MoeForCausalLM",    "qwen3moe",         qwen3_moe),
     ("Gemma3ForCausalLM",      "gemma3",           gemma3),
     ("Olmo2ForCausalLM",       "olmo2",            olmo2),
-    ("DeepseekV2ForCausalLM",  None,               deepseek_v2),  # llama.cpp's "deepseek2": not read yet
-    ("DeepseekV3ForCausalLM",  None,               deepseek_v3),
+    ("DeepseekV2ForCausalLM",  "deepseek2",        deepseek_v2),  # "deepseek2" but sigmoid scores (deepseek_v2.py)
+    ("DeepseekV3ForCausalLM",  "deepseek2",        deepseek_v3),  # "deepseek2" with expert_gating_func 2 (sigmoid)
 ]]
 
 FAMILIES: dict[str, Family] = {row.architecture: row.family for row in ROWS}

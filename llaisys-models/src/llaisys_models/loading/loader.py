@@ -19,6 +19,7 @@ from ..families.causal_lm import CausalLM
 from ..families.config import ModelConfig, token_ids
 from ..families.registry import FAMILIES, read_config
 from ..parallel.layout import Layout
+from . import mtp as _mtp  # noqa: F401  (hands the families its reader of DeepSeek's MTP module)
 from . import quantize as quantization
 from . import quantized_checkpoint
 from .device import float_dtype, pick_device

@@ -81,7 +81,7 @@ def model_config(f: GGUFFile) -> ModelConfig:
             continue
         limit = MAX_LAYERS if field == "num_hidden_layers" else MAX_SIZE
         raw[field] = value if field in FLOAT_FIELDS else _size(f, f"{arch}.{key}", value, limit)
-    _check_attention_and_rope(f, arch, raw)
+    _check_attention_and_rope(f, arch, raw, rules.latent_attention)
     rules.config(Metadata(f, arch), raw)
 
     embed = f.tensors.get("token_embd.weight")
@@ -143,18 +143,19 @@ def _size(f: GGUFFile, key: str, value: object, limit: int = MAX_SIZE) -> int:
     return value
 
 
-def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict) -> None:
+def _check_attention_and_rope(f: GGUFFile, arch: str, raw: dict, latent: bool = False) -> None:
     """Refuse what the decoder does not compute: a value width other than the key width, a
-    partial rotary dimension, a rope scaling one table cannot hold; translate the others to config.json's
+    partial rotary dimension (neither checked for ``latent`` attention, whose sizes these keys are: the family's
+    GGUF rules read them), a rope scaling one table cannot hold; translate the others to config.json's
     rope_scaling (llama3's rope_freqs.weight is read by model_config)."""
     meta = f.metadata
     head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
-    if value_dim != head_dim:
+    if value_dim != head_dim and not latent:
         raise ModelLoadError(f"{f.path}: value head size {shown(value_dim)} differs from key head size {head_dim}, "
                              f"which llaisys does not support")
     rope_dims = meta.get(f"{arch}.rope.dimension_count", head_dim)
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and not latent:
         raise ModelLoadError(f"{f.path}: rope covers {shown(rope_dims)} of {head_dim} head dimensions; llaisys "
                              f"supports full rotary embeddings only")
     for name in ("rope_factors_long.weight", "rope_factors_short.weight"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -56,7 +57,7 @@ from ..quantize import (
     linear_mode,
     quantized_weight,
 )
-from ..weights import EXPERTS, LINEARS, NORMS, plan
+from ..weights import EXPERTS, F32_WEIGHTS, LINEARS, NORMS, plan
 from . import blocks, quants
 from .reader import GGUFFile
 
@@ -88,8 +89,13 @@ def tensor_plan(f: GGUFFile, config: ModelConfig, family: Family) -> tuple[dict[
     top = {field: (GGUF_TOP[field], shape) for field, (_, shape) in top.items()}
     layers = [{field: (f"blk.{i}.{(fused if len(spec) == 3 else rules.tensors)[field]}", *spec[1:])
                for field, spec in layer.items()} for i, layer in enumerate(layers)]
+    for i, layer in enumerate(layers):  # a weight the file holds as parts (GGUF.assembled), where it lacks the whole
+        for field, assembled in rules.assembled.items():
+            names = [f"blk.{i}.{part}" for part in assembled.parts]
+            if field in layer and layer[field][0] not in f.tensors and all(name in f.tensors for name in names):
+                layer[field] = (Parts(zip(names, assembled.shapes(config))), layer[field][1])
     supported = ", ".join(t.name for t in quants.SUPPORTED)
-    for name, shape, *_ in [spec for group in [top, *layers] for spec in group.values()]:
+    for name, shape in stored([top, *layers]):
         info = f.tensors.get(name)
         if info is None:
             dense = name.endswith(".ffn_gate_inp.weight") and name.replace("_inp", "") in f.tensors
@@ -113,7 +119,7 @@ def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
     4 bytes per weight in memory (and per weight read in a decode step); dtype=bfloat16 halves that,
     quantize="int8" takes about a quarter."""
     Q = quants.Q
-    types = {f.tensors[spec[0]].type for group in [top, *layers] for spec in group.values() if len(spec[1]) >= 2}
+    types = {f.tensors[name].type for name, shape in stored([top, *layers]) if len(shape) >= 2}
     if types <= {Q.F32}:
         return llaisys.float32
     if types <= {Q.F32, Q.F16}:
@@ -121,6 +127,36 @@ def default_dtype(f: GGUFFile, top: dict, layers: list[dict]) -> llaisys.DType:
     if types <= {Q.F32, Q.BF16}:
         return llaisys.bfloat16
     return llaisys.float32
+
+
+class Parts(tuple):
+    """The stored tensors, (name, shape) each, that one weight is assembled from (GGUF.assembled), in order."""
+
+
+def stored(groups: list[dict]) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor of the file a plan reads (each of a weight's Parts on its own)."""
+    specs: list[tuple[str, tuple[int, ...]]] = []
+    for spec in [spec for group in groups for spec in group.values()]:
+        specs += list(spec[0]) if isinstance(spec[0], Parts) else [(spec[0], spec[1])]
+    return specs
+
+
+def assembled(f: GGUFFile, join: Callable[[ModelConfig, list[np.ndarray]], np.ndarray], parts: Parts,
+              shape: tuple[int, ...], config: ModelConfig, dtype: llaisys.DType, device: llaisys.Device) -> llaisys.Tensor:
+    """A weight of the file's ``parts`` (each decoded to float32), put together by ``join`` and converted to
+    ``dtype`` on ``device``."""
+    values = []
+    for name, part_shape in parts:
+        info = f.tensors[name]
+        values.append(quants.dequantize(f.raw(name), info.type, np.empty((info.rows, part_shape[-1]), np.float32))
+                      .reshape(part_shape))
+        f.release(name)
+    weight = join(config, values)
+    if weight.shape != shape:
+        raise ModelLoadError(f"internal: {', '.join(name for name, _ in parts)} make {weight.shape}, not {shape}")
+    out = np.empty(shape, dtype.numpy)
+    np.copyto(out, weight, casting="unsafe")
+    return llaisys.from_numpy(out, device)
 
 
 def llama_row_order(rows: int, heads: int) -> np.ndarray:
@@ -382,6 +418,8 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
     i8_ok = llaisys.ops.implemented("linear_i8", device)
 
     def kind(field: str, spec: tuple) -> str:
+        if isinstance(spec[0], Parts):  # (decoded and put together)
+            return "float"
         return kind_of(field, f.tensors[spec[0]].type, quantize, dequantize, blocks_ok, expert_blocks_ok)
 
     def part_of(field: str) -> Part | str | None:
@@ -428,6 +466,11 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
             part = part_of(field)
             if part == DROP:
                 return None
+            if isinstance(name, Parts):  # (a weight of several stored tensors: whole on every rank)
+                assert family.gguf is not None and not isinstance(part, Part)
+                tensor = assembled(f, family.gguf.assembled[field].join, name, shape, config, dtype, device)
+                bar.update(math.prod(shape) * dtype.itemsize)
+                return tensor
             if kept_part(field, spec) and field in EXPERTS:  # a rank's rows or columns of each expert, in blocks
                 assert isinstance(part, Part)
                 kept = block_experts(f, name, _stack(shape), device, arena, part)
@@ -467,8 +510,8 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
                 tensor = block_weight(f, name, _matrix(shape), device, rows, arena)
             elif how in ("int8", "int4", "q8_0"):
                 tensor = quantized(f, name, _matrix(shape), device, rows, how)
-            elif field in NORMS and config.norms_in_f32:  # Gemma (1 + w as the file holds it), OLMo 2: in float32
-                tensor = materialize(f, name, shape, llaisys.float32, device, rows)
+            elif field in NORMS and config.norms_in_f32 or field in F32_WEIGHTS:  # Gemma (1 + w as the file holds
+                tensor = materialize(f, name, shape, llaisys.float32, device, rows)  # it), OLMo 2; the router's bias
             elif quantize is not None and field in EXPERTS:  # (int8 for int4 too: quantize.py)
                 tensor = quantized_experts(f, name, _stack(shape), device)
             else:
