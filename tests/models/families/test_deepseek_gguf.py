@@ -68,13 +68,16 @@ def test_a_deepseek_gguf_computes_what_its_directory_does(name, split_kv_b, tiny
         assert len(ties) <= max(1, MAX_NEAR_TIE_RATE["f32"] * NEW_TOKENS), ties
 
 
-def test_a_v2_file_without_a_gating_function_is_v2(tiny_models, tmp_path):
+@pytest.mark.parametrize("change", [{"gating": None}, {"extra": {"attention.q_lora_rank": 0}}],
+                         ids=["no gating function", "q_lora_rank 0"])
+def test_v2_files_as_converters_write_them(change, tiny_models, tmp_path):
     """The converter writes expert_gating_func only where config.json has scoring_func (transformers' configs have
-    none); llama.cpp reads no key as softmax: V2."""
+    none): llama.cpp reads no key as softmax, V2. llama.cpp requires attention.q_lora_rank of a file that is not
+    V2-Lite's 26 or 27 layers, 0 for none (benchmarks/deepseek.py writes it so): one q projection."""
     name = "deepseek_v2_f32"
-    path = write_deepseek_gguf(tiny_models.path(name), tmp_path / "v2.gguf", gating=None)
+    path = write_deepseek_gguf(tiny_models.path(name), tmp_path / "v2.gguf", **change)
     model = llaisys_models.load(path, device="cpu")
-    assert type(model).__name__ == "DeepseekV2"
+    assert type(model).__name__ == "DeepseekV2" and model.config.mla.q_lora_rank == 0
     ids = prompt(name, 20, DEEPSEEK_SPECS[name].vocab)
     np.testing.assert_array_equal(model.logits(ids),
                                   llaisys_models.load(tiny_models.path(name), device="cpu").logits(ids))

@@ -4,12 +4,12 @@ weights times routed_scaling_factor (never renormalised: transformers' DeepseekV
 norm_topk_prob). Its rope turns interleaved pairs (a complex product).
 
 llama.cpp's converter (convert_hf_to_gguf.py's DeepseekV2Model) writes V2 and V3 as one architecture, "deepseek2";
-what this file reads of it (``deepseek2_config``, ``DEEPSEEK2``) V3's rules share. Its keys: expert_count,
-expert_used_count, expert_group_count / expert_group_used_count (n_group, topk_group), expert_shared_count,
+what this file reads of it (``deepseek2_config``, ``GGUF_FUSED``, ``GGUF_ASSEMBLED``) V3's rules share. Its keys:
+expert_count, expert_used_count, expert_group_count / expert_group_used_count (n_group, topk_group), expert_shared_count,
 expert_feed_forward_length, leading_dense_block_count (first_k_dense_replace), expert_weights_scale
 (routed_scaling_factor), expert_weights_norm (norm_topk_prob, written only when true), expert_gating_func (1
 softmax, 2 sigmoid: V3; written only where config.json has scoring_func, so llama.cpp reads none as softmax),
-attention.q_lora_rank (absent: one q projection, attn_q), attention.kv_lora_rank, rope.dimension_count
+attention.q_lora_rank (absent or 0: one q projection, attn_q), attention.kv_lora_rank, rope.dimension_count
 (qk_rope_head_dim), rope.scaling.yarn_log_multiplier (0.1 x mscale_all_dim). Its head sizes: newer converters write
 key_length / value_length as the latent's MQA view (kv_lora_rank + rope dims, kv_lora_rank) and the heads' in
 key_length_mla / value_length_mla, older ones the heads' in key_length / value_length; head_count_kv is 1 (MLA as
@@ -123,9 +123,9 @@ def deepseek2_config(meta: GGUFMetadata, raw: dict) -> None:
         raise ModelLoadError(f"{_key(meta, qk_key)} = {qk} leaves no head dimension beside the {rope} of "
                              f"{meta.architecture}.rope.dimension_count")
     scale = meta.get("expert_weights_scale", 0.0)
-    if not finite(scale) or scale < 0:
+    if not finite(scale) or not isinstance(scale, (int, float)) or scale < 0:
         raise ModelLoadError(f"{_key(meta, 'expert_weights_scale')} must be a finite number >= 0, got {shown(scale)}")
-    q_rank = meta.size("attention.q_lora_rank") if meta.get("attention.q_lora_rank") is not None else None
+    q_rank = _count(meta, "attention.q_lora_rank", "q_lora_rank") or None  # (absent or 0: one q projection)
     raw.update(n_routed_experts=experts, num_experts_per_tok=per_token, n_group=groups, topk_group=used,
                moe_intermediate_size=_size(meta, "expert_feed_forward_length", "moe_intermediate_size"),
                n_shared_experts=_count(meta, "expert_shared_count", "n_shared_experts", None),
@@ -135,7 +135,7 @@ def deepseek2_config(meta: GGUFMetadata, raw: dict) -> None:
                routed_scaling_factor=float(scale) or 1.0)  # (llama.cpp: 0 or absent, no factor)
     rope_scaling, log_mul = raw.get("rope_scaling"), meta.get("rope.scaling.yarn_log_multiplier")
     if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type") == "yarn" and log_mul is not None:
-        if not finite(log_mul) or log_mul <= 0:
+        if not finite(log_mul) or not isinstance(log_mul, (int, float)) or log_mul <= 0:
             raise ModelLoadError(f"{_key(meta, 'rope.scaling.yarn_log_multiplier')} must be a positive number, got "
                                  f"{shown(log_mul)}")
         # 0.1 x mscale_all_dim (in float32); llama.cpp's rope then scales cos / sin by 1, as HF's does where
@@ -159,9 +159,8 @@ def _kv_b(c: ModelConfig, parts: list[np.ndarray]) -> np.ndarray:
 
 
 # How the converter writes both: kv_a_proj_with_mqa as attn_kv_a_mqa (fused as HF's), kv_b_proj whole or split
-DEEPSEEK2 = dict(fused={"attn_kv_a_mqa.weight": FUSED["self_attn.kv_a_proj_with_mqa.weight"]},
-                 assembled={"kv_b_proj": Assembled(("attn_k_b.weight", "attn_v_b.weight"), _kv_b_shapes, _kv_b)},
-                 latent_attention=True)
+GGUF_FUSED = {"attn_kv_a_mqa.weight": FUSED["self_attn.kv_a_proj_with_mqa.weight"]}
+GGUF_ASSEMBLED = {"kv_b_proj": Assembled(("attn_k_b.weight", "attn_v_b.weight"), _kv_b_shapes, _kv_b)}
 
 
 def gguf_config(meta: GGUFMetadata, raw: dict) -> None:
@@ -184,6 +183,6 @@ FAMILY = Family(
     tensors=TENSORS,
     fused=FUSED,
     experts=EXPERTS,
-    gguf=GGUF(config=gguf_config, **DEEPSEEK2),
+    gguf=GGUF(config=gguf_config, fused=GGUF_FUSED, assembled=GGUF_ASSEMBLED, latent_attention=True),
     kernels=DEEPSEEK_KERNELS,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .config import ConfigRules, flag
 from .deepseek import DEEPSEEK_KERNELS, EXPERTS, FUSED, TENSORS, DeepSeek, deepseek_fields, refuse_attention_bias
-from .deepseek_v2 import DEEPSEEK2, SIGMOID, deepseek2_config, weights_norm
+from .deepseek_v2 import GGUF_ASSEMBLED, GGUF_FUSED, SIGMOID, deepseek2_config, weights_norm
 from .family import GGUF, Family, GGUFMetadata
 
 
@@ -43,6 +43,7 @@ FAMILY = Family(
     tensors=TENSORS,
     fused=FUSED,
     experts=EXPERTS,
-    gguf=GGUF(config=gguf_config, claims=sigmoid_scores, **DEEPSEEK2),
+    gguf=GGUF(config=gguf_config, fused=GGUF_FUSED, assembled=GGUF_ASSEMBLED, latent_attention=True,
+              claims=sigmoid_scores),
     kernels=DEEPSEEK_KERNELS,
 )

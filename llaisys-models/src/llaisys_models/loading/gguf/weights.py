@@ -468,9 +468,9 @@ def load_weights(f: GGUFFile, config: ModelConfig, family: Family, top: dict, la
                 return None
             if isinstance(name, Parts):  # (a weight of several stored tensors: whole on every rank)
                 assert family.gguf is not None and not isinstance(part, Part)
-                tensor = assembled(f, family.gguf.assembled[field].join, name, shape, config, dtype, device)
+                whole = assembled(f, family.gguf.assembled[field].join, name, shape, config, dtype, device)
                 bar.update(math.prod(shape) * dtype.itemsize)
-                return tensor
+                return whole
             if kept_part(field, spec) and field in EXPERTS:  # a rank's rows or columns of each expert, in blocks
                 assert isinstance(part, Part)
                 kept = block_experts(f, name, _stack(shape), device, arena, part)
