@@ -30,6 +30,7 @@ import numpy as np
 
 import llaisys
 
+from ..engine.kv_blocks import SequenceKV
 from ..engine.kv_cache import KVPool
 from ..engine.speculative.drafters import Drafter
 from ..engine.step_inputs import Batch, host_step, step_inputs
@@ -62,7 +63,7 @@ def read_mtp(checkpoint, config, family, dtype, device, quantize):
 class _Tracked:
     """The module's sequence for one of the model's: its cache, and how many of its positions were run on the
     model's hidden states (the later ones, its own drafts', are dropped at the next proposal)."""
-    kv: object
+    kv: SequenceKV
     exact: int = 0
 
 

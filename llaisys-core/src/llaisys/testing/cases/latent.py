@@ -25,7 +25,7 @@ class Latent(Paged):
         super().__init__(ctx, seqs, H, 1, dc + dr, dc, block_size, lead=lead, tail=tail)
         cache = self.k_cache.numpy()[:, :, 0]
         self.c_cache, self.r_cache = ctx.upload(cache[..., :dc].copy()), ctx.upload(cache[..., dc:].copy())
-        self.k_cache = self.v_cache = None
+        del self.k_cache, self.v_cache  # (the latent caches stand for them)
         self.values = [k[:, :, :dc] for k in self.keys]
 
     def _attend(self, out, q, tables, seq_lens, query_start) -> None:

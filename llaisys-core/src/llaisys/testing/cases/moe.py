@@ -117,7 +117,7 @@ def _grouped_overlap(ctx: Ctx) -> None:
 
 # (M, E, k, bias, keywords): greedy (one group), V2 (softmax, the groups' maxima), V3 (sigmoid, a bias, the
 # groups' top-2 sums, normalized, scaled), odd sizes (groups of 1 and 3, k = everything the kept groups hold)
-GROUPED = {
+GROUPED: dict[str, dict[str, tuple[int, int, int, bool, dict]]] = {
     ODD: {"M1 E1 k1": (1, 1, 1, False, {}),
           "M3 E6 k2 sigmoid bias, 3 groups of 2 keep 1, top 2": (3, 6, 2, True, dict(
               scoring="sigmoid", n_group=3, topk_group=1, group_top=2, normalize=True)),
