@@ -54,8 +54,8 @@ from .safetensors import Checkpoint, TensorInfo
 FLOAT_WEIGHTS = (llaisys.float32, llaisys.float16, llaisys.bfloat16)
 # the weights quantize="int8" stores in int8: every matrix a linear multiplies by (embeddings, norms and
 # biases stay in the model dtype)
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
-           "q_a_proj", "q_b_proj", "kv_a_proj", "kv_rope_proj", "shared_gate", "shared_up", "shared_down")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "q_a_proj", "q_b_proj",
+           "kv_a_proj", "kv_rope_proj", "shared_gate", "shared_up", "shared_down", "lm_head")  # (lm_head last)
 # (DeepSeek's kv_b_proj stays in the model dtype: each head's W_uk and W_uv are derived from it at load)
 # the RMSNorm weights (of a layer, and the final "norm")
 NORMS = ("input_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm", "norm", "q_a_norm",
