@@ -155,6 +155,13 @@ DEEPSEEK_SPECS = {
 # logits 2-5 from the exact ones where HF's own flips put its 0.2-5.6, past parity_rule's prefill bound; the
 # median errors equal HF's, 0.09-0.12)
 DEEPSEEK_SPECS["deepseek_v3_bf16"] = dataclasses.replace(DEEPSEEK_SPECS["deepseek_v3_f32"], dtype="bf16", seed=15)
+# DeepSeek's YaRN: factor 4 over 32 original positions (the prompts pass them), mscale = mscale_all_dim = 0.707 as
+# DeepSeek-V2's config has them: the softmax scale times mscale^2 (a GGUF file holds only mscale_all_dim, as
+# yarn_log_multiplier, so llama.cpp's reading of a file assumes they are equal)
+DEEPSEEK_SPECS["deepseek_v3_yarn_f32"] = dataclasses.replace(
+    DEEPSEEK_SPECS["deepseek_v3_f32"], seed=16, rope_scaling={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                              "original_max_position_embeddings": 32,
+                                                              "mscale_all_dim": 0.707})
 ALL_SPECS = {**SPECS, **MOE_SPECS, **DEEPSEEK_SPECS}
 
 

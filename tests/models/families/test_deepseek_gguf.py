@@ -46,7 +46,9 @@ def same_config(a, b) -> None:
 
 
 @pytest.mark.parametrize("split_kv_b", [True, False], ids=["k_b-v_b", "kv_b"])
-@pytest.mark.parametrize("name", list(DEEPSEEK_SPECS))
+# (not the YaRN checkpoint: a file holds mscale_all_dim as a float32 yarn_log_multiplier, 0.1 x it, which reads back
+# a rounding away; the YaRN files are below)
+@pytest.mark.parametrize("name", [name for name in DEEPSEEK_SPECS if "yarn" not in name])
 def test_a_deepseek_gguf_computes_what_its_directory_does(name, split_kv_b, tiny_models, tmp_path, device):
     spec = DEEPSEEK_SPECS[name]
     directory = tiny_models.path(name)
