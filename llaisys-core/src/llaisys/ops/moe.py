@@ -49,6 +49,15 @@ def _plan_router(weights, experts, logits):
     device = check.tensors(op, weights=weights, experts=experts, logits=logits)
     check.dtype(op, "logits", logits, check.FLOATS)
     check.same_dtype(op, "logits", logits, weights=weights)
+    m, e, k = _router_sizes(op, weights, experts, logits)
+    check.contiguous(op, weights=weights, experts=experts, logits=logits)
+    return remember(_router, (weights._layout, experts._layout, logits._layout),
+                    (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
+
+
+def _router_sizes(op: str, weights, experts, logits) -> tuple[int, int, int]:
+    """(M, E, k) of a router's logits [M, E], weights [M, k] and experts int64 [M, k], checked (and the outputs
+    writable)."""
     check.ndim(op, "logits", logits, 2)
     check.ndim(op, "weights", weights, 2)
     (m, e), k = logits.shape, weights.shape[1]
@@ -56,11 +65,9 @@ def _plan_router(weights, experts, logits):
     check.index_tensor(op, "experts", experts, (m, k))
     if not 1 <= k <= e:
         check.fail(op, f"k = {k} (weights.shape[1]) must be in [1, {e}], the number of experts (logits.shape[1])")
-    check.contiguous(op, weights=weights, experts=experts, logits=logits)
     check.writable(op, "weights", weights)
     check.writable(op, "experts", experts)
-    return remember(_router, (weights._layout, experts._layout, logits._layout),
-                    (*kernel_for(op, device, m > 0), device, logits.dtype.code, m, e, k))
+    return m, e, k
 
 
 _grouped = new_plans()
@@ -116,19 +123,11 @@ def _plan_grouped(weights, experts, logits, bias):
     device = check.tensors(op, **tensors)
     check.dtype(op, "weights", weights, check.FLOATS)
     check.dtype(op, "logits", logits, (float32,))
-    check.ndim(op, "logits", logits, 2)
-    check.ndim(op, "weights", weights, 2)
-    (m, e), k = logits.shape, weights.shape[1]
-    check.shape(op, "weights", weights, (m, k))
-    check.index_tensor(op, "experts", experts, (m, k))
-    if not 1 <= k <= e:
-        check.fail(op, f"k = {k} (weights.shape[1]) must be in [1, {e}], the number of experts (logits.shape[1])")
+    m, e, k = _router_sizes(op, weights, experts, logits)
     if bias is not None:
         check.dtype(op, "bias", bias, (float32,))
         check.shape(op, "bias", bias, (e,))
     check.contiguous(op, **tensors)
-    check.writable(op, "weights", weights)
-    check.writable(op, "experts", experts)
     layouts = tuple(None if t is None else t._layout for t in (weights, experts, logits, bias))
     return remember(_grouped, layouts, (*kernel_for(op, device, m > 0), device, weights.dtype.code, m, e, k))
 
