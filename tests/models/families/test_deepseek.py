@@ -14,6 +14,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 import llaisys_models
 from helpers.moe_routing import explain_by_routing
@@ -134,3 +135,24 @@ def test_a_v3_checkpoint_without_its_correction_bias_is_refused(tiny_models, tmp
 def test_tensor_parallel_latent_attention_is_refused(tiny_models):
     with pytest.raises(ModelLoadError, match="does not split latent attention"):
         llaisys_models.load(tiny_models.path("deepseek_v2_f32"), device="cpu", tensor_parallel=2)
+
+
+def test_a_lora_adapter_on_latent_attention_is_what_peft_computes(tiny_models, tmp_path, device):
+    """A PEFT adapter of V2's q_proj and o_proj (the linears of latent attention LoRA names as a GQA layer's) runs
+    beside the weights: llaisys' logits are PeftModel's (the adapter moves them by far more)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from helpers.lora_adapters import AdapterSpec, make_adapter
+
+    base = tiny_models.path("deepseek_v2_f32")
+    adapter = make_adapter(base, tmp_path / "adapter", AdapterSpec(targets=("q_proj", "o_proj"), seed=1))
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    peft = PeftModel.from_pretrained(hf, adapter).eval()
+    model = llaisys_models.load(base, device=device)
+    model.load_lora("latent", adapter)
+    ids = prompt("lora", 30, 256)
+    with torch.no_grad():
+        want = peft(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(model.logits(ids, lora="latent") - want).max() < 1e-4
+    assert np.abs(model.logits(ids) - want).max() > 1.0

@@ -43,7 +43,7 @@ from .config import GroupedRouting, LatentAttention, flag, integer, number
 from .deepseek_mtp import MTPDrafter, read_mtp
 from .family import KERNELS, MOE_KERNELS, Experts
 from .moe import SparseMlp, expert_counts
-from .weights import LayerWeights, Linear, embedding, linear, moe_linear
+from .weights import LayerWeights, embedding, linear, moe_linear
 
 # the kernels a DeepSeek forward calls beyond the decoder's (family.KERNELS, MOE_KERNELS)
 DEEPSEEK_KERNELS = (*KERNELS, *MOE_KERNELS, "paged_latent_attention", "moe_router_grouped", "lora_shrink")
@@ -68,31 +68,19 @@ EXPERTS = Experts(router="mlp.gate.weight", gate="mlp.experts.{}.gate_proj.weigh
 
 
 @dataclasses.dataclass(frozen=True)
-class LatentWeights:
-    """One layer's latent attention as the forward reads it: q's projection (after q_a_proj and its norm where
-    q_lora_rank), the latent's and the rope key's rows of kv_a_proj, the latent's norm, each head's W_uk^T
-    [H, dc, dn] and W_uv [H, dv, dc] (derived from kv_b_proj at load), o_proj."""
-    q_a_proj: Linear | None
-    q_a_norm: llaisys.Tensor | None
-    q_proj: Linear
-    kv_a_proj: Linear
-    kv_rope_proj: Linear
-    kv_a_norm: llaisys.Tensor
+class Absorbed:
+    """One layer's per-head matrices of the absorbed form, derived from kv_b_proj at load: W_uk[h]^T [H, dc, dn]
+    (q_nope -> the latent's space) and W_uv[h] [H, dv, dc] (the attended latent -> the head's values)."""
     uk_t: llaisys.Tensor
     uv: llaisys.Tensor
-    o_proj: Linear
 
 
-def latent_weights(w: LayerWeights, m: LatentAttention, heads: int) -> LatentWeights:
-    """A layer's LatentWeights from the weights its loader read (families/deepseek_v*.py name them)."""
-    q_proj = w.q_b_proj if w.q_a_proj is not None else w.q_proj
-    assert q_proj is not None and w.kv_a_proj is not None and w.kv_rope_proj is not None  # (the loader's plan)
-    assert w.kv_a_norm is not None and isinstance(w.kv_b_proj, llaisys.Tensor)  # (kv_b_proj in the model dtype)
+def absorbed(w: LayerWeights, m: LatentAttention, heads: int) -> Absorbed:
+    """A layer's Absorbed matrices from its kv_b_proj [H x (dn + dv), dc] (kept in the model dtype by the loader)."""
+    assert isinstance(w.kv_b_proj, llaisys.Tensor)  # (loading/weights.py: not a quantized linear)
     per_head = w.kv_b_proj.view(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
-    uk_t = per_head.slice(1, 0, m.qk_nope_head_dim).permute(0, 2, 1).contiguous()
-    uv = per_head.slice(1, m.qk_nope_head_dim, m.qk_nope_head_dim + m.v_head_dim).contiguous()
-    return LatentWeights(w.q_a_proj, w.q_a_norm, q_proj, w.kv_a_proj, w.kv_rope_proj, w.kv_a_norm, uk_t, uv,
-                         w.o_proj)
+    return Absorbed(per_head.slice(1, 0, m.qk_nope_head_dim).permute(0, 2, 1).contiguous(),
+                    per_head.slice(1, m.qk_nope_head_dim, m.qk_nope_head_dim + m.v_head_dim).contiguous())
 
 
 class DeepSeek(SparseMlp):
@@ -100,7 +88,9 @@ class DeepSeek(SparseMlp):
 
     def _setup(self, *args, **kwargs) -> None:
         super()._setup(*args, **kwargs)
-        self.latent = [latent_weights(w, self.mla, self.config.num_attention_heads) for w in self.weights.layers]
+        self.absorbed = [absorbed(w, self.mla, self.config.num_attention_heads) for w in self.weights.layers]
+        for w in self.weights.layers:  # (its absorbed matrices replace it: not kept twice)
+            w.kv_b_proj = None
         self._one = llaisys.from_numpy(np.ones(1, np.float32), self.device)  # (the router product's scale)
         self._mtp_drafter: Drafter | None = None
         self._mtp_lock = threading.Lock()
@@ -177,7 +167,7 @@ class DeepSeek(SparseMlp):
                                                     f"prediction module (num_nextn_predict_layers = 0)")
                 family = import_module(type(self).__module__).FAMILY
                 self.mtp = read_mtp(self.checkpoint, self.config, family, self.dtype, self.device, self.quantize)
-                self.mtp_latent = latent_weights(self.mtp.model.layers[0], self.mla, self.config.num_attention_heads)
+                self.mtp_absorbed = absorbed(self.mtp.model.layers[0], self.mla, self.config.num_attention_heads)
                 self._mtp_drafter = MTPDrafter(self)
             return self._mtp_drafter
 
@@ -200,21 +190,23 @@ class DeepSeek(SparseMlp):
         ws = self._workspace(step.num_tokens)
         embedding(ws.x, step.tokens, self.weights.embed_tokens)
         for i, layer in enumerate(self.weights.layers):
-            self._latent_attention(self.latent[i], layer.input_norm, ws, pool.layers[i], step)
+            self._latent_attention(layer, self.absorbed[i], ws, pool.layers[i], step)
             self._mlp(layer, ws)
         return self._logits(ws.x, step)
 
-    def _latent_attention(self, w: LatentWeights, input_norm: llaisys.Tensor | None, ws: Workspace, kv: LayerKV,
-                          step: StepInputs) -> None:
+    def _latent_attention(self, w: LayerWeights, a: Absorbed, ws: Workspace, kv: LayerKV, step: StepInputs) -> None:
         c, m, ops, n, numerics = self.config, self.mla, llaisys.ops, ws.n, self.numerics
         heads, dn, dc = c.num_attention_heads, m.qk_nope_head_dim, m.kv_lora_rank
-        ops.rms_norm(ws.h, ws.x, input_norm, c.rms_norm_eps, numerics)
+        assert w.kv_a_proj is not None and w.kv_rope_proj is not None  # (the loader's plan: an MLA layer's)
+        ops.rms_norm(ws.h, ws.x, w.input_norm, c.rms_norm_eps, numerics)
         q = ws.q.view(n, heads * ws.q.shape[2])
         if w.q_a_proj is not None:  # q through its low-rank pair (q_lora_rank)
+            assert w.q_b_proj is not None
             linear(ws.q_a, ws.h, w.q_a_proj)
             ops.rms_norm(ws.q_a, ws.q_a, w.q_a_norm, c.rms_norm_eps, numerics)
-            linear(q, ws.q_a, w.q_proj)
+            linear(q, ws.q_a, w.q_b_proj)
         else:
+            assert w.q_proj is not None
             linear(q, ws.h, w.q_proj)
         ops.rearrange(ws.q_nope, ws.q.slice(2, 0, dn))
         self._rope_pairs(ws.q_pe, ws.q.slice(2, dn, ws.q.shape[2]))
@@ -227,11 +219,11 @@ class DeepSeek(SparseMlp):
         ops.rope(ws.k_pe, ws.k_pe, step.positions, self.rope_inv_freq, self.rope_scale, numerics)
         kv.write(ws.kv_c, ws.k_pe, step)
         # absorbed attention: q_nope W_uk beside q_pe, over the latents; then W_uv per head, then o_proj
-        moe_linear(ws.latent, ws.q_nope, w.uk_t, ws.head_ids)
+        moe_linear(ws.latent, ws.q_nope, a.uk_t, ws.head_ids)
         ops.rearrange(ws.q_latent.slice(2, 0, dc), ws.latent)
         ops.rearrange(ws.q_latent.slice(2, dc, ws.q_latent.shape[2]), ws.q_pe)
         kv.attend(ws.latent, ws.q_latent, step, self.attention_scale, numerics, 0)
-        moe_linear(ws.attn, ws.latent, w.uv, ws.head_ids)
+        moe_linear(ws.attn, ws.latent, a.uv, ws.head_ids)
         linear(ws.out, ws.attn.view(n, heads * m.v_head_dim), w.o_proj)
         ops.add(ws.x, ws.x, ws.out)
 

@@ -178,7 +178,7 @@ def mtp_forward(model, pool: KVPool, batch: Batch, previous: np.ndarray, workspa
     ops.rearrange(ws.joined.slice(1, h, 2 * h), ws.previous)
     linear(ws.x, ws.joined, m.eh_proj)
     layer = m.model.layers[0]
-    model._latent_attention(model.mtp_latent, layer.input_norm, ws, pool.layers[0], step)
+    model._latent_attention(layer, model.mtp_absorbed, ws, pool.layers[0], step)
     model._mlp(layer, ws)
     last = ws.x.slice(0, ws.n - 1, ws.n)
     normed = llaisys.empty((1, h), model.dtype, model.device)
