@@ -84,38 +84,25 @@ def moe_router_grouped(weights, experts, logits, bias=None, *, scoring: str = "s
     = the k largest c, descending (equal c by ascending id); weights [M, k] (f32, f16 or bf16) = their s, divided by
     (their sum + 1e-20) when ``normalize``, times ``route_scale`` (routed_scaling_factor). No buffer may overlap
     another."""
-    op = "moe_router_grouped"
     tensors = (weights, experts, logits, bias)
-    try:
-        kernel, fail, device, code, m, e, k = _grouped[tuple(None if t is None else t._layout for t in tensors)]
-    except (AttributeError, KeyError):
-        kernel, fail, device, code, m, e, k = _plan_grouped(*tensors)
-    if scoring not in ROUTER_SCORINGS:
-        check.fail(op, f"scoring must be one of {', '.join(map(repr, ROUTER_SCORINGS))}, got {scoring!r}")
-    n_group = check.number(op, "n_group", n_group, 1, e, integer=True)
-    if e % n_group:
-        check.fail(op, f"n_group = {n_group} does not divide the {e} experts")
-    per_group = e // n_group
-    topk_group = check.number(op, "topk_group", topk_group, 1, n_group, integer=True)
-    group_top = check.number(op, "group_top", group_top, 1, per_group, integer=True)
-    if k > topk_group * per_group:
-        check.fail(op, f"k = {k} experts cannot be chosen from topk_group = {topk_group} groups of {per_group}")
-    route_scale = check.number(op, "route_scale", route_scale)
-    if not math.isfinite(route_scale):
-        check.fail(op, f"route_scale must be finite, got {route_scale!r}")
+    options = (scoring, n_group, topk_group, group_top, normalize, route_scale)
+    try:  # (the plan holds the options checked: a decode step's routers pass the same ones every layer)
+        kernel, fail, device, code, m, e, k, args = _grouped[(*(None if t is None else t._layout for t in tensors),
+                                                             *options)]
+    except (AttributeError, KeyError, TypeError):
+        kernel, fail, device, code, m, e, k, args = _plan_grouped(*tensors, *options)
     named = {"weights": weights, "experts": experts, "logits": logits, "bias": bias}
     for a, b in itertools.combinations(named, 2):
         x, y = named[a], named[b]
         if x is not None and y is not None and x._ptr < y._end and y._ptr < x._end:
-            check.overlap(op, a, b)
-    status = kernel(device.index, current_stream_handle(device), code, m, e, k, ROUTER_SCORINGS[scoring], n_group,
-                    topk_group, group_top, int(bool(normalize)), float(route_scale), weights._ptr, experts._ptr,
+            check.overlap("moe_router_grouped", a, b)
+    status = kernel(device.index, current_stream_handle(device), code, m, e, k, *args, weights._ptr, experts._ptr,
                     logits._ptr, None if bias is None else bias._ptr)
     if status:
         fail(status)
 
 
-def _plan_grouped(weights, experts, logits, bias):
+def _plan_grouped(weights, experts, logits, bias, scoring, n_group, topk_group, group_top, normalize, route_scale):
     op = "moe_router_grouped"
     tensors = {"weights": weights, "experts": experts, "logits": logits}
     if bias is not None:
@@ -128,8 +115,23 @@ def _plan_grouped(weights, experts, logits, bias):
         check.dtype(op, "bias", bias, (float32,))
         check.shape(op, "bias", bias, (e,))
     check.contiguous(op, **tensors)
-    layouts = tuple(None if t is None else t._layout for t in (weights, experts, logits, bias))
-    return remember(_grouped, layouts, (*kernel_for(op, device, m > 0), device, weights.dtype.code, m, e, k))
+    if scoring not in ROUTER_SCORINGS:
+        check.fail(op, f"scoring must be one of {', '.join(map(repr, ROUTER_SCORINGS))}, got {scoring!r}")
+    n_group = check.number(op, "n_group", n_group, 1, e, integer=True)
+    if e % n_group:
+        check.fail(op, f"n_group = {n_group} does not divide the {e} experts")
+    per_group = e // n_group
+    topk_group = check.number(op, "topk_group", topk_group, 1, n_group, integer=True)
+    group_top = check.number(op, "group_top", group_top, 1, per_group, integer=True)
+    if k > topk_group * per_group:
+        check.fail(op, f"k = {k} experts cannot be chosen from topk_group = {topk_group} groups of {per_group}")
+    scale = check.number(op, "route_scale", route_scale)
+    if not math.isfinite(scale):
+        check.fail(op, f"route_scale must be finite, got {route_scale!r}")
+    args = (ROUTER_SCORINGS[scoring], n_group, topk_group, group_top, int(bool(normalize)), scale)
+    key = (*(None if t is None else t._layout for t in (weights, experts, logits, bias)), scoring, n_group,
+           topk_group, group_top, normalize, route_scale)
+    return remember(_grouped, key, (*kernel_for(op, device, m > 0), device, weights.dtype.code, m, e, k, args))
 
 
 _linear = new_plans()

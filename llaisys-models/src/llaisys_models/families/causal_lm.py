@@ -68,6 +68,30 @@ class Workspace:
             ...
 
 
+class Workspaces:
+    """Workspaces of every row count asked for, views of one buffer per activation (``shapes()``) grown (never
+    shrunk) to the largest; ``fill(buffer)`` sets a new buffer's constant rows (decode graphs read them)."""
+
+    def __init__(self, shapes: Callable[[], dict[str, tuple]], dtype: llaisys.DType, device: llaisys.Device,
+                 fill: Callable[[Workspace], None]) -> None:
+        self._shapes, self.dtype, self.device, self._fill = shapes, dtype, device, fill
+        self._base: Workspace | None = None
+        self._views: dict[int, Workspace] = {}
+
+    def get(self, n: int) -> Workspace:
+        ws = self._views.get(n)
+        if ws is None:
+            shapes = self._shapes()
+            if self._base is None or self._base.n < n:
+                self._base = Workspace(shapes, n, self.dtype, self.device)
+                self._fill(self._base)
+                self._views.clear()
+            if len(self._views) >= MAX_WORKSPACES:
+                self._views.clear()
+            ws = self._views[n] = Workspace(shapes, n, self.dtype, self.device, self._base)
+        return ws
+
+
 class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
     """A decoder-only language model on one llaisys device.
 
@@ -118,8 +142,7 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
         self.weight_formats = weight_formats(weights)  # ("q4_k", "q6_k"), ("int8",), () for floats
         self.numerics = resolve_numerics(numerics)
         self._step_lock = threading.Lock()  # one forward at a time: the work buffers are shared
-        self._workspace_base: Workspace | None = None
-        self._workspaces: dict[int, Workspace] = {}
+        self._workspaces = Workspaces(self.activations, dtype, device, self.fill_constants)
         self._decode_graphs = DecodeGraphs(self)
         self.loras = {}  # LoRA adapters by name, once loaded (lora/model.py)
         self._kv_cache_dtype = "auto"
@@ -350,16 +373,10 @@ class CausalLM(GenerationMixin, TextMixin, LoRAMixin):
 
     def _workspace(self, n: int) -> Workspace:
         """Row views of one buffer, grown (never shrunk) to the largest forward so far."""
-        ws = self._workspaces.get(n)
-        if ws is None:
-            shapes = self.activations()
-            if self._workspace_base is None or self._workspace_base.n < n:
-                self._workspace_base = Workspace(shapes, n, self.dtype, self.device)
-                self._workspaces.clear()
-            if len(self._workspaces) >= MAX_WORKSPACES:
-                self._workspaces.clear()
-            ws = self._workspaces[n] = Workspace(shapes, n, self.dtype, self.device, self._workspace_base)
-        return ws
+        return self._workspaces.get(n)
+
+    def fill_constants(self, ws: Workspace) -> None:
+        """Set a new work buffer's constant rows (a family whose forward reads some: none here)."""
 
 
 class Session:

@@ -140,16 +140,7 @@ class DeepSeek(SparseMlp):
             scale *= mscale * mscale
         return scale
 
-    def _workspace(self, n: int) -> Workspace:
-        old = self._workspace_base
-        ws = super()._workspace(n)
-        base = self._workspace_base
-        if base is not old and base is not None:  # a new buffer: its constants, set once (decode graphs read them)
-            self.fill_constants(base)
-        return ws
-
-    @staticmethod
-    def fill_constants(ws: Workspace) -> None:
+    def fill_constants(self, ws: Workspace) -> None:
         """A new work buffer's constant rows: each row's head ids 0 .. H - 1 and its router slot 0."""
         rows, heads = ws.head_ids.shape
         ws.head_ids.load(np.ascontiguousarray(np.broadcast_to(np.arange(heads, dtype=np.int64), (rows, heads))))

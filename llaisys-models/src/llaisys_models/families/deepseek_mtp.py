@@ -34,7 +34,7 @@ from ..engine.kv_blocks import SequenceKV
 from ..engine.kv_cache import KVPool
 from ..engine.speculative.drafters import Drafter
 from ..engine.step_inputs import Batch, host_step, step_inputs
-from .causal_lm import Workspace
+from .causal_lm import Workspaces
 from .weights import embedding, linear
 
 BLOCK_SIZE = 16
@@ -78,7 +78,9 @@ class MTPDrafter(Drafter):
         self._sequences: dict[int, _Tracked] = {}  # the model's sequence id -> the module's
         # the model's hidden states not yet run by the module, per model SequenceKV: (first position, rows)
         self._hidden: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._workspaces: dict[int, Workspace] = {}
+        self._workspaces = Workspaces(lambda: {**model.activations(), "previous": (model.config.hidden_size,),
+                                               "joined": (2 * model.config.hidden_size,)},
+                                      model.dtype, model.device, model.fill_constants)
         model.hidden_listener = self._listen
 
     def __repr__(self) -> str:
@@ -129,7 +131,7 @@ class MTPDrafter(Drafter):
             drafts: list[int] = []
             for i in range(k):
                 self.pool.reserve_growing(kv, len(kv) + len(feed))
-                token, last = mtp_forward(self.model, self.pool, [(kv, feed)], previous, self._workspace)
+                token, last = mtp_forward(self.model, self.pool, [(kv, feed)], previous, self._workspaces)
                 kv.commit(feed)
                 if i == 0:
                     tracked.exact = len(kv)
@@ -140,18 +142,6 @@ class MTPDrafter(Drafter):
                 feed, previous = [token], last[None, :]
             return drafts
 
-    def _workspace(self, shapes: dict[str, tuple], n: int) -> Workspace:
-        ws = self._workspaces.get(n)
-        if ws is None:
-            base = max(self._workspaces.values(), key=lambda w: w.n, default=None)
-            if base is None or base.n < n:
-                self._workspaces.clear()
-                base = Workspace(shapes, max(n, 16), self.model.dtype, self.model.device)
-                self.model.fill_constants(base)
-                self._workspaces[base.n] = base
-            ws = self._workspaces[n] = Workspace(shapes, n, self.model.dtype, self.model.device, base)
-        return ws
-
     def release(self, seq) -> None:
         with self._lock:
             tracked = self._sequences.pop(seq.id, None)
@@ -161,14 +151,14 @@ class MTPDrafter(Drafter):
                 self._hidden.pop(seq.kv, None)
 
 
-def mtp_forward(model, pool: KVPool, batch: Batch, previous: np.ndarray, workspace) -> tuple[int, np.ndarray]:
+def mtp_forward(model, pool: KVPool, batch: Batch, previous: np.ndarray,
+                workspaces: Workspaces) -> tuple[int, np.ndarray]:
     """One run of ``model``'s module over ``batch`` (one sequence of ``pool``: its new tokens, ``previous`` the
-    hidden state before each): the greedy guess after its last row and that row's x (the next draft's hidden)."""
+    hidden state before each), in ``workspaces`` (the model's activations, "previous" and "joined"): the greedy
+    guess after its last row and that row's x (the next draft's hidden)."""
     c, m, ops = model.config, model.mtp, llaisys.ops
-    host = host_step(batch, [1])
-    step = step_inputs(host, model.device)
-    shapes = {**model.activations(), "previous": (c.hidden_size,), "joined": (2 * c.hidden_size,)}
-    ws = workspace(shapes, step.num_tokens)
+    step = step_inputs(host_step(batch, [1]), model.device)
+    ws = workspaces.get(step.num_tokens)
     h = c.hidden_size
     embedding(ws.x, step.tokens, m.model.embed_tokens)
     ops.rms_norm(ws.x, ws.x, m.enorm, c.rms_norm_eps, model.numerics)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .config import ConfigRules, flag
 from .deepseek import DEEPSEEK_KERNELS, EXPERTS, FUSED, TENSORS, DeepSeek, deepseek_fields, refuse_attention_bias
-from .deepseek_v2 import GGUF_ASSEMBLED, GGUF_FUSED, SIGMOID, deepseek2_config, weights_norm
+from .deepseek2 import GGUF_ASSEMBLED, GGUF_FUSED, SIGMOID, deepseek2_config, weights_norm
 from .family import GGUF, Family, GGUFMetadata
 
 
