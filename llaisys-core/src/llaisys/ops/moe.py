@@ -87,8 +87,8 @@ def moe_router_grouped(weights, experts, logits, bias=None, *, scoring: str = "s
     tensors = (weights, experts, logits, bias)
     options = (scoring, n_group, topk_group, group_top, normalize, route_scale)
     try:  # (the plan holds the options checked: a decode step's routers pass the same ones every layer)
-        kernel, fail, device, code, m, e, k, args = _grouped[(*(None if t is None else t._layout for t in tensors),
-                                                             *options)]
+        key = tuple(None if t is None else t._layout for t in tensors) + options
+        kernel, fail, device, code, m, e, k, args = _grouped[key]
     except (AttributeError, KeyError, TypeError):
         kernel, fail, device, code, m, e, k, args = _plan_grouped(*tensors, *options)
     named = {"weights": weights, "experts": experts, "logits": logits, "bias": bias}
